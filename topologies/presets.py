@@ -1,0 +1,217 @@
+"""Named clusters users type (`dgx-h100x4`, `nvl72x2`, ...) and user topology files.
+
+A preset or file becomes a ClusterSpec (plain data), then a Topology. What-if studies
+change the ClusterSpec (another GPU, twice the NIC bandwidth) and build again.
+"""
+from __future__ import annotations
+
+import json
+import os
+import re
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Any, Callable
+
+from .builders import HDR_200G, NDR_400G, FabricSpec, build_cluster
+from .errors import TopologyError
+from .specs import DeviceProfile, DeviceSpec, device
+from .topology import MeasuredCollective, Topology
+
+GB = 1e9
+
+
+@dataclass(frozen=True)
+class ClusterSpec:
+    """Everything needed to build a Topology: what a preset name or a file says."""
+
+    name: str
+    gpu: DeviceSpec
+    num_domains: int
+    domain_size: int
+    fabric: FabricSpec | None
+    description: str = ""
+    measured: tuple = ()  # ((op, group_size, MeasuredCollective), ...)
+
+    def build(self) -> Topology:
+        """The Topology this spec describes."""
+        devices = [self.gpu] * (self.num_domains * self.domain_size)
+        topo = build_cluster(self.name, devices, self.domain_size, self.fabric,
+                             self.description)
+        measured: dict[str, dict[int, MeasuredCollective]] = {}
+        for op, size, m in self.measured:
+            measured.setdefault(op, {})[size] = m
+        topo.measured = measured
+        return topo
+
+
+def _dgx(gpu: str, fabric: FabricSpec, title: str) -> Callable[[int], ClusterSpec]:
+    def make(nodes: int) -> ClusterSpec:
+        name = f"dgx-{gpu}" if nodes == 1 else f"dgx-{gpu}x{nodes}"
+        return ClusterSpec(name, device(gpu), nodes, 8, fabric,
+                           f"{nodes} x {title} (8 GPUs on NVSwitch each), rail-optimised "
+                           f"{fabric.nic_Bps * 8 / 1e9:.0f} Gb/s InfiniBand, one NIC per GPU")
+    return make
+
+
+def _nvl72(racks: int) -> ClusterSpec:
+    # GB200 NVL72: 72 GPUs in one NVLink5 domain [NVIDIA GB200 NVL72 datasheet]; scale-out
+    # through one 400 Gb/s ConnectX-7 per GPU (cost-models.md 4.2: "typically", an
+    # assumption to check per deployment).
+    fabric = FabricSpec(nics_per_domain=72, nic_Bps=NDR_400G.nic_Bps,
+                        nic_nccl_Bps=NDR_400G.nic_nccl_Bps)
+    name = "nvl72" if racks == 1 else f"nvl72x{racks}"
+    return ClusterSpec(name, device("gb200"), racks, 72, fabric,
+                       f"{racks} x GB200 NVL72 rack (72 GPUs in one NVLink domain), "
+                       "400 Gb/s InfiniBand per GPU between racks")
+
+
+# family prefix -> (builder of N, description of N)
+FAMILIES: dict[str, Callable[[int], ClusterSpec]] = {
+    "dgx-a100": _dgx("a100", HDR_200G, "DGX A100"),
+    "dgx-h100": _dgx("h100", NDR_400G, "DGX H100"),
+    "dgx-h200": _dgx("h200", NDR_400G, "DGX H200"),
+    # DGX B200: 8 x ConnectX-7 400 Gb/s for the compute fabric [NVIDIA DGX B200 datasheet].
+    "dgx-b200": _dgx("b200", NDR_400G, "DGX B200"),
+    "nvl72": _nvl72,
+}
+_NAME = re.compile(r"^(?P<family>[a-z0-9-]+?)(?:x(?P<n>\d+))?$")
+MAX_GPUS = 1 << 20
+
+
+def preset_names() -> list[str]:
+    """The names `list topologies` shows: each family alone and with xN."""
+    return [n for fam in FAMILIES for n in (fam, f"{fam}xN")]
+
+
+def cluster_spec(name_or_path: str) -> ClusterSpec:
+    """Parse a preset name or a topology JSON file into a ClusterSpec."""
+    if name_or_path.endswith(".json") or os.sep in name_or_path:
+        path = Path(name_or_path)
+        if not path.is_file():
+            raise TopologyError("topology", name_or_path,
+                                "a preset (" + ", ".join(preset_names()) + ") or a JSON file")
+        return load_file(path)
+    match = _NAME.match(name_or_path.lower())
+    if not match or match["family"] not in FAMILIES:
+        raise TopologyError("topology", name_or_path,
+                            ", ".join(preset_names()) + ", or a topology JSON file")
+    count = int(match["n"]) if match["n"] else 1
+    if count < 1 or count * 8 > MAX_GPUS:
+        raise TopologyError("topology", name_or_path, f"a domain count between 1 and {MAX_GPUS // 8}")
+    return FAMILIES[match["family"]](count)
+
+
+def build(name_or_path: str) -> Topology:
+    """A Topology from a preset name or a topology JSON file."""
+    return cluster_spec(name_or_path).build()
+
+
+# ---------------------------------------------------------------------------- files
+def _number(obj: dict, key: str, where: str, default: Any = None, minimum: float = 0.0,
+            integer: bool = False) -> Any:
+    if key not in obj:
+        if default is None:
+            raise TopologyError(f"{where}.{key}", None, "a required number")
+        return default
+    value = obj[key]
+    ok = isinstance(value, (int, float)) and not isinstance(value, bool)
+    if ok and integer:
+        ok = float(value).is_integer()
+    if not ok or value <= minimum and not (minimum == 0.0 and value == 0 and not integer):
+        kind = "an integer" if integer else "a number"
+        raise TopologyError(f"{where}.{key}", value, f"{kind} > {minimum:g}")
+    return int(value) if integer else float(value)
+
+
+def _gpu(raw: Any) -> DeviceSpec:
+    if isinstance(raw, str):
+        return device(raw)
+    if not isinstance(raw, dict):
+        raise TopologyError("gpu", raw, "a GPU name or an object")
+    base = device(raw["base"]) if isinstance(raw.get("base"), str) else None
+    def num(key: str, fallback: float | None) -> float:
+        return _number(raw, key, "gpu", default=fallback)
+    tflops = 1e12
+    bf16 = num("bf16_tflops", base and base.peak("bf16") / tflops) * tflops
+    spec = DeviceSpec(
+        name=str(raw.get("name", base.name if base else "custom")),
+        peak_flops={"bf16": bf16, "fp16": bf16,
+                    "fp8": num("fp8_tflops", base and base.peak("fp8") / tflops or bf16 / tflops) * tflops,
+                    "fp32": num("fp32_tflops", base and base.peak("fp32") / tflops or bf16 / tflops / 2) * tflops},
+        hbm_bytes=num("hbm_gb", base and base.hbm_bytes / GB) * GB,
+        hbm_Bps=num("hbm_GBps", base and base.hbm_Bps / GB) * GB,
+        nvlink_Bps=num("nvlink_GBps", base and base.nvlink_Bps / GB) * GB,
+        nvlink_links=int(num("nvlink_links", base.nvlink_links if base else 1)),
+        nccl_nvlink_link_Bps=0.0, nvls=bool(raw.get("nvls", base.nvls if base else False)))
+    nccl_total = num("nvlink_nccl_GBps",
+                     base.nccl_nvlink_Bps / GB if base else spec.nvlink_Bps / GB) * GB
+    spec = replace(spec, nccl_nvlink_link_Bps=nccl_total / spec.nvlink_links)
+    profile = raw.get("profile", {})
+    if not isinstance(profile, dict):
+        raise TopologyError("gpu.profile", profile, "an object of DeviceProfile fields")
+    allowed = set(DeviceProfile.__dataclass_fields__)
+    for key, value in profile.items():
+        if key not in allowed:
+            raise TopologyError(f"gpu.profile.{key}", value, ", ".join(sorted(allowed)))
+        _number(profile, key, "gpu.profile")
+    return replace(spec, profile=replace(base.profile if base else DeviceProfile(), **profile))
+
+
+def _fabric(raw: Any) -> FabricSpec | None:
+    if raw is None:
+        return None
+    if not isinstance(raw, dict):
+        raise TopologyError("network", raw, "an object with nics_per_domain, nic_GBps")
+    nic = _number(raw, "nic_GBps", "network") * GB
+    return FabricSpec(
+        nics_per_domain=_number(raw, "nics_per_domain", "network", integer=True),
+        nic_Bps=nic,
+        nic_nccl_Bps=_number(raw, "nic_nccl_GBps", "network", default=nic / GB * 0.96) * GB,
+        domains_per_leaf=_number(raw, "domains_per_leaf", "network", default=32, integer=True),
+        spine_taper=_number(raw, "spine_taper", "network", default=1.0))
+
+
+def _measured(raw: Any) -> tuple:
+    if not raw:
+        return ()
+    if not isinstance(raw, dict):
+        raise TopologyError("measured_collectives", raw, "an object: op -> size -> values")
+    rows = []
+    for op, by_size in sorted(raw.items()):
+        if not isinstance(by_size, dict):
+            raise TopologyError(f"measured_collectives.{op}", by_size, "an object: size -> values")
+        for size, values in sorted(by_size.items()):
+            where = f"measured_collectives.{op}.{size}"
+            if not str(size).isdigit() or not isinstance(values, dict):
+                raise TopologyError(where, values, "group size -> {latency_us, busbw_GBps}")
+            rows.append((op, int(size), MeasuredCollective(
+                _number(values, "latency_us", where) * 1e-6,
+                _number(values, "busbw_GBps", where) * GB)))
+    return tuple(rows)
+
+
+def load_file(path: Path) -> ClusterSpec:
+    """Read a user topology JSON file (format in docs/design.md)."""
+    try:
+        raw = json.loads(path.read_text())
+    except (OSError, UnicodeDecodeError) as exc:
+        raise TopologyError("topology", str(path), f"a readable JSON file ({exc})") from None
+    except json.JSONDecodeError as exc:
+        raise TopologyError("topology", str(path),
+                            f"valid JSON (line {exc.lineno}: {exc.msg})") from None
+    if not isinstance(raw, dict):
+        raise TopologyError("topology", str(path), "a JSON object")
+    if "gpu" not in raw:
+        raise TopologyError("gpu", None, "a GPU name or an object")
+    gpu = _gpu(raw["gpu"])
+    domains = _number(raw, "domains", "topology", default=1, integer=True)
+    size = _number(raw, "gpus_per_domain", "topology", integer=True)
+    fabric = _fabric(raw.get("network"))
+    if domains > 1 and fabric is None:
+        raise TopologyError("network", None, "an object when domains > 1")
+    if fabric and fabric.nics_per_domain > size:
+        raise TopologyError("network.nics_per_domain", fabric.nics_per_domain,
+                            f"at most gpus_per_domain ({size})")
+    return ClusterSpec(str(raw.get("name", path.stem)), gpu, domains, size, fabric,
+                       str(raw.get("description", f"user topology {path.name}")),
+                       _measured(raw.get("measured_collectives")))

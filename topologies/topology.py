@@ -1,0 +1,171 @@
+"""The Topology type: a directed networkx graph of GPUs, switches and NICs, plus queries.
+
+Every directed edge is one link direction with a raw line rate (`bandwidth`, bytes/s),
+the rate NCCL's tuner plans with on it (`nccl_bandwidth`, bytes/s), a one-way
+latency (`latency`, s) and a `kind` (nvlink, pcie, ib). Links are also numbered so that
+the network model can keep per-link state in numpy arrays.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from functools import lru_cache
+from typing import Mapping, Sequence
+
+import networkx as nx
+import numpy as np
+
+from .specs import DeviceSpec
+
+SPINE = "spine"
+
+
+def gpu_node(rank: int) -> str:
+    """Graph node name of a GPU."""
+    return f"gpu{rank}"
+
+
+def nvswitch_node(domain: int) -> str:
+    """Graph node of a domain's NVSwitch fabric (one non-blocking logical switch)."""
+    return f"nvsw{domain}"
+
+
+def nic_node(domain: int, rail: int) -> str:
+    """Graph node of NIC `rail` of a domain."""
+    return f"nic{domain}.{rail}"
+
+
+def leaf_node(group: int, rail: int) -> str:
+    """Graph node of the rail-`rail` leaf switch of a group of domains."""
+    return f"leaf{group}.{rail}"
+
+
+@dataclass(frozen=True)
+class MeasuredCollective:
+    """A calibrated collective: time = latency_s + bytes / algbw, busbw = algbw * factor.
+
+    Written by `python -m validation calibrate` for hosts (CPU gloo groups) where no
+    link-level model exists; when present it replaces the NCCL model for that group size.
+    """
+
+    latency_s: float
+    busbw_Bps: float
+
+
+@dataclass
+class Topology:
+    """A cluster: GPUs in rank order, NVLink domains, and the network between them."""
+
+    name: str
+    graph: nx.DiGraph
+    gpus: list[str]                 # graph node of each rank
+    devices: list[DeviceSpec]       # device of each rank (heterogeneous clusters allowed)
+    domain_size: int                # GPUs per NVLink domain (8 for DGX, 72 for NVL72)
+    nic_Bps: float                  # per NIC per direction, raw (0 when single-domain)
+    nic_nccl_Bps: float             # per NIC per direction NCCL achieves
+    rails: int = 1                  # NICs per domain; rail r = NIC r of every domain
+    domains_per_leaf: int = 1       # domains whose rail-r NICs share one leaf switch
+    description: str = ""
+    # op name -> {group size -> MeasuredCollective}; empty for modelled hardware.
+    measured: Mapping[str, Mapping[int, MeasuredCollective]] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        edges = sorted(self.graph.edges)  # sorted: link ids independent of build order
+        self.edge_id = {e: i for i, e in enumerate(edges)}
+        data = [self.graph.edges[e] for e in edges]
+        self.link_names = [f"{u}->{v}" for u, v in edges]
+        self.link_bandwidth_Bps = np.array([d["bandwidth"] for d in data], dtype=float)
+        self.link_nccl_Bps = np.array([d.get("nccl_bandwidth", d["bandwidth"]) for d in data])
+        self.link_latency_s = np.array([d["latency"] for d in data], dtype=float)
+        self.link_kind = [d["kind"] for d in data]
+        self._route = lru_cache(maxsize=1 << 20)(self._compute_route)
+
+    # -- sizes ---------------------------------------------------------------------
+    @property
+    def world_size(self) -> int:
+        """Number of GPUs (ranks)."""
+        return len(self.gpus)
+
+    @property
+    def num_domains(self) -> int:
+        """Number of NVLink domains (DGX nodes, NVL72 racks)."""
+        return self.world_size // self.domain_size
+
+    def device(self, rank: int) -> DeviceSpec:
+        """Device spec of one rank."""
+        return self.devices[rank]
+
+    def domain_of(self, rank: int) -> int:
+        """NVLink domain index of a rank (ranks are numbered domain by domain)."""
+        return rank // self.domain_size
+
+    def local_index(self, rank: int) -> int:
+        """Position of a rank inside its NVLink domain (its rail)."""
+        return rank % self.domain_size
+
+    def same_domain(self, ranks: Sequence[int]) -> bool:
+        """Whether all ranks share one NVLink domain."""
+        return len({self.domain_of(r) for r in ranks}) == 1
+
+    # -- routing -------------------------------------------------------------------
+    def route(self, src: int, dst: int) -> tuple[int, ...]:
+        """Link ids a transfer from rank `src` to rank `dst` crosses, in order.
+
+        Inside a domain: GPU -> NVSwitch -> GPU. Across domains, NCCL's PXN is
+        assumed (on by default since NCCL 2.12): data first moves over NVLink to the
+        sender-node GPU on the destination's rail, then leaves through that GPU's NIC,
+        so traffic stays on one rail of the rail-optimised fabric.
+        """
+        return self._route(src, dst)
+
+    def _compute_route(self, src: int, dst: int) -> tuple[int, ...]:
+        if src == dst:
+            return ()
+        ds, dd = self.domain_of(src), self.domain_of(dst)
+        if ds == dd:
+            nodes = [gpu_node(src), nvswitch_node(ds), gpu_node(dst)]
+        else:
+            rail = self.local_index(dst) % self.rails
+            relay = ds * self.domain_size + rail
+            nodes = [gpu_node(src), nvswitch_node(ds)] if relay != src else []
+            gs, gd = ds // self.domains_per_leaf, dd // self.domains_per_leaf
+            nodes += [gpu_node(relay), nic_node(ds, rail), leaf_node(gs, rail)]
+            if gs != gd:
+                nodes += [SPINE, leaf_node(gd, rail)]
+            landing = dd * self.domain_size + rail
+            nodes += [nic_node(dd, rail), gpu_node(landing)]
+            if landing != dst:
+                nodes += [nvswitch_node(dd), gpu_node(dst)]
+        return tuple(self.edge_id[(u, v)] for u, v in zip(nodes, nodes[1:]))
+
+    def path_bandwidth_Bps(self, src: int, dst: int, nccl: bool = True) -> float:
+        """Bottleneck bandwidth of the route between two ranks."""
+        links = self.route(src, dst)
+        if not links:
+            return float("inf")
+        caps = self.link_nccl_Bps if nccl else self.link_bandwidth_Bps
+        return float(caps[list(links)].min())
+
+    def path_latency_s(self, src: int, dst: int) -> float:
+        """Sum of link latencies along the route between two ranks."""
+        return float(self.link_latency_s[list(self.route(src, dst))].sum())
+
+    def describe(self) -> dict:
+        """A JSON-able description: GPUs, domains, devices and link classes."""
+        kinds: dict[str, dict] = {}
+        for i, kind in enumerate(self.link_kind):
+            entry = kinds.setdefault(kind, {"links": 0, "bandwidth_GBps": set(),
+                                            "nccl_bandwidth_GBps": set()})
+            entry["links"] += 1
+            entry["bandwidth_GBps"].add(round(self.link_bandwidth_Bps[i] / 1e9, 3))
+            entry["nccl_bandwidth_GBps"].add(round(self.link_nccl_Bps[i] / 1e9, 3))
+        for entry in kinds.values():
+            entry["bandwidth_GBps"] = sorted(entry["bandwidth_GBps"])
+            entry["nccl_bandwidth_GBps"] = sorted(entry["nccl_bandwidth_GBps"])
+        devices = sorted({d.name for d in self.devices})
+        return {
+            "name": self.name, "description": self.description,
+            "gpus": self.world_size, "domains": self.num_domains,
+            "gpus_per_domain": self.domain_size, "devices": devices,
+            "nvls": all(d.nvls for d in self.devices),
+            "links": {k: kinds[k] for k in sorted(kinds)},
+        }

@@ -1,0 +1,176 @@
+"""Model architectures: presets, model JSON files and Hugging Face config.json files.
+
+Preset dimensions: Llama 3 from the Llama 3 paper (arXiv:2407.21783, Table 3) and the
+released config.json files; GPT-3 175B from Brown et al. 2020 (arXiv:2005.14165,
+Table 2.1).
+"""
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass, fields
+from pathlib import Path
+from typing import Any
+
+from .errors import WorkloadError
+
+
+@dataclass(frozen=True)
+class ModelSpec:
+    """A decoder-only transformer: enough to enumerate every operator of a layer."""
+
+    name: str
+    hidden_size: int
+    num_layers: int
+    num_heads: int
+    num_kv_heads: int
+    ffn_size: int
+    vocab_size: int
+    mlp: str = "swiglu"               # swiglu (3 matrices) | gelu (2 matrices)
+    tie_word_embeddings: bool = False
+    head_dim: int = 0                 # 0: hidden_size // num_heads
+    # Mixture of experts (0 experts = dense). moe_ffn_size is one expert's FFN width.
+    num_experts: int = 0
+    experts_per_token: int = 0
+    num_shared_experts: int = 0
+    moe_ffn_size: int = 0
+    first_dense_layers: int = 0       # leading dense layers before the MoE ones
+
+    def __post_init__(self) -> None:
+        if self.head_dim == 0:
+            object.__setattr__(self, "head_dim", self.hidden_size // max(self.num_heads, 1))
+        _validate(self)
+
+    # ---- shapes (in elements) --------------------------------------------------------
+    @property
+    def q_size(self) -> int:
+        """Output features of wq: heads x head_dim."""
+        return self.num_heads * self.head_dim
+
+    @property
+    def kv_size(self) -> int:
+        """Output features of wk (and of wv): KV heads x head_dim."""
+        return self.num_kv_heads * self.head_dim
+
+    @property
+    def mlp_matrices(self) -> tuple[str, ...]:
+        """Projection names of the dense MLP."""
+        return ("w1", "w3", "w2") if self.mlp == "swiglu" else ("w1", "w2")
+
+    def projection_shapes(self) -> dict[str, tuple[int, int]]:
+        """(in_features, out_features) of every dense projection of one layer."""
+        d, f = self.hidden_size, self.ffn_size
+        shapes = {"wq": (d, self.q_size), "wk": (d, self.kv_size), "wv": (d, self.kv_size),
+                  "wo": (self.q_size, d), "w1": (d, f), "w2": (f, d)}
+        if self.mlp == "swiglu":
+            shapes["w3"] = (d, f)
+        return {name: shapes[name] for name in ("wq", "wk", "wv", "wo", *self.mlp_matrices)}
+
+    # ---- parameter counts ------------------------------------------------------------
+    def layer_matmul_params(self) -> int:
+        """Parameters of one layer's projections (norm weights excluded)."""
+        return sum(i * o for i, o in self.projection_shapes().values())
+
+    def layer_params(self) -> int:
+        """All parameters of one layer: projections plus the two RMSNorm weights."""
+        return self.layer_matmul_params() + 2 * self.hidden_size
+
+    def embedding_params(self) -> int:
+        """Input embedding table."""
+        return self.vocab_size * self.hidden_size
+
+    def output_params(self) -> int:
+        """Output projection (0 extra when tied to the embedding)."""
+        return 0 if self.tie_word_embeddings else self.vocab_size * self.hidden_size
+
+    def total_params(self) -> int:
+        """Every parameter of the model, final norm included."""
+        return (self.num_layers * self.layer_params() + self.embedding_params()
+                + self.output_params() + self.hidden_size)
+
+    def to_dict(self) -> dict[str, Any]:
+        """The spec as JSON-able data."""
+        return asdict(self)
+
+
+def _validate(m: ModelSpec) -> None:
+    for f in fields(m):
+        value = getattr(m, f.name)
+        if f.type == "int" and (not isinstance(value, int) or isinstance(value, bool) or value < 0):
+            raise WorkloadError(f"model.{f.name}", value, "a non-negative integer")
+    for key in ("hidden_size", "num_layers", "num_heads", "num_kv_heads", "ffn_size",
+                "vocab_size"):
+        if getattr(m, key) <= 0:
+            raise WorkloadError(f"model.{key}", getattr(m, key), "a positive integer")
+    if m.mlp not in ("swiglu", "gelu"):
+        raise WorkloadError("model.mlp", m.mlp, "swiglu, gelu")
+    if m.num_heads % m.num_kv_heads:
+        raise WorkloadError("model.num_key_value_heads", m.num_kv_heads,
+                            f"a divisor of num_attention_heads ({m.num_heads})")
+
+
+PRESETS: dict[str, ModelSpec] = {
+    # Llama 3 paper Table 3: 8B: 32 layers, d 4096, FFN 14336 (6144*... per config.json),
+    # 32 heads, 8 KV heads, vocab 128000 (+256 special tokens = 128256 in config.json).
+    "llama3-8b": ModelSpec("llama3-8b", 4096, 32, 32, 8, 14336, 128256),
+    # 70B: 80 layers, d 8192, FFN 28672, 64 heads, 8 KV heads.
+    "llama3-70b": ModelSpec("llama3-70b", 8192, 80, 64, 8, 28672, 128256),
+    # 405B: 126 layers, d 16384, FFN 53248, 128 heads, 8 KV heads.
+    "llama3-405b": ModelSpec("llama3-405b", 16384, 126, 128, 8, 53248, 128256),
+    # GPT-3 175B (Brown et al. Table 2.1): 96 layers, d 12288, 96 heads of 128, FFN 4d,
+    # BPE vocab 50257; tied input/output embeddings; GeLU MLP.
+    "gpt3-175b": ModelSpec("gpt3-175b", 12288, 96, 96, 96, 49152, 50257, mlp="gelu",
+                           tie_word_embeddings=True),
+}
+
+# Hugging Face config.json key -> ModelSpec field
+_HF_KEYS = {"hidden_size": "hidden_size", "num_hidden_layers": "num_layers",
+            "num_attention_heads": "num_heads", "num_key_value_heads": "num_kv_heads",
+            "intermediate_size": "ffn_size", "vocab_size": "vocab_size",
+            "tie_word_embeddings": "tie_word_embeddings", "head_dim": "head_dim",
+            "mlp": "mlp", "name": "name", "num_local_experts": "num_experts",
+            "n_routed_experts": "num_experts", "num_experts_per_tok": "experts_per_token",
+            "n_shared_experts": "num_shared_experts", "moe_intermediate_size": "moe_ffn_size",
+            "first_k_dense_replace": "first_dense_layers"}
+_REQUIRED = ("hidden_size", "num_hidden_layers", "num_attention_heads", "intermediate_size",
+             "vocab_size")
+
+
+def model_from_dict(raw: dict[str, Any], default_name: str = "custom") -> ModelSpec:
+    """A ModelSpec from HF-style keys (also accepts ModelSpec field names)."""
+    if not isinstance(raw, dict):
+        raise WorkloadError("model", raw, "a JSON object with Hugging Face Llama keys")
+    by_field = {f.name for f in fields(ModelSpec)}
+    values: dict[str, Any] = {}
+    for key, value in raw.items():
+        target = _HF_KEYS.get(key, key if key in by_field else None)
+        if target is not None and value is not None:
+            values[target] = value
+    for key in _REQUIRED:
+        if _HF_KEYS[key] not in values:
+            raise WorkloadError(f"model.{key}", None, "a positive integer (required)")
+    values.setdefault("num_kv_heads", values["num_heads"])
+    values.setdefault("name", default_name)
+    if "hidden_act" in raw and "mlp" not in raw:
+        # HF Llama/Mistral/Qwen use gated SiLU (3 matrices); GPT-style configs use gelu.
+        values["mlp"] = "swiglu" if raw.get("model_type") != "gpt2" else "gelu"
+    return ModelSpec(**values)
+
+
+def load_model(ref: str | dict, base_dir: Path | None = None) -> ModelSpec:
+    """A model by preset name, JSON path (relative to base_dir) or inline object."""
+    if isinstance(ref, dict):
+        return model_from_dict(ref)
+    if not isinstance(ref, str):
+        raise WorkloadError("model", ref, "a preset name, a JSON path or an object")
+    if ref in PRESETS:
+        return PRESETS[ref]
+    path = Path(ref)
+    if base_dir is not None and not path.is_absolute():
+        path = base_dir / path
+    if not path.suffix == ".json" or not path.is_file():
+        raise WorkloadError("model", ref, ", ".join(PRESETS) + ", or a model JSON file")
+    try:
+        raw = json.loads(path.read_text())
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise WorkloadError("model", str(path), f"a readable JSON file ({exc})") from None
+    return model_from_dict(raw, default_name=path.stem)
