@@ -33,9 +33,9 @@ class DeviceProfile:
     # [stas00/ml-engineering "MAMF" table]. Real layer shapes lose tile/wave quantisation;
     # autoparallel uses a flat 0.70. Assumption: 0.75 for large GEMMs, between the two.
     gemm_efficiency: float = 0.75
-    # GEMMs whose smallest dimension is below this get linearly less efficient
-    # (assumption: below ~1024 rows a GEMM cannot fill 132 SMs with 128x256 tiles).
-    gemm_small_dim: int = 1024
+    # Output tile of one thread block, for wave quantisation of GEMMs (assumption:
+    # 128x128, the common CUTLASS/cuBLAS Hopper BF16 tile).
+    gemm_tile: int = 128
     # FlashAttention-2/3 forward on H100 reaches ~50-75 % of BF16 peak (Dao 2023,
     # arXiv:2307.08691; Shah et al. 2024, arXiv:2407.08608). Assumption: 0.55 mid-range.
     attention_efficiency: float = 0.55
@@ -63,6 +63,7 @@ class DeviceSpec:
     nvlink_links: int  # NVLink links per GPU
     nccl_nvlink_link_Bps: float  # what NCCL's tuner assumes per link (topo.h)
     nvls: bool  # NVSwitch in-network reduction (NVLink SHARP) available
+    sm_count: int = 132  # streaming multiprocessors (for GEMM wave quantisation)
     profile: DeviceProfile = field(default_factory=DeviceProfile)
 
     def peak(self, dtype: str) -> float:
@@ -84,29 +85,29 @@ def _flops(bf16: float, fp8: float, fp32: float) -> Mapping[str, float]:
 
 DEVICES: dict[str, DeviceSpec] = {
     # A100 SXM4 80GB [NV-A100]: 312 TFLOP/s BF16 dense, 156 TF32, no FP8; 2.039 TB/s
-    # HBM2e; NVLink3 12 links x 25 GB/s/dir = 300 GB/s/dir (600 bidir).
+    # HBM2e; NVLink3 12 links x 25 GB/s/dir = 300 GB/s/dir (600 bidir); 108 SMs.
     # NCCL topo.h SM80 NVLink = 20.0 GB/s per link.
     "a100": DeviceSpec("a100", _flops(312 * TB, 312 * TB, 156 * TB), 80 * GB, 2.039 * TB,
-                       300 * GB, 12, 20.0 * GB, nvls=False),
+                       300 * GB, 12, 20.0 * GB, nvls=False, sm_count=108),
     # H100 SXM5 [NV-H100]: 989 TFLOP/s BF16 dense (1979 sparse), 1979 FP8, 494 TF32;
     # 80 GB HBM3 at 3.35 TB/s; NVLink4 18 links, 900 GB/s bidir = 450/dir.
     # NCCL topo.h SM90 NVLink = 20.6 GB/s per link; NVSwitch gen3 has NVLS.
     "h100": DeviceSpec("h100", _flops(989 * TB, 1979 * TB, 494 * TB), 80 * GB, 3.35 * TB,
                        450 * GB, 18, 20.6 * GB, nvls=True),
     # H200 SXM [NV-H200]: same die as H100 (989 / 1979 / 494); 141 GB HBM3e at 4.8 TB/s;
-    # NVLink4 900 GB/s bidir.
+    # NVLink4 900 GB/s bidir. H100 SXM5 and H200 have 132 SMs [NVIDIA H100 whitepaper].
     "h200": DeviceSpec("h200", _flops(989 * TB, 1979 * TB, 494 * TB), 141 * GB, 4.8 * TB,
                        450 * GB, 18, 20.6 * GB, nvls=True),
     # B200 in HGX/DGX B200 at 1000 W [NV-B200]: 2250 TFLOP/s BF16 dense, 4500 FP8,
     # 1100 TF32; 180 GB HBM3e (DGX B200: 1440 GB / 8) at 8 TB/s; NVLink5 18 links,
     # 1.8 TB/s bidir = 900/dir. NCCL topo.h SM100 NVLink = 40.1 GB/s per link.
+    # 148 SMs [NVIDIA Blackwell architecture technical brief; assumption for GB200 too].
     "b200": DeviceSpec("b200", _flops(2250 * TB, 4500 * TB, 1100 * TB), 180 * GB, 8 * TB,
-                       900 * GB, 18, 40.1 * GB, nvls=True),
+                       900 * GB, 18, 40.1 * GB, nvls=True, sm_count=148),
     # B200 inside GB200 at 1200 W [NV-GB200]: 2500 BF16 dense, 5000 FP8, 1250 TF32
-    # (rack: 360 PF BF16 sparse... per GPU dense 2.5 PF); 186 GB HBM3e at 8 TB/s;
-    # NVLink5 1.8 TB/s bidir.
+    # (rack: 360 PF dense BF16 / 72); 186 GB HBM3e at 8 TB/s; NVLink5 1.8 TB/s bidir.
     "gb200": DeviceSpec("gb200", _flops(2500 * TB, 5000 * TB, 1250 * TB), 186 * GB, 8 * TB,
-                        900 * GB, 18, 40.1 * GB, nvls=True),
+                        900 * GB, 18, 40.1 * GB, nvls=True, sm_count=148),
 }
 
 

@@ -1,0 +1,7 @@
+"""Entry point of `python -m simulator`."""
+import sys
+
+from .cli import main
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,58 @@
+"""simulate(): plan + topology -> Result (trace and summary). The one entry point."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import pyarrow as pa
+
+from topologies import Topology
+from workloads import Plan, resolve
+from workloads.lowering import lower
+from workloads.memory import peak_memory
+from workloads.program import Program
+
+from .engine import Engine, SimOptions
+from .summary import summarize
+
+VERSION = "0.1.0"
+
+
+@dataclass
+class Result:
+    """A simulated step: the trace (one row per task per simulated rank) and the summary."""
+
+    program: Program
+    trace: pa.Table
+    summary: dict[str, Any]
+    events: int
+
+    def metadata(self) -> dict[str, Any]:
+        """What a Parquet trace carries besides its rows."""
+        plan = self.program.plan
+        return {"plan": dict(plan.source) or {"name": plan.name}, "topology": self.summary["topology"],
+                "version": VERSION, "summary": self.summary}
+
+
+def memory_summary(plan: Plan, topology: Topology) -> dict[str, Any]:
+    """Peak memory of the most loaded rank, its breakdown, and whether it fits."""
+    breakdown = peak_memory(plan)
+    capacity = min(d.hbm_bytes for d in topology.devices)
+    return {"peak_memory_bytes": breakdown.peak_bytes,
+            "fits_in_memory": breakdown.peak_bytes <= capacity,
+            "memory_capacity_bytes": capacity,
+            "memory": breakdown.to_dict()}
+
+
+def simulate(plan: Plan, topology: Topology, options: SimOptions | None = None) -> Result:
+    """Lower a plan for a topology's world size and replay one training step."""
+    options = options or SimOptions()
+    plan = resolve(plan, topology.world_size)
+    program = lower(plan)
+    engine = Engine(program, topology, options)
+    engine.run()
+    trace = engine.trace.table()
+    summary = summarize(program, topology, trace, memory_summary(plan, topology))
+    summary["simulated_ranks"] = len(engine.ranks)
+    summary["events"] = engine.events
+    return Result(program=program, trace=trace, summary=summary, events=engine.events)

@@ -1,0 +1,67 @@
+"""`python -m simulator SUBCOMMAND`: argument parsing, error handling and exit codes.
+
+Exit codes: 0 success, 2 bad input (one line on stderr naming field, value and what is
+allowed), 3 `--strict-memory` and the plan does not fit, 1 internal error.
+"""
+from __future__ import annotations
+
+import argparse
+import sys
+import traceback
+from typing import Callable, Sequence
+
+from topologies import TopologyError
+from workloads import WorkloadError
+
+EXIT_BAD_INPUT, EXIT_INTERNAL, EXIT_DOES_NOT_FIT = 2, 1, 3
+
+
+class UsageError(ValueError):
+    """A bad flag value; formatted like the package errors (field, value, allowed)."""
+
+    def __init__(self, field: str, value: object, allowed: str):
+        self.field, self.value, self.allowed = field, value, allowed
+        super().__init__(f"{field}: got {value!r}; allowed: {allowed}")
+
+
+class OneLineParser(argparse.ArgumentParser):
+    """argparse, but a usage error is one line on stderr and exit status 2."""
+
+    def error(self, message: str) -> None:  # noqa: D102 - argparse API
+        raise UsageError(self.prog, " ".join(sys.argv[1:]) or "(no arguments)", message)
+
+
+BAD_INPUT = (TopologyError, WorkloadError, UsageError)
+COMMANDS: dict[str, Callable] = {}
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The full CLI: one subparser per registered command module."""
+    from .commands import collective, listing, run, topo  # registration order = help order
+    parser = OneLineParser(prog="python -m simulator",
+                           description="Discrete-event simulator of sharded LLM training.")
+    sub = parser.add_subparsers(dest="command", required=True, parser_class=OneLineParser)
+    for module in (run, collective, topo, listing):
+        module.register(sub)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Run the CLI; returns the exit status."""
+    try:
+        args = build_parser().parse_args(argv)
+        return int(args.handler(args) or 0)
+    except BAD_INPUT as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return EXIT_BAD_INPUT
+    except KeyboardInterrupt:
+        print("interrupted", file=sys.stderr)
+        return 130
+    except BrokenPipeError:
+        return 0
+    except Exception as exc:  # an internal error: one line, the traceback on request
+        if "--debug" in (argv if argv is not None else sys.argv):
+            traceback.print_exc()
+        print(f"internal error: {type(exc).__name__}: {exc} (rerun with --debug for the traceback)",
+              file=sys.stderr)
+        return EXIT_INTERNAL

@@ -1,0 +1,44 @@
+"""`collective`: an nccl-tests-style table of one collective on a topology."""
+from __future__ import annotations
+
+import argparse
+
+import topologies
+
+from ..network import OPS, CommOptions
+from ..network.report import collective_table, group_ranks, parse_sizes
+from .common import print_json
+from ..network import ALGORITHMS, PROTOCOLS
+
+
+def register(sub) -> None:
+    """Add the `collective` subcommand."""
+    p = sub.add_parser("collective", help="time one collective over a range of sizes")
+    p.add_argument("--topo", required=True, help="topology preset or file")
+    p.add_argument("--op", required=True, choices=OPS)
+    p.add_argument("--group", required=True,
+                   help="ranks: a count (32 = ranks 0..31) or a mesh expression (tp=8, dp=4)")
+    p.add_argument("--sizes", default="1K:8G", help="MIN:MAX bytes, doubling (nccl-tests -f 2)")
+    p.add_argument("--algorithm", choices=ALGORITHMS, help="force an algorithm")
+    p.add_argument("--protocol", choices=PROTOCOLS, help="force a protocol")
+    p.add_argument("--json", action="store_true", help="print the rows as JSON")
+    p.add_argument("--debug", action="store_true", help=argparse.SUPPRESS)
+    p.set_defaults(handler=handle)
+
+
+def handle(args: argparse.Namespace) -> int:
+    """Print the table."""
+    topo = topologies.build(args.topo)
+    ranks = group_ranks(topo, args.group)
+    rows = collective_table(topo, args.op, ranks, parse_sizes(args.sizes),
+                            CommOptions(algorithm=args.algorithm, protocol=args.protocol))
+    if args.json:
+        print_json(rows)
+        return 0
+    print(f"# {args.op} on {topo.name}, {len(ranks)} ranks ({args.group})")
+    print(f"{'size (B)':>14} {'time (us)':>12} {'algbw (GB/s)':>13} {'busbw (GB/s)':>13}  "
+          f"{'algorithm':<10} protocol")
+    for r in rows:
+        print(f"{r['size_bytes']:>14} {r['time_us']:>12.2f} {r['algbw_GBps']:>13.2f} "
+              f"{r['busbw_GBps']:>13.2f}  {r['algorithm']:<10} {r['protocol']}")
+    return 0

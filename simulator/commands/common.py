@@ -1,0 +1,64 @@
+"""Helpers shared by subcommands: resolving plan and topology arguments, printing."""
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from typing import Any
+
+import topologies
+from topologies import Topology
+from workloads import Plan, load_plan
+
+from ..cli import UsageError
+from ..engine import SimOptions
+from ..network import ALGORITHMS, PROTOCOLS, CommOptions
+
+
+def add_common(parser: argparse.ArgumentParser) -> None:
+    """Flags every simulating command takes."""
+    parser.add_argument("--json", action="store_true", help="print one JSON object")
+    parser.add_argument("--full", action="store_true",
+                        help="simulate every rank, not one per rank class")
+    parser.add_argument("--algorithm", choices=ALGORITHMS,
+                        help="force a collective algorithm (default: NCCL-like tuner)")
+    parser.add_argument("--protocol", choices=PROTOCOLS, help="force an NCCL protocol")
+    parser.add_argument("--no-flow-sharing", action="store_true",
+                        help="closed-form collectives only (no link sharing between flows)")
+    parser.add_argument("--debug", action="store_true", help="tracebacks on internal errors")
+
+
+def sim_options(args: argparse.Namespace) -> SimOptions:
+    """SimOptions from the common flags."""
+    return SimOptions(full=args.full, comm=CommOptions(
+        algorithm=args.algorithm, protocol=args.protocol,
+        flow_sharing=not args.no_flow_sharing))
+
+
+def plan_and_topology(plan_ref: str, topo_ref: str | None) -> tuple[Plan, Topology]:
+    """Load a plan; the topology is --topo, else the plan's default."""
+    plan = load_plan(plan_ref)
+    ref = topo_ref or plan.topology
+    if not ref:
+        raise UsageError("--topo", None, "a topology name or file (the plan names none)")
+    return plan, topologies.build(ref)
+
+
+def print_json(obj: Any) -> None:
+    """Stable JSON on stdout."""
+    json.dump(obj, sys.stdout, indent=2, sort_keys=True, default=float)
+    sys.stdout.write("\n")
+
+
+def fmt_time(seconds: float) -> str:
+    """Seconds with a readable unit."""
+    if seconds >= 1:
+        return f"{seconds:.3f} s"
+    if seconds >= 1e-3:
+        return f"{seconds * 1e3:.2f} ms"
+    return f"{seconds * 1e6:.1f} us"
+
+
+def fmt_bytes(n: float) -> str:
+    """Bytes in decimal GB/MB."""
+    return f"{n / 1e9:.1f} GB" if n >= 1e9 else f"{n / 1e6:.1f} MB"

@@ -1,0 +1,57 @@
+"""`list topologies|models|plans`: what is bundled (`--json` too)."""
+from __future__ import annotations
+
+import argparse
+
+import topologies
+from workloads import MODEL_PRESETS, bundled_plans, load_plan
+
+from .common import print_json
+
+
+def register(sub) -> None:
+    """Add the `list` subcommand."""
+    p = sub.add_parser("list", help="list bundled topologies, models or plans")
+    p.add_argument("what", choices=("topologies", "models", "plans"))
+    p.add_argument("--json", action="store_true", help="print JSON")
+    p.add_argument("--debug", action="store_true", help=argparse.SUPPRESS)
+    p.set_defaults(handler=handle)
+
+
+def rows(what: str) -> list[dict]:
+    """The listing as rows."""
+    if what == "topologies":
+        out = []
+        for name in topologies.preset_names():
+            example = name.replace("xN", "x4")
+            spec = topologies.cluster_spec(example)
+            out.append({"name": name, "example": example,
+                        "gpus_per_domain": spec.domain_size, "gpu": spec.gpu.name,
+                        "description": spec.description})
+        return out
+    if what == "models":
+        return [{"name": m.name, "params": m.total_params(), "layers": m.num_layers,
+                 "hidden_size": m.hidden_size} for m in MODEL_PRESETS.values()]
+    out = []
+    for name in bundled_plans():
+        plan = load_plan(name)
+        out.append({"name": name, "model": plan.model.name, "topology": plan.topology,
+                    "description": plan.source.get("description", "")})
+    return out
+
+
+def handle(args: argparse.Namespace) -> int:
+    """Print the listing."""
+    items = rows(args.what)
+    if args.json:
+        print_json(items)
+        return 0
+    for item in items:
+        if args.what == "models":
+            print(f"{item['name']:<14} {item['params'] / 1e9:8.2f} B params, "
+                  f"{item['layers']} layers, hidden {item['hidden_size']}")
+        elif args.what == "topologies":
+            print(f"{item['name']:<12} {item['description'].replace('4 x', 'N x') if 'xN' in item['name'] else item['description']}")
+        else:
+            print(f"{item['name']:<14} {item['model']:<12} {item['topology'] or '':<12} {item['description']}")
+    return 0

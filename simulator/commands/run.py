@@ -1,0 +1,70 @@
+"""`run`: simulate one plan on one topology; table, JSON, Parquet and Perfetto traces."""
+from __future__ import annotations
+
+import argparse
+import json
+
+from ..api import simulate
+from ..cli import EXIT_DOES_NOT_FIT
+from ..trace import chrome_trace, write_parquet, write_text_atomic
+from .common import (add_common, fmt_bytes, fmt_time, plan_and_topology, print_json,
+                     sim_options)
+
+
+def register(sub) -> None:
+    """Add the `run` subcommand."""
+    p = sub.add_parser("run", help="simulate one training step of a plan")
+    p.add_argument("--plan", required=True, help="plan file, or a bundled plan name")
+    p.add_argument("--topo", help="topology preset or file (default: the plan's)")
+    p.add_argument("--trace", metavar="FILE.parquet", help="write the Parquet trace")
+    p.add_argument("--chrome-trace", metavar="FILE.json", help="write a Perfetto/Chrome trace")
+    p.add_argument("--strict-memory", action="store_true",
+                   help=f"exit {EXIT_DOES_NOT_FIT} when the plan does not fit in memory")
+    add_common(p)
+    p.set_defaults(handler=handle)
+
+
+def handle(args: argparse.Namespace) -> int:
+    """Simulate and report."""
+    plan, topology = plan_and_topology(args.plan, args.topo)
+    result = simulate(plan, topology, sim_options(args))
+    if args.trace:
+        write_parquet(result.trace, args.trace, result.metadata())
+    if args.chrome_trace:
+        write_text_atomic(args.chrome_trace, json.dumps(chrome_trace(result.trace)))
+    if args.json:
+        print_json(result.summary)
+    else:
+        print(render(result.summary))
+    if args.strict_memory and not result.summary["fits_in_memory"]:
+        return EXIT_DOES_NOT_FIT
+    return 0
+
+
+def render(s: dict) -> str:
+    """The human-readable summary table."""
+    mesh = s["mesh"]
+    step = s["step_time_s"]
+    pct = (lambda x: f"{100 * x / step:5.1f} %") if step else (lambda x: "")
+    mem = s["memory"]
+    fits = "fits" if s["fits_in_memory"] else "DOES NOT FIT"
+    lines = [
+        f"plan {s['plan']}: {s['model']} on {s['topology']} ({s['world_size']} GPUs: "
+        f"pp {mesh['pp']} x dp {mesh['dp']} x cp {mesh['cp']} x tp {mesh['tp']}), "
+        f"{s['micro_batches']} micro-batch(es) per step",
+        f"  step time                {fmt_time(step):>12}",
+        f"    compute                {fmt_time(s['compute_s']):>12}  {pct(s['compute_s'])}",
+        f"    exposed communication  {fmt_time(s['exposed_comm_s']):>12}  {pct(s['exposed_comm_s'])}",
+        f"    idle (bubble, waits)   {fmt_time(s['bubble_s']):>12}  {pct(s['bubble_s'])}",
+        f"  communication (total)    {fmt_time(s['comm_s']):>12}  "
+        f"({fmt_time(s['comm_s'] - s['exposed_comm_s'])} overlapped)",
+        f"  tokens/s                 {s['tokens_per_s']:>12,.0f}",
+        f"  MFU                      {100 * s['mfu']:>10.1f} %",
+        f"  peak memory per GPU      {fmt_bytes(s['peak_memory_bytes']):>12}  of "
+        f"{fmt_bytes(s['memory_capacity_bytes'])} ({fits})",
+        f"    params {fmt_bytes(mem['params_bytes'])}, grads {fmt_bytes(mem['grads_bytes'])}, "
+        f"optimizer {fmt_bytes(mem['optimizer_bytes'])}, activations "
+        f"{fmt_bytes(mem['activations_bytes'])}, buffers {fmt_bytes(mem['buffers_bytes'])}",
+        f"  simulated {s['simulated_ranks']} rank(s), {s['events']:,} tasks",
+    ]
+    return "\n".join(lines)

@@ -1,0 +1,45 @@
+"""Compute cost: a roofline per kernel with per-op-class efficiency from the device profile.
+
+time = max(FLOPs / (peak x efficiency), bytes / (HBM bandwidth x memory efficiency))
+       + launch overhead
+GEMM efficiency also pays for wave quantisation: a GEMM of few output tiles cannot fill
+every SM (cuBLAS falls back to split-K when the reduction dimension is long).
+"""
+from __future__ import annotations
+
+import math
+
+from topologies import DeviceSpec
+from workloads.program import ATTENTION, GEMM, Task
+
+# Split-K needs enough of the reduction dimension per split to stay efficient.
+# Assumption: at least 1024 elements of k per split (4 K-tiles of 256).
+SPLIT_K_MIN = 1024
+
+
+def wave_efficiency(m: int, n: int, k: int, sms: int, tile: int) -> float:
+    """Fraction of SM-time doing useful tiles for an m x n output (k the reduction)."""
+    if m <= 0 or n <= 0:
+        return 1.0
+    tiles = math.ceil(m / tile) * math.ceil(n / tile)
+    if tiles < sms:
+        tiles *= max(1, min(sms // tiles, k // SPLIT_K_MIN))
+    waves = math.ceil(tiles / sms)
+    return tiles / (waves * sms)
+
+
+def compute_time_s(task: Task, device: DeviceSpec, dtype: str) -> float:
+    """Duration of one compute task on a device, without interference."""
+    if task.flops == 0.0 and task.bytes == 0.0:
+        return 0.0  # a pure synchronisation point (join)
+    prof = device.profile
+    memory_s = task.bytes / (device.hbm_Bps * prof.memory_efficiency)
+    flops_s = 0.0
+    if task.op_class == GEMM:
+        m, n, k = task.gemm_mnk
+        eff = prof.gemm_efficiency * wave_efficiency(m, n, k, device.sm_count, prof.gemm_tile)
+        flops_s = task.flops / (device.peak(dtype) * eff)
+    elif task.op_class == ATTENTION:
+        # Attention runs in bf16 (FlashAttention-2); fp8 attention is not assumed.
+        flops_s = task.flops / (device.peak("bf16") * prof.attention_efficiency)
+    return max(flops_s, memory_s) + prof.launch_overhead_s

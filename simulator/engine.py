@@ -1,0 +1,194 @@
+"""The SimPy engine: every simulated rank replays its stage's tasks on GPU-like streams.
+
+Each stream is a process that runs its tasks in order; a task starts when its stream is
+free and its dependencies are done. Collectives go to the network model. In rank-class
+mode (default) one representative rank per pipeline stage is simulated and the identical
+groups of the other ranks ("twins") load the shared links; in full mode every rank runs
+and a collective starts when its last member arrives.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from itertools import product
+from typing import Iterator
+
+import simpy
+
+from topologies import Topology
+from workloads.program import COMPUTE, Program, Task
+
+from .compute import compute_time_s
+from .network import CommModel, CommOptions
+from .trace import TraceRecorder
+
+
+@dataclass(frozen=True)
+class SimOptions:
+    """How to simulate: rank classes or every rank, communication model choices."""
+
+    full: bool = False                      # simulate every rank (faults, checking)
+    comm: CommOptions = field(default_factory=CommOptions)
+    overlap_slowdown: bool = True           # SM sharing slows compute under collectives
+
+
+class Engine:
+    """Runs one Program on one Topology and records the trace."""
+
+    def __init__(self, program: Program, topology: Topology, options: SimOptions):
+        self.program, self.topology, self.options = program, topology, options
+        self.env = simpy.Environment()
+        self.comm = CommModel(self.env, topology, options.comm)
+        self.trace = TraceRecorder()
+        self.dtype = program.plan.training.dtype
+        self.ranks = (list(range(program.world_size)) if options.full else
+                      [program.representative(s) for s in range(len(program.stages))])
+        self._p2p: dict[tuple, simpy.Event] = {}
+        self._rendezvous: dict[tuple, list] = {}
+        self._twins: dict[tuple, tuple] = {}
+        self._groups: dict[tuple, tuple[int, ...]] = {}
+        self._busy_sm = {r: 0 for r in self.ranks}
+        self._busy_nvls = {r: 0 for r in self.ranks}
+        self.events = 0
+
+    # ---- driving ------------------------------------------------------------------------
+    def run(self) -> None:
+        """Simulate the step to completion."""
+        for rank in self.ranks:
+            tasks = self.program.stages[self.program.stage_of(rank)]
+            done = [self.env.event() for _ in tasks]
+            streams: dict[str, list[Task]] = {}
+            for task in tasks:
+                streams.setdefault(task.stream, []).append(task)
+            for stream in sorted(streams):
+                self.env.process(self._stream(rank, streams[stream], done))
+        self.env.run()
+        stuck = [k for k, e in self._p2p.items() if not e.triggered]
+        if stuck or any(v[1] < len(k[1]) for k, v in self._rendezvous.items()):
+            raise RuntimeError(f"simulation deadlocked (unmatched point-to-point: {stuck[:3]})")
+
+    def _stream(self, rank: int, tasks: list[Task], done: list[simpy.Event]) -> Iterator:
+        env, record = self.env, self.trace.record
+        for task in tasks:
+            waits = [done[d] for d in task.deps if not done[d].triggered]
+            if waits:
+                yield waits[0] if len(waits) == 1 else simpy.AllOf(env, waits)
+            start = env.now
+            algorithm = ""
+            if task.kind == COMPUTE:
+                duration = self._compute_s(rank, task)
+                if duration:
+                    yield env.timeout(duration)
+            else:
+                algorithm = yield from self._communicate(rank, task)
+            done[task.id].succeed()
+            self.events += 1
+            record(rank, task.stream, task.phase, task.layer, task.microbatch, task.op,
+                   task.kind, start, env.now, task.flops, task.bytes, self._group_name(rank, task),
+                   algorithm, task.label)
+
+    def _compute_s(self, rank: int, task: Task) -> float:
+        device = self.topology.device(rank)
+        duration = compute_time_s(task, device, self.dtype)
+        if self.options.overlap_slowdown and duration:
+            if self._busy_sm[rank]:
+                duration /= device.profile.overlap_compute_factor
+            elif self._busy_nvls[rank]:
+                duration /= device.profile.overlap_compute_factor_nvls
+        return duration
+
+    # ---- communication ------------------------------------------------------------------
+    def _communicate(self, rank: int, task: Task) -> Iterator:
+        if task.op == "send_recv":
+            return (yield from self._point_to_point(rank, task))
+        ranks = self._group(rank, task.group)
+        if len(ranks) == 1:
+            return ""
+        if self.options.full:
+            event = self._arrive(task, ranks)
+        else:
+            event = self.comm.collective(task.op, ranks, task.bytes,
+                                         self._twin_groups(rank, task.group))
+        return (yield from self._track(rank, task.op, ranks, task.bytes, event))
+
+    def _track(self, rank: int, op: str, ranks: tuple[int, ...], size: float,
+               event: simpy.Event) -> Iterator:
+        """Wait for a collective while counting it as occupying this rank's SMs.
+
+        An NCCL kernel occupies its SMs from launch, also while it waits for the
+        other members, so the count starts at arrival.
+        """
+        plan = self.comm.plan(op, ranks, size)
+        busy = self._busy_sm if plan.uses_sms else self._busy_nvls
+        busy[rank] += 1
+        yield event
+        busy[rank] -= 1
+        return plan.algorithm
+
+    def _arrive(self, task: Task, ranks: tuple[int, ...]) -> simpy.Event:
+        key = (task.id, ranks)
+        entry = self._rendezvous.setdefault(key, [self.env.event(), 0])
+        entry[1] += 1
+        if entry[1] == len(ranks):
+            start = self.comm.collective(task.op, ranks, task.bytes)
+            start.callbacks.append(lambda ev, out=entry[0]: out.succeed(ev.value))
+        return entry[0]
+
+    def _point_to_point(self, rank: int, task: Task) -> Iterator:
+        coords = self.program.coords(rank)
+        peer = self.program.rank_of({**coords, "pp": coords["pp"] + task.peer})
+        if task.stream == "pp_recv":
+            yield self._p2p_event(task.tag, rank)
+            return "p2p"
+        twins = () if self.options.full else self._twin_groups(rank, ("pp",), peer=task.peer)
+        event = self.comm.collective("send_recv", (rank, peer), task.bytes, twins)
+        algorithm = yield from self._track(rank, "send_recv", (rank, peer), task.bytes, event)
+        self._p2p_event(task.tag, peer).succeed()
+        return algorithm
+
+    def _p2p_event(self, tag: tuple, receiver: int) -> simpy.Event:
+        key = (tag, receiver)
+        if key not in self._p2p:
+            self._p2p[key] = self.env.event()
+        return self._p2p[key]
+
+    # ---- groups -----------------------------------------------------------------------------
+    def _group(self, rank: int, dims: tuple[str, ...]) -> tuple[int, ...]:
+        key = (rank, dims)
+        if key not in self._groups:
+            self._groups[key] = self.program.group_ranks(rank, dims)
+        return self._groups[key]
+
+    def _twin_groups(self, rank: int, dims: tuple[str, ...], peer: int = 0) -> tuple:
+        """Groups that run the same collective at the same time as `rank`'s group.
+
+        They are the same-stage groups that differ only in the coordinates outside
+        `dims`. For point-to-point ("pp", peer), each twin is a (sender, receiver) pair.
+        """
+        key = (rank, dims, peer)
+        if key in self._twins:
+            return self._twins[key]
+        prog, mesh = self.program, self.program.plan.mesh
+        coords = prog.coords(rank)
+        free = [d for d in ("dp", "cp", "tp") if d not in dims]
+        twins = []
+        for values in product(*(range(mesh.size(d)) for d in free)):
+            other = {**coords, **dict(zip(free, values))}
+            if other == coords:
+                continue
+            member = prog.rank_of(other)
+            if peer:
+                twins.append((member, prog.rank_of({**other, "pp": other["pp"] + peer})))
+            else:
+                twins.append(self._group(member, dims))
+        self._twins[key] = tuple(twins)
+        return self._twins[key]
+
+    def _group_name(self, rank: int, task: Task) -> str:
+        if task.kind == COMPUTE:
+            return ""
+        if task.op == "send_recv":
+            stage = self.program.stage_of(rank)
+            src = stage if task.stream == "pp_send" else stage + task.peer
+            dst = stage + task.peer if task.stream == "pp_send" else stage
+            return f"pp:{src}->{dst}"
+        return ",".join(task.group)

@@ -1,0 +1,86 @@
+"""The summary of a simulated step: where the time goes, throughput, MFU and memory."""
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+
+from topologies import Topology
+from workloads.program import Program
+
+
+def _union(starts: np.ndarray, ends: np.ndarray) -> list[tuple[float, float]]:
+    """Merge intervals into disjoint, sorted ones."""
+    merged: list[tuple[float, float]] = []
+    for s, e in sorted(zip(starts.tolist(), ends.tolist())):
+        if e <= s:
+            continue
+        if merged and s <= merged[-1][1]:
+            if e > merged[-1][1]:
+                merged[-1] = (merged[-1][0], e)
+        else:
+            merged.append((s, e))
+    return merged
+
+
+def _length(intervals: list[tuple[float, float]]) -> float:
+    return sum(e - s for s, e in intervals)
+
+
+def _overlap(a: list[tuple[float, float]], b: list[tuple[float, float]]) -> float:
+    """Total length of the intersection of two disjoint sorted interval lists."""
+    i = j = 0
+    total = 0.0
+    while i < len(a) and j < len(b):
+        lo, hi = max(a[i][0], b[j][0]), min(a[i][1], b[j][1])
+        if hi > lo:
+            total += hi - lo
+        if a[i][1] < b[j][1]:
+            i += 1
+        else:
+            j += 1
+    return total
+
+
+def rank_breakdown(trace: pa.Table, rank: int) -> dict[str, float]:
+    """Compute, communication, exposed communication and idle time of one rank."""
+    rows = trace.filter(pa.compute.equal(trace["rank"], rank))
+    kind = np.array(rows["kind"].to_pylist())
+    starts, ends = rows["start_s"].to_numpy(), rows["end_s"].to_numpy()
+    compute = _union(starts[kind == "compute"], ends[kind == "compute"])
+    comm = _union(starts[kind == "comm"], ends[kind == "comm"])
+    end = float(ends.max()) if len(ends) else 0.0
+    compute_s, comm_s = _length(compute), _length(comm)
+    exposed = comm_s - _overlap(compute, comm)
+    return {"end_s": end, "compute_s": compute_s, "comm_s": comm_s,
+            "exposed_comm_s": exposed, "idle_s": max(0.0, end - compute_s - exposed)}
+
+
+def summarize(program: Program, topology: Topology, trace: pa.Table,
+              memory: dict[str, Any] | None = None) -> dict[str, Any]:
+    """The summary dict of docs/design.md ("CLI"): step time and its breakdown."""
+    plan = program.plan
+    ranks = sorted(set(trace["rank"].to_pylist()))
+    per_rank = {r: rank_breakdown(trace, r) for r in ranks}
+    step = max(b["end_s"] for b in per_rank.values())
+    # The breakdown is that of the rank that finishes last (ties: the lowest rank).
+    critical = min(r for r in ranks if per_rank[r]["end_s"] == step)
+    b = per_rank[critical]
+    tokens = plan.training.tokens
+    peak = sum(topology.device(r).peak(plan.training.dtype) for r in range(topology.world_size))
+    summary: dict[str, Any] = {
+        "plan": plan.name, "topology": topology.name, "model": plan.model.name,
+        "world_size": program.world_size,
+        "mesh": {"pp": plan.mesh.pp, "dp": plan.mesh.dp, "cp": plan.mesh.cp, "tp": plan.mesh.tp},
+        "micro_batches": plan.micro_batches,
+        "step_time_s": step, "compute_s": b["compute_s"], "comm_s": b["comm_s"],
+        "exposed_comm_s": b["exposed_comm_s"], "bubble_s": b["idle_s"],
+        "critical_rank": critical,
+        "tokens_per_s": tokens / step if step else 0.0,
+        "mfu": program.model_flops / (step * peak) if step else 0.0,
+        "model_flops": program.model_flops,
+    }
+    if memory is not None:
+        summary.update(memory)
+    return summary

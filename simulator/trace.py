@@ -1,0 +1,103 @@
+"""The trace: one row per executed task per simulated rank, as a pyarrow Table.
+
+Columns (docs/design.md, "Trace"): rank, stream, phase, layer, microbatch, op, kind,
+start_s, end_s, flops, bytes, group, algorithm. Written to Parquet with the plan, the
+topology name, the package version and the summary in the file metadata, atomically.
+"""
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+from pathlib import Path
+from typing import Any
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+SCHEMA = pa.schema([
+    ("rank", pa.int32()), ("stream", pa.string()), ("phase", pa.string()),
+    ("layer", pa.int32()), ("microbatch", pa.int32()), ("op", pa.string()),
+    ("kind", pa.string()), ("start_s", pa.float64()), ("end_s", pa.float64()),
+    ("flops", pa.float64()), ("bytes", pa.float64()), ("group", pa.string()),
+    ("algorithm", pa.string()), ("label", pa.string()),
+])
+COLUMNS = SCHEMA.names
+
+
+class TraceRecorder:
+    """Collects rows column by column (cheap appends, one Table at the end)."""
+
+    def __init__(self) -> None:
+        self.columns: dict[str, list] = {name: [] for name in COLUMNS}
+        self._append = [self.columns[name].append for name in COLUMNS]
+
+    def record(self, *values: Any) -> None:
+        """Append one row, values in COLUMNS order."""
+        for append, value in zip(self._append, values):
+            append(value)
+
+    def table(self) -> pa.Table:
+        """The rows as a Table, sorted by (rank, start_s, end_s) for stable output."""
+        table = pa.table(self.columns, schema=SCHEMA)
+        if table.num_rows:
+            table = table.sort_by([("rank", "ascending"), ("start_s", "ascending"),
+                                   ("end_s", "ascending")])
+        return table
+
+
+def _atomic_write(path: Path, write) -> None:
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
+    os.close(fd)
+    try:
+        write(tmp)
+        os.replace(tmp, path)
+    except BaseException:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+        raise
+
+
+def write_parquet(table: pa.Table, path: Path, metadata: dict[str, Any]) -> None:
+    """Write a trace with JSON metadata (keys stored as bytes) atomically."""
+    meta = {key.encode(): json.dumps(value, sort_keys=True).encode()
+            for key, value in metadata.items()}
+    table = table.replace_schema_metadata(meta)
+    _atomic_write(path, lambda tmp: pq.write_table(table, tmp, compression="zstd"))
+
+
+def write_text_atomic(path: Path, text: str) -> None:
+    """Write a text file atomically."""
+    def write(tmp: str) -> None:
+        with open(tmp, "w") as f:
+            f.write(text)
+    _atomic_write(path, write)
+
+
+def chrome_trace(table: pa.Table) -> dict:
+    """A Chrome/Perfetto trace: a process per rank, a thread per stream, times in us."""
+    cols = table.to_pydict()
+    streams = sorted(set(cols["stream"]), key=lambda s: (s != "compute", s))
+    tid = {s: i for i, s in enumerate(streams)}
+    events = []
+    for rank in sorted(set(cols["rank"])):
+        events.append({"ph": "M", "name": "process_name", "pid": rank, "tid": 0,
+                       "args": {"name": f"rank {rank}"}})
+        for stream, i in tid.items():
+            events.append({"ph": "M", "name": "thread_name", "pid": rank, "tid": i,
+                           "args": {"name": stream}})
+    for i in range(table.num_rows):
+        start, end = cols["start_s"][i], cols["end_s"][i]
+        if end <= start:
+            continue
+        events.append({
+            "ph": "X", "pid": cols["rank"][i], "tid": tid[cols["stream"][i]],
+            "name": cols["label"][i] or cols["op"][i], "cat": cols["kind"][i],
+            "ts": start * 1e6, "dur": (end - start) * 1e6,
+            "args": {"phase": cols["phase"][i], "layer": cols["layer"][i],
+                     "microbatch": cols["microbatch"][i], "bytes": cols["bytes"][i],
+                     "flops": cols["flops"][i], "group": cols["group"][i],
+                     "algorithm": cols["algorithm"][i]}})
+    return {"traceEvents": events, "displayTimeUnit": "ms"}

@@ -1,0 +1,151 @@
+"""Lowering: a resolved Plan becomes a Program (per-stage task lists with dependencies).
+
+What each stage does per micro-batch: receive activations (pp), run its layers' forward
+(TP redistributions from the layouts of layer_graph), send; then the backward in the
+schedule's order, with FSDP/ZeRO/DDP parameter gathers and gradient reductions on their
+own streams (FSDP2 uses separate all-gather and reduce-scatter streams), and the
+optimizer step at the end.
+"""
+from __future__ import annotations
+
+from dataclasses import replace
+
+from .errors import WorkloadError
+from .layer_graph import LayerGraph, LayerShape, TaskSink
+from .layouts import H, R, S
+from .plan import Plan
+from .program import COMM, COMPUTE, MEMORY, Program
+from .schedules import balanced_split, stage_order
+
+ACT_BYTES = 2          # activations in bf16 (also under fp8 GEMMs, as Transformer Engine)
+PARAM_BYTES = 2        # bf16 compute copy of the weights that FSDP gathers
+# Gradients are reduced in fp32: torchtitan's default mixed_precision_reduce = "float32"
+# and Megatron-LM's default main_grad accumulation in fp32.
+GRAD_REDUCE_BYTES = 4
+# Adam step, memory-bound: reads fp32 master, m, v, fp32 grad (16 B) and writes master,
+# m, v and the bf16 copy (14 B) per parameter.
+OPTIMIZER_BYTES_PER_PARAM = 30
+
+
+def build_layer(plan: Plan, layer: int, shape: LayerShape) -> LayerGraph:
+    """Forward graph of one transformer layer under the plan's strategies."""
+    m, st = plan.model, plan.strategies(layer)
+    resid = S if plan.sequence_parallel else R
+    g = LayerGraph(shape)
+    x = g.input(resid, m.hidden_size)
+    h = g.elementwise("attention_norm", [x])
+    q = g.linear("wq", h, st["wq"], m.q_size)
+    k = g.linear("wk", h, st["wk"], m.kv_size)
+    v = g.linear("wv", h, st["wv"], m.kv_size)
+    q = g.elementwise("rope", [q], layout=_elementwise_layout(q.layout))
+    k = g.elementwise("rope_k", [k], layout=_elementwise_layout(k.layout))
+    o = g.attention(q, k, v)
+    y = g.to_layout(g.linear("wo", o, st["wo"], m.hidden_size), resid)
+    x = g.elementwise("residual_add", [x, y], rw=(2.0, 1.0))
+    h = g.elementwise("ffn_norm", [x])
+    a = g.linear("w1", h, st["w1"], m.ffn_size)
+    if m.mlp == "swiglu":
+        b = g.linear("w3", h, st["w3"], m.ffn_size)
+        act = g.elementwise("swiglu", [a, b], layout=_elementwise_layout(a.layout), rw=(2.0, 1.0))
+    else:
+        act = g.elementwise("gelu", [a], layout=_elementwise_layout(a.layout))
+    y = g.to_layout(g.linear("w2", act, st["w2"], m.hidden_size), resid)
+    g.elementwise("residual_add", [x, y], rw=(2.0, 1.0))
+    return g
+
+
+def _elementwise_layout(layout: str) -> str:
+    # A non-linear op cannot run on partial sums: reduce them onto the features first.
+    return H if layout == "P" else layout
+
+
+def build_embedding(plan: Plan, shape: LayerShape) -> LayerGraph:
+    """Vocab-parallel embedding: a lookup whose output is a partial sum over TP."""
+    g = LayerGraph(shape)
+    e = g.elementwise("embedding", [], layout="P" if shape.tp > 1 else R,
+                      features=plan.model.hidden_size, rw=(1.0, 1.0))
+    g.to_layout(e, S if plan.sequence_parallel else R)
+    return g
+
+
+def build_head(plan: Plan, shape: LayerShape) -> LayerGraph:
+    """Final norm, vocab-parallel output projection (column-parallel) and the loss."""
+    m = plan.model
+    g = LayerGraph(shape)
+    x = g.input(S if plan.sequence_parallel else R, m.hidden_size)
+    h = g.elementwise("final_norm", [x])
+    logits = g.linear("output", h, "col", m.vocab_size)
+    # Cross-entropy on fp32 logits: read logits, write softmax (Megatron's vocab-parallel
+    # cross-entropy keeps its input for backward).
+    g.elementwise("cross_entropy", [logits], rw=(2.0, 2.0))
+    return g
+
+
+def layer_param_groups(plan: Plan, layer: int) -> dict[tuple[str, ...], float]:
+    """Parameters one rank holds for a layer, by the mesh dims their gradients reduce over.
+
+    col/row weights are sharded over TP, their gradients S(0) over TP: reduced over DP
+    only. seq weights are whole on every TP rank and see a slice of the sequence, so
+    their gradients are P(sum)P(sum): reduced over DP and TP (seed 000). Norm weights
+    under sequence parallelism are partial over TP too.
+    """
+    m, tp = plan.model, plan.mesh.tp
+    dp_dims = ("dp", "cp") if plan.mesh.cp > 1 else ("dp",)
+    both = dp_dims + ("tp",) if tp > 1 else dp_dims
+    groups: dict[tuple[str, ...], float] = {}
+    for name, (fan_in, fan_out) in m.projection_shapes().items():
+        strategy = plan.strategies(layer)[name]
+        params = fan_in * fan_out / (tp if strategy in ("col", "row") else 1)
+        key = both if strategy == "seq" else dp_dims
+        groups[key] = groups.get(key, 0.0) + params
+    norm_key = both if plan.sequence_parallel else dp_dims
+    groups[norm_key] = groups.get(norm_key, 0.0) + 2 * m.hidden_size
+    return groups
+
+
+def stage_layers(plan: Plan) -> list[range]:
+    """The layers of each pipeline stage."""
+    pp, n = plan.mesh.pp, plan.model.num_layers
+    split = plan.pipeline.layer_split
+    if split is None:
+        m = plan.model
+        per_layer = m.layer_matmul_params()
+        # The embedding lookup is nearly free; the output layer costs vocab*hidden.
+        split = balanced_split([1.0] * n, pp, 0.0, m.vocab_size * m.hidden_size / per_layer)
+    bounds, start = [], 0
+    for count in split:
+        bounds.append(range(start, start + count))
+        start += count
+    return bounds
+
+
+def model_flops(plan: Plan) -> float:
+    """Model FLOPs of one step: 6 x tokens x matmul params (output layer included, input
+    embedding excluded; Kaplan et al. 2020 / Narayanan et al. 2021 eq. 3 convention) plus
+    causal attention 3 x forward (forward + 2x backward). Recompute is not counted (MFU,
+    not HFU; Chowdhery et al. 2022, appendix B)."""
+    m, tr = plan.model, plan.training
+    tokens = tr.global_batch * tr.seq_len
+    matmul = m.num_layers * m.layer_matmul_params() + m.vocab_size * m.hidden_size
+    attention_fwd = 4.0 * tokens * tr.seq_len * m.head_dim * m.num_heads * 0.5
+    return 6.0 * tokens * matmul + 3.0 * m.num_layers * attention_fwd
+
+
+def lower(plan: Plan) -> Program:
+    """The Program of a resolved plan (plan.mesh.dp must be a number)."""
+    if plan.mesh.dp < 1:
+        raise ValueError("lower() needs a resolved plan: call workloads.resolve first")
+    for dim in ("cp", "ep"):
+        if plan.mesh.size(dim) > 1:
+            raise WorkloadError(f"mesh.{dim}", plan.mesh.size(dim),
+                                "1 (this version does not lower context or expert parallelism yet)")
+    tr, m = plan.training, plan.model
+    shape = LayerShape(tokens=tr.micro_batch * tr.seq_len // plan.mesh.cp, seq_len=tr.seq_len,
+                       tp=plan.mesh.tp, heads=m.num_heads, kv_heads=m.num_kv_heads,
+                       head_dim=m.head_dim, act_bytes=ACT_BYTES,
+                       gemm_bytes=1 if tr.dtype == "fp8" else 2)
+    layers = stage_layers(plan)
+    from .stage_lowering import StageLowering  # local: stage_lowering imports this module
+    stages = [StageLowering(plan, shape, s, layers).build() for s in range(plan.mesh.pp)]
+    return Program(plan=plan, stages=stages, model_flops=model_flops(plan),
+                   notes={"layers_per_stage": [len(r) for r in layers]})

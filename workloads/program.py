@@ -1,0 +1,94 @@
+"""The Program: what each rank class does in one training step.
+
+A Program holds, per pipeline stage, an ordered list of tasks. Ranks of one stage run
+the same tasks (a "rank class"), so a 16,384-GPU job lowers to a handful of lists.
+Tasks on one stream run in list order, like kernels on a CUDA stream; a task also waits
+for its dependencies, which is where compute/communication overlap comes from.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Iterator
+
+from .plan import MESH_DIMS, Plan
+
+COMPUTE = "compute"
+COMM = "comm"
+# Compute op classes the device profile prices differently.
+GEMM, ATTENTION, MEMORY = "gemm", "attention", "memory"
+
+
+@dataclass(slots=True)
+class Task:
+    """One compute kernel or one collective of a rank's step."""
+
+    id: int
+    kind: str                       # compute | comm
+    stream: str                     # compute, tp, cp, dp_ag, dp_rs, pp_send, pp_recv
+    op: str                         # wq, attention, rmsnorm, all_gather, send_recv, ...
+    phase: str                      # forward | backward | recompute | optimizer
+    layer: int                      # -1 outside transformer layers
+    microbatch: int                 # -1 for per-step work
+    deps: tuple[int, ...] = ()
+    flops: float = 0.0
+    bytes: float = 0.0              # compute: HBM bytes; comm: nccl-tests size S
+    op_class: str = ""              # gemm | attention | memory (compute only)
+    gemm_mnk: tuple[int, int, int] = (0, 0, 0)
+    group: tuple[str, ...] = ()     # mesh dims a collective spans
+    peer: int = 0                   # send_recv: +1 next stage, -1 previous stage
+    tag: tuple = ()                 # send_recv: matching key shared by sender and receiver
+    label: str = ""                 # what it is for, e.g. "wq.input", "grad.w2"
+
+
+@dataclass
+class Program:
+    """Per-stage task lists of one training step, plus the mesh to map ranks."""
+
+    plan: Plan                      # resolved: plan.mesh.dp is a number
+    stages: list[list[Task]]
+    model_flops: float              # 6NT + attention, for MFU (recompute excluded)
+    notes: dict = field(default_factory=dict)
+
+    @property
+    def world_size(self) -> int:
+        """GPUs the program runs on."""
+        return self.plan.mesh.world_size
+
+    def coords(self, rank: int) -> dict[str, int]:
+        """Mesh coordinates of a rank (tp innermost, pp outermost)."""
+        out: dict[str, int] = {}
+        for dim in reversed(MESH_DIMS):
+            size = self.plan.mesh.size(dim)
+            out[dim] = rank % size
+            rank //= size
+        return out
+
+    def rank_of(self, coords: dict[str, int]) -> int:
+        """Rank of mesh coordinates."""
+        rank = 0
+        for dim in MESH_DIMS:
+            rank = rank * self.plan.mesh.size(dim) + coords[dim]
+        return rank
+
+    def stage_of(self, rank: int) -> int:
+        """Pipeline stage (rank class) of a rank."""
+        return self.coords(rank)["pp"]
+
+    def group_ranks(self, rank: int, dims: tuple[str, ...]) -> tuple[int, ...]:
+        """Ranks that differ from `rank` only along `dims`, in rank order."""
+        base = self.coords(rank)
+        ranks = [rank]
+        for dim in dims:
+            size = self.plan.mesh.size(dim)
+            ranks = [self.rank_of({**self.coords(r), dim: i}) for r in ranks for i in range(size)]
+        del base
+        return tuple(sorted(set(ranks)))
+
+    def representative(self, stage: int) -> int:
+        """The rank simulated for a stage in rank-class mode (dp = cp = tp = 0)."""
+        return self.rank_of({"pp": stage, "dp": 0, "cp": 0, "tp": 0})
+
+    def tasks(self) -> Iterator[Task]:
+        """Every task of every stage."""
+        for stage in self.stages:
+            yield from stage

@@ -1,0 +1,178 @@
+"""Lowering of one pipeline stage: schedule order, FSDP/ZeRO/DDP collectives, optimizer."""
+from __future__ import annotations
+
+import math
+
+from .layer_graph import LayerGraph, LayerShape, TaskSink
+from .lowering import (ACT_BYTES, GRAD_REDUCE_BYTES, OPTIMIZER_BYTES_PER_PARAM, PARAM_BYTES,
+                       build_embedding, build_head, build_layer, layer_param_groups)
+from .plan import Plan
+from .program import COMM, COMPUTE, MEMORY, Task
+from .schedules import stage_order
+
+EMBED, HEAD = "embedding", "head"
+
+
+class StageLowering:
+    """Builds the task list of one pipeline stage."""
+
+    def __init__(self, plan: Plan, shape: LayerShape, stage: int, layers: list[range]):
+        self.plan, self.shape, self.stage = plan, shape, stage
+        self.last_stage = plan.mesh.pp - 1
+        self.sink = TaskSink()
+        units: list = list(layers[stage])
+        if stage == 0:
+            units.insert(0, EMBED)
+        if stage == self.last_stage:
+            units.append(HEAD)
+        self.units = units
+        self.fsdp = plan.fsdp or plan.zero_stage == 3
+        self.graphs: dict[tuple, LayerGraph] = {}
+        self.pass_ends: list[int] = []          # unit end tasks of the current pass
+        self.reductions: list[int] = []
+        self.last_backward = -1
+
+    # ---- helpers ------------------------------------------------------------------------
+    def _ctx(self, unit, mb: int) -> dict:
+        return {"layer": unit if isinstance(unit, int) else -1, "microbatch": mb}
+
+    def _join(self, deps, unit, mb, phase) -> tuple[int, ...]:
+        deps = tuple(d for d in deps if d is not None and d >= 0)
+        if len(deps) <= 1:
+            return deps
+        return (self.sink.add(kind=COMPUTE, stream="compute", op="join", phase=phase, deps=deps,
+                              op_class=MEMORY, label="wait", **self._ctx(unit, mb)),)
+
+    def _group_size(self, dims) -> int:
+        return math.prod(self.plan.mesh.size(d) for d in dims)
+
+    def _param_groups(self, unit) -> dict[tuple[str, ...], float]:
+        m, tp = self.plan.model, self.plan.mesh.tp
+        dp_dims = ("dp", "cp") if self.plan.mesh.cp > 1 else ("dp",)
+        if unit == EMBED:
+            return {dp_dims: m.vocab_size * m.hidden_size / tp}
+        if unit == HEAD:
+            # A tied output layer still needs its own (vocab-parallel) copy on the last
+            # stage when the first stage is elsewhere; on one stage it is the embedding.
+            tied = m.tie_word_embeddings and self.plan.mesh.pp == 1
+            return {dp_dims: (0 if tied else m.vocab_size * m.hidden_size / tp) + m.hidden_size}
+        return layer_param_groups(self.plan, unit)
+
+    def _graph(self, unit) -> LayerGraph:
+        if unit == EMBED:
+            return build_embedding(self.plan, self.shape)
+        if unit == HEAD:
+            return build_head(self.plan, self.shape)
+        g = build_layer(self.plan, unit, self.shape)
+        g.recompute_attention = self.plan.recompute == "selective"
+        return g
+
+    # ---- FSDP / ZeRO / DDP --------------------------------------------------------------
+    def _gather(self, unit, index: int, mb: int, phase: str) -> list[int]:
+        if not self.fsdp or (phase == "backward" and not self.plan.reshard_after_forward):
+            return []
+        lag = 2 if self.plan.fsdp_prefetch else 1
+        gate = self.pass_ends[index - lag] if index >= lag else None
+        tasks = []
+        for dims, params in sorted(self._param_groups(unit).items()):
+            if self._group_size(dims) == 1 or params == 0:
+                continue
+            tasks.append(self.sink.add(
+                kind=COMM, stream="dp_ag", op="all_gather", phase=phase,
+                deps=(gate,) if gate is not None else (), bytes=params * PARAM_BYTES,
+                group=dims, label=f"fsdp.gather.{unit}", **self._ctx(unit, mb)))
+        return tasks
+
+    def _reduce(self, unit, deps: tuple[int, ...], mb: int) -> None:
+        last_mb = mb == self.plan.micro_batches - 1
+        every_mb = self.fsdp or self.plan.zero_stage == 2
+        if not (every_mb or last_mb):
+            return
+        op = "reduce_scatter" if (self.fsdp or self.plan.zero_stage >= 1) else "all_reduce"
+        for dims, params in sorted(self._param_groups(unit).items()):
+            if self._group_size(dims) == 1 or params == 0:
+                continue
+            self.reductions.append(self.sink.add(
+                kind=COMM, stream="dp_rs", op=op, phase="backward", deps=deps,
+                bytes=params * GRAD_REDUCE_BYTES, group=dims, label=f"grad.reduce.{unit}",
+                **self._ctx(unit, mb)))
+
+    # ---- passes -------------------------------------------------------------------------
+    def _p2p(self, kind: str, what: str, mb: int, deps, peer: int, phase: str) -> int:
+        sh = self.shape
+        size = sh.tokens * self.plan.model.hidden_size * ACT_BYTES
+        if self.plan.sequence_parallel:
+            size /= sh.tp
+        src = self.stage if kind == "send" else self.stage + peer
+        return self.sink.add(kind=COMM, stream=f"pp_{kind}", op="send_recv", phase=phase,
+                             deps=tuple(deps), bytes=size, group=("pp",), peer=peer,
+                             tag=(what, src, mb), label=f"pp.{kind}.{what}", layer=-1,
+                             microbatch=mb)
+
+    def forward(self, mb: int) -> None:
+        """One micro-batch's forward through the stage's units."""
+        self.pass_ends = []
+        prev = self._p2p("recv", "act", mb, (), -1, "forward") if self.stage > 0 else None
+        for index, unit in enumerate(self.units):
+            gathers = self._gather(unit, index, mb, "forward")
+            graph = self._graph(unit)
+            deps = self._join([prev, *gathers], unit, mb, "forward")
+            prev = graph.emit_forward(self.sink, self._ctx(unit, mb), deps)
+            self.graphs[(unit, mb)] = graph
+            self.pass_ends.append(prev)
+        if self.stage < self.last_stage:
+            self._p2p("send", "act", mb, (prev,), +1, "forward")
+        self.loss = prev
+
+    def backward(self, mb: int) -> None:
+        """One micro-batch's backward through the stage's units, in reverse."""
+        self.pass_ends = []
+        if self.stage < self.last_stage:
+            grad = self._p2p("recv", "grad", mb, (), +1, "backward")
+        else:
+            grad = self.graphs[(HEAD, mb)].nodes[-1].task
+        for index, unit in enumerate(reversed(self.units)):
+            gathers = self._gather(unit, index, mb, "backward")
+            graph = self.graphs.pop((unit, mb))
+            ctx = self._ctx(unit, mb)
+            deps = self._join([grad, *gathers], unit, mb, "backward")
+            if self.plan.recompute == "full" and isinstance(unit, int):
+                graph = self._graph(unit)
+                graph.recompute_attention = False
+                deps = (graph.emit_forward(self.sink, ctx, deps, phase="recompute"),)
+            grad = graph.emit_backward(self.sink, ctx, deps[0] if len(deps) == 1 else grad)
+            self.pass_ends.append(grad)
+            wgrads = tuple(graph.wgrad_tasks.values()) or (grad,)
+            self._reduce(unit, wgrads, mb)
+        if self.stage > 0:
+            self._p2p("send", "grad", mb, (grad,), -1, "backward")
+        self.last_backward = grad
+
+    def optimizer(self) -> None:
+        """Adam on this rank's parameter shard, then ZeRO-1/2's parameter all-gathers."""
+        local = 0.0
+        for unit in self.units:
+            for dims, params in self._param_groups(unit).items():
+                sharded = self.fsdp or self.plan.zero_stage >= 1
+                local += params / (self._group_size(dims) if sharded else 1)
+        step = self.sink.add(kind=COMPUTE, stream="compute", op="adam", phase="optimizer",
+                             deps=(self.last_backward, *self.reductions),
+                             bytes=local * OPTIMIZER_BYTES_PER_PARAM, op_class=MEMORY,
+                             label="optimizer.step", layer=-1, microbatch=-1)
+        if self.plan.zero_stage in (1, 2) and not self.fsdp:
+            for unit in self.units:
+                for dims, params in sorted(self._param_groups(unit).items()):
+                    if self._group_size(dims) > 1 and params:
+                        self.sink.add(kind=COMM, stream="dp_ag", op="all_gather",
+                                      phase="optimizer", deps=(step,), bytes=params * PARAM_BYTES,
+                                      group=dims, label=f"zero.gather.{unit}",
+                                      **self._ctx(unit, -1))
+
+    def build(self) -> list[Task]:
+        """All tasks of the stage for one training step."""
+        order = stage_order(self.plan.pipeline.schedule, self.stage, self.plan.mesh.pp,
+                            self.plan.micro_batches)
+        for kind, mb in order:
+            (self.forward if kind == "F" else self.backward)(mb)
+        self.optimizer()
+        return self.sink.tasks
