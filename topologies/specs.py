@@ -36,9 +36,10 @@ class DeviceProfile:
     # Output tile of one thread block, for wave quantisation of GEMMs (assumption:
     # 128x128, the common CUTLASS/cuBLAS Hopper BF16 tile).
     gemm_tile: int = 128
-    # FlashAttention-2/3 forward on H100 reaches ~50-75 % of BF16 peak (Dao 2023,
-    # arXiv:2307.08691; Shah et al. 2024, arXiv:2407.08608). Assumption: 0.55 mid-range.
-    attention_efficiency: float = 0.55
+    # PyTorch's SDPA flash backend is FlashAttention-2, which reaches ~335-370 TFLOP/s
+    # forward (hdim 128, causal, long sequences) on H100, ~35 % of BF16 peak (Shah et al.
+    # 2024, FlashAttention-3, arXiv:2407.08608, Figure 5); FA3 reaches ~60-75 %.
+    attention_efficiency: float = 0.35
     # Copy kernels reach ~3.0-3.1 of 3.35 TB/s on H100 (cost-models.md 4.4): 0.9.
     memory_efficiency: float = 0.9
     # Kernel launch + tail per op. autoparallel floors every op at 7 us; an eager

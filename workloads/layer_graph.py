@@ -77,6 +77,8 @@ class LayerGraph:
         # Selective recompute (Korthikanti et al. 2022, arXiv:2205.05198 section 5):
         # the attention core's forward runs again just before its backward.
         self.recompute_attention = False
+        # FlashAttention recomputes the scores inside its backward instead.
+        self.flash_attention = True
 
     # ---- graph building ----------------------------------------------------------
     def _node(self, **fields) -> Node:
@@ -266,10 +268,12 @@ class LayerGraph:
                                  phase="recompute", deps=(ready,), flops=self.attention_flops(),
                                  bytes=self.attention_bytes(), op_class=ATTENTION,
                                  label="attention.recompute", **ctx)
-            # Backward of attention: dV, dP, dQ, dK GEMMs = 2x forward FLOPs
-            # (Dao et al. 2022, FlashAttention, arXiv:2205.14135, section 3.1).
+            # Backward of attention: dV, dP, dQ, dK GEMMs = 2x forward FLOPs; flash
+            # attention also recomputes S = QK^T: 5 GEMMs = 2.5x forward (Dao 2023,
+            # FlashAttention-2, arXiv:2307.08691, Algorithm 2).
+            factor = 2.5 if self.flash_attention else 2.0
             task = sink.add(kind=COMPUTE, stream="compute", op="attention", phase="backward",
-                            deps=(ready,), flops=2.0 * self.attention_flops(),
+                            deps=(ready,), flops=factor * self.attention_flops(),
                             bytes=2.0 * self.attention_bytes(), op_class=ATTENTION,
                             label="attention.bwd", **ctx)
             return [(x, (task, "R" if tp1 else "H")) for x in node.inputs]

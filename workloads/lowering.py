@@ -14,14 +14,10 @@ from .errors import WorkloadError
 from .layer_graph import LayerGraph, LayerShape, TaskSink
 from .layouts import H, R, S
 from .plan import Plan
+from .precision import ACT_BYTES
 from .program import COMM, COMPUTE, MEMORY, Program
-from .schedules import balanced_split, stage_order
+from .schedules import stage_layer_ranges
 
-ACT_BYTES = 2          # activations in bf16 (also under fp8 GEMMs, as Transformer Engine)
-PARAM_BYTES = 2        # bf16 compute copy of the weights that FSDP gathers
-# Gradients are reduced in fp32: torchtitan's default mixed_precision_reduce = "float32"
-# and Megatron-LM's default main_grad accumulation in fp32.
-GRAD_REDUCE_BYTES = 4
 # Adam step, memory-bound: reads fp32 master, m, v, fp32 grad (16 B) and writes master,
 # m, v and the bf16 copy (14 B) per parameter.
 OPTIMIZER_BYTES_PER_PARAM = 30
@@ -103,20 +99,9 @@ def layer_param_groups(plan: Plan, layer: int) -> dict[tuple[str, ...], float]:
     return groups
 
 
-def stage_layers(plan: Plan) -> list[range]:
-    """The layers of each pipeline stage."""
-    pp, n = plan.mesh.pp, plan.model.num_layers
-    split = plan.pipeline.layer_split
-    if split is None:
-        m = plan.model
-        per_layer = m.layer_matmul_params()
-        # The embedding lookup is nearly free; the output layer costs vocab*hidden.
-        split = balanced_split([1.0] * n, pp, 0.0, m.vocab_size * m.hidden_size / per_layer)
-    bounds, start = [], 0
-    for count in split:
-        bounds.append(range(start, start + count))
-        start += count
-    return bounds
+def stage_layers(plan: Plan) -> tuple[range, ...]:
+    """The layers of each pipeline stage (the Llama 3 split unless the plan gives one)."""
+    return stage_layer_ranges(plan.model.num_layers, plan.mesh.pp, plan.pipeline.layer_split)
 
 
 def model_flops(plan: Plan) -> float:

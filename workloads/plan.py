@@ -18,6 +18,9 @@ PROJECTIONS = ("wq", "wk", "wv", "wo", "w1", "w3", "w2")
 STRATEGIES = ("col", "row", "seq", "replicate")
 DTYPES = ("bf16", "fp8")
 RECOMPUTE = ("none", "selective", "full")
+# flash: FlashAttention (scores never stored, recomputed inside the backward);
+# eager: the s x s scores are materialised and kept for the backward.
+ATTENTION_IMPLS = ("flash", "eager")
 SCHEDULES = ("gpipe", "1f1b", "interleaved")
 MESH_DIMS = ("pp", "dp", "cp", "tp")  # outermost first; tp ranks are contiguous
 BUNDLED_DIR = Path(__file__).parent / "plans"
@@ -87,6 +90,7 @@ class Plan:
     sequence_parallel: bool = False
     layer_overrides: tuple[tuple[int, int, Mapping[str, str]], ...] = ()
     recompute: str = "none"
+    attention: str = "flash"
     pipeline: Pipeline = field(default_factory=Pipeline)
     fsdp_prefetch: bool = True
     async_tp: bool = False
@@ -197,7 +201,7 @@ def _pipeline(raw: dict) -> Pipeline:
 
 
 TOP_KEYS = ("name", "model", "training", "mesh", "fsdp", "zero_stage", "sharding", "layers",
-            "recompute", "pipeline", "overlap", "topology", "description")
+            "recompute", "attention", "pipeline", "overlap", "topology", "description")
 
 
 def plan_from_dict(raw: Any, base_dir: Path | None = None, default_name: str = "plan") -> Plan:
@@ -233,6 +237,7 @@ def plan_from_dict(raw: Any, base_dir: Path | None = None, default_name: str = "
         sequence_parallel=bool(sp), layer_overrides=_layer_overrides(
             _obj(raw.get("layers"), "layers"), model.num_layers),
         recompute=_choice(raw.get("recompute", "none"), "recompute", RECOMPUTE),
+        attention=_choice(raw.get("attention", "flash"), "attention", ATTENTION_IMPLS),
         pipeline=_pipeline(_obj(raw.get("pipeline"), "pipeline")),
         fsdp_prefetch=_bool(overlap, "fsdp_prefetch", "overlap", True),
         async_tp=_bool(overlap, "async_tp", "overlap", False), topology=topo,

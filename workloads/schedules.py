@@ -30,38 +30,24 @@ def stage_order(schedule: str, stage: int, stages: int, micro_batches: int) -> l
                         "gpipe or 1f1b (interleaved is not lowered yet)")
 
 
-def balanced_split(layer_costs: list[float], stages: int, first_extra: float,
-                   last_extra: float) -> list[int]:
-    """Layers per stage so that the most loaded stage carries as little as possible.
+def stage_layer_ranges(num_layers: int, chunks: int,
+                       layer_split: tuple[int, ...] | None = None) -> tuple[range, ...]:
+    """Layer indices of every pipeline chunk (pp x virtual_stages chunks, in model order).
 
-    `first_extra` / `last_extra` are the embedding's and the output layer's costs in
-    units of one layer. Greedy over a binary-searched capacity: exact for contiguous
-    splits of positive costs.
+    `layer_split` when given; otherwise equal layers per chunk with the remainder given to
+    the middle chunks first, so the first chunk (embedding) and the last (output layer)
+    hold one layer fewer, as Llama 3 405B's 126 layers on 16 stages (arXiv:2407.21783,
+    section 3.3.2). Chunk c runs on stage c % pp (Megatron's interleaved assignment).
     """
-    n = len(layer_costs)
-    costs = list(layer_costs)
-    costs[0] += first_extra
-    costs[-1] += last_extra
-
-    def split(capacity: float) -> list[int] | None:
-        counts, load, count = [], 0.0, 0
-        for i, c in enumerate(costs):
-            remaining_stages = stages - len(counts)
-            if count and (load + c > capacity or n - i < remaining_stages):
-                counts.append(count)
-                load, count = 0.0, 0
-            load += c
-            count += 1
-            if load > capacity:
-                return None
-        counts.append(count)
-        return counts if len(counts) == stages else None
-
-    low, high = max(costs), sum(costs)
-    for _ in range(60):
-        mid = (low + high) / 2
-        if split(mid) is None:
-            low = mid
-        else:
-            high = mid
-    return split(high) or [n // stages + (1 if i < n % stages else 0) for i in range(stages)]
+    counts = list(layer_split or ())
+    if not counts:
+        base, extra = divmod(num_layers, chunks)
+        counts = [base] * chunks
+        order = list(range(1, chunks - 1)) + [0, chunks - 1] if chunks > 2 else list(range(chunks))
+        for c in order[:extra]:
+            counts[c] += 1
+    out, start = [], 0
+    for n in counts:
+        out.append(range(start, start + n))
+        start += n
+    return tuple(out)

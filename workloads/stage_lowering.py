@@ -4,8 +4,9 @@ from __future__ import annotations
 import math
 
 from .layer_graph import LayerGraph, LayerShape, TaskSink
-from .lowering import (ACT_BYTES, GRAD_REDUCE_BYTES, OPTIMIZER_BYTES_PER_PARAM, PARAM_BYTES,
-                       build_embedding, build_head, build_layer, layer_param_groups)
+from .lowering import (OPTIMIZER_BYTES_PER_PARAM, build_embedding, build_head, build_layer,
+                       layer_param_groups)
+from .precision import ACT_BYTES, GRAD_REDUCE_BYTES, PARAM_BYTES
 from .plan import Plan
 from .program import COMM, COMPUTE, MEMORY, Task
 from .schedules import stage_order
@@ -64,7 +65,10 @@ class StageLowering:
         if unit == HEAD:
             return build_head(self.plan, self.shape)
         g = build_layer(self.plan, unit, self.shape)
-        g.recompute_attention = self.plan.recompute == "selective"
+        g.flash_attention = self.plan.attention == "flash"
+        # With flash attention the scores are already recomputed in its backward, so
+        # selective recompute has nothing left to do.
+        g.recompute_attention = self.plan.recompute == "selective" and not g.flash_attention
         return g
 
     # ---- FSDP / ZeRO / DDP --------------------------------------------------------------

@@ -7,8 +7,9 @@ import topologies
 
 from ..network import OPS, CommOptions
 from ..network.report import collective_table, group_ranks, parse_sizes
-from .common import print_json
+from ..cli import UsageError
 from ..network import ALGORITHMS, PROTOCOLS
+from .common import print_json
 
 
 def register(sub) -> None:
@@ -29,8 +30,15 @@ def register(sub) -> None:
 def handle(args: argparse.Namespace) -> int:
     """Print the table."""
     topo = topologies.build(args.topo)
-    ranks = group_ranks(topo, args.group)
-    rows = collective_table(topo, args.op, ranks, parse_sizes(args.sizes),
+    try:
+        ranks = group_ranks(topo, args.group)
+    except ValueError as exc:
+        raise UsageError("--group", args.group, str(exc)) from None
+    try:
+        sizes = parse_sizes(args.sizes)
+    except ValueError as exc:
+        raise UsageError("--sizes", args.sizes, str(exc)) from None
+    rows = collective_table(topo, args.op, ranks, sizes,
                             CommOptions(algorithm=args.algorithm, protocol=args.protocol))
     if args.json:
         print_json(rows)

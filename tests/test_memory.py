@@ -1,0 +1,227 @@
+"""The analytic memory model against its published sources (seed 002, Korthikanti et al.,
+the ZeRO paper, seed 004) and its plan-level rules."""
+import pytest
+
+from workloads import plan_from_dict, resolve
+from workloads.memory import (activation_bytes_per_layer, activation_fraction_3d,
+                              memory_breakdown, micro_batches_in_flight,
+                              model_state_bytes_per_device, output_layer_activation_bytes,
+                              peak_memory, stage_layer_ranges)
+from workloads.models import PRESETS, ModelSpec
+
+
+def _plan(world, **over):
+    raw = {"model": "llama3-8b", "training": {"global_batch": 64, "micro_batch": 1,
+                                              "seq_len": 4096},
+           "mesh": {"dp": "auto", "tp": 1}}
+    raw.update(over)
+    return resolve(plan_from_dict(raw), world)
+
+
+# ------------------------------------------------------------------------ seed 002
+def test_seed_002_llama3_405b_model_states_at_t8():
+    # Seed 002: 16 bytes/param / t, Llama 3 405B at t = 8 -> 811.7 GB (decimal) per device.
+    gb = model_state_bytes_per_device(PRESETS["llama3-405b"], 8) / 1e9
+    assert gb == pytest.approx(811.7, abs=0.05)
+
+
+# -------------------------------------------------- Korthikanti et al. 2022, Table 2
+# GPT-3 175B-like: h 12288, a 96, 4h GeLU MLP, MHA, dropout; s 2048, b 1, t 8
+# (Korthikanti et al., arXiv:2205.05198, Table 3 row "175B").
+GPT = PRESETS["gpt3-175b"]
+S, B, T, A, H = 2048, 1, 8, 96, 12288
+SBH = S * B * H
+
+
+@pytest.mark.parametrize("tp,sp,recompute,expected", [
+    # Table 2, "no parallelism": sbh(34 + 5as/h)
+    (1, False, "none", SBH * (34 + 5 * A * S / H)),
+    # Table 2, "tensor parallel (baseline)": sbh(10 + 24/t + 5as/(ht))
+    (T, False, "none", SBH * (10 + 24 / T + 5 * A * S / (H * T))),
+    # Table 2, "tensor + sequence parallel": sbh(34/t + 5as/(ht))
+    (T, True, "none", SBH * (34 / T + 5 * A * S / (H * T))),
+    # Table 2, "tensor parallel + selective activation recompute": sbh(10 + 24/t)
+    (T, False, "selective", SBH * (10 + 24 / T)),
+    # Table 2, "tensor + sequence parallel + selective activation recompute": sbh(34/t)
+    (T, True, "selective", SBH * 34 / T),
+    # selective without TP: sbh * 34
+    (1, False, "selective", SBH * 34),
+    # Table 2, "full activation recompute": sbh * 2
+    (T, False, "full", SBH * 2),
+    # Full recompute with SP: the checkpointed layer input is sequence-sharded (Megatron).
+    (T, True, "full", SBH * 2 / T),
+])
+def test_korthikanti_table2(tp, sp, recompute, expected):
+    got = activation_bytes_per_layer(GPT, S, B, tp, sp, recompute)
+    assert got == pytest.approx(expected, rel=1e-12)
+
+
+def test_korthikanti_175b_numbers():
+    # 5as/h = 80 for the 175B shape; per layer, no parallelism: 2048*12288*114 bytes.
+    assert activation_bytes_per_layer(GPT, S, B) == 2048 * 12288 * 114 == 2_868_903_936
+
+
+def test_gqa_swiglu_generalisation_llama3_8b():
+    m = PRESETS["llama3-8b"]
+    h, q, kv, f, a, s = 4096, 4096, 1024, 14336, 32, 8192
+    # Norm inputs 2+2, shared QKV input 2, MLP input 2 (8h); Q and K 2(q + kv); V 2kv;
+    # wo input 2q; SwiGLU 4 tensors of f (8f); no dropout; softmax output 2as per token.
+    per_token = 8 * h + 2 * (q + kv) + 2 * kv + 2 * q + 8 * f
+    assert activation_bytes_per_layer(m, s, 1, recompute="selective") == per_token * s
+    assert activation_bytes_per_layer(m, s, 1) == (per_token + 2 * a * s) * s
+    # TP only splits the 8h part with SP.
+    t = 8
+    assert activation_bytes_per_layer(m, s, 1, t, False, "selective") == \
+        (8 * h + (per_token - 8 * h) / t) * s
+    assert activation_bytes_per_layer(m, s, 1, t, True, "selective") == per_token * s / t
+    # With dropout the scores term becomes Korthikanti's 5as/h.
+    with_dropout = activation_bytes_per_layer(m, s, 1, dropout=True)
+    assert with_dropout == (per_token + 2 * h + 5 * a * s) * s
+
+
+def test_output_layer_korthikanti_section_4_3():
+    # 4sbh/t (1 + v/h) with TP + SP.
+    v = GPT.vocab_size
+    assert output_layer_activation_bytes(GPT, S, B, T, True) == \
+        pytest.approx(4 * SBH / T * (1 + v / H))
+
+
+# ----------------------------------------------------------------- ZeRO stages
+def test_zero_stages_shard_16_bytes_per_param():
+    m = PRESETS["llama3-8b"]
+    n = m.total_params()
+    z0 = memory_breakdown(_plan(8))
+    assert z0.params_bytes + z0.grads_bytes + z0.optimizer_bytes == 16 * n
+    assert (z0.params_bytes, z0.grads_bytes, z0.optimizer_bytes) == (2 * n, 2 * n, 12 * n)
+    z1 = memory_breakdown(_plan(8, zero_stage=1))
+    assert (z1.params_bytes, z1.grads_bytes, z1.optimizer_bytes) == (2 * n, 2 * n, 12 * n / 8)
+    z2 = memory_breakdown(_plan(8, zero_stage=2))
+    assert (z2.params_bytes, z2.grads_bytes, z2.optimizer_bytes) == (2 * n, 2 * n / 8, 12 * n / 8)
+    z3 = memory_breakdown(_plan(8, fsdp={"enabled": True}))
+    assert (z3.params_bytes, z3.grads_bytes, z3.optimizer_bytes) == \
+        (2 * n / 8, 2 * n / 8, 12 * n / 8)
+    assert z0.peak_bytes > z1.peak_bytes > z2.peak_bytes > z3.peak_bytes
+    assert z0.buffers_bytes == 0 < z2.buffers_bytes < z3.buffers_bytes
+    # ZeRO-3 gathers two units (current + prefetched) in bf16: here the output layer and
+    # the embedding (each vocab x h = 525M params) plus the final norm.
+    assert z3.buffers_bytes - z2.buffers_bytes == pytest.approx(2 * (2 * 128256 * 4096 + 4096))
+
+
+def test_fsdp_without_reshard_keeps_every_unit_gathered():
+    on = memory_breakdown(_plan(8, fsdp={"enabled": True}))
+    off = memory_breakdown(_plan(8, fsdp={"enabled": True, "reshard_after_forward": False}))
+    m = PRESETS["llama3-8b"]
+    assert off.buffers_bytes - on.buffers_bytes == pytest.approx(
+        2 * (m.total_params() - 2 * (128256 * 4096) - 4096))
+
+
+def test_tp_divides_sharded_weights_not_replicated_ones():
+    m = PRESETS["llama3-8b"]
+    col = memory_breakdown(_plan(8, mesh={"tp": 8}))
+    seq = memory_breakdown(_plan(8, mesh={"tp": 8}, sharding={"wo": "seq",
+                                                              "sequence_parallel": True}))
+    rep = memory_breakdown(_plan(8, mesh={"tp": 8}, sharding={"wo": "replicate"}))
+    assert seq.params_bytes == col.params_bytes
+    wo = m.q_size * m.hidden_size
+    assert rep.params_bytes - col.params_bytes == pytest.approx(2 * 32 * wo * (1 - 1 / 8))
+
+
+# -------------------------------------------------------------------- pipeline
+def test_1f1b_in_flight_micro_batches():
+    plan = _plan(8, mesh={"pp": 4, "dp": 2})          # m = 64 / 2 = 32 micro-batches
+    assert [micro_batches_in_flight(plan, s) for s in range(4)] == [4, 3, 2, 1]
+    few = _plan(8, mesh={"pp": 4, "dp": 2}, training={"global_batch": 4, "micro_batch": 1,
+                                                        "seq_len": 4096})
+    assert [micro_batches_in_flight(few, s) for s in range(4)] == [2, 2, 2, 1]
+    gpipe = _plan(8, mesh={"pp": 4, "dp": 2}, pipeline={"schedule": "gpipe"})
+    assert micro_batches_in_flight(gpipe, 3) == 32
+    assert micro_batches_in_flight(_plan(8), 0) == 1
+    # Interleaved, stage 0: p (1 + (p - 1)/(p v)) (Korthikanti et al. section 4.2.3).
+    inter = _plan(8, mesh={"pp": 4, "dp": 2},
+                  pipeline={"schedule": "interleaved", "virtual_stages": 2})
+    assert micro_batches_in_flight(inter, 0) == pytest.approx(4 * (1 + 3 / 8))
+
+
+def test_1f1b_activations_scale_with_in_flight():
+    plan = _plan(8, mesh={"pp": 4, "dp": 2}, recompute="selective", attention="eager")
+    per_layer = activation_bytes_per_layer(plan.model, 4096, 1, recompute="selective")
+    s1 = memory_breakdown(plan, 1)   # middle stage: no embedding / output activations
+    scores = 2 * 32 * 4096 * 4096    # selective working set: one layer's softmax output
+    assert s1.activations_bytes == 3 * 8 * per_layer + scores
+    assert s1.stage_layers == 8 and s1.micro_batches_in_flight == 3
+
+
+def test_llama3_405b_split_on_16_stages():
+    # Llama 3 (arXiv:2407.21783, 3.3.2): 126 layers, one fewer on the first and last stage.
+    raw = {"model": "llama3-405b", "training": {"global_batch": 16, "micro_batch": 1,
+                                                "seq_len": 8192},
+           "mesh": {"dp": 1, "tp": 8, "pp": 16}}
+    plan = resolve(plan_from_dict(raw), 128)
+    counts = [len(r) for r in stage_layer_ranges(plan)]
+    assert counts == [7] + [8] * 14 + [7] and sum(counts) == 126
+    first, mid, last = (memory_breakdown(plan, s) for s in (0, 5, 15))
+    m = plan.model
+    assert first.params_bytes - 2 * 7 / 8 * m.layer_params() == pytest.approx(
+        2 * (m.embedding_params() / 8 + 7 * 2 * m.hidden_size * (1 - 1 / 8)))
+    assert last.params_bytes > mid.params_bytes * 7 / 8
+    assert peak_memory(plan).stage in range(16)
+
+
+def test_full_recompute_uses_least_memory():
+    modes = {r: memory_breakdown(_plan(8, recompute=r, attention="eager")).activations_bytes
+             for r in ("none", "selective", "full")}
+    assert modes["none"] > modes["selective"] > modes["full"]
+
+
+def test_flash_attention_stores_no_scores():
+    # Flash attention keeps what selective recompute keeps (no s x s scores), without
+    # the selective working set: none and selective use the same memory.
+    flash = {r: memory_breakdown(_plan(8, recompute=r)).activations_bytes
+             for r in ("none", "selective")}
+    eager = memory_breakdown(_plan(8, recompute="selective", attention="eager"))
+    assert flash["none"] == flash["selective"]
+    assert flash["none"] < memory_breakdown(_plan(8, attention="eager")).activations_bytes
+    assert flash["selective"] < eager.activations_bytes
+
+
+# ------------------------------------------------------------------------ seed 004
+def test_3d_tensor_parallel_activation_fractions():
+    assert activation_fraction_3d(8, 1) == 1 / 8
+    assert activation_fraction_3d(8, 2) == pytest.approx(8 ** (-2 / 3))
+    assert activation_fraction_3d(64, 2) == 1 / 16
+    with pytest.raises(ValueError):
+        activation_fraction_3d(12)
+
+
+def test_resolved_plan_required():
+    raw = {"model": "llama3-8b", "training": {"global_batch": 8, "seq_len": 1024}}
+    with pytest.raises(ValueError):
+        memory_breakdown(plan_from_dict(raw))
+
+
+def test_custom_gpt_style_model_matches_34():
+    m = ModelSpec("tiny-gpt", 256, 2, 4, 4, 1024, 1000, mlp="gelu")
+    assert activation_bytes_per_layer(m, 128, 2, recompute="selective") == 128 * 2 * 256 * 34
+
+
+def test_explicit_layer_ranges_override_the_default_split():
+    plan = _plan(8, mesh={"pp": 4, "dp": 2})
+    uneven = (range(0, 10), range(10, 20), range(20, 28), range(28, 32))
+    assert memory_breakdown(plan, 0, uneven).stage_layers == 10
+    assert memory_breakdown(plan, 3, uneven).stage_layers == 4
+    assert memory_breakdown(plan, 0).stage_layers == 8
+    with pytest.raises(ValueError):
+        memory_breakdown(plan, 0, uneven[:3])
+
+
+def test_moe_expert_states_split_over_ep():
+    moe = {"name": "tiny-moe", "hidden_size": 256, "num_hidden_layers": 2,
+           "num_attention_heads": 4, "num_key_value_heads": 4, "intermediate_size": 1024,
+           "vocab_size": 1000, "num_local_experts": 8, "num_experts_per_tok": 2,
+           "moe_intermediate_size": 512}
+    def params(ep):
+        raw = {"model": moe, "training": {"global_batch": 8, "seq_len": 128},
+               "mesh": {"ep": ep}}
+        return memory_breakdown(resolve(plan_from_dict(raw), 8)).params_bytes
+    experts = 2 * 8 * 3 * 256 * 512          # layers x experts x SwiGLU matrices
+    assert params(1) - params(8) == pytest.approx(2 * experts * (1 - 1 / 8))

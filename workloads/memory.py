@@ -1,0 +1,348 @@
+"""Analytic per-rank memory of one training step: model states, activations and buffers.
+
+Sources, one per rule:
+
+- Model states, mixed-precision Adam: 2 bytes bf16 parameters + 2 bytes bf16 gradients + 12 bytes
+  optimizer states (fp32 master copy, momentum, variance) = 16 bytes per parameter; ZeRO stage 1
+  shards the 12, stage 2 also the 2 of the gradients, stage 3 (= FSDP) also the 2 of the
+  parameters (Rajbhandari et al., arXiv:1910.02054, section 3.1 and Figure 1). Seed 002 counts
+  16 bytes/param / t for Llama 3 405B at t = 8: 811.7 GB per device.
+- Activations saved per layer: Korthikanti et al., "Reducing Activation Recomputation in Large
+  Transformer Models", arXiv:2205.05198, section 4.1 (per-tensor count), Table 2 (per parallelism
+  and recompute mode), section 4.2.3 (pipeline in-flight micro-batches), section 4.3 (output
+  layer: 4sbh/t (1 + v/h)).
+- Pipeline split: Llama 3 (arXiv:2407.21783, section 3.3.2) drops one layer from the first and
+  the last stage (126 layers on 16 stages); the balanced default does the same.
+- 3D tensor parallelism (seed 004): activations 1/N for the all-gather/reduce-scatter design and
+  1/N^(2/3) for the all-reduce design.
+
+Generalisation of Korthikanti section 4.1 beyond GPT (MHA, 4h GeLU MLP, dropout): the saved
+tensors are counted one by one from the model's real widths (`_layer_tensors`), so GQA stores
+K and V of kv_heads x head_dim instead of h, SwiGLU stores four f-wide tensors (eager PyTorch:
+w1 output for SiLU, SiLU output and w3 output for the product, the product for w2) instead of
+GeLU's two, and dropout masks and the dropout output exist only when the model trains with
+dropout (GPT-style: yes; Llama-style: no, so its attention-scores term is 2as/h, not 5as/h).
+Norms are fused and store only their input (2sbh), as in the paper. With the GPT-3 shape the
+count is exactly sbh(34 + 5as/h); tests/test_memory.py checks it.
+"""
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+from typing import Sequence
+
+from .models import ModelSpec
+from .plan import Plan
+from .schedules import stage_layer_ranges as _split
+from .precision import GRAD_REDUCE_BYTES
+
+BF16_BYTES = 2
+PARAM_BYTES_PER_PARAM = 2        # bf16 working copy (ZeRO paper section 3.1)
+GRAD_BYTES_PER_PARAM = 2         # bf16 gradient
+OPTIMIZER_BYTES_PER_PARAM = 12   # fp32 master + Adam momentum + variance ("K = 12")
+MODEL_STATE_BYTES_PER_PARAM = (PARAM_BYTES_PER_PARAM + GRAD_BYTES_PER_PARAM
+                               + OPTIMIZER_BYTES_PER_PARAM)  # 16
+
+
+@dataclass(frozen=True)
+class MemoryBreakdown:
+    """Peak memory of one rank (one pipeline stage) over a training step, in bytes."""
+
+    params_bytes: float
+    grads_bytes: float
+    optimizer_bytes: float
+    activations_bytes: float
+    buffers_bytes: float
+    peak_bytes: float
+    stage: int = 0
+    stage_layers: int = 0
+    micro_batches_in_flight: int = 1
+
+    def to_dict(self) -> dict[str, float]:
+        """The breakdown as JSON-able data (the summary's `memory` object)."""
+        return asdict(self)
+
+
+# ------------------------------------------------------------------------- model states
+def model_state_bytes_per_device(model: ModelSpec, t: int = 1) -> float:
+    """Mixed-precision Adam model states per device when every parameter is split over t.
+
+    16 bytes/param (ZeRO paper, arXiv:1910.02054 section 3.1) x params / t; seed 002: Llama 3
+    405B at t = 8 gives 811.7 GB (decimal) per device.
+    """
+    return MODEL_STATE_BYTES_PER_PARAM * model.total_params() / t
+
+
+def activation_fraction_3d(n: int, design: int = 1) -> float:
+    """Activation memory of a 3D tensor-parallel linear layer, relative to one device (seed 004).
+
+    Design 1 (all-gather the input, reduce-scatter the output): 1/N. Design 2 (all-reduce the
+    output): 1/N^(2/3). N must be a cube q^3 (a q x q x q device cube).
+    """
+    q = round(n ** (1 / 3))
+    if n < 1 or q ** 3 != n:
+        raise ValueError(f"3D tensor parallelism needs a cube number of devices, got {n}")
+    if design == 1:
+        return 1.0 / n
+    if design == 2:
+        return 1.0 / q ** 2   # 1 / N^(2/3)
+    raise ValueError(f"design must be 1 or 2, got {design}")
+
+
+# ---------------------------------------------------------------------- pipeline split
+def stage_layer_ranges(plan: Plan) -> tuple[range, ...]:
+    """Layer indices of every pipeline chunk under the plan (schedules.stage_layer_ranges)."""
+    return _split(plan.model.num_layers, plan.mesh.pp * plan.pipeline.virtual_stages,
+                  plan.pipeline.layer_split)
+
+
+def micro_batches_in_flight(plan: Plan, stage: int = 0) -> float:
+    """Micro-batches whose activations stage `stage` holds at its peak, in stage-layer units.
+
+    No PP: 1 (gradient accumulation runs each micro-batch's backward before the next forward).
+    GPipe: all m. 1F1B: min(pp - stage, m) (Narayanan et al. 2021; Korthikanti section 4.2.3:
+    the first stage holds pp micro-batches). Interleaved: Megatron's warm-up of
+    2 (pp - stage - 1) + (v - 1) pp chunk-micro-batches plus one, each of 1/v of the stage's
+    layers, which for stage 0 is pp (1 + (pp - 1)/(pp v)) (Korthikanti section 4.2.3).
+    """
+    pp, m, v = plan.mesh.pp, plan.micro_batches, plan.pipeline.virtual_stages
+    if pp == 1:
+        return 1
+    if plan.pipeline.schedule == "gpipe":
+        return m
+    if plan.pipeline.schedule == "1f1b" or v == 1:
+        return min(pp - stage, m)
+    chunk_mbs = min(2 * (pp - stage - 1) + (v - 1) * pp + 1, m * v)
+    return chunk_mbs / v
+
+
+# --------------------------------------------------------------------- parameter counts
+def _is_moe_layer(model: ModelSpec, layer: int) -> bool:
+    return model.num_experts > 0 and layer >= model.first_dense_layers
+
+
+def _layer_params_rank(plan: Plan, layer: int) -> tuple[float, float]:
+    """(dense, expert) parameters of one layer held by one rank before ZeRO sharding.
+
+    col/row/seq projections are stored sharded over TP (seq weights are all-gathered before
+    use, like FSDP over TP); replicate keeps the full weight; norms are replicated. Routed
+    experts are split over EP and, like the dense MLP, over TP (Megatron's default expert TP).
+    """
+    m, tp = plan.model, plan.mesh.tp
+    strategies = plan.strategies(layer)
+    dense = 2.0 * m.hidden_size
+    expert = 0.0
+    moe = _is_moe_layer(m, layer)
+    for name, (i, o) in m.projection_shapes().items():
+        if moe and name in m.mlp_matrices:
+            continue
+        dense += i * o / (1 if strategies.get(name) == "replicate" else tp)
+    if moe:
+        per_expert = len(m.mlp_matrices) * m.hidden_size * m.moe_ffn_size
+        dense += m.hidden_size * m.num_experts                 # router, replicated
+        dense += m.num_shared_experts * per_expert / tp
+        expert += m.num_experts * per_expert / (plan.mesh.ep * tp)
+    return dense, expert
+
+
+def _stage_units(plan: Plan, stage: int, ranges: Sequence[range]) -> list[tuple[float, float]]:
+    """(dense, expert) parameters per FSDP unit of the stage: each layer, embedding, output."""
+    m, tp, last = plan.model, plan.mesh.tp, len(ranges) - 1
+    units = []
+    for c in range(stage, len(ranges), plan.mesh.pp):
+        if c == 0:
+            units.append((m.embedding_params() / tp, 0.0))          # vocab-parallel
+        units.extend(_layer_params_rank(plan, layer) for layer in ranges[c])
+        if c == last:
+            # Tied embeddings: Megatron keeps a copy on the last stage when pp > 1.
+            out = m.embedding_params() if (m.tie_word_embeddings and plan.mesh.pp > 1) \
+                else m.output_params()
+            units.append((out / tp + m.hidden_size, 0.0))            # + final norm
+    return units
+
+
+# ------------------------------------------------------------------------- activations
+def _layer_tensors(model: ModelSpec, kv_seq: int, dropout: bool,
+                   moe: bool = False) -> list[tuple[str, float, str]]:
+    """Tensors one layer saves for its backward, bytes per token, with their TP class.
+
+    Class "replicated": not split by TP, split over the sequence by SP; "sharded": split by
+    TP; "scores": the a x s attention-score tensors (dropped by selective recompute).
+    Korthikanti section 4.1 names, bf16 = 2 bytes, dropout masks 1 byte.
+    """
+    h, q, kv, a = model.hidden_size, model.q_size, model.kv_size, model.num_heads
+    f = model.ffn_size
+    t = [("attn_norm_input", 2 * h, "replicated"), ("qkv_input", 2 * h, "replicated"),
+         ("q", 2 * q, "sharded"), ("k", 2 * kv, "sharded"),              # for QK^T
+         ("softmax_output", 2 * a * kv_seq, "scores"),
+         ("v", 2 * kv, "sharded"), ("out_proj_input", 2 * q, "sharded"),
+         ("mlp_norm_input", 2 * h, "replicated"), ("mlp_input", 2 * h, "replicated")]
+    if model.mlp == "gelu":
+        t += [("gelu_input", 2 * f, "sharded"), ("fc2_input", 2 * f, "sharded")]
+    else:
+        t += [(n, 2 * f, "sharded") for n in ("w1_output", "silu_output", "w3_output", "w2_input")]
+    if moe:
+        # MoE approximation: each token's (top-k + shared) expert copies save their input and
+        # their MLP tensors at the expert width; fp32 router logits; replaces the dense MLP.
+        k = model.experts_per_token + model.num_shared_experts
+        width = (2 if model.mlp == "gelu" else 4) * 2 * model.moe_ffn_size
+        t = [x for x in t if x[0] not in ("gelu_input", "fc2_input", "w1_output",
+                                          "silu_output", "w3_output", "w2_input")]
+        t += [("router_logits", 4 * model.num_experts, "replicated"),
+              ("expert_inputs", k * 2 * h, "replicated"), ("expert_mlp", k * width, "sharded")]
+    if dropout:
+        t += [("softmax_dropout_mask", a * kv_seq, "scores"),
+              ("softmax_dropout_output", 2 * a * kv_seq, "scores"),
+              ("attn_dropout_mask", h, "replicated"), ("mlp_dropout_mask", h, "replicated")]
+    return t
+
+
+def _default_dropout(model: ModelSpec) -> bool:
+    # GPT-style (GeLU) models train with dropout; Llama-style (SwiGLU) models without.
+    return model.mlp == "gelu"
+
+
+def activation_bytes_per_layer(model: ModelSpec, seq_len: int, micro_batch: int, tp: int = 1,
+                               sequence_parallel: bool = False, recompute: str = "none",
+                               dropout: bool | None = None, kv_seq_len: int | None = None,
+                               moe: bool = False) -> float:
+    """Activation bytes one layer keeps for one micro-batch (Korthikanti et al. Table 2).
+
+    GPT-style: none sbh(34 + 5as/h) with no TP, sbh(10 + 24/t + 5as/(ht)) with TP,
+    sbh(34/t + 5as/(ht)) with TP + SP; selective drops the 5as/h term; full keeps the layer
+    input 2sbh (Table 2), which SP stores sequence-sharded: 2sbh/t. seq_len is the local
+    sequence (after CP); kv_seq_len the keys each query attends to (default seq_len);
+    moe: an MoE layer of an MoE model (experts replace the dense MLP).
+    """
+    if recompute not in ("none", "selective", "full"):
+        raise ValueError(f"recompute must be none, selective or full, got {recompute!r}")
+    sb = seq_len * micro_batch
+    sp_div = tp if sequence_parallel else 1
+    if recompute == "full":
+        return BF16_BYTES * model.hidden_size * sb / sp_div
+    dropout = _default_dropout(model) if dropout is None else dropout
+    total = 0.0
+    for _, per_token, kind in _layer_tensors(model, kv_seq_len or seq_len, dropout, moe):
+        if kind == "scores" and recompute == "selective":
+            continue
+        total += per_token * sb / (sp_div if kind == "replicated" else tp)
+    return total
+
+
+def _scores_bytes(model: ModelSpec, sb: int, kv_seq: int, tp: int, dropout: bool) -> float:
+    return sum(b for _, b, k in _layer_tensors(model, kv_seq, dropout) if k == "scores") * sb / tp
+
+
+def output_layer_activation_bytes(model: ModelSpec, seq_len: int, micro_batch: int, tp: int = 1,
+                                  sequence_parallel: bool = False) -> float:
+    """Final norm input, output-projection input and fp32 logits for the loss, one micro-batch.
+
+    Korthikanti et al. section 4.3: 4sbh/t (1 + v/h) with TP + SP (the h terms are not split
+    over TP without SP); the vocabulary-parallel logits are 4sbv/t.
+    """
+    sb, h = seq_len * micro_batch, model.hidden_size
+    sp_div = tp if sequence_parallel else 1
+    return 2 * 2 * sb * h / sp_div + 4 * sb * model.vocab_size / tp
+
+
+# ------------------------------------------------------------------------------ plan
+def memory_breakdown(plan: Plan, stage: int = 0,
+                     layer_ranges: Sequence[range] | None = None) -> MemoryBreakdown:
+    """Peak memory of a rank of pipeline stage `stage` for a resolved plan (mesh.dp set).
+
+    layer_ranges: the layers of each pipeline chunk (pp x virtual_stages ranges, chunk c on
+    stage c % pp), e.g. the lowering's split; default `stage_layer_ranges(plan)`.
+
+    peak = params + grads + optimizer + activations + buffers: every term is live at the start
+    of the last warm-up micro-batch's backward once gradients accumulate (m > 1); summing is
+    the usual conservative estimate. Buffers (assumptions):
+    - FSDP (ZeRO-3) all-gather: with reshard_after_forward, the 2 largest units of the stage
+      unsharded over DP in bf16 (current + prefetched; 1 without prefetch); without reshard,
+      every unit of the stage stays gathered from forward to backward.
+    - Gradient reduce-scatter (ZeRO 2 and 3): 2 units (1 without prefetch/overlap) of
+      unsharded gradients in the reduce dtype (fp32, precision.GRAD_REDUCE_BYTES).
+    - ZeRO 0/1 all-reduce in place on the gradient buckets (DDP gradient_as_bucket_view).
+    - TP (t > 1): one unsharded layer input 2sbh (SP all-gather output / all-reduce buffer).
+    - PP (pp > 1): a send and a receive buffer of one micro-batch's activation 2sbh (/t with SP).
+    Working set: full recompute rebuilds one layer's activations for one micro-batch during the
+    backward; selective rebuilds one layer's attention scores.
+    ZeRO/FSDP shard over dp x cp (torchtitan's dp_shard_cp, Megatron's DP-with-CP group);
+    routed-expert states over dp x cp / ep. Activations are bf16 also for fp8 training.
+    """
+    mesh, tr, m = plan.mesh, plan.training, plan.model
+    if mesh.dp < 1:
+        raise ValueError("memory_breakdown needs a resolved plan (workloads.resolve)")
+    if not 0 <= stage < mesh.pp:
+        raise ValueError(f"stage must be in [0, {mesh.pp}), got {stage}")
+    zero = 3 if plan.fsdp else plan.zero_stage
+    shard = mesh.dp * mesh.cp
+    expert_shard = max(shard // mesh.ep, 1)
+    ranges = tuple(layer_ranges) if layer_ranges is not None else stage_layer_ranges(plan)
+    if len(ranges) != mesh.pp * plan.pipeline.virtual_stages:
+        raise ValueError(f"layer_ranges needs {mesh.pp * plan.pipeline.virtual_stages} ranges")
+    units = _stage_units(plan, stage, ranges)
+    dense = sum(d for d, _ in units)
+    expert = sum(e for _, e in units)
+
+    def states(bytes_per_param: float, sharded: bool) -> float:
+        return bytes_per_param * (dense / shard + expert / expert_shard if sharded
+                                  else dense + expert)
+
+    params = states(PARAM_BYTES_PER_PARAM, zero >= 3)
+    grads = states(GRAD_BYTES_PER_PARAM, zero >= 2)
+    optimizer = states(OPTIMIZER_BYTES_PER_PARAM, zero >= 1)
+
+    # Activations (Korthikanti Table 2 per layer x layers x in-flight micro-batches).
+    chunks = range(stage, len(ranges), mesh.pp)
+    stage_layers = [layer for c in chunks for layer in ranges[c]]
+    layers = len(stage_layers)
+    s, b, tp, sp = tr.seq_len // mesh.cp, tr.micro_batch, mesh.tp, plan.sequence_parallel
+    in_flight = micro_batches_in_flight(plan, stage)
+
+    # Flash attention never stores the s x s scores: its saved tensors are those of
+    # selective recompute, and rebuilding a layer in full recompute needs no scores either.
+    flash = plan.attention == "flash"
+
+    def per_layer(layer: int, recompute: str) -> float:
+        if flash and recompute == "none":
+            recompute = "selective"
+        return activation_bytes_per_layer(m, s, b, tp, sp, recompute, kv_seq_len=tr.seq_len,
+                                          moe=_is_moe_layer(m, layer))
+
+    activations = in_flight * sum(per_layer(layer, plan.recompute) for layer in stage_layers)
+    if plan.recompute == "full" and stage_layers:
+        activations += max(per_layer(layer, "none") for layer in stage_layers)
+    elif plan.recompute == "selective" and not flash:
+        activations += _scores_bytes(m, s * b, tr.seq_len, tp, _default_dropout(m))
+    if len(ranges) - 1 in chunks:
+        # The last stage runs the loss right after its forward: 1F1B holds one micro-batch of
+        # logits; GPipe holds every micro-batch's.
+        gpipe = mesh.pp > 1 and plan.pipeline.schedule == "gpipe"
+        last_in_flight = plan.micro_batches if gpipe else 1
+        activations += last_in_flight * output_layer_activation_bytes(m, s, b, tp, sp)
+    if 0 in chunks and _default_dropout(m):
+        # Embedding dropout mask, 1 byte (Korthikanti section 4.3: sbhp/t on the first stage).
+        activations += in_flight * s * b * m.hidden_size / (tp if sp else 1)
+
+    # Buffers.
+    unit_sizes = sorted((d + e for d, e in units), reverse=True)
+    buffers = 0.0
+    if zero >= 3:
+        gathered = unit_sizes if not plan.reshard_after_forward \
+            else unit_sizes[:2 if plan.fsdp_prefetch else 1]
+        buffers += PARAM_BYTES_PER_PARAM * sum(gathered)
+    if zero >= 2:
+        buffers += GRAD_REDUCE_BYTES * sum(unit_sizes[:2 if plan.fsdp_prefetch else 1])
+    if tp > 1:
+        buffers += BF16_BYTES * s * b * m.hidden_size
+    if mesh.pp > 1:
+        buffers += 2 * BF16_BYTES * s * b * m.hidden_size / (tp if sp else 1)
+
+    peak = params + grads + optimizer + activations + buffers
+    return MemoryBreakdown(params, grads, optimizer, activations, buffers, peak,
+                           stage, layers, in_flight)
+
+
+def peak_memory(plan: Plan, layer_ranges: Sequence[range] | None = None) -> MemoryBreakdown:
+    """The breakdown of the stage with the highest peak (the summary's `memory`)."""
+    return max((memory_breakdown(plan, st, layer_ranges) for st in range(plan.mesh.pp)),
+               key=lambda mb: mb.peak_bytes)
