@@ -6,6 +6,8 @@ allowed), 3 `--strict-memory` and the plan does not fit, 1 internal error.
 from __future__ import annotations
 
 import argparse
+import importlib
+import pkgutil
 import sys
 import traceback
 from typing import Callable, Sequence
@@ -36,13 +38,17 @@ COMMANDS: dict[str, Callable] = {}
 
 
 def build_parser() -> argparse.ArgumentParser:
-    """The full CLI: one subparser per registered command module."""
-    from .commands import collective, listing, run, topo  # registration order = help order
+    """The full CLI: one subparser per module of simulator/commands with a `register`."""
+    from . import commands
     parser = OneLineParser(prog="python -m simulator",
                            description="Discrete-event simulator of sharded LLM training.")
     sub = parser.add_subparsers(dest="command", required=True, parser_class=OneLineParser)
-    for module in (run, collective, topo, listing):
-        module.register(sub)
+    names = sorted(m.name for m in pkgutil.iter_modules(commands.__path__))
+    # `run` first in the help; the rest alphabetically.
+    for name in sorted(names, key=lambda n: (n != "run", n)):
+        module = importlib.import_module(f"{commands.__name__}.{name}")
+        if hasattr(module, "register"):
+            module.register(sub)
     return parser
 
 

@@ -9,7 +9,6 @@ and a collective starts when its last member arrives.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from itertools import product
 from typing import Iterator
 
 import simpy
@@ -46,6 +45,7 @@ class Engine:
         self._rendezvous: dict[tuple, list] = {}
         self._twins: dict[tuple, tuple] = {}
         self._groups: dict[tuple, tuple[int, ...]] = {}
+        self._simulated = set(self.ranks)
         self._busy_sm = {r: 0 for r in self.ranks}
         self._busy_nvls = {r: 0 for r in self.ranks}
         self.events = 0
@@ -134,15 +134,26 @@ class Engine:
         return entry[0]
 
     def _point_to_point(self, rank: int, task: Task) -> Iterator:
+        """A send (transfer, then wake the receiver) or a receive (wait for the sender).
+
+        The peer is `task.peer` steps along the task's mesh dimension, wrapping around (a
+        ring for context parallelism; pipeline programs never step past the ends). In
+        rank-class mode a peer that is not simulated is a twin of a simulated rank doing
+        the same send at the same moment, so a receive from it completes with this rank's
+        own matching send.
+        """
+        dim = task.group[0]
         coords = self.program.coords(rank)
-        peer = self.program.rank_of({**coords, "pp": coords["pp"] + task.peer})
-        if task.stream == "pp_recv":
+        size = self.program.plan.mesh.size(dim)
+        step = task.peer if task.stream.endswith("send") else -task.peer
+        peer = self.program.rank_of({**coords, dim: (coords[dim] + step) % size})
+        if task.stream.endswith("recv"):
             yield self._p2p_event(task.tag, rank)
             return "p2p"
-        twins = () if self.options.full else self._twin_groups(rank, ("pp",), peer=task.peer)
+        twins = () if self.options.full else self._twin_groups(rank, (dim,), peer=task.peer)
         event = self.comm.collective("send_recv", (rank, peer), task.bytes, twins)
         algorithm = yield from self._track(rank, "send_recv", (rank, peer), task.bytes, event)
-        self._p2p_event(task.tag, peer).succeed()
+        self._p2p_event(task.tag, peer if peer in self._simulated else rank).succeed()
         return algorithm
 
     def _p2p_event(self, tag: tuple, receiver: int) -> simpy.Event:
@@ -161,34 +172,46 @@ class Engine:
     def _twin_groups(self, rank: int, dims: tuple[str, ...], peer: int = 0) -> tuple:
         """Groups that run the same collective at the same time as `rank`'s group.
 
-        They are the same-stage groups that differ only in the coordinates outside
-        `dims`. For point-to-point ("pp", peer), each twin is a (sender, receiver) pair.
+        They are the other groups over `dims` among the ranks of the same stage. For a
+        point-to-point step along one dim (`peer` != 0) each twin is (sender, receiver).
         """
         key = (rank, dims, peer)
         if key in self._twins:
             return self._twins[key]
-        prog, mesh = self.program, self.program.plan.mesh
-        coords = prog.coords(rank)
-        free = [d for d in ("dp", "cp", "tp") if d not in dims]
-        twins = []
-        for values in product(*(range(mesh.size(d)) for d in free)):
-            other = {**coords, **dict(zip(free, values))}
-            if other == coords:
+        prog = self.program
+        stage = prog.stage_of(rank)
+        own = self._group(rank, dims)
+        seen, twins = set(own), []
+        for member in self._stage_ranks(stage):
+            if member in seen:
                 continue
-            member = prog.rank_of(other)
             if peer:
-                twins.append((member, prog.rank_of({**other, "pp": other["pp"] + peer})))
+                c = prog.coords(member)
+                dim = dims[0]
+                size = prog.plan.mesh.size(dim)
+                twins.append((member, prog.rank_of({**c, dim: (c[dim] + peer) % size})))
+                seen.add(member)
             else:
-                twins.append(self._group(member, dims))
+                group = self._group(member, dims)
+                seen.update(group)
+                twins.append(group)
         self._twins[key] = tuple(twins)
         return self._twins[key]
+
+    def _stage_ranks(self, stage: int) -> list[int]:
+        per_stage = self.program.world_size // len(self.program.stages)
+        return [r for r in range(self.program.world_size) if self.program.stage_of(r) == stage] \
+            if per_stage * len(self.program.stages) != self.program.world_size else \
+            [self.program.rank_of({**self.program.coords(i), "pp": stage}) for i in range(per_stage)]
 
     def _group_name(self, rank: int, task: Task) -> str:
         if task.kind == COMPUTE:
             return ""
         if task.op == "send_recv":
-            stage = self.program.stage_of(rank)
-            src = stage if task.stream == "pp_send" else stage + task.peer
-            dst = stage + task.peer if task.stream == "pp_send" else stage
-            return f"pp:{src}->{dst}"
+            dim = task.group[0]
+            here = self.program.coords(rank)[dim]
+            size = self.program.plan.mesh.size(dim)
+            there = (here + task.peer) % size
+            src, dst = (here, there) if task.stream.endswith("send") else (there, here)
+            return f"{dim}:{src}->{dst}"
         return ",".join(task.group)

