@@ -79,7 +79,8 @@ class Engine:
                 if duration:
                     yield env.timeout(duration)
             else:
-                algorithm = yield from self._communicate(rank, task)
+                algorithm, began = yield from self._communicate(rank, task)
+                start = max(start, began)
             done[task.id].succeed()
             self.events += 1
             record(rank, task.stream, task.phase, task.layer, task.microbatch, task.op,
@@ -98,17 +99,20 @@ class Engine:
 
     # ---- communication ------------------------------------------------------------------
     def _communicate(self, rank: int, task: Task) -> Iterator:
+        """Run a communication task; returns (algorithm, time its transfer began)."""
         if task.op == "send_recv":
             return (yield from self._point_to_point(rank, task))
+        began = self.env.now
         ranks = self._group(rank, task.group)
         if len(ranks) == 1:
-            return ""
+            return "", began
         if self.options.full:
             event = self._arrive(task, ranks)
         else:
             event = self.comm.collective(task.op, ranks, task.bytes,
                                          self._twin_groups(rank, task.group))
-        return (yield from self._track(rank, task.op, ranks, task.bytes, event))
+        algorithm = yield from self._track(rank, task.op, ranks, task.bytes, event)
+        return algorithm, began
 
     def _track(self, rank: int, op: str, ranks: tuple[int, ...], size: float,
                event: simpy.Event) -> Iterator:
@@ -148,13 +152,16 @@ class Engine:
         step = task.peer if task.stream.endswith("send") else -task.peer
         peer = self.program.rank_of({**coords, dim: (coords[dim] + step) % size})
         if task.stream.endswith("recv"):
-            yield self._p2p_event(task.tag, rank)
-            return "p2p"
+            # Waiting for the sender is idle time, not communication: the row starts
+            # when the transfer began (the event's value).
+            began = yield self._p2p_event(task.tag, rank)
+            return "p2p", began
+        began = self.env.now
         twins = () if self.options.full else self._twin_groups(rank, (dim,), peer=task.peer)
         event = self.comm.collective("send_recv", (rank, peer), task.bytes, twins)
         algorithm = yield from self._track(rank, "send_recv", (rank, peer), task.bytes, event)
-        self._p2p_event(task.tag, peer if peer in self._simulated else rank).succeed()
-        return algorithm
+        self._p2p_event(task.tag, peer if peer in self._simulated else rank).succeed(began)
+        return algorithm, began
 
     def _p2p_event(self, tag: tuple, receiver: int) -> simpy.Event:
         key = (tag, receiver)

@@ -91,29 +91,94 @@ def idle_time_s(flows: Sequence[Flow], capacity: np.ndarray) -> float:
     return clock
 
 
+class _Transfer:
+    """One call to Network.transfer: its flows, their progress and its completion event."""
+
+    __slots__ = ("seq", "shape", "left", "rates", "last", "done", "generation",
+                 "isolated_since")
+
+    def __init__(self, seq: int, shape: "_Shape", done: simpy.Event, now: float) -> None:
+        self.seq = seq                              # start order: a deterministic sort key
+        self.shape = shape
+        self.left = shape.sizes.copy()
+        self.rates = np.zeros(len(shape.sizes))
+        self.last = now
+        self.done = done
+        self.generation = 0
+        self.isolated_since: float | None = None   # start of the cached idle schedule
+
+
+class _Shape:
+    """Size-independent arrays of a transfer, and its schedule on idle links (cached)."""
+
+    __slots__ = ("routes", "mults", "sizes", "links", "phases")
+
+    def __init__(self, routes, mults, sizes, capacity: np.ndarray) -> None:
+        self.routes, self.mults = routes, mults
+        self.sizes = np.asarray(sizes, dtype=float)
+        self.links = np.unique(np.concatenate(routes))
+        self.phases = _idle_phases(routes, mults, self.sizes, capacity)
+
+    def state_at(self, elapsed: float) -> tuple[np.ndarray, np.ndarray]:
+        """(bytes left, rates) of every flow `elapsed` seconds into the idle schedule."""
+        left = self.sizes.copy()
+        clock = 0.0
+        for end, rates in self.phases:
+            span = min(end, elapsed) - clock
+            if span > 0:
+                left = left - rates * span
+            clock = end
+            if end >= elapsed:
+                return np.maximum(left, 0.0), rates
+        return np.zeros_like(left), np.zeros_like(left)
+
+
+def _idle_phases(routes, mults, sizes: np.ndarray, capacity: np.ndarray):
+    """Piecewise-constant rates of flows alone on idle links: [(end time, rates), ...]."""
+    left = sizes.astype(float).copy()
+    alive = left > 0
+    phases, clock = [], 0.0
+    while alive.any():
+        idx = np.flatnonzero(alive)
+        rates = np.zeros(len(left))
+        rates[idx] = _FlowSet([routes[i] for i in idx], [mults[i] for i in idx],
+                              capacity).rates()
+        finish = left[idx] / rates[idx]
+        dt = float(finish.min())
+        clock += dt
+        left = left - rates * dt
+        phases.append((clock, rates))
+        alive[idx[finish <= dt * (1 + _REL_TOL)]] = False
+    return phases
+
+
 class Network:
     """Links shared max-min fairly by concurrent flows, driven by a SimPy environment.
 
     Capacities are `topology.link_nccl_Bps`: the per-link rates NCCL achieves (NVLink
     20.6 GB/s x 18 links on H100, 48 GB/s per NDR NIC), so one collective alone moves at
     the rate NCCL's tuner plans with.
+
+    Only transfers that share links are solved together: a transfer whose links no other
+    transfer uses runs on its cached idle-link schedule (one timer, no solver), and when a
+    transfer starts or a flow ends, rates are recomputed for the connected component of
+    transfers around it only. Most collectives of a training step (TP inside a node, DP
+    on its own rail) never meet another transfer, so the solver runs only where transfers
+    really overlap on links.
     """
 
     def __init__(self, env: simpy.Environment, topology) -> None:
         self.env = env
         self.capacity = np.asarray(topology.link_nccl_Bps, dtype=float)
-        self._routes: list[np.ndarray] = []
-        self._mults: list[np.ndarray] = []
-        self._left = np.zeros(0)
-        self._rates = np.zeros(0)
-        self._owner: list[list] = []     # per flow: [event, flows still running]
-        self._last = env.now
-        self._generation = 0
+        self._users = np.zeros(len(self.capacity), dtype=np.int64)  # transfers per link
+        self._active: dict[int, _Transfer] = {}                       # seq -> transfer
+        self._shapes: dict[tuple, _Shape] = {}
+        self._seq = 0
 
     @property
     def active_flows(self) -> int:
         """Number of flows in progress."""
-        return len(self._routes)
+        return sum(int((t.left > 0).sum()) for t in self._active.values())
 
     def transfer(self, flows: Sequence[Flow],
                  weights: Sequence[Mapping[int, float] | None] | None = None) -> simpy.Event:
@@ -123,63 +188,110 @@ class Network:
         (1 where absent): the flow stands for that many identical flows on the link.
         """
         done = self.env.event()
-        new_routes, new_mults, new_left = [], [], []
-        for i, (route, size) in enumerate(flows):
-            if not route or size <= 0:
-                continue
-            r = np.asarray(route, dtype=np.int64)
-            w = weights[i] if weights is not None else None
-            m = np.array([w.get(int(l), 1.0) for l in r]) if w else np.ones(len(r))
-            new_routes.append(r)
-            new_mults.append(m)
-            new_left.append(float(size))
-        if not new_routes:
+        shape = self._shape(flows, weights)
+        if shape is None:
             done.succeed()
             return done
-        self._advance()
-        owner = [done, len(new_routes)]
-        self._routes += new_routes
-        self._mults += new_mults
-        self._owner += [owner] * len(new_routes)
-        self._left = np.concatenate([self._left, new_left])
-        self._reschedule()
+        self._seq += 1
+        transfer = _Transfer(self._seq, shape, done, self.env.now)
+        isolated = not self._users[shape.links].any()
+        self._users[shape.links] += 1
+        self._active[transfer.seq] = transfer
+        if isolated:
+            transfer.isolated_since = self.env.now
+            self._schedule(transfer, shape.phases[-1][0])
+        else:
+            self._resolve(self._component([transfer]))
         return done
 
     # -- internals --------------------------------------------------------------------
-    def _advance(self) -> None:
-        """Move every flow forward to `env.now` at its current rate."""
-        dt = self.env.now - self._last
-        if dt > 0 and len(self._left):
-            self._left = self._left - self._rates * dt
-        self._last = self.env.now
+    def _shape(self, flows, weights) -> _Shape | None:
+        wkey = None if weights is None else tuple(
+            None if w is None else tuple(sorted(w.items())) for w in weights)
+        key = (tuple(flows), wkey)
+        shape = self._shapes.get(key)
+        if shape is None and key not in self._shapes:
+            routes, mults, sizes = [], [], []
+            for i, (route, size) in enumerate(flows):
+                if not route or size <= 0:
+                    continue
+                r = np.asarray(route, dtype=np.int64)
+                w = weights[i] if weights is not None else None
+                routes.append(r)
+                mults.append(np.array([w.get(int(l), 1.0) for l in r]) if w else np.ones(len(r)))
+                sizes.append(float(size))
+            shape = _Shape(routes, mults, sizes, self.capacity) if routes else None
+            self._shapes[key] = shape
+        return shape
 
-    def _reschedule(self) -> None:
-        self._generation += 1
-        if not self._routes:
-            self._rates = np.zeros(0)
-            return
-        self._rates = _FlowSet(self._routes, self._mults, self.capacity).rates()
-        dt = float((np.maximum(self._left, 0.0) / self._rates).min())
-        generation = self._generation
-        timer = self.env.timeout(dt)
-        timer.callbacks.append(lambda _ev: self._on_timer(generation))
+    def _component(self, seeds) -> list[_Transfer]:
+        """Active transfers connected to `seeds` through shared links, in start order."""
+        mask = np.zeros(len(self.capacity), dtype=bool)
+        members = {t.seq: t for t in seeds}
+        for t in seeds:
+            mask[t.shape.links] = True
+        grew = True
+        while grew:
+            grew = False
+            for seq, t in self._active.items():
+                if seq not in members and mask[t.shape.links].any():
+                    members[seq] = t
+                    mask[t.shape.links] = True
+                    grew = True
+        return [members[s] for s in sorted(members)]
 
-    def _on_timer(self, generation: int) -> None:
-        if generation != self._generation:
-            return  # superseded by a later start or finish
-        self._advance()
+    def _advance(self, t: _Transfer) -> None:
+        """Bring a transfer's bytes left to env.now at its current rates."""
+        now = self.env.now
+        if t.isolated_since is not None:
+            t.left, t.rates = t.shape.state_at(now - t.isolated_since)
+            t.isolated_since = None
+        elif now > t.last:
+            t.left = np.maximum(t.left - t.rates * (now - t.last), 0.0)
+        t.last = now
+
+    def _resolve(self, component: list[_Transfer]) -> None:
+        """Recompute max-min rates of a component and schedule each transfer's next event."""
+        for t in component:
+            self._advance(t)
+        live = [(t, np.flatnonzero(t.left > 0)) for t in component]
+        routes = [t.shape.routes[i] for t, idx in live for i in idx]
+        mults = [t.shape.mults[i] for t, idx in live for i in idx]
+        rates = _FlowSet(routes, mults, self.capacity).rates() if routes else np.zeros(0)
+        offset = 0
+        for t, idx in live:
+            t.rates = np.zeros(len(t.left))
+            t.rates[idx] = rates[offset:offset + len(idx)]
+            offset += len(idx)
+            if len(idx):
+                self._schedule(t, float((t.left[idx] / t.rates[idx]).min()))
+
+    def _schedule(self, t: _Transfer, delay: float) -> None:
+        t.generation += 1
+        generation = t.generation
+        timer = self.env.timeout(max(delay, 0.0))
+        timer.callbacks.append(lambda _ev: self._on_timer(t, generation))
+
+    def _on_timer(self, t: _Transfer, generation: int) -> None:
+        if generation != t.generation:
+            return  # superseded by a later recomputation
+        neighbours = self._component([t])
+        self._advance(t)
         # A flow is done when what is left would take under ~1 ns (float slack).
-        finished = self._left <= self._rates * 1e-9 + 1e-6
-        if not finished.any():
-            finished = self._left <= self._left.min()
-        keep = ~finished
-        for i in np.flatnonzero(finished):
-            owner = self._owner[i]
-            owner[1] -= 1
-            if owner[1] == 0:
-                owner[0].succeed()
-        self._routes = [r for r, k in zip(self._routes, keep) if k]
-        self._mults = [m for m, k in zip(self._mults, keep) if k]
-        self._owner = [o for o, k in zip(self._owner, keep) if k]
-        self._left = self._left[keep]
-        self._reschedule()
+        t.left[t.left <= t.rates * 1e-9 + 1e-6] = 0.0
+        if (t.left > 0).any():
+            if len(neighbours) == 1:
+                self._resolve([t])
+            else:
+                self._resolve(neighbours)
+            return
+        self._users[t.shape.links] -= 1
+        del self._active[t.seq]
+        t.generation += 1
+        t.done.succeed()
+        rest = [n for n in neighbours if n is not t]
+        while rest:
+            component = self._component([rest[0]])
+            self._resolve(component)
+            seqs = {c.seq for c in component}
+            rest = [n for n in rest if n.seq not in seqs]
