@@ -30,6 +30,24 @@ class SimOptions:
     overlap_slowdown: bool = True           # SM sharing slows compute under collectives
 
 
+class _RankState:
+    """Which tasks of one simulated rank are done; events only for awaited ones."""
+
+    __slots__ = ("done", "waiters", "watched")
+
+    def __init__(self, num_tasks: int, watched: frozenset[int]) -> None:
+        self.done = [False] * num_tasks
+        self.waiters: dict[int, simpy.Event] = {}
+        self.watched = watched
+
+    def wait(self, env: simpy.Environment, task_id: int) -> simpy.Event:
+        """An event that fires when task `task_id` is done."""
+        event = self.waiters.get(task_id)
+        if event is None:
+            event = self.waiters[task_id] = env.event()
+        return event
+
+
 class Engine:
     """Runs one Program on one Topology and records the trace."""
 
@@ -37,7 +55,6 @@ class Engine:
         self.program, self.topology, self.options = program, topology, options
         self.env = simpy.Environment()
         self.comm = CommModel(self.env, topology, options.comm)
-        self.trace = TraceRecorder()
         self.dtype = program.plan.training.dtype
         self.ranks = (list(range(program.world_size)) if options.full else
                       [program.representative(s) for s in range(len(program.stages))])
@@ -48,53 +65,79 @@ class Engine:
         self._simulated = set(self.ranks)
         self._busy_sm = {r: 0 for r in self.ranks}
         self._busy_nvls = {r: 0 for r in self.ranks}
+        self._streams: dict[int, tuple] = {}
+        self._duration_cache: dict[tuple, list[float]] = {}
+        self.trace = TraceRecorder(program.stages)
         self.events = 0
 
     # ---- driving ------------------------------------------------------------------------
     def run(self) -> None:
         """Simulate the step to completion."""
         for rank in self.ranks:
-            tasks = self.program.stages[self.program.stage_of(rank)]
-            done = [self.env.event() for _ in tasks]
-            streams: dict[str, list[Task]] = {}
-            for task in tasks:
-                streams.setdefault(task.stream, []).append(task)
-            for stream in sorted(streams):
-                self.env.process(self._stream(rank, streams[stream], done))
+            stage = self.program.stage_of(rank)
+            streams, watched = self._stage_streams(stage)
+            durations = self._durations(stage, self.topology.device(rank))
+            state = _RankState(len(self.program.stages[stage]), watched)
+            for name in sorted(streams):
+                self.env.process(self._stream(rank, stage, streams[name], state, durations))
         self.env.run()
         stuck = [k for k, e in self._p2p.items() if not e.triggered]
         if stuck or any(v[1] < len(k[1]) for k, v in self._rendezvous.items()):
             raise RuntimeError(f"simulation deadlocked (unmatched point-to-point: {stuck[:3]})")
 
-    def _stream(self, rank: int, tasks: list[Task], done: list[simpy.Event]) -> Iterator:
+    def _stage_streams(self, stage: int) -> tuple[dict[str, list], frozenset[int]]:
+        """Per stream, its tasks with only the dependencies on other streams (same-stream
+        ones are met by stream order), and the ids some other stream waits for."""
+        if stage not in self._streams:
+            tasks = self.program.stages[stage]
+            streams: dict[str, list] = {}
+            watched: set[int] = set()
+            for task in tasks:
+                cross = tuple(d for d in task.deps if tasks[d].stream != task.stream)
+                watched.update(cross)
+                streams.setdefault(task.stream, []).append((task, cross))
+            self._streams[stage] = (streams, frozenset(watched))
+        return self._streams[stage]
+
+    def _durations(self, stage: int, device) -> list[float]:
+        """Interference-free duration of every task of a stage on a device (cached)."""
+        key = (stage, id(device))  # DeviceSpec holds a mapping: not hashable
+        if key not in self._duration_cache:
+            self._duration_cache[key] = [
+                compute_time_s(t, device, self.dtype) if t.kind == COMPUTE else 0.0
+                for t in self.program.stages[stage]]
+        return self._duration_cache[key]
+
+    def _stream(self, rank: int, stage: int, tasks: list, state: "_RankState",
+                durations: list[float]) -> Iterator:
         env, record = self.env, self.trace.record
-        for task in tasks:
-            waits = [done[d] for d in task.deps if not done[d].triggered]
-            if waits:
-                yield waits[0] if len(waits) == 1 else simpy.AllOf(env, waits)
+        done, waiters = state.done, state.waiters
+        for task, cross in tasks:
+            for dep in cross:
+                if not done[dep]:
+                    yield state.wait(env, dep)
             start = env.now
-            algorithm = ""
             if task.kind == COMPUTE:
-                duration = self._compute_s(rank, task)
+                duration = durations[task.id]
                 if duration:
-                    yield env.timeout(duration)
+                    yield env.timeout(self._slowed(rank, duration))
+                record(rank, stage, task.id, start, env.now, "", "")
             else:
                 algorithm, began = yield from self._communicate(rank, task)
-                start = max(start, began)
-            done[task.id].succeed()
+                record(rank, stage, task.id, max(start, began), env.now,
+                       self._group_name(rank, task), algorithm)
+            done[task.id] = True
+            if task.id in waiters:
+                waiters.pop(task.id).succeed()
             self.events += 1
-            record(rank, task.stream, task.phase, task.layer, task.microbatch, task.op,
-                   task.kind, start, env.now, task.flops, task.bytes, self._group_name(rank, task),
-                   algorithm, task.label)
 
-    def _compute_s(self, rank: int, task: Task) -> float:
-        device = self.topology.device(rank)
-        duration = compute_time_s(task, device, self.dtype)
-        if self.options.overlap_slowdown and duration:
+    def _slowed(self, rank: int, duration: float) -> float:
+        """A compute duration stretched by collectives running on this rank's SMs."""
+        if self.options.overlap_slowdown:
             if self._busy_sm[rank]:
-                duration /= device.profile.overlap_compute_factor
-            elif self._busy_nvls[rank]:
-                duration /= device.profile.overlap_compute_factor_nvls
+                return duration / self.topology.device(rank).profile.overlap_compute_factor
+            if self._busy_nvls[rank]:
+                return duration / self.topology.device(rank).profile.overlap_compute_factor_nvls
         return duration
 
     # ---- communication ------------------------------------------------------------------

@@ -12,6 +12,7 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
@@ -26,20 +27,53 @@ COLUMNS = SCHEMA.names
 
 
 class TraceRecorder:
-    """Collects rows column by column (cheap appends, one Table at the end)."""
+    """Collects rows as (rank, stage, task id, start, end, group, algorithm); the task's own
+    columns (stream, op, flops, ...) are joined in once, column by column, in `table()`."""
 
-    def __init__(self) -> None:
-        self.columns: dict[str, list] = {name: [] for name in COLUMNS}
-        self._append = [self.columns[name].append for name in COLUMNS]
+    def __init__(self, stages) -> None:
+        self.stages = stages
+        self.rows: tuple[list, ...] = ([], [], [], [], [], [], [])
+        self._appends = [col.append for col in self.rows]
 
-    def record(self, *values: Any) -> None:
-        """Append one row, values in COLUMNS order."""
-        for append, value in zip(self._append, values):
+    def record(self, rank: int, stage: int, task_id: int, start_s: float, end_s: float,
+               group: str, algorithm: str) -> None:
+        """Append one executed task."""
+        for append, value in zip(self._appends, (rank, stage, task_id, start_s, end_s, group,
+                                                 algorithm)):
             append(value)
 
+    def _task_columns(self) -> tuple[dict[str, pa.Array], np.ndarray]:
+        """Every task's static columns, all stages concatenated, and each stage's offset."""
+        names = ("stream", "phase", "layer", "microbatch", "op", "kind", "flops", "bytes",
+                 "label")
+        values: dict[str, list] = {n: [] for n in names}
+        offsets = [0]
+        for tasks in self.stages:
+            for task in tasks:
+                for n in names:
+                    values[n].append(getattr(task, "microbatch" if n == "microbatch" else n))
+            offsets.append(offsets[-1] + len(tasks))
+        columns = {n: pa.array(v, type=SCHEMA.field(n).type) for n, v in values.items()}
+        return columns, np.array(offsets[:-1], dtype=np.int64)
+
     def table(self) -> pa.Table:
-        """The rows as a Table, sorted by (rank, start_s, end_s) for stable output."""
-        table = pa.table(self.columns, schema=SCHEMA)
+        """The rows as a Table with SCHEMA's columns, sorted by (rank, start_s, end_s)."""
+        rank, stage, task, start, end, group, algorithm = self.rows
+        static, offsets = self._task_columns()
+        index = pa.array(offsets[np.asarray(stage, dtype=np.int64)] +
+                         np.asarray(task, dtype=np.int64))
+        columns = {
+            "rank": pa.array(rank, type=pa.int32()),
+            **{n: static[n].take(index) for n in ("stream", "phase", "layer", "microbatch",
+                                                   "op", "kind")},
+            "start_s": pa.array(start, type=pa.float64()),
+            "end_s": pa.array(end, type=pa.float64()),
+            "flops": static["flops"].take(index), "bytes": static["bytes"].take(index),
+            "group": pa.array(group, type=pa.string()),
+            "algorithm": pa.array(algorithm, type=pa.string()),
+            "label": static["label"].take(index),
+        }
+        table = pa.table(columns, schema=SCHEMA)
         if table.num_rows:
             table = table.sort_by([("rank", "ascending"), ("start_s", "ascending"),
                                    ("end_s", "ascending")])

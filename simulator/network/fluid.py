@@ -111,9 +111,10 @@ class _Transfer:
 class _Shape:
     """Size-independent arrays of a transfer, and its schedule on idle links (cached)."""
 
-    __slots__ = ("routes", "mults", "sizes", "links", "phases")
+    __slots__ = ("id", "routes", "mults", "sizes", "links", "phases")
 
-    def __init__(self, routes, mults, sizes, capacity: np.ndarray) -> None:
+    def __init__(self, shape_id: int, routes, mults, sizes, capacity: np.ndarray) -> None:
+        self.id = shape_id
         self.routes, self.mults = routes, mults
         self.sizes = np.asarray(sizes, dtype=float)
         self.links = np.unique(np.concatenate(routes))
@@ -173,6 +174,9 @@ class Network:
         self._users = np.zeros(len(self.capacity), dtype=np.int64)  # transfers per link
         self._active: dict[int, _Transfer] = {}                       # seq -> transfer
         self._shapes: dict[tuple, _Shape] = {}
+        # Rates depend only on which flows of which shapes are running, not on bytes
+        # left: a training step repeats the same overlaps, so they are cached.
+        self._rates: dict[tuple, np.ndarray] = {}
         self._seq = 0
 
     @property
@@ -220,7 +224,8 @@ class Network:
                 routes.append(r)
                 mults.append(np.array([w.get(int(l), 1.0) for l in r]) if w else np.ones(len(r)))
                 sizes.append(float(size))
-            shape = _Shape(routes, mults, sizes, self.capacity) if routes else None
+            shape = (_Shape(len(self._shapes), routes, mults, sizes, self.capacity)
+                     if routes else None)
             self._shapes[key] = shape
         return shape
 
@@ -255,9 +260,13 @@ class Network:
         for t in component:
             self._advance(t)
         live = [(t, np.flatnonzero(t.left > 0)) for t in component]
-        routes = [t.shape.routes[i] for t, idx in live for i in idx]
-        mults = [t.shape.mults[i] for t, idx in live for i in idx]
-        rates = _FlowSet(routes, mults, self.capacity).rates() if routes else np.zeros(0)
+        key = tuple((t.shape.id, idx.tobytes()) for t, idx in live)
+        rates = self._rates.get(key)
+        if rates is None:
+            routes = [t.shape.routes[i] for t, idx in live for i in idx]
+            mults = [t.shape.mults[i] for t, idx in live for i in idx]
+            rates = _FlowSet(routes, mults, self.capacity).rates() if routes else np.zeros(0)
+            self._rates[key] = rates
         offset = 0
         for t, idx in live:
             t.rates = np.zeros(len(t.left))

@@ -1,0 +1,46 @@
+"""The benchmark cases of issue 8, and running one of them in this process."""
+from __future__ import annotations
+
+import resource
+import time
+from dataclasses import dataclass
+
+import topologies
+from simulator import SimOptions, simulate
+from workloads import load_plan
+
+
+@dataclass(frozen=True)
+class Case:
+    """One benchmark: a bundled plan, optionally a topology and full mode, and its target."""
+
+    name: str
+    plan: str
+    full: bool = False
+    target_s: float = 0.0
+    target_rss_bytes: float = 0.0
+
+
+CASES = [
+    Case("llama3-8b fsdp on dgx-h100 (8 GPUs)", "fsdp.json", target_s=1.0),
+    Case("llama3-70b col on dgx-h100x4 (32 GPUs)", "col.json", target_s=2.0),
+    Case("llama3-405b on 2,048 GPUs", "llama3-405b-2k.json"),
+    Case("llama3-405b on 16,384 GPUs (Llama 3 layout)", "llama3-405b-16k.json",
+         target_s=30.0, target_rss_bytes=4e9),
+    Case("llama3-70b --full on 1,024 GPUs", "llama3-70b-1k.json", full=True, target_s=300.0),
+]
+
+
+def run_case(case: Case) -> dict:
+    """Simulate one case here and measure wall time, events and peak memory (RSS)."""
+    start = time.perf_counter()
+    plan = load_plan(case.plan)
+    result = simulate(plan, topologies.build(plan.topology), SimOptions(full=case.full))
+    wall_s = time.perf_counter() - start
+    # ru_maxrss is in KiB on Linux.
+    rss_bytes = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+    return {"case": case.name, "plan": case.plan, "full": case.full, "wall_s": wall_s,
+            "events": result.events, "events_per_s": result.events / wall_s,
+            "peak_rss_bytes": rss_bytes, "simulated_ranks": result.summary["simulated_ranks"],
+            "step_time_s": result.summary["step_time_s"], "target_s": case.target_s,
+            "target_rss_bytes": case.target_rss_bytes}
