@@ -14,6 +14,7 @@ from typing import Mapping, Sequence
 import networkx as nx
 import numpy as np
 
+from .errors import TopologyError
 from .specs import DeviceSpec
 
 SPINE = "spine"
@@ -113,7 +114,9 @@ class Topology:
         Inside a domain: GPU -> NVSwitch -> GPU. Across domains, NCCL's PXN is
         assumed (on by default since NCCL 2.12): data first moves over NVLink to the
         sender-node GPU on the destination's rail, then leaves through that GPU's NIC,
-        so traffic stays on one rail of the rail-optimised fabric.
+        so traffic stays on one rail of the rail-optimised fabric. Links removed by a
+        fault (topologies.faults) are avoided: cross-domain traffic takes the next rail
+        whose links all work; TopologyError when no path is left.
         """
         return self._route(src, dst)
 
@@ -122,20 +125,40 @@ class Topology:
             return ()
         ds, dd = self.domain_of(src), self.domain_of(dst)
         if ds == dd:
-            nodes = [gpu_node(src), nvswitch_node(ds), gpu_node(dst)]
-        else:
-            rail = self.local_index(dst) % self.rails
-            relay = ds * self.domain_size + rail
-            nodes = [gpu_node(src), nvswitch_node(ds)] if relay != src else []
-            gs, gd = ds // self.domains_per_leaf, dd // self.domains_per_leaf
-            nodes += [gpu_node(relay), nic_node(ds, rail), leaf_node(gs, rail)]
-            if gs != gd:
-                nodes += [SPINE, leaf_node(gd, rail)]
-            landing = dd * self.domain_size + rail
-            nodes += [nic_node(dd, rail), gpu_node(landing)]
-            if landing != dst:
-                nodes += [nvswitch_node(dd), gpu_node(dst)]
-        return tuple(self.edge_id[(u, v)] for u, v in zip(nodes, nodes[1:]))
+            return self._edges([gpu_node(src), nvswitch_node(ds), gpu_node(dst)], src, dst)
+        # The destination's rail first; when a failed link (topologies.faults) cuts it,
+        # the other rails in order: PXN relays over NVLink to that rail's GPU and NIC.
+        preferred = self.local_index(dst) % self.rails
+        for k in range(self.rails):
+            nodes = self._cross_domain_nodes(src, dst, (preferred + k) % self.rails)
+            if all(self.graph.has_edge(u, v) for u, v in zip(nodes, nodes[1:])):
+                return self._edges(nodes, src, dst)
+        raise TopologyError("route", f"gpu{src}->gpu{dst}",
+                            "a path of working links (every rail between the two NVLink "
+                            "domains has a failed link: the job cannot run)")
+
+    def _cross_domain_nodes(self, src: int, dst: int, rail: int) -> list[str]:
+        """Graph nodes of the PXN path from `src` to `dst` (other domain) on one rail."""
+        ds, dd = self.domain_of(src), self.domain_of(dst)
+        relay = ds * self.domain_size + rail
+        nodes = [gpu_node(src), nvswitch_node(ds)] if relay != src else []
+        gs, gd = ds // self.domains_per_leaf, dd // self.domains_per_leaf
+        nodes += [gpu_node(relay), nic_node(ds, rail), leaf_node(gs, rail)]
+        if gs != gd:
+            nodes += [SPINE, leaf_node(gd, rail)]
+        landing = dd * self.domain_size + rail
+        nodes += [nic_node(dd, rail), gpu_node(landing)]
+        if landing != dst:
+            nodes += [nvswitch_node(dd), gpu_node(dst)]
+        return nodes
+
+    def _edges(self, nodes: list[str], src: int, dst: int) -> tuple[int, ...]:
+        try:
+            return tuple(self.edge_id[(u, v)] for u, v in zip(nodes, nodes[1:]))
+        except KeyError as exc:
+            raise TopologyError("route", f"gpu{src}->gpu{dst}",
+                                f"a path of working links (link {exc.args[0][0]}->"
+                                f"{exc.args[0][1]} is down: the job cannot run)") from None
 
     def path_bandwidth_Bps(self, src: int, dst: int, nccl: bool = True) -> float:
         """Bottleneck bandwidth of the route between two ranks."""

@@ -1,0 +1,91 @@
+"""`whatif`: one plan over topologies x varied parameters (x faults), as a table.
+
+    python -m simulator whatif --plan col.json --topo dgx-h100x4 --topo nvl72 \\
+        --vary tp=4,8,16 --vary ib_bandwidth=x0.5,x1,x2 -o study.parquet --plot study.png
+
+Invalid points (a TP degree the model does not divide, a fault that cuts the job off)
+stay in the table with status `invalid` and the reason. Exit 1 when a point hit an
+internal error (status `error`), after the table is written.
+"""
+from __future__ import annotations
+
+import argparse
+import sys
+
+from ..cli import EXIT_INTERNAL, UsageError
+from ..whatif import (ENGINES, PARAMS, plot, render, run_points, to_table, write_table)
+from ..whatif.engines import drop_checkpoint
+from ..whatif.points import plan_source, study_points, topology_source
+from ..whatif.variations import parse_all
+from .common import add_common, print_json
+
+
+def register(sub) -> None:
+    """Add the `whatif` subcommand."""
+    p = sub.add_parser("whatif", help="sweep a plan over topologies, hardware and plan changes")
+    p.add_argument("--plan", required=True, help="plan file, or a bundled plan name")
+    p.add_argument("--topo", action="append", default=[],
+                   help="topology preset or file (repeat for several; default: the plan's)")
+    p.add_argument("--vary", action="append", default=[], metavar="NAME=V1,V2,...",
+                   help="a parameter and its values (repeatable; the study is the cross "
+                        "product): " + ", ".join(PARAMS))
+    p.add_argument("--fault", action="append", default=[], metavar="FAULT",
+                   help="straggler:gpu=R,slowdown=F | link-down:nic=nodeD/R | "
+                        "degraded:link=CLASS|NODE|LINK,factor=F | gpu:ranks=A-B,type=GPU "
+                        "(repeatable; every rank is then simulated)")
+    p.add_argument("-o", "--output", metavar="FILE.parquet",
+                   help="write one row per point (checkpoint FILE.parquet.partial.jsonl "
+                        "while running)")
+    p.add_argument("--plot", metavar="FILE.png", help="stacked step-time bars per point")
+    p.add_argument("--engine", choices=ENGINES, default="local",
+                   help="local worker processes (default) or Ray tasks")
+    p.add_argument("--address", help="Ray cluster address (default: start or join a local one)")
+    p.add_argument("--workers", type=int, default=None,
+                   help="local worker processes (default: all cores)")
+    p.add_argument("--resume", action="store_true",
+                   help="skip the points already in the -o file's checkpoint")
+    p.add_argument("--no-progress", action="store_true", help="no progress bar")
+    add_common(p)
+    p.set_defaults(handler=handle)
+
+
+def handle(args: argparse.Namespace) -> int:
+    """Build the points, run them, write and print the table."""
+    if args.workers is not None and args.workers < 1:
+        raise UsageError("--workers", args.workers, "an integer >= 1")
+    if args.address and args.engine != "ray":
+        raise UsageError("--address", args.address, "only with --engine ray")
+    if args.output and not args.output.endswith(".parquet"):
+        raise UsageError("--output", args.output, "a path ending in .parquet")
+    variations = parse_all(args.vary)
+    raw = plan_source(args.plan)
+    topos = args.topo or ([raw["topology"]] if raw.get("topology") else [])
+    if not topos:
+        raise UsageError("--topo", None, "a topology name or file (the plan names none)")
+    options = {"full": args.full, "algorithm": args.algorithm, "protocol": args.protocol,
+               "flow_sharing": not args.no_flow_sharing}
+    points = study_points(raw, [topology_source(t) for t in topos], variations,
+                          args.fault, options)
+    rows = run_points(points, args.engine, args.workers, args.address, args.output,
+                      args.resume, progress=not args.no_progress)
+    varied = [v.name for v in variations]
+    if args.output:
+        write_table(to_table(rows, varied), args.output,
+                    {"whatif": {"plan": raw.get("name"), "topos": topos, "vary": args.vary,
+                                "faults": args.fault, "options": options}})
+        drop_checkpoint(args.output)
+    if args.plot:
+        title = f"{raw.get('name', 'plan')}: step time per point"
+        if args.fault:
+            title += " (" + "; ".join(args.fault) + ")"
+        plot(rows, varied, args.plot, title)
+    if args.json:
+        print_json(rows)
+    else:
+        print(render(rows, varied))
+    errors = [r for r in rows if r["status"] == "error"]
+    if errors:
+        print(f"internal error in {len(errors)} point(s), first: point {errors[0]['point']}: "
+              f"{errors[0]['error']}", file=sys.stderr)
+        return EXIT_INTERNAL
+    return 0

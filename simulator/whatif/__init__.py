@@ -1,0 +1,44 @@
+"""What-if studies: the cross product of topologies and varied parameters, simulated.
+
+    from simulator.whatif import whatif
+    rows = whatif("fsdp", ["dgx-h100"], ["tp=1,2,4,8", "ib_bandwidth=x0.5,x1,x2"])
+
+Modules: `variations` (what can vary and how it is applied), `points` (a point as plain
+data, and the simulation of one point in a worker), `engines` (local processes or Ray
+tasks, checkpoint and resume), `table` (Parquet, PNG and terminal table).
+"""
+from __future__ import annotations
+
+from typing import Any
+
+from .engines import ENGINES, checkpoint_path, drop_checkpoint, run_points
+from .points import evaluate, plan_source, study_points, topology_source
+from .table import plot, render, to_table, write_table
+from .variations import PARAMS, Variation, parse_all, parse_vary
+
+
+def whatif(plan: str | dict, topos: list[str], vary: list[str] | None = None,
+           faults: list[str] | None = None, options: dict[str, Any] | None = None,
+           engine: str = "local", workers: int | None = None, address: str | None = None,
+           output: str | None = None, resume: bool = False,
+           progress: bool = False) -> list[dict[str, Any]]:
+    """Run a study and return its rows (point order); with `output`, also the Parquet.
+
+    plan: a plan path, bundled name or raw plan object; topos: preset names or files;
+    vary: `NAME=V1,V2` strings; faults: `--fault` strings (every rank is then simulated).
+    """
+    variations = parse_all(vary)
+    points = study_points(plan_source(plan), [topology_source(t) for t in topos],
+                          variations, list(faults or []), dict(options or {}))
+    rows = run_points(points, engine, workers, address, output, resume, progress)
+    if output:
+        write_table(to_table(rows, [v.name for v in variations]), output,
+                    {"whatif": {"topos": topos, "vary": list(vary or []),
+                                "faults": list(faults or [])}})
+        drop_checkpoint(output)
+    return rows
+
+
+__all__ = ["ENGINES", "PARAMS", "Variation", "checkpoint_path", "evaluate", "parse_all",
+           "parse_vary", "plot", "render", "run_points", "study_points", "to_table",
+           "whatif", "write_table"]

@@ -1,0 +1,157 @@
+"""The points of a what-if study and the simulation of one point.
+
+A point is plain JSON-able data (`PointSpec`) so that it can travel to a worker process
+or a Ray task: the plan as its raw JSON object (model inlined), the topology as a preset
+name or the text of a topology file, the point's parameters, faults and options. The
+worker rebuilds Plan and Topology from it (both hold read-only mappings that do not
+pickle) and returns one row: the point's parameters, its status and every summary field
+(nested summary dicts flattened as `mesh_tp`, `memory_params_bytes`, ...).
+"""
+from __future__ import annotations
+
+import hashlib
+import itertools
+import json
+import os
+import tempfile
+from pathlib import Path
+from typing import Any
+
+import topologies
+from topologies import TopologyError
+from topologies.faults import apply_faults, parse_fault
+from workloads import Plan, WorkloadError, find_plan, plan_from_dict
+from workloads.models import PRESETS as MODEL_PRESETS
+
+from ..api import simulate
+from ..cli import UsageError
+from ..engine import SimOptions
+from ..network import CommOptions
+from .variations import Variation, apply_cluster, apply_plan
+
+PointSpec = dict[str, Any]
+LEAD_COLUMNS = ("point", "topo", "fault", "status", "error")
+
+
+def plan_source(ref: str | dict) -> dict:
+    """A plan's raw JSON object with a model file inlined (works on any worker)."""
+    if isinstance(ref, dict):
+        raw, base = dict(ref), None
+    else:
+        path = find_plan(ref)
+        try:
+            raw = json.loads(path.read_text())
+        except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
+            raise WorkloadError("plan", str(path), f"a readable JSON file ({exc})") from None
+        base = path.parent
+        raw.setdefault("name", path.stem)
+    model = raw.get("model")
+    if isinstance(model, str) and model not in MODEL_PRESETS:
+        model_path = Path(model) if base is None or Path(model).is_absolute() else base / model
+        try:
+            inline = json.loads(model_path.read_text())
+        except (OSError, UnicodeDecodeError, json.JSONDecodeError):
+            inline = None   # plan_from_dict below reports the bad model reference
+        if isinstance(inline, dict):
+            raw["model"] = {"name": model_path.stem, **inline}
+    plan_from_dict(raw, base_dir=base)   # bad plans fail here, once (exit 2)
+    return raw
+
+
+def topology_source(ref: str) -> dict:
+    """A topology reference a worker can rebuild: a preset name or a file's text."""
+    topologies.cluster_spec(ref)  # bad names/files fail here (exit 2)
+    if ref.endswith(".json") or os.sep in ref:
+        return {"ref": ref, "text": Path(ref).read_text()}
+    return {"ref": ref, "text": None}
+
+
+def study_points(plan_raw: dict, topos: list[dict], variations: list[Variation],
+                 faults: list[str], options: dict[str, Any]) -> list[PointSpec]:
+    """The cross product topologies x variations, in a fixed order (point = index)."""
+    for fault in faults:
+        parse_fault(fault)   # syntax errors exit 2 before anything runs
+    names = [v.name for v in variations]
+    points = []
+    for topo in topos:
+        for values in itertools.product(*(v.values for v in variations)):
+            points.append({"point": len(points), "plan": plan_raw, "topo": topo,
+                           "params": dict(zip(names, values)), "faults": list(faults),
+                           "options": options})
+    return points
+
+
+def fingerprint(points: list[PointSpec]) -> str:
+    """A hash of the study (checkpoints are only resumed into the same study)."""
+    text = json.dumps(points, sort_keys=True, default=str)
+    return hashlib.sha256(text.encode()).hexdigest()[:16]
+
+
+# ------------------------------------------------------------------- in the worker
+_PLANS: dict[str, Plan] = {}
+_SPECS: dict[str, Any] = {}
+
+
+def _plan(raw: dict) -> Plan:
+    key = json.dumps(raw, sort_keys=True)
+    if key not in _PLANS:
+        _PLANS[key] = plan_from_dict(raw)
+    return _PLANS[key]
+
+
+def _cluster(topo: dict):
+    key = json.dumps(topo, sort_keys=True)
+    if key not in _SPECS:
+        if topo["text"] is None:
+            _SPECS[key] = topologies.cluster_spec(topo["ref"])
+        else:   # a topology file from the driver: rebuild it from its text
+            with tempfile.TemporaryDirectory() as tmp:
+                path = Path(tmp) / Path(topo["ref"]).name
+                path.write_text(topo["text"])
+                _SPECS[key] = topologies.presets.load_file(path)
+    return _SPECS[key]
+
+
+def flatten(summary: dict[str, Any]) -> dict[str, Any]:
+    """Nested summary dicts become prefixed columns (mesh_tp, memory_params_bytes)."""
+    out: dict[str, Any] = {}
+    for key, value in summary.items():
+        if isinstance(value, dict):
+            for k, v in value.items():
+                out[f"{key}_{k}"] = v
+        else:
+            out[key] = value
+    return out
+
+
+def evaluate(spec: PointSpec) -> dict[str, Any]:
+    """Simulate one point; a WorkloadError/TopologyError becomes an `invalid` row."""
+    params = spec["params"]
+    row: dict[str, Any] = {"point": spec["point"], "topo": spec["topo"]["ref"],
+                           "fault": ";".join(spec["faults"]) or None, **params}
+    opts = spec["options"]
+    try:
+        cluster = apply_cluster(_cluster(spec["topo"]), params)
+        topo = apply_faults(cluster.build(), spec["faults"])
+        plan = apply_plan(_plan(spec["plan"]), params)
+        options = SimOptions(full=bool(opts.get("full") or spec["faults"]),
+                             comm=CommOptions(algorithm=opts.get("algorithm"),
+                                              protocol=opts.get("protocol"),
+                                              flow_sharing=opts.get("flow_sharing", True)))
+        summary = simulate(plan, topo, options).summary
+    except (WorkloadError, TopologyError, UsageError) as exc:
+        row.update(status="invalid", error=str(exc))
+        return row
+    except Exception as exc:   # keep the study going; the row says what broke
+        row.update(status="error", error=f"{type(exc).__name__}: {exc}")
+        return row
+    row.update(status="ok", error=None)
+    for key, value in flatten(summary).items():
+        row.setdefault(key, value)
+    # JSON round trip: a row read back from a checkpoint is then bit-identical.
+    return json.loads(json.dumps(row, default=float))
+
+
+def evaluate_many(specs: list[PointSpec]) -> list[dict[str, Any]]:
+    """Several points in one task (Ray batches)."""
+    return [evaluate(s) for s in specs]
