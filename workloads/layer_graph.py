@@ -29,6 +29,8 @@ class Node:
     in_features: int = 0           # linear only
     rw: tuple[float, float] = (1.0, 1.0)   # elementwise: tensors read, written (x features)
     task: int = -1                 # id of the task that produced it in forward
+    rows_scale: float = 1.0        # token rows relative to the layer's (MoE: top_k x imbalance)
+    experts: int = 0               # linear only: a grouped GEMM over this many local experts
 
 
 class TaskSink:
@@ -56,6 +58,8 @@ class LayerShape:
     head_dim: int
     act_bytes: int         # bytes per activation element (bf16: 2)
     gemm_bytes: int        # bytes per GEMM operand element (bf16: 2, fp8: 1)
+    cp: int = 1            # context-parallel degree (workloads/context_parallel.py)
+    cp_mode: str = "ring"  # ring | all_to_all
 
     def rows(self, layout: str) -> float:
         """Local token rows of a tensor in a layout."""
@@ -74,6 +78,7 @@ class LayerGraph:
         self.nodes: list[Node] = []
         self._redistributed: dict[tuple[int, str], Node] = {}
         self.wgrad_tasks: dict[str, int] = {}      # projection -> wgrad task (backward)
+        self._ep_grad_layouts: dict[int, str] = {}  # all-to-all node -> its gradient's layout
         # Selective recompute (Korthikanti et al. 2022, arXiv:2205.05198 section 5):
         # the attention core's forward runs again just before its backward.
         self.recompute_attention = False
@@ -109,13 +114,21 @@ class LayerGraph:
         return self._node(kind="elementwise", name=name, layout=layout,
                           features=features or inputs[0].features, inputs=inputs, rw=rw)
 
-    def linear(self, name: str, x: Node, strategy: str, out_features: int) -> Node:
-        """A projection under a strategy (col | row | seq | replicate)."""
+    def linear(self, name: str, x: Node, strategy: str, out_features: int,
+               experts: int = 0) -> Node:
+        """A projection under a strategy (col | row | seq | replicate); `experts` > 0 makes
+        it a grouped GEMM over that many local experts on the input's (dispatched) rows."""
         needs, produces, _ = STRATEGY_LAYOUTS[strategy]
         x = self.to_layout(x, needs)
         return self._node(kind="linear", name=name, layout=produces if self.shape.tp > 1 else "R",
                           features=out_features, inputs=[x], strategy=strategy,
-                          in_features=x.features)
+                          in_features=x.features, rows_scale=x.rows_scale, experts=experts)
+
+    def ep_all_to_all(self, name: str, x: Node, rows_scale: float) -> Node:
+        """An expert-parallel all-to-all (MoE dispatch or combine) over the "ep" group; the
+        layout is kept, `rows_scale` is the token rows it moves (top_k x imbalance)."""
+        return self._node(kind="ep_a2a", name=name, layout=x.layout, features=x.features,
+                          inputs=[x], rows_scale=rows_scale)
 
     def attention(self, q: Node, k: Node, v: Node) -> Node:
         """Head-parallel causal attention core (flash-attention style)."""
@@ -127,10 +140,14 @@ class LayerGraph:
     def linear_cost(self, node: Node) -> tuple[float, float, tuple[int, int, int]]:
         """FLOPs, bytes and (m, n, k) of one GEMM of a linear node (fwd = dgrad = wgrad)."""
         sh, st = self.shape, node.strategy
-        m = sh.rows(STRATEGY_LAYOUTS[st][0] if sh.tp > 1 else "R")
+        m = sh.rows(STRATEGY_LAYOUTS[st][0] if sh.tp > 1 else "R") * node.rows_scale
         k = node.in_features / sh.tp if (st == "row" and sh.tp > 1) else node.in_features
         n = node.features / sh.tp if (st == "col" and sh.tp > 1) else node.features
         flops = 2.0 * m * k * n
+        if node.experts:
+            # Grouped GEMM: the rows split evenly over the local experts, each its weight.
+            nbytes = (m * k + node.experts * k * n + m * n) * sh.gemm_bytes
+            return flops, nbytes, (int(m / node.experts), int(n), int(k))
         return flops, (m * k + k * n + m * n) * sh.gemm_bytes, (int(m), int(n), int(k))
 
     def attention_flops(self) -> float:
@@ -152,9 +169,14 @@ class LayerGraph:
         """HBM bytes of a memory-bound op over its local tensor."""
         sh = self.shape
         local = sh.rows(node.layout) * sh.cols(node.layout, node.features) * sh.act_bytes
-        return local * (node.rw[0] + node.rw[1])
+        return local * node.rows_scale * (node.rw[0] + node.rw[1])
 
     # ---- emission ---------------------------------------------------------------------
+    @property
+    def output_task(self) -> int:
+        """The forward task producing the graph's output (after emit_forward)."""
+        return self.nodes[-1].task
+
     def emit_forward(self, sink: TaskSink, ctx: dict, input_dep: tuple[int, ...],
                      phase: str = "forward") -> int:
         """Emit forward tasks; returns the id of the task producing the layer output."""
@@ -177,6 +199,11 @@ class LayerGraph:
             return sink.add(kind=COMPUTE, stream="compute", op=node.name, phase=phase,
                             deps=deps, flops=flops, bytes=nbytes, op_class=GEMM, gemm_mnk=mnk,
                             label=f"{node.name}.fwd", **ctx)
+        if node.kind == "ep_a2a":
+            return self._ep_a2a(sink, ctx, node, deps, phase, f"moe.{node.name}")
+        if node.kind == "attention" and sh.cp > 1:
+            from .context_parallel import attention_forward
+            return attention_forward(self, sink, ctx, deps, phase)
         if node.kind == "attention":
             return sink.add(kind=COMPUTE, stream="compute", op="attention", phase=phase,
                             deps=deps, flops=self.attention_flops(),
@@ -186,15 +213,24 @@ class LayerGraph:
                         bytes=self.elementwise_bytes(node), op_class=MEMORY,
                         label=f"{node.name}.fwd", **ctx)
 
+    def _ep_a2a(self, sink: TaskSink, ctx: dict, node: Node, deps, phase: str, label: str) -> int:
+        """All-to-all over EP of the node's rows; size: this rank's send buffer (the most
+        loaded rank's, imbalance included, sets the time)."""
+        sh = self.shape
+        size = (sh.rows(node.layout) * sh.cols(node.layout, node.features) * node.rows_scale
+                * sh.act_bytes)
+        return sink.add(kind=COMM, stream="ep", op="all_to_all", phase=phase, deps=tuple(deps),
+                        bytes=size, group=("ep",), label=label, **ctx)
+
     def _comm(self, sink: TaskSink, ctx: dict, src: str, dst: str, features: int, deps,
-              phase: str, label: str) -> int:
+              phase: str, label: str, rows_scale: float = 1.0) -> int:
         op = collective(src, dst)
         if op is None:
             return deps[0] if len(deps) == 1 else sink.add(
                 kind=COMPUTE, stream="compute", op="join", phase=phase, deps=tuple(deps),
                 op_class=MEMORY, label=label, **ctx)
         sh = self.shape
-        full = sh.tokens * features * sh.act_bytes
+        full = sh.tokens * features * sh.act_bytes * rows_scale
         return sink.add(kind=COMM, stream="tp", op=op, phase=phase, deps=tuple(deps),
                         bytes=collective_bytes(op, full, sh.tp), group=("tp",),
                         label=label, **ctx)
@@ -230,6 +266,12 @@ class LayerGraph:
     def _combine(self, sink: TaskSink, ctx: dict, node: Node, grads) -> int:
         """Convert consumers' gradients to the layout this node's backward needs, sum."""
         target = grad_layout_needed(node.layout) if self.shape.tp > 1 else node.layout
+        if node.kind == "ep_a2a" and len({layout for _, layout in grads}) == 1:
+            # An all-to-all is linear: partial sums over TP pass through it and are
+            # reduced once, on the token rows, before the router's input (Megatron-LM).
+            target = grads[0][1]
+        if node.kind == "ep_a2a":
+            self._ep_grad_layouts[node.id] = target
         by_layout: dict[str, list[int]] = {}
         for task, layout in grads:
             by_layout.setdefault(layout if self.shape.tp > 1 else target, []).append(task)
@@ -237,13 +279,13 @@ class LayerGraph:
         for layout, tasks in sorted(by_layout.items()):
             summed = tasks[0] if len(tasks) == 1 else self._accumulate(sink, ctx, node, layout, tasks)
             ready.append(self._comm(sink, ctx, layout, target, node.features, (summed,),
-                                    "backward", f"grad.{node.name}")
+                                    "backward", f"grad.{node.name}", node.rows_scale)
                          if layout != target else summed)
         return ready[0] if len(ready) == 1 else self._accumulate(sink, ctx, node, target, ready)
 
     def _accumulate(self, sink: TaskSink, ctx: dict, node: Node, layout: str, tasks) -> int:
         sh = self.shape
-        local = sh.rows(layout) * sh.cols(layout, node.features) * sh.act_bytes
+        local = sh.rows(layout) * sh.cols(layout, node.features) * sh.act_bytes * node.rows_scale
         return sink.add(kind=COMPUTE, stream="compute", op="grad_accumulate", phase="backward",
                         deps=tuple(tasks), bytes=local * (len(tasks) + 1), op_class=MEMORY,
                         label=f"grad.{node.name}", **ctx)
@@ -262,6 +304,13 @@ class LayerGraph:
                                                    label=f"{node.name}.wgrad", **common)
             layout = "R" if tp1 else STRATEGY_LAYOUTS[node.strategy][2]
             return [(node.inputs[0], (dgrad, layout))]
+        if node.kind == "ep_a2a":
+            task = self._ep_a2a(sink, ctx, node, (ready,), "backward", f"grad.moe.{node.name}")
+            return [(node.inputs[0], (task, self._ep_grad_layouts[node.id]))]
+        if node.kind == "attention" and self.shape.cp > 1:
+            from .context_parallel import attention_backward
+            task = attention_backward(self, sink, ctx, ready)
+            return [(x, (task, "R" if tp1 else "H")) for x in node.inputs]
         if node.kind == "attention":
             if self.recompute_attention:
                 ready = sink.add(kind=COMPUTE, stream="compute", op="attention",
@@ -280,4 +329,6 @@ class LayerGraph:
         task = sink.add(kind=COMPUTE, stream="compute", op=node.name, phase="backward",
                         deps=(ready,), bytes=self.elementwise_bytes(node) * 1.5,
                         op_class=MEMORY, label=f"{node.name}.bwd", **ctx)
-        return [(x, (task, node.layout)) for x in node.inputs]
+        # A partial-sum output's gradient is whole (R) on every rank, and so is its input's.
+        return [(x, (task, grad_layout_needed(node.layout) if not tp1 else node.layout))
+                for x in node.inputs]

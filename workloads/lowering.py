@@ -10,7 +10,6 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from .errors import WorkloadError
 from .layer_graph import LayerGraph, LayerShape, TaskSink
 from .layouts import H, R, S
 from .plan import Plan
@@ -39,6 +38,10 @@ def build_layer(plan: Plan, layer: int, shape: LayerShape) -> LayerGraph:
     y = g.to_layout(g.linear("wo", o, st["wo"], m.hidden_size), resid)
     x = g.elementwise("residual_add", [x, y], rw=(2.0, 1.0))
     h = g.elementwise("ffn_norm", [x])
+    if m.is_moe_layer(layer):
+        from .moe import build_moe_mlp
+        g.elementwise("residual_add", [x, build_moe_mlp(g, plan, layer, h, resid)], rw=(2.0, 1.0))
+        return g
     a = g.linear("w1", h, st["w1"], m.ffn_size)
     if m.mlp == "swiglu":
         b = g.linear("w3", h, st["w3"], m.ffn_size)
@@ -87,9 +90,18 @@ def layer_param_groups(plan: Plan, layer: int) -> dict[tuple[str, ...], float]:
     """
     m, tp = plan.model, plan.mesh.tp
     dp_dims = ("dp", "cp") if plan.mesh.cp > 1 else ("dp",)
+    if plan.grid_strategy is not None:
+        from .tp_grid import grid_param_groups
+        return grid_param_groups(plan, layer, dp_dims)
     both = dp_dims + ("tp",) if tp > 1 else dp_dims
     groups: dict[tuple[str, ...], float] = {}
+    moe = m.is_moe_layer(layer)
+    if moe:
+        from .moe import moe_param_groups
+        groups.update(moe_param_groups(plan, layer, dp_dims))
     for name, (fan_in, fan_out) in m.projection_shapes().items():
+        if moe and name in m.mlp_matrices:
+            continue
         strategy = plan.strategies(layer)[name]
         params = fan_in * fan_out / (tp if strategy in ("col", "row") else 1)
         key = both if strategy == "seq" else dp_dims
@@ -100,8 +112,10 @@ def layer_param_groups(plan: Plan, layer: int) -> dict[tuple[str, ...], float]:
 
 
 def stage_layers(plan: Plan) -> tuple[range, ...]:
-    """The layers of each pipeline stage (the Llama 3 split unless the plan gives one)."""
-    return stage_layer_ranges(plan.model.num_layers, plan.mesh.pp, plan.pipeline.layer_split)
+    """The layers of each pipeline chunk, pp x virtual_stages of them, chunk c on stage
+    c % pp (the Llama 3 split unless the plan gives one)."""
+    return stage_layer_ranges(plan.model.num_layers, plan.mesh.pp * plan.pipeline.virtual_stages,
+                              plan.pipeline.layer_split)
 
 
 def model_flops(plan: Plan) -> float:
@@ -111,7 +125,9 @@ def model_flops(plan: Plan) -> float:
     not HFU; Chowdhery et al. 2022, appendix B)."""
     m, tr = plan.model, plan.training
     tokens = tr.global_batch * tr.seq_len
-    matmul = m.num_layers * m.layer_matmul_params() + m.vocab_size * m.hidden_size
+    layers = (m.num_layers * m.layer_matmul_params() if not m.num_experts else
+              sum(m.active_matmul_params_at(i) for i in range(m.num_layers)))
+    matmul = layers + m.vocab_size * m.hidden_size   # MoE: active (routed top-k) params
     attention_fwd = 4.0 * tokens * tr.seq_len * m.head_dim * m.num_heads * 0.5
     return 6.0 * tokens * matmul + 3.0 * m.num_layers * attention_fwd
 
@@ -120,17 +136,17 @@ def lower(plan: Plan) -> Program:
     """The Program of a resolved plan (plan.mesh.dp must be a number)."""
     if plan.mesh.dp < 1:
         raise ValueError("lower() needs a resolved plan: call workloads.resolve first")
-    for dim in ("cp", "ep"):
-        if plan.mesh.size(dim) > 1:
-            raise WorkloadError(f"mesh.{dim}", plan.mesh.size(dim),
-                                "1 (this version does not lower context or expert parallelism yet)")
     tr, m = plan.training, plan.model
     shape = LayerShape(tokens=tr.micro_batch * tr.seq_len // plan.mesh.cp, seq_len=tr.seq_len,
                        tp=plan.mesh.tp, heads=m.num_heads, kv_heads=m.num_kv_heads,
                        head_dim=m.head_dim, act_bytes=ACT_BYTES,
-                       gemm_bytes=1 if tr.dtype == "fp8" else 2)
+                       gemm_bytes=1 if tr.dtype == "fp8" else 2, cp=plan.mesh.cp,
+                       cp_mode=plan.cp_mode)
     layers = stage_layers(plan)
     from .stage_lowering import StageLowering  # local: stage_lowering imports this module
     stages = [StageLowering(plan, shape, s, layers).build() for s in range(plan.mesh.pp)]
+    pp = plan.mesh.pp
     return Program(plan=plan, stages=stages, model_flops=model_flops(plan),
-                   notes={"layers_per_stage": [len(r) for r in layers]})
+                   notes={"layers_per_stage": [sum(len(r) for r in layers[s::pp])
+                                               for s in range(pp)],
+                          "layers_per_chunk": [len(r) for r in layers]})

@@ -128,6 +128,11 @@ def _layer_params_rank(plan: Plan, layer: int) -> tuple[float, float]:
     experts are split over EP and, like the dense MLP, over TP (Megatron's default expert TP).
     """
     m, tp = plan.model, plan.mesh.tp
+    if plan.grid_strategy is not None:
+        # 2D/3D: weights 1/N; 2.5D: 1/q^2 (replicated over the depth); norms over features.
+        from .tp_grid import grid_split
+        g = grid_split(plan)
+        return m.layer_matmul_params() / g.weight_split + 2.0 * m.hidden_size / g.feature_split, 0.0
     strategies = plan.strategies(layer)
     dense = 2.0 * m.hidden_size
     expert = 0.0
@@ -162,7 +167,7 @@ def _stage_units(plan: Plan, stage: int, ranges: Sequence[range]) -> list[tuple[
 
 # ------------------------------------------------------------------------- activations
 def _layer_tensors(model: ModelSpec, kv_seq: int, dropout: bool,
-                   moe: bool = False) -> list[tuple[str, float, str]]:
+                   moe: bool = False, load_imbalance: float = 1.0) -> list[tuple[str, float, str]]:
     """Tensors one layer saves for its backward, bytes per token, with their TP class.
 
     Class "replicated": not split by TP, split over the sequence by SP; "sharded": split by
@@ -183,7 +188,8 @@ def _layer_tensors(model: ModelSpec, kv_seq: int, dropout: bool,
     if moe:
         # MoE approximation: each token's (top-k + shared) expert copies save their input and
         # their MLP tensors at the expert width; fp32 router logits; replaces the dense MLP.
-        k = model.experts_per_token + model.num_shared_experts
+        # The most loaded EP rank holds top_k x load_imbalance routed copies per local token.
+        k = model.experts_per_token * load_imbalance + model.num_shared_experts
         width = (2 if model.mlp == "gelu" else 4) * 2 * model.moe_ffn_size
         t = [x for x in t if x[0] not in ("gelu_input", "fc2_input", "w1_output",
                                           "silu_output", "w3_output", "w2_input")]
@@ -204,7 +210,7 @@ def _default_dropout(model: ModelSpec) -> bool:
 def activation_bytes_per_layer(model: ModelSpec, seq_len: int, micro_batch: int, tp: int = 1,
                                sequence_parallel: bool = False, recompute: str = "none",
                                dropout: bool | None = None, kv_seq_len: int | None = None,
-                               moe: bool = False) -> float:
+                               moe: bool = False, load_imbalance: float = 1.0) -> float:
     """Activation bytes one layer keeps for one micro-batch (Korthikanti et al. Table 2).
 
     GPT-style: none sbh(34 + 5as/h) with no TP, sbh(10 + 24/t + 5as/(ht)) with TP,
@@ -221,7 +227,8 @@ def activation_bytes_per_layer(model: ModelSpec, seq_len: int, micro_batch: int,
         return BF16_BYTES * model.hidden_size * sb / sp_div
     dropout = _default_dropout(model) if dropout is None else dropout
     total = 0.0
-    for _, per_token, kind in _layer_tensors(model, kv_seq_len or seq_len, dropout, moe):
+    for _, per_token, kind in _layer_tensors(model, kv_seq_len or seq_len, dropout, moe,
+                                             load_imbalance):
         if kind == "scores" and recompute == "selective":
             continue
         total += per_token * sb / (sp_div if kind == "replicated" else tp)
@@ -263,6 +270,7 @@ def memory_breakdown(plan: Plan, stage: int = 0,
     - ZeRO 0/1 all-reduce in place on the gradient buckets (DDP gradient_as_bucket_view).
     - TP (t > 1): one unsharded layer input 2sbh (SP all-gather output / all-reduce buffer).
     - PP (pp > 1): a send and a receive buffer of one micro-batch's activation 2sbh (/t with SP).
+    - CP (cp > 1): ring attention's send and receive KV blocks; Ulysses' gathered q, k, v.
     Working set: full recompute rebuilds one layer's activations for one micro-batch during the
     backward; selective rebuilds one layer's attention scores.
     ZeRO/FSDP shard over dp x cp (torchtitan's dp_shard_cp, Megatron's DP-with-CP group);
@@ -302,11 +310,22 @@ def memory_breakdown(plan: Plan, stage: int = 0,
     # selective recompute, and rebuilding a layer in full recompute needs no scores either.
     flash = plan.attention == "flash"
 
+    grid = None
+    if plan.grid_strategy is not None:
+        from .tp_grid import grid_split
+        grid = grid_split(plan)
+
     def per_layer(layer: int, recompute: str) -> float:
         if flash and recompute == "none":
             recompute = "selective"
+        if grid is not None:
+            # Seed 004: every saved tensor is a grid block, 1/N (design 1, 2D, 2.5D) or
+            # 1/N^(2/3) (3D design 2) of the unsharded layer's.
+            return grid.resid_fraction * activation_bytes_per_layer(
+                m, s, b, 1, False, recompute, kv_seq_len=tr.seq_len)
         return activation_bytes_per_layer(m, s, b, tp, sp, recompute, kv_seq_len=tr.seq_len,
-                                          moe=_is_moe_layer(m, layer))
+                                          moe=_is_moe_layer(m, layer),
+                                          load_imbalance=plan.load_imbalance)
 
     activations = in_flight * sum(per_layer(layer, plan.recompute) for layer in stage_layers)
     if plan.recompute == "full" and stage_layers:
@@ -336,6 +355,12 @@ def memory_breakdown(plan: Plan, stage: int = 0,
         buffers += BF16_BYTES * s * b * m.hidden_size
     if mesh.pp > 1:
         buffers += 2 * BF16_BYTES * s * b * m.hidden_size / (tp if sp else 1)
+    if mesh.cp > 1:
+        # Ring attention: the KV block being sent and the one being received (the dK/dV
+        # partials travel in the same-size buffers); Ulysses: the all-to-all outputs q, k, v.
+        kv_block = 2 * BF16_BYTES * s * b * m.kv_size / tp
+        q_local = BF16_BYTES * s * b * m.q_size / tp
+        buffers += 2 * kv_block if plan.cp_mode == "ring" else q_local + kv_block
 
     peak = params + grads + optimizer + activations + buffers
     return MemoryBreakdown(params, grads, optimizer, activations, buffers, peak,

@@ -2,7 +2,8 @@
 
 Preset dimensions: Llama 3 from the Llama 3 paper (arXiv:2407.21783, Table 3) and the
 released config.json files; GPT-3 175B from Brown et al. 2020 (arXiv:2005.14165,
-Table 2.1).
+Table 2.1); Mixtral 8x7B from Jiang et al. 2024 (arXiv:2401.04088, Table 1) and its
+config.json; DeepSeek-V3 from its technical report (arXiv:2412.19437, section 4.2).
 """
 from __future__ import annotations
 
@@ -38,6 +39,9 @@ class ModelSpec:
     def __post_init__(self) -> None:
         if self.head_dim == 0:
             object.__setattr__(self, "head_dim", self.hidden_size // max(self.num_heads, 1))
+        if self.num_experts and not self.moe_ffn_size:
+            # Mixtral-style configs give the expert width as intermediate_size.
+            object.__setattr__(self, "moe_ffn_size", self.ffn_size)
         _validate(self)
 
     # ---- shapes (in elements) --------------------------------------------------------
@@ -67,12 +71,42 @@ class ModelSpec:
 
     # ---- parameter counts ------------------------------------------------------------
     def layer_matmul_params(self) -> int:
-        """Parameters of one layer's projections (norm weights excluded)."""
+        """Parameters of one dense layer's projections (norm weights excluded)."""
         return sum(i * o for i, o in self.projection_shapes().values())
 
     def layer_params(self) -> int:
-        """All parameters of one layer: projections plus the two RMSNorm weights."""
+        """All parameters of one dense layer: projections plus the two RMSNorm weights."""
         return self.layer_matmul_params() + 2 * self.hidden_size
+
+    # ---- mixture of experts ----------------------------------------------------------
+    def is_moe_layer(self, layer: int) -> bool:
+        """Whether `layer` has routed experts instead of the dense MLP."""
+        return self.num_experts > 0 and layer >= self.first_dense_layers
+
+    def expert_params(self) -> int:
+        """Parameters of one expert FFN (same matrices as the dense MLP, expert width)."""
+        return len(self.mlp_matrices) * self.hidden_size * self.moe_ffn_size
+
+    def attention_matmul_params(self) -> int:
+        """Parameters of wq, wk, wv and wo."""
+        shapes = self.projection_shapes()
+        return sum(i * o for n, (i, o) in shapes.items() if n not in self.mlp_matrices)
+
+    def layer_params_at(self, layer: int) -> int:
+        """All parameters of layer `layer` (an MoE layer: router, shared and routed experts)."""
+        if not self.is_moe_layer(layer):
+            return self.layer_params()
+        return (self.attention_matmul_params() + self.hidden_size * self.num_experts
+                + (self.num_experts + self.num_shared_experts) * self.expert_params()
+                + 2 * self.hidden_size)
+
+    def active_matmul_params_at(self, layer: int) -> int:
+        """Matmul parameters one token passes through in layer `layer` (MoE: router,
+        top-k routed and the shared experts), for model FLOPs."""
+        if not self.is_moe_layer(layer):
+            return self.layer_matmul_params()
+        return (self.attention_matmul_params() + self.hidden_size * self.num_experts
+                + (self.experts_per_token + self.num_shared_experts) * self.expert_params())
 
     def embedding_params(self) -> int:
         """Input embedding table."""
@@ -84,8 +118,9 @@ class ModelSpec:
 
     def total_params(self) -> int:
         """Every parameter of the model, final norm included."""
-        return (self.num_layers * self.layer_params() + self.embedding_params()
-                + self.output_params() + self.hidden_size)
+        layers = (self.num_layers * self.layer_params() if not self.num_experts else
+                  sum(self.layer_params_at(i) for i in range(self.num_layers)))
+        return layers + self.embedding_params() + self.output_params() + self.hidden_size
 
     def to_dict(self) -> dict[str, Any]:
         """The spec as JSON-able data."""
@@ -120,6 +155,22 @@ PRESETS: dict[str, ModelSpec] = {
     # BPE vocab 50257; tied input/output embeddings; GeLU MLP.
     "gpt3-175b": ModelSpec("gpt3-175b", 12288, 96, 96, 96, 49152, 50257, mlp="gelu",
                            tie_word_embeddings=True),
+    # Mixtral 8x7B (Jiang et al. 2024, arXiv:2401.04088, Table 1; mistralai/Mixtral-8x7B-v0.1
+    # config.json): 32 layers, d 4096, 32 heads, 8 KV heads, 8 experts of FFN 14336 (SwiGLU),
+    # top-2, vocab 32000; every layer is MoE. 46.7B parameters.
+    "mixtral-8x7b": ModelSpec("mixtral-8x7b", 4096, 32, 32, 8, 14336, 32000, num_experts=8,
+                              experts_per_token=2, moe_ffn_size=14336),
+    # DeepSeek-V3 (arXiv:2412.19437, section 4.2 and config.json): 61 layers, d 7168, 128
+    # heads, the first 3 layers dense (FFN 18432), then 256 routed experts + 1 shared of FFN
+    # 2048 (SwiGLU), top-8, vocab 129280. Assumption: Multi-head Latent Attention is
+    # modelled as standard multi-head attention with 128 heads of head_dim d/128 = 56, which
+    # has about MLA's projection weights (0.21B vs 0.19B per layer), so the model has 672B
+    # parameters (report: 671B) and 37.7B active per token besides the input embedding
+    # (report: 37B); the attention core (MLA: q.k over 192 dims, v over 128) is
+    # underestimated by about 3x.
+    "deepseek-v3": ModelSpec("deepseek-v3", 7168, 61, 128, 128, 18432, 129280,
+                             num_experts=256, experts_per_token=8, num_shared_experts=1,
+                             moe_ffn_size=2048, first_dense_layers=3),
 }
 
 # Hugging Face config.json key -> ModelSpec field

@@ -15,7 +15,15 @@ from .errors import WorkloadError
 from .models import ModelSpec, load_model
 
 PROJECTIONS = ("wq", "wk", "wv", "wo", "w1", "w3", "w2")
+# 1D Megatron-style strategies, then the 2D/2.5D/3D tensor-parallel layouts of seed 004
+# (workloads/tp_grid.py): a plan uses one grid strategy for every projection or none.
+# STRATEGIES: the per-projection (1D) ones, which may be mixed freely (search enumerates
+# them); ALL_STRATEGIES: everything a plan file accepts.
 STRATEGIES = ("col", "row", "seq", "replicate")
+GRID_STRATEGIES = ("tp2d", "tp2.5d", "tp3d_gather", "tp3d_allreduce")
+ALL_STRATEGIES = STRATEGIES + GRID_STRATEGIES
+# Context parallelism: ring attention (KV blocks around the CP ring) or Ulysses all-to-all.
+CP_MODES = ("ring", "all_to_all")
 DTYPES = ("bf16", "fp8")
 RECOMPUTE = ("none", "selective", "full")
 # flash: FlashAttention (scores never stored, recomputed inside the backward);
@@ -23,6 +31,12 @@ RECOMPUTE = ("none", "selective", "full")
 ATTENTION_IMPLS = ("flash", "eager")
 SCHEDULES = ("gpipe", "1f1b", "interleaved")
 MESH_DIMS = ("pp", "dp", "cp", "tp")  # outermost first; tp ranks are contiguous
+# Sub-dimensions of a mesh dim ("virtual" dims a task's group may name), as
+# (parent, stride, size) digits of the parent's index (Plan.dim_layout):
+#   ep   expert parallelism: blocks of ep consecutive dp indices
+#   edp  the expert-data-parallel dim orthogonal to ep inside dp (dp / ep)
+#   tpx, tpy, tpz  the axes of a 2D / 2.5D / 3D TP grid, tp index = z q q + y q + x
+VIRTUAL_DIMS = ("ep", "edp", "tpx", "tpy", "tpz")
 BUNDLED_DIR = Path(__file__).parent / "plans"
 
 # Megatron-LM defaults (Shoeybi et al. 2019): attention in and MLP in column-parallel,
@@ -95,6 +109,9 @@ class Plan:
     fsdp_prefetch: bool = True
     async_tp: bool = False
     topology: str | None = None
+    cp_mode: str = "ring"           # context_parallel.mode
+    load_imbalance: float = 1.0     # moe.load_imbalance: hottest EP rank's tokens / mean
+    tp_depth: int = 1               # tensor_parallel.depth: the d of 2.5D (Tesseract)
     source: Mapping[str, Any] = field(default_factory=dict, compare=False, repr=False)
 
     def strategies(self, layer: int) -> Mapping[str, str]:
@@ -108,6 +125,45 @@ class Plan:
     def micro_batches(self) -> int:
         """Micro-batches per DP rank per step (gradient accumulation x pipeline)."""
         return self.training.global_batch // (self.mesh.dp * self.training.micro_batch)
+
+    @property
+    def grid_strategy(self) -> str | None:
+        """The 2D/2.5D/3D TP strategy of the plan (None: 1D tensor parallelism)."""
+        layers = [self.sharding] + [o for _, _, o in self.layer_overrides]
+        used = {s for st in layers for s in st.values() if s in GRID_STRATEGIES}
+        return used.pop() if len(used) == 1 else (None if not used else "mixed")
+
+    @property
+    def tp_grid(self) -> tuple[int, int, int]:
+        """(x, y, z) axis sizes of the TP grid: q x q (2D), q x q x d (2.5D), q x q x q (3D)."""
+        tp, mode = self.mesh.tp, self.grid_strategy
+        if mode in ("tp3d_gather", "tp3d_allreduce"):
+            q = round(tp ** (1 / 3))
+            return (q, q, q)
+        if mode in ("tp2d", "tp2.5d"):
+            d = self.tp_depth if mode == "tp2.5d" else 1
+            q = round((tp // d) ** 0.5)
+            return (q, q, d)
+        return (tp, 1, 1)
+
+    def dim_layout(self, dim: str) -> tuple[str, int, int]:
+        """(parent mesh dim, stride, size) of a mesh dim or a virtual sub-dimension."""
+        mesh = self.mesh
+        if dim in MESH_DIMS:
+            return dim, 1, mesh.size(dim)
+        if dim == "ep":
+            return "dp", 1, mesh.ep
+        if dim == "edp":
+            return "dp", mesh.ep, mesh.dp // mesh.ep
+        x, y, z = self.tp_grid
+        layouts = {"tpx": ("tp", 1, x), "tpy": ("tp", x, y), "tpz": ("tp", x * y, z)}
+        if dim not in layouts:
+            raise ValueError(f"unknown mesh dim {dim!r}")
+        return layouts[dim]
+
+    def dim_size(self, dim: str) -> int:
+        """Ranks along a mesh dim or virtual sub-dimension."""
+        return self.dim_layout(dim)[2]
 
     def with_mesh(self, mesh: Mesh) -> "Plan":
         """A copy of this plan with another mesh (resolved and validated later)."""
@@ -155,7 +211,7 @@ def _known_keys(raw: dict, where: str, allowed: tuple[str, ...]) -> None:
 def _strategies(raw: dict, where: str, allow_sp: bool) -> tuple[dict[str, str], bool | None]:
     keys = PROJECTIONS + (("sequence_parallel",) if allow_sp else ())
     _known_keys(raw, where, keys)
-    out = {p: _choice(raw[p], f"{where}.{p}", STRATEGIES) for p in PROJECTIONS if p in raw}
+    out = {p: _choice(raw[p], f"{where}.{p}", ALL_STRATEGIES) for p in PROJECTIONS if p in raw}
     sp = _bool(raw, "sequence_parallel", where, False) if "sequence_parallel" in raw else None
     return out, sp
 
@@ -201,7 +257,24 @@ def _pipeline(raw: dict) -> Pipeline:
 
 
 TOP_KEYS = ("name", "model", "training", "mesh", "fsdp", "zero_stage", "sharding", "layers",
-            "recompute", "attention", "pipeline", "overlap", "topology", "description")
+            "recompute", "attention", "pipeline", "overlap", "topology", "description",
+            "context_parallel", "moe", "tensor_parallel")
+
+
+def _extensions(raw: dict) -> dict:
+    """context_parallel.mode, moe.load_imbalance and tensor_parallel.depth."""
+    cp = _obj(raw.get("context_parallel"), "context_parallel")
+    _known_keys(cp, "context_parallel", ("mode",))
+    moe = _obj(raw.get("moe"), "moe")
+    _known_keys(moe, "moe", ("load_imbalance",))
+    imbalance = moe.get("load_imbalance", 1.0)
+    if isinstance(imbalance, bool) or not isinstance(imbalance, (int, float)) or imbalance < 1:
+        raise WorkloadError("moe.load_imbalance", imbalance, "a number >= 1 (1: balanced)")
+    tp = _obj(raw.get("tensor_parallel"), "tensor_parallel")
+    _known_keys(tp, "tensor_parallel", ("depth",))
+    return {"cp_mode": _choice(cp.get("mode", "ring"), "context_parallel.mode", CP_MODES),
+            "load_imbalance": float(imbalance),
+            "tp_depth": _int(tp, "depth", "tensor_parallel", 1)}
 
 
 def plan_from_dict(raw: Any, base_dir: Path | None = None, default_name: str = "plan") -> Plan:
@@ -241,7 +314,7 @@ def plan_from_dict(raw: Any, base_dir: Path | None = None, default_name: str = "
         pipeline=_pipeline(_obj(raw.get("pipeline"), "pipeline")),
         fsdp_prefetch=_bool(overlap, "fsdp_prefetch", "overlap", True),
         async_tp=_bool(overlap, "async_tp", "overlap", False), topology=topo,
-        source=MappingProxyType(dict(raw)))
+        source=MappingProxyType(dict(raw)), **_extensions(raw))
 
 
 def find_plan(ref: str) -> Path:
@@ -274,17 +347,14 @@ def bundled_plans() -> list[str]:
 
 
 # ------------------------------------------------------------------ world-size checks
-def _divides(value: int, by: int, field_name: str, what: str) -> None:
-    if by and value % by:
-        raise WorkloadError(field_name, by, f"a divisor of {what} ({value})")
-
-
 def resolve(plan: Plan, world_size: int) -> Plan:
     """The plan with `dp: auto` filled in and every degree checked against the model.
 
-    Each check names the factor that fails, as torchtitan's ParallelDims does.
+    Each check names the factor that fails, as torchtitan's ParallelDims does
+    (workloads/plan_checks.py).
     """
-    m, mesh, tr = plan.model, plan.mesh, plan.training
+    from .plan_checks import check_resolved  # local: plan_checks reads Plan attributes
+    mesh = plan.mesh
     others = mesh.pp * mesh.cp * mesh.tp
     if mesh.dp == 0:
         if world_size % others:
@@ -294,47 +364,6 @@ def resolve(plan: Plan, world_size: int) -> Plan:
     if mesh.world_size != world_size:
         raise WorkloadError("mesh", f"pp*dp*cp*tp={mesh.world_size}",
                             f"the topology's GPU count ({world_size})")
-    _divides(m.num_heads, mesh.tp, "mesh.tp", "num_attention_heads")
-    _divides(m.num_kv_heads, mesh.tp, "mesh.tp", "num_key_value_heads")
-    _divides(m.ffn_size, mesh.tp, "mesh.tp", "intermediate_size")
-    _divides(m.hidden_size, mesh.tp, "mesh.tp", "hidden_size")
-    _divides(tr.seq_len, mesh.tp * mesh.cp if plan.sequence_parallel or _uses_seq(plan) else mesh.cp,
-             "mesh.tp*cp" if plan.sequence_parallel else "mesh.cp", "seq_len")
-    if m.num_experts:
-        _divides(m.num_experts, mesh.ep, "mesh.ep", "num_experts")
-    if mesh.ep > 1 and (mesh.dp * mesh.cp) % mesh.ep:
-        raise WorkloadError("mesh.ep", mesh.ep, f"a divisor of dp*cp ({mesh.dp * mesh.cp})")
-    if tr.global_batch % (mesh.dp * tr.micro_batch):
-        raise WorkloadError("training.global_batch", tr.global_batch,
-                            f"a multiple of dp*micro_batch ({mesh.dp}*{tr.micro_batch})")
-    _check_pipeline(plan, mesh)
-    if plan.fsdp and plan.zero_stage not in (0, 3):
-        raise WorkloadError("zero_stage", plan.zero_stage, "0 or 3 when fsdp.enabled (FSDP is ZeRO-3)")
-    return replace(plan, mesh=mesh)
-
-
-def _uses_seq(plan: Plan) -> bool:
-    layers = [plan.sharding] + [o for _, _, o in plan.layer_overrides]
-    return any(s == "seq" for strategies in layers for s in strategies.values())
-
-
-def _check_pipeline(plan: Plan, mesh: Mesh) -> None:
-    layers, pipe = plan.model.num_layers, plan.pipeline
-    chunks = mesh.pp * pipe.virtual_stages
-    if chunks > layers:
-        raise WorkloadError("mesh.pp", mesh.pp,
-                            f"pp*virtual_stages <= num_layers ({layers})")
-    if pipe.schedule != "interleaved" and pipe.virtual_stages != 1:
-        raise WorkloadError("pipeline.virtual_stages", pipe.virtual_stages,
-                            "1 unless schedule is interleaved")
-    micro = plan.training.global_batch // (mesh.dp * plan.training.micro_batch)
-    if pipe.schedule == "interleaved" and micro % mesh.pp:
-        raise WorkloadError("training.global_batch", plan.training.global_batch,
-                            f"micro-batches ({micro}) a multiple of pp ({mesh.pp}) for interleaved")
-    if pipe.layer_split is not None:
-        if len(pipe.layer_split) != chunks:
-            raise WorkloadError("pipeline.layer_split", list(pipe.layer_split),
-                                f"{chunks} entries (pp*virtual_stages)")
-        if sum(pipe.layer_split) != layers:
-            raise WorkloadError("pipeline.layer_split", list(pipe.layer_split),
-                                f"entries that add up to num_layers ({layers})")
+    resolved = replace(plan, mesh=mesh)
+    check_resolved(resolved)
+    return resolved

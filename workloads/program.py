@@ -75,14 +75,24 @@ class Program:
         return self.coords(rank)["pp"]
 
     def group_ranks(self, rank: int, dims: tuple[str, ...]) -> tuple[int, ...]:
-        """Ranks that differ from `rank` only along `dims`, in rank order."""
-        base = self.coords(rank)
-        ranks = [rank]
+        """Ranks that differ from `rank` only along `dims`, in rank order.
+
+        A dim is a mesh dim (pp, dp, cp, tp) or a virtual sub-dimension of one
+        (Plan.dim_layout): "ep" (blocks of ep consecutive dp indices: an expert-parallel
+        group), "edp" (the dp indices with the same position inside their EP block: the
+        expert-data-parallel group), "tpx"/"tpy"/"tpz" (the axes of a 2D/2.5D/3D TP grid).
+        A virtual dim varies one digit (stride, size) of its parent's index.
+        """
+        members = [self.coords(rank)]
         for dim in dims:
-            size = self.plan.mesh.size(dim)
-            ranks = [self.rank_of({**self.coords(r), dim: i}) for r in ranks for i in range(size)]
-        del base
-        return tuple(sorted(set(ranks)))
+            parent, stride, size = self.plan.dim_layout(dim)
+            grown = []
+            for c in members:
+                index = c[parent]
+                digit = (index // stride) % size
+                grown.extend({**c, parent: index + (v - digit) * stride} for v in range(size))
+            members = grown
+        return tuple(sorted({self.rank_of(c) for c in members}))
 
     def representative(self, stage: int) -> int:
         """The rank simulated for a stage in rank-class mode (dp = cp = tp = 0)."""

@@ -4,30 +4,62 @@ GPipe (Huang et al. 2019, arXiv:1811.06965): all forwards, then all backwards.
 1F1B (PipeDream-Flush, Narayanan et al. 2021, arXiv:2104.04473 section 2.2): stage s of p
 runs min(p - s - 1, m) warm-up forwards, then alternates one forward and one backward,
 then drains the remaining backwards. Its bubble fraction is (p - 1) / (m + p - 1).
+Interleaved 1F1B (Narayanan et al. 2021 section 2.2.2, Megatron-LM's
+forward_backward_pipelining_with_interleaving): the layers form p x v chunks, chunk c on
+stage c % p; the bubble shrinks by v to (p - 1) / (v m) of the ideal time.
 """
 from __future__ import annotations
 
 from .errors import WorkloadError
 
-Step = tuple[str, int]   # ("F" | "B", micro-batch)
+# ("F" | "B", micro-batch, chunk index on this stage: 0 .. virtual_stages - 1)
+Step = tuple[str, int, int]
 
 
-def stage_order(schedule: str, stage: int, stages: int, micro_batches: int) -> list[Step]:
+def stage_order(schedule: str, stage: int, stages: int, micro_batches: int,
+                virtual_stages: int = 1) -> list[Step]:
     """Forward/backward order of one stage."""
     m = micro_batches
+    if schedule == "interleaved" and virtual_stages > 1:
+        return interleaved_order(stage, stages, m, virtual_stages)
     if schedule == "gpipe" or stages == 1:
-        return [("F", i) for i in range(m)] + [("B", i) for i in range(m)]
-    if schedule == "1f1b":
+        return [("F", i, 0) for i in range(m)] + [("B", i, 0) for i in range(m)]
+    if schedule in ("1f1b", "interleaved"):   # interleaved with v = 1 is 1F1B
         warmup = min(stages - stage - 1, m)
-        order: list[Step] = [("F", i) for i in range(warmup)]
+        order: list[Step] = [("F", i, 0) for i in range(warmup)]
         fwd, bwd = warmup, 0
         while fwd < m:
-            order += [("F", fwd), ("B", bwd)]
+            order += [("F", fwd, 0), ("B", bwd, 0)]
             fwd, bwd = fwd + 1, bwd + 1
-        order += [("B", i) for i in range(bwd, m)]
+        order += [("B", i, 0) for i in range(bwd, m)]
         return order
-    raise WorkloadError("pipeline.schedule", schedule,
-                        "gpipe or 1f1b (interleaved is not lowered yet)")
+    raise WorkloadError("pipeline.schedule", schedule, "gpipe, 1f1b or interleaved")
+
+
+def interleaved_order(stage: int, stages: int, micro_batches: int, chunks: int) -> list[Step]:
+    """Megatron-LM's interleaved 1F1B order of one stage (needs m a multiple of p).
+
+    Virtual micro-batch k (0 .. m v - 1) is micro-batch (k // (p v)) p + k % p of local
+    chunk (k // p) % v in forward, and of chunk v - 1 - (k // p) % v in backward. Warm-up:
+    2 (p - s - 1) + (v - 1) p forwards (capped at m v), then 1F1B, then the cool-down.
+    """
+    p, v, m = stages, chunks, micro_batches
+    if m % p:
+        raise WorkloadError("training.global_batch", m,
+                            f"micro-batches a multiple of pp ({p}) for interleaved")
+    total = m * v
+
+    def step(kind: str, k: int) -> Step:
+        chunk = (k % (p * v)) // p
+        mb = (k // (p * v)) * p + k % p
+        return (kind, mb, chunk if kind == "F" else v - 1 - chunk)
+
+    warmup = min(2 * (p - stage - 1) + (v - 1) * p, total)
+    order = [step("F", k) for k in range(warmup)]
+    for i in range(total - warmup):
+        order += [step("F", warmup + i), step("B", i)]
+    order += [step("B", k) for k in range(total - warmup, total)]
+    return order
 
 
 def stage_layer_ranges(num_layers: int, chunks: int,

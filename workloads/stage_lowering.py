@@ -1,4 +1,10 @@
-"""Lowering of one pipeline stage: schedule order, FSDP/ZeRO/DDP collectives, optimizer."""
+"""Lowering of one pipeline stage: schedule order, FSDP/ZeRO/DDP collectives, optimizer.
+
+A stage holds one chunk of layers (GPipe, 1F1B) or virtual_stages of them (interleaved
+1F1B: chunk c of pp x v on stage c % pp). Activations go from chunk c to chunk c + 1 and
+gradients back, as send/recv along "pp" (stage pp - 1 to stage 0 wraps around, for the
+interleaved chunks); a transfer is matched by its tag (what, sending chunk, micro-batch).
+"""
 from __future__ import annotations
 
 import math
@@ -19,14 +25,18 @@ class StageLowering:
 
     def __init__(self, plan: Plan, shape: LayerShape, stage: int, layers: list[range]):
         self.plan, self.shape, self.stage = plan, shape, stage
-        self.last_stage = plan.mesh.pp - 1
+        self.pp = plan.mesh.pp
+        self.last_chunk = len(layers) - 1
         self.sink = TaskSink()
-        units: list = list(layers[stage])
-        if stage == 0:
-            units.insert(0, EMBED)
-        if stage == self.last_stage:
-            units.append(HEAD)
-        self.units = units
+        self.chunk_units: list[list] = []       # local chunk -> its units, in model order
+        for chunk in range(stage, len(layers), self.pp):
+            units: list = list(layers[chunk])
+            if chunk == 0:
+                units.insert(0, EMBED)
+            if chunk == self.last_chunk:
+                units.append(HEAD)
+            self.chunk_units.append(units)
+        self.units = [u for units in self.chunk_units for u in units]
         self.fsdp = plan.fsdp or plan.zero_stage == 3
         self.graphs: dict[tuple, LayerGraph] = {}
         self.pass_ends: list[int] = []          # unit end tasks of the current pass
@@ -45,7 +55,7 @@ class StageLowering:
                               op_class=MEMORY, label="wait", **self._ctx(unit, mb)),)
 
     def _group_size(self, dims) -> int:
-        return math.prod(self.plan.mesh.size(d) for d in dims)
+        return math.prod(self.plan.dim_size(d) for d in dims)
 
     def _param_groups(self, unit) -> dict[tuple[str, ...], float]:
         m, tp = self.plan.model, self.plan.mesh.tp
@@ -64,7 +74,11 @@ class StageLowering:
             return build_embedding(self.plan, self.shape)
         if unit == HEAD:
             return build_head(self.plan, self.shape)
-        g = build_layer(self.plan, unit, self.shape)
+        if self.plan.grid_strategy is not None:
+            from .tp_grid import GridLayer
+            g = GridLayer(self.plan, unit, self.shape)
+        else:
+            g = build_layer(self.plan, unit, self.shape)
         g.flash_attention = self.plan.attention == "flash"
         # With flash attention the scores are already recomputed in its backward, so
         # selective recompute has nothing left to do.
@@ -102,40 +116,45 @@ class StageLowering:
                 **self._ctx(unit, mb)))
 
     # ---- passes -------------------------------------------------------------------------
-    def _p2p(self, kind: str, what: str, mb: int, deps, peer: int, phase: str) -> int:
+    def _p2p(self, kind: str, what: str, mb: int, deps, peer: int, phase: str,
+             chunk: int) -> int:
         sh = self.shape
         size = sh.tokens * self.plan.model.hidden_size * ACT_BYTES
         if self.plan.sequence_parallel:
             size /= sh.tp
-        src = self.stage if kind == "send" else self.stage + peer
+        elif self.plan.grid_strategy is not None:
+            from .tp_grid import grid_split
+            size *= grid_split(self.plan).resid_fraction
+        src = chunk if kind == "send" else chunk + peer
         return self.sink.add(kind=COMM, stream=f"pp_{kind}", op="send_recv", phase=phase,
                              deps=tuple(deps), bytes=size, group=("pp",), peer=peer,
                              tag=(what, src, mb), label=f"pp.{kind}.{what}", layer=-1,
                              microbatch=mb)
 
-    def forward(self, mb: int) -> None:
-        """One micro-batch's forward through the stage's units."""
+    def forward(self, mb: int, local: int = 0) -> None:
+        """One micro-batch's forward through one of the stage's chunks."""
         self.pass_ends = []
-        prev = self._p2p("recv", "act", mb, (), -1, "forward") if self.stage > 0 else None
-        for index, unit in enumerate(self.units):
+        chunk = local * self.pp + self.stage
+        prev = self._p2p("recv", "act", mb, (), -1, "forward", chunk) if chunk > 0 else None
+        for index, unit in enumerate(self.chunk_units[local]):
             gathers = self._gather(unit, index, mb, "forward")
             graph = self._graph(unit)
             deps = self._join([prev, *gathers], unit, mb, "forward")
             prev = graph.emit_forward(self.sink, self._ctx(unit, mb), deps)
             self.graphs[(unit, mb)] = graph
             self.pass_ends.append(prev)
-        if self.stage < self.last_stage:
-            self._p2p("send", "act", mb, (prev,), +1, "forward")
-        self.loss = prev
+        if chunk < self.last_chunk:
+            self._p2p("send", "act", mb, (prev,), +1, "forward", chunk)
 
-    def backward(self, mb: int) -> None:
-        """One micro-batch's backward through the stage's units, in reverse."""
+    def backward(self, mb: int, local: int = 0) -> None:
+        """One micro-batch's backward through one of the stage's chunks, in reverse."""
         self.pass_ends = []
-        if self.stage < self.last_stage:
-            grad = self._p2p("recv", "grad", mb, (), +1, "backward")
+        chunk = local * self.pp + self.stage
+        if chunk < self.last_chunk:
+            grad = self._p2p("recv", "grad", mb, (), +1, "backward", chunk)
         else:
-            grad = self.graphs[(HEAD, mb)].nodes[-1].task
-        for index, unit in enumerate(reversed(self.units)):
+            grad = self.graphs[(HEAD, mb)].output_task
+        for index, unit in enumerate(reversed(self.chunk_units[local])):
             gathers = self._gather(unit, index, mb, "backward")
             graph = self.graphs.pop((unit, mb))
             ctx = self._ctx(unit, mb)
@@ -148,8 +167,8 @@ class StageLowering:
             self.pass_ends.append(grad)
             wgrads = tuple(graph.wgrad_tasks.values()) or (grad,)
             self._reduce(unit, wgrads, mb)
-        if self.stage > 0:
-            self._p2p("send", "grad", mb, (grad,), -1, "backward")
+        if chunk > 0:
+            self._p2p("send", "grad", mb, (grad,), -1, "backward", chunk)
         self.last_backward = grad
 
     def optimizer(self) -> None:
@@ -174,9 +193,9 @@ class StageLowering:
 
     def build(self) -> list[Task]:
         """All tasks of the stage for one training step."""
-        order = stage_order(self.plan.pipeline.schedule, self.stage, self.plan.mesh.pp,
-                            self.plan.micro_batches)
-        for kind, mb in order:
-            (self.forward if kind == "F" else self.backward)(mb)
+        order = stage_order(self.plan.pipeline.schedule, self.stage, self.pp,
+                            self.plan.micro_batches, self.plan.pipeline.virtual_stages)
+        for kind, mb, local in order:
+            (self.forward if kind == "F" else self.backward)(mb, local)
         self.optimizer()
         return self.sink.tasks

@@ -1,0 +1,141 @@
+"""Checks of a plan against its world size and model (called by plan.resolve).
+
+Every failure is a WorkloadError naming the field, the value and what is allowed, so the
+CLI prints one line and exits 2. The rules and their sources:
+
+- TP divides heads, KV heads, FFN and hidden sizes (Megatron-LM's column/row split).
+- CP divides the sequence; ring attention with causal load balancing cuts the sequence
+  into 2 cp chunks (Megatron-LM / Llama 3, arXiv:2407.21783 section 3.3.2), so 2 cp must
+  divide it; Ulysses (Jacobs et al. 2023, arXiv:2309.14509) moves heads over CP, so
+  cp must divide the heads and KV heads of a TP rank.
+- EP divides the routed experts and is a sub-dimension of dp (blocks of ep dp ranks).
+- A 2D/2.5D/3D TP grid needs a square / d x square / cube TP degree (seed 004, Xu et al.
+  2021 arXiv:2104.05343, Wang et al. 2021 arXiv:2105.14500, Bian et al. 2021
+  arXiv:2105.14450) and splits the micro-batch over its token axes.
+- Pipeline: pp x virtual_stages chunks of at least one layer each; a layer split adds up.
+"""
+from __future__ import annotations
+
+from .errors import WorkloadError
+
+
+def _divides(value: int, by: int, field_name: str, what: str) -> None:
+    if by and value % by:
+        raise WorkloadError(field_name, by, f"a divisor of {what} ({value})")
+
+
+def uses_seq(plan) -> bool:
+    """Whether any projection of any layer is sequence-parallel ("seq")."""
+    layers = [plan.sharding] + [o for _, _, o in plan.layer_overrides]
+    return any(s == "seq" for strategies in layers for s in strategies.values())
+
+
+def check_resolved(plan) -> None:
+    """Every world-size and model check of a plan whose mesh.dp is a number."""
+    m, mesh, tr = plan.model, plan.mesh, plan.training
+    if plan.grid_strategy is None:
+        _divides(m.num_heads, mesh.tp, "mesh.tp", "num_attention_heads")
+        _divides(m.num_kv_heads, mesh.tp, "mesh.tp", "num_key_value_heads")
+        _divides(m.ffn_size, mesh.tp, "mesh.tp", "intermediate_size")
+        _divides(m.hidden_size, mesh.tp, "mesh.tp", "hidden_size")
+        _divides(tr.seq_len, mesh.tp * mesh.cp if plan.sequence_parallel or uses_seq(plan)
+                 else mesh.cp, "mesh.tp*cp" if plan.sequence_parallel else "mesh.cp", "seq_len")
+    else:
+        check_grid(plan)
+        _divides(tr.seq_len, mesh.cp, "mesh.cp", "seq_len")
+    check_context_parallel(plan)
+    check_experts(plan)
+    if tr.global_batch % (mesh.dp * tr.micro_batch):
+        raise WorkloadError("training.global_batch", tr.global_batch,
+                            f"a multiple of dp*micro_batch ({mesh.dp}*{tr.micro_batch})")
+    check_pipeline(plan)
+    if plan.fsdp and plan.zero_stage not in (0, 3):
+        raise WorkloadError("zero_stage", plan.zero_stage, "0 or 3 when fsdp.enabled (FSDP is ZeRO-3)")
+
+
+def check_context_parallel(plan) -> None:
+    """CP divides the sequence (2 cp chunks for ring), or the heads for Ulysses."""
+    m, cp, tp = plan.model, plan.mesh.cp, plan.mesh.tp
+    if cp == 1:
+        return
+    seq = plan.training.seq_len
+    if plan.cp_mode == "ring" and seq % (2 * cp):
+        raise WorkloadError("mesh.cp", cp, f"a value with 2*cp dividing seq_len ({seq}): ring "
+                            "attention balances the causal mask over 2*cp chunks")
+    if plan.cp_mode == "all_to_all":
+        heads_tp = m.num_heads // tp if plan.grid_strategy is None else m.num_heads
+        kv_tp = m.num_kv_heads // tp if plan.grid_strategy is None else m.num_kv_heads
+        _divides(heads_tp, cp, "mesh.cp", "attention heads per TP rank (all_to_all mode)")
+        _divides(kv_tp, cp, "mesh.cp", "KV heads per TP rank (all_to_all mode)")
+
+
+def check_experts(plan) -> None:
+    """EP divides the routed experts and dp; no EP for dense models."""
+    m, mesh = plan.model, plan.mesh
+    if mesh.ep == 1:
+        return
+    if not m.num_experts:
+        raise WorkloadError("mesh.ep", mesh.ep, f"1 for a dense model ({m.name} has no experts)")
+    _divides(m.num_experts, mesh.ep, "mesh.ep", "num_experts")
+    if mesh.dp % mesh.ep:
+        raise WorkloadError("mesh.ep", mesh.ep, f"a divisor of dp ({mesh.dp}): expert "
+                            "parallelism splits the data-parallel ranks into EP groups")
+
+
+def check_grid(plan) -> None:
+    """2D / 2.5D / 3D TP: one grid strategy, a square or cube degree, divisible shapes."""
+    mode, tp, m, tr = plan.grid_strategy, plan.mesh.tp, plan.model, plan.training
+    if mode == "mixed":
+        raise WorkloadError("sharding", "several grid strategies",
+                            "one of tp2d, tp2.5d, tp3d_gather, tp3d_allreduce for every projection")
+    layers = [plan.sharding] + [o for _, _, o in plan.layer_overrides]
+    if any(s != mode for st in layers for s in st.values()):
+        raise WorkloadError("sharding", mode, f"{mode} for every projection of every layer "
+                            "(a 2D/2.5D/3D grid cannot mix with col/row/seq/replicate)")
+    if plan.sequence_parallel:
+        raise WorkloadError("sharding.sequence_parallel", True,
+                            f"false with {mode} (the grid shards activations itself)")
+    x, y, z = plan.tp_grid
+    if x * y * z != tp:
+        shape = {"tp2d": "a square q*q", "tp2.5d": f"d*q*q with d = {plan.tp_depth}",
+                 "tp3d_gather": "a cube q*q*q", "tp3d_allreduce": "a cube q*q*q"}[mode]
+        raise WorkloadError("mesh.tp", tp, f"{shape} for {mode}")
+    if plan.mesh.cp > 1 or plan.model.num_experts:
+        raise WorkloadError("sharding", mode, "col/row/seq strategies: this version lowers "
+                            "2D/2.5D/3D tensor parallelism for dense models without CP")
+    if mode == "tp2.5d" and plan.tp_depth < 1:
+        raise WorkloadError("tensor_parallel.depth", plan.tp_depth, "an integer >= 1")
+    from .tp_grid import grid_split
+    split = grid_split(plan)
+    if tr.micro_batch % split.token_split:
+        raise WorkloadError("training.micro_batch", tr.micro_batch,
+                            f"a multiple of {split.token_split} ({mode} splits the micro-batch "
+                            "over its token axes, as Colossal-AI does)")
+    for value, name in ((m.num_heads, "num_attention_heads"),
+                        (m.num_kv_heads, "num_key_value_heads"),
+                        (m.hidden_size, "hidden_size"), (m.ffn_size, "intermediate_size")):
+        _divides(value, x, "mesh.tp", f"{name} over the grid's feature axis of {x}")
+
+
+def check_pipeline(plan) -> None:
+    """pp x v chunks of at least one layer; layer_split has pp x v entries adding up."""
+    layers, pipe, mesh = plan.model.num_layers, plan.pipeline, plan.mesh
+    chunks = mesh.pp * pipe.virtual_stages
+    if chunks > layers:
+        raise WorkloadError("mesh.pp", mesh.pp,
+                            f"pp*virtual_stages <= num_layers ({layers}): a pipeline chunk "
+                            "needs at least one layer")
+    if pipe.schedule != "interleaved" and pipe.virtual_stages != 1:
+        raise WorkloadError("pipeline.virtual_stages", pipe.virtual_stages,
+                            "1 unless schedule is interleaved")
+    micro = plan.training.global_batch // (mesh.dp * plan.training.micro_batch)
+    if pipe.schedule == "interleaved" and pipe.virtual_stages > 1 and micro % mesh.pp:
+        raise WorkloadError("training.global_batch", plan.training.global_batch,
+                            f"micro-batches ({micro}) a multiple of pp ({mesh.pp}) for interleaved")
+    if pipe.layer_split is not None:
+        if len(pipe.layer_split) != chunks:
+            raise WorkloadError("pipeline.layer_split", list(pipe.layer_split),
+                                f"{chunks} entries (pp*virtual_stages)")
+        if sum(pipe.layer_split) != layers:
+            raise WorkloadError("pipeline.layer_split", list(pipe.layer_split),
+                                f"entries that add up to num_layers ({layers})")
