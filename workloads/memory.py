@@ -296,7 +296,9 @@ def memory_breakdown(plan: Plan, stage: int = 0,
                                   else dense + expert)
 
     params = states(PARAM_BYTES_PER_PARAM, zero >= 3)
-    grads = states(GRAD_BYTES_PER_PARAM, zero >= 2)
+    # Under pipeline parallelism FSDP accumulates unsharded gradients until the step's
+    # single reduce-scatter (torch.distributed.pipelining turns gradient sync off).
+    grads = states(GRAD_BYTES_PER_PARAM, zero >= 2 and not (plan.fsdp and mesh.pp > 1))
     optimizer = states(OPTIMIZER_BYTES_PER_PARAM, zero >= 1)
 
     # Activations (Korthikanti Table 2 per layer x layers x in-flight micro-batches).

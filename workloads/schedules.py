@@ -22,7 +22,7 @@ def stage_order(schedule: str, stage: int, stages: int, micro_batches: int,
     m = micro_batches
     if schedule == "interleaved" and virtual_stages > 1:
         return interleaved_order(stage, stages, m, virtual_stages)
-    if schedule == "gpipe" or stages == 1:
+    if schedule == "gpipe":
         return [("F", i, 0) for i in range(m)] + [("B", i, 0) for i in range(m)]
     if schedule in ("1f1b", "interleaved"):   # interleaved with v = 1 is 1F1B
         warmup = min(stages - stage - 1, m)

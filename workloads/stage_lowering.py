@@ -38,6 +38,11 @@ class StageLowering:
             self.chunk_units.append(units)
         self.units = [u for units in self.chunk_units for u in units]
         self.fsdp = plan.fsdp or plan.zero_stage == 3
+        # With pipeline parallelism, torch.distributed.pipelining runs every micro-batch's
+        # backward with FSDP's gradient sync and reshard-after-backward off, then reduces
+        # once per step (stage.py: backward_maybe_with_nosync, perform_reduce_grad).
+        self.sync_last_only = self.fsdp and plan.mesh.pp > 1
+        self.unsharded: set = set()             # FSDP units whose parameters are gathered
         self.graphs: dict[tuple, LayerGraph] = {}
         self.pass_ends: list[int] = []          # unit end tasks of the current pass
         self.reductions: list[int] = []
@@ -87,8 +92,17 @@ class StageLowering:
 
     # ---- FSDP / ZeRO / DDP --------------------------------------------------------------
     def _gather(self, unit, index: int, mb: int, phase: str) -> list[int]:
-        if not self.fsdp or (phase == "backward" and not self.plan.reshard_after_forward):
+        """FSDP all-gathers a unit needs before it runs, if its parameters are sharded.
+
+        Parameters are resharded after forward when `reshard_after_forward`, and after
+        backward unless the pipeline schedule defers that to the end of the step.
+        """
+        if not self.fsdp:
             return []
+        if unit in self.unsharded:
+            self._after_use(unit, phase, mb)
+            return []
+        self._after_use(unit, phase, mb)
         lag = 2 if self.plan.fsdp_prefetch else 1
         gate = self.pass_ends[index - lag] if index >= lag else None
         tasks = []
@@ -101,9 +115,17 @@ class StageLowering:
                 group=dims, label=f"fsdp.gather.{unit}", **self._ctx(unit, mb)))
         return tasks
 
+    def _after_use(self, unit, phase: str, mb: int) -> None:
+        resharded = (self.plan.reshard_after_forward if phase == "forward"
+                     else not self.sync_last_only or mb == self.plan.micro_batches - 1)
+        if resharded:
+            self.unsharded.discard(unit)
+        else:
+            self.unsharded.add(unit)
+
     def _reduce(self, unit, deps: tuple[int, ...], mb: int) -> None:
         last_mb = mb == self.plan.micro_batches - 1
-        every_mb = self.fsdp or self.plan.zero_stage == 2
+        every_mb = (self.fsdp and not self.sync_last_only) or self.plan.zero_stage == 2
         if not (every_mb or last_mb):
             return
         op = "reduce_scatter" if (self.fsdp or self.plan.zero_stage >= 1) else "all_reduce"
