@@ -12,7 +12,8 @@ import platform
 import statistics
 import subprocess
 import sys
-from pathlib import Path
+
+from simulator.output import write_text_atomic
 
 from .cases import CASES, run_case
 
@@ -71,10 +72,8 @@ def main() -> int:
     machine = {"python": platform.python_version(), "machine": platform.machine(),
                "processor": platform.processor() or platform.machine(),
                "cpus": os.cpu_count()}
-    path = Path(args.output)
-    tmp = path.with_suffix(".tmp")
-    tmp.write_text(json.dumps({"machine": machine, "results": rows}, indent=2) + "\n")
-    os.replace(tmp, path)
+    write_text_atomic(args.output, json.dumps({"machine": machine, "results": rows},
+                                              indent=2) + "\n")
     return 0
 
 

@@ -7,14 +7,14 @@ topology name, the package version and the summary in the file metadata, atomica
 from __future__ import annotations
 
 import json
-import os
-import tempfile
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
+
+from .output import atomic_write
 
 SCHEMA = pa.schema([
     ("rank", pa.int32()), ("stream", pa.string()), ("phase", pa.string()),
@@ -80,34 +80,12 @@ class TraceRecorder:
         return table
 
 
-def _atomic_write(path: Path, write) -> None:
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
-    os.close(fd)
-    try:
-        write(tmp)
-        os.replace(tmp, path)
-    except BaseException:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-        raise
-
-
 def write_parquet(table: pa.Table, path: Path, metadata: dict[str, Any]) -> None:
     """Write a trace with JSON metadata (keys stored as bytes) atomically."""
     meta = {key.encode(): json.dumps(value, sort_keys=True).encode()
             for key, value in metadata.items()}
     table = table.replace_schema_metadata(meta)
-    _atomic_write(path, lambda tmp: pq.write_table(table, tmp, compression="zstd"))
-
-
-def write_text_atomic(path: Path, text: str) -> None:
-    """Write a text file atomically."""
-    def write(tmp: str) -> None:
-        with open(tmp, "w") as f:
-            f.write(text)
-    _atomic_write(path, write)
+    atomic_write(path, lambda tmp: pq.write_table(table, tmp, compression="zstd"))
 
 
 def chrome_trace(table: pa.Table) -> dict:

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 from collections import Counter
 
-import pytest
 
 from workloads import plan_from_dict, resolve
 from workloads.lowering import lower

@@ -11,7 +11,7 @@ partial gradients in backward, as DTensor does.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from .layouts import P, STRATEGY_LAYOUTS, collective, collective_bytes, grad_layout_needed
+from .layouts import STRATEGY_LAYOUTS, collective, collective_bytes, grad_layout_needed
 from .program import ATTENTION, COMM, COMPUTE, GEMM, MEMORY, Task
 
 

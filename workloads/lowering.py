@@ -8,13 +8,11 @@ optimizer step at the end.
 """
 from __future__ import annotations
 
-from dataclasses import replace
-
-from .layer_graph import LayerGraph, LayerShape, TaskSink
+from .layer_graph import LayerGraph, LayerShape
 from .layouts import H, R, S
 from .plan import Plan
 from .precision import ACT_BYTES
-from .program import COMM, COMPUTE, MEMORY, Program
+from .program import Program
 from .schedules import stage_layer_ranges
 
 # Adam step, memory-bound: reads fp32 master, m, v, fp32 grad (16 B) and writes master,

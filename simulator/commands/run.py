@@ -6,7 +6,8 @@ import json
 
 from ..api import simulate
 from ..cli import EXIT_DOES_NOT_FIT
-from ..trace import chrome_trace, write_parquet, write_text_atomic
+from ..output import write_text_atomic
+from ..trace import chrome_trace, write_parquet
 from .common import (add_common, fmt_bytes, fmt_time, plan_and_topology, print_json,
                      sim_options)
 

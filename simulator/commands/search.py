@@ -19,7 +19,7 @@ from ..cli import UsageError
 from ..search import Search, SearchSpace
 from ..search.report import describe_candidate, render_table
 from ..search.space import GRANULARITIES
-from ..trace import write_text_atomic
+from ..output import write_text_atomic
 from .common import print_json, sim_options
 
 BOTH = {"on": (True,), "off": (False,), "both": (True, False)}

@@ -169,7 +169,7 @@ def handle_plot(args: argparse.Namespace) -> int:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    from ..whatif.table import save_figure
+    from ..output import save_figure
 
     table, meta = read_trace(args.file)
     ranks = _ranks(args.ranks, sorted(set(table["rank"].to_pylist())))

@@ -28,7 +28,7 @@ from workloads import load_model, plan_from_dict
 
 from ..api import simulate
 from ..search import Search, SearchSpace
-from ..trace import write_text_atomic
+from ..output import write_text_atomic
 
 NAME = "adaptive-sharding"
 HELP = "seed 000: per-projection col/seq/row choices for Llama 3 8B and 70B (TP 8)"
@@ -138,6 +138,8 @@ def plot(out: dict[str, Any], path: str) -> None:
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
+
+    from ..output import save_figure
     names = list(out)
     fig, ax = plt.subplots(figsize=(6, 3.5))
     xs = range(len(names))
@@ -150,7 +152,7 @@ def plot(out: dict[str, Any], path: str) -> None:
     ax.set_title("Adaptive sharding (seed 000), TP 8, batch 2 x 8192")
     ax.legend()
     fig.tight_layout()
-    fig.savefig(path, dpi=120)
+    save_figure(fig, path)
     plt.close(fig)
 
 

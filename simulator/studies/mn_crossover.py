@@ -69,6 +69,8 @@ def plot(rows, k: int, n: int, t: int, path: str) -> None:
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
+
+    from ..output import save_figure
     x = [r["m_over_n"] for r in rows]
     fig, (a, b) = plt.subplots(1, 2, figsize=(10, 3.8))
     a.loglog(x, [r["col_read_bytes"] / 1e6 for r in rows], "o-", label="col: MK + KN/T")
@@ -85,7 +87,7 @@ def plot(rows, k: int, n: int, t: int, path: str) -> None:
     b.set_ylabel("forward GEMM time (us)")
     b.legend()
     fig.tight_layout()
-    fig.savefig(path, dpi=120)
+    save_figure(fig, path)
     plt.close(fig)
 
 

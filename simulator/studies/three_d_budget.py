@@ -115,6 +115,8 @@ def plot(rows: list[dict], path: str, title: str) -> None:
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
+
+    from ..output import save_figure
     fig, ax = plt.subplots(figsize=(6, 4))
     for r in rows:
         ax.scatter(r["memory_bytes"] / 1e9, r["comm_s"] * 1e3, s=60)
@@ -125,7 +127,7 @@ def plot(rows: list[dict], path: str, title: str) -> None:
     ax.set_ylabel("TP communication per step (ms)")
     ax.set_title(title)
     fig.tight_layout()
-    fig.savefig(path, dpi=120)
+    save_figure(fig, path)
     plt.close(fig)
 
 

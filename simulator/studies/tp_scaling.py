@@ -163,7 +163,7 @@ def plot(table: list[dict], model: ModelSpec, path: str) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    from ..whatif.table import save_figure
+    from ..output import save_figure
 
     fig, (left, right) = plt.subplots(1, 2, figsize=(12, 4.5))
     for link, color in (("nvlink", "#4c72b0"), ("network", "#dd8452")):

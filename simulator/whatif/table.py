@@ -1,8 +1,6 @@
 """A study's rows as a table: Parquet (atomic), a stacked-bar PNG and a terminal table."""
 from __future__ import annotations
 
-import os
-import tempfile
 from pathlib import Path
 from typing import Any
 
@@ -40,20 +38,6 @@ def to_table(rows: list[dict[str, Any]], varied: list[str]) -> pa.Table:
 def write_table(table: pa.Table, path: str | Path, metadata: dict[str, Any]) -> None:
     """Parquet, written to a temporary file and renamed (never half-written)."""
     write_parquet(table, Path(path), metadata)
-
-
-def save_figure(fig, path: str | Path) -> None:
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".png", dir=path.parent)
-    os.close(fd)
-    try:
-        fig.savefig(tmp, format="png", dpi=120, bbox_inches="tight")
-        os.replace(tmp, path)
-    except BaseException:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-        raise
 
 
 def point_label(row: dict[str, Any], varied: list[str], many_topos: bool) -> str:
@@ -100,6 +84,7 @@ def plot(rows: list[dict[str, Any]], varied: list[str], path: str | Path, title:
     ax.set_title(title)
     ax.legend(fontsize=8)
     ax.grid(axis="y", alpha=0.3)
+    from ..output import save_figure
     save_figure(fig, path)
     plt.close(fig)
 
