@@ -5,6 +5,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import pyarrow as pa
+import pyarrow.compute as pc
 
 from topologies import Topology
 from workloads import Plan, resolve
@@ -13,6 +14,7 @@ from workloads.memory import peak_memory
 from workloads.program import Program
 
 from .engine import Engine, SimOptions
+from .memory_timeline import memory_column
 from .summary import summarize
 
 VERSION = "0.1.0"
@@ -52,7 +54,10 @@ def simulate(plan: Plan, topology: Topology, options: SimOptions | None = None) 
     engine = Engine(program, topology, options)
     engine.run()
     trace = engine.trace.table()
+    memory = memory_column(program, trace)
+    trace = trace.append_column("memory_bytes", memory)
     summary = summarize(program, topology, trace, memory_summary(plan, topology))
+    summary["memory"]["timeline_peak_bytes"] = float(pc.max(memory).as_py() or 0.0)
     summary["simulated_ranks"] = len(engine.ranks)
     summary["events"] = engine.events
     return Result(program=program, trace=trace, summary=summary, events=engine.events)

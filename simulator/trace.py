@@ -1,7 +1,7 @@
 """The trace: one row per executed task per simulated rank, as a pyarrow Table.
 
 Columns (docs/design.md, "Trace"): rank, stream, phase, layer, microbatch, op, kind,
-start_s, end_s, flops, bytes, group, algorithm. Written to Parquet with the plan, the
+start_s, end_s, flops, bytes, group, algorithm, label, memory_bytes. Written to Parquet with the plan, the
 topology name, the package version and the summary in the file metadata, atomically.
 """
 from __future__ import annotations
@@ -23,6 +23,9 @@ SCHEMA = pa.schema([
     ("flops", pa.float64()), ("bytes", pa.float64()), ("group", pa.string()),
     ("algorithm", pa.string()), ("label", pa.string()),
 ])
+# What the engine records; simulate() then adds the memory timeline (memory_timeline.py).
+RECORDED = SCHEMA
+SCHEMA = RECORDED.append(pa.field("memory_bytes", pa.float64()))
 COLUMNS = SCHEMA.names
 
 
@@ -73,7 +76,7 @@ class TraceRecorder:
             "algorithm": pa.array(algorithm, type=pa.string()),
             "label": static["label"].take(index),
         }
-        table = pa.table(columns, schema=SCHEMA)
+        table = pa.table(columns, schema=RECORDED)
         if table.num_rows:
             table = table.sort_by([("rank", "ascending"), ("start_s", "ascending"),
                                    ("end_s", "ascending")])

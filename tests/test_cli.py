@@ -68,6 +68,10 @@ def test_parquet_trace_columns_and_metadata(tmp_path, capsys):
     assert set(df["kind"]) == {"compute", "comm"}
     assert (df["end_s"] >= df["start_s"]).all()
     assert df["end_s"].max() == pytest.approx(meta["summary"]["step_time_s"])
+    # The memory timeline peaks at what the summary reports for the schedule in flight.
+    assert df["memory_bytes"].max() == pytest.approx(meta["summary"]["memory"]["timeline_peak_bytes"])
+    assert df["memory_bytes"].max() <= meta["summary"]["peak_memory_bytes"] * (1 + 1e-12)
+    assert df["memory_bytes"].min() > 0
 
 
 def test_same_inputs_give_byte_identical_parquet(tmp_path, capsys):

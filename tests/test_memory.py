@@ -1,5 +1,7 @@
 """The analytic memory model against its published sources (seed 002, Korthikanti et al.,
 the ZeRO paper, seed 004) and its plan-level rules."""
+import pyarrow as pa
+import pyarrow.compute  # noqa: F401 (pa.compute)
 import pytest
 
 from workloads import plan_from_dict, resolve
@@ -225,3 +227,23 @@ def test_moe_expert_states_split_over_ep():
         return memory_breakdown(resolve(plan_from_dict(raw), 8)).params_bytes
     experts = 2 * 8 * 3 * 256 * 512          # layers x experts x SwiGLU matrices
     assert params(1) - params(8) == pytest.approx(2 * experts * (1 - 1 / 8))
+
+
+def test_memory_timeline_follows_the_schedule():
+    # GPipe holds every micro-batch's activations at the turn from forward to backward;
+    # 1F1B holds at most pp on stage 0: the timeline's peak shows the difference.
+    import topologies
+    from simulator import simulate
+    from workloads.memory import saved_layer_bytes
+    peaks, per_layer = {}, 0.0
+    for schedule in ("gpipe", "1f1b"):
+        raw = {"model": "llama3-8b", "mesh": {"pp": 4, "dp": 2},
+               "training": {"global_batch": 32, "micro_batch": 1, "seq_len": 4096},
+               "pipeline": {"schedule": schedule}}
+        result = simulate(plan_from_dict(raw), topologies.build("dgx-h100"))
+        trace = result.trace
+        stage0 = trace.filter(pa.compute.equal(trace["rank"], 0))
+        peaks[schedule] = max(stage0["memory_bytes"].to_pylist())
+        per_layer = saved_layer_bytes(result.program.plan, 1)
+    # Stage 0 of 4 holds 16 micro-batches (GPipe) against 4 (1F1B) of its 8 layers.
+    assert peaks["gpipe"] - peaks["1f1b"] == pytest.approx((16 - 4) * 8 * per_layer, rel=0.02)

@@ -252,6 +252,28 @@ def output_layer_activation_bytes(model: ModelSpec, seq_len: int, micro_batch: i
 
 
 # ------------------------------------------------------------------------------ plan
+def saved_layer_bytes(plan: Plan, layer: int, recompute: str | None = None) -> float:
+    """Activation bytes one layer keeps for one micro-batch on one rank under the plan.
+
+    Flash attention never stores the s x s scores: its saved tensors are those of
+    selective recompute, and rebuilding a layer in full recompute needs no scores either.
+    """
+    m, tr, mesh = plan.model, plan.training, plan.mesh
+    recompute = recompute or plan.recompute
+    s, b, tp, sp = tr.seq_len // mesh.cp, tr.micro_batch, mesh.tp, plan.sequence_parallel
+    if plan.attention == "flash" and recompute == "none":
+        recompute = "selective"
+    if plan.grid_strategy is not None:
+        from .tp_grid import grid_split
+        # Seed 004: every saved tensor is a grid block, 1/N (design 1, 2D, 2.5D) or
+        # 1/N^(2/3) (3D design 2) of the unsharded layer's.
+        return grid_split(plan).resid_fraction * activation_bytes_per_layer(
+            m, s, b, 1, False, recompute, kv_seq_len=tr.seq_len)
+    return activation_bytes_per_layer(m, s, b, tp, sp, recompute, kv_seq_len=tr.seq_len,
+                                      moe=_is_moe_layer(m, layer),
+                                      load_imbalance=plan.load_imbalance)
+
+
 def memory_breakdown(plan: Plan, stage: int = 0,
                      layer_ranges: Sequence[range] | None = None) -> MemoryBreakdown:
     """Peak memory of a rank of pipeline stage `stage` for a resolved plan (mesh.dp set).
@@ -308,27 +330,10 @@ def memory_breakdown(plan: Plan, stage: int = 0,
     s, b, tp, sp = tr.seq_len // mesh.cp, tr.micro_batch, mesh.tp, plan.sequence_parallel
     in_flight = micro_batches_in_flight(plan, stage)
 
-    # Flash attention never stores the s x s scores: its saved tensors are those of
-    # selective recompute, and rebuilding a layer in full recompute needs no scores either.
-    flash = plan.attention == "flash"
-
-    grid = None
-    if plan.grid_strategy is not None:
-        from .tp_grid import grid_split
-        grid = grid_split(plan)
-
     def per_layer(layer: int, recompute: str) -> float:
-        if flash and recompute == "none":
-            recompute = "selective"
-        if grid is not None:
-            # Seed 004: every saved tensor is a grid block, 1/N (design 1, 2D, 2.5D) or
-            # 1/N^(2/3) (3D design 2) of the unsharded layer's.
-            return grid.resid_fraction * activation_bytes_per_layer(
-                m, s, b, 1, False, recompute, kv_seq_len=tr.seq_len)
-        return activation_bytes_per_layer(m, s, b, tp, sp, recompute, kv_seq_len=tr.seq_len,
-                                          moe=_is_moe_layer(m, layer),
-                                          load_imbalance=plan.load_imbalance)
+        return saved_layer_bytes(plan, layer, recompute)
 
+    flash = plan.attention == "flash"
     activations = in_flight * sum(per_layer(layer, plan.recompute) for layer in stage_layers)
     if plan.recompute == "full" and stage_layers:
         activations += max(per_layer(layer, "none") for layer in stage_layers)

@@ -1,0 +1,63 @@
+"""Memory over the step: bytes in use on each simulated rank when each traced task ends.
+
+Model states (parameters, gradients, optimizer) and buffers are held at their analytic
+values (workloads.memory) for the whole step; activations follow the trace: a layer's
+saved tensors of a micro-batch are allocated when its forward ends and freed when its
+backward ends, and the last stage's logits live from the loss to the output layer's
+backward. The timeline's maximum is what the schedule actually keeps in flight, which the
+analytic peak bounds from above.
+"""
+from __future__ import annotations
+
+import numpy as np
+import pyarrow as pa
+
+from workloads.memory import memory_breakdown, output_layer_activation_bytes, saved_layer_bytes
+from workloads.program import Program
+
+
+def _rank_deltas(plan, stage: int, layer, microbatch, phase, op, end) -> np.ndarray:
+    """Bytes allocated (+) or freed (-) at the end of each row of one rank."""
+    deltas = np.zeros(len(end))
+    last_fwd: dict[tuple[int, int], int] = {}
+    last_bwd: dict[tuple[int, int], int] = {}
+    for i in np.argsort(end, kind="stable"):
+        key = (int(layer[i]), int(microbatch[i]))
+        if key[0] >= 0 or op[i] in ("cross_entropy", "output"):
+            key = key if key[0] >= 0 else (-1, key[1])
+            if phase[i] == "forward" and (key[0] >= 0 or op[i] == "cross_entropy"):
+                last_fwd[key] = i
+            elif phase[i] == "backward" and (key[0] >= 0 or op[i] == "output"):
+                last_bwd[key] = i
+    tr, m = plan.training, plan.model
+    logits = output_layer_activation_bytes(m, tr.seq_len // plan.mesh.cp, tr.micro_batch,
+                                           plan.mesh.tp, plan.sequence_parallel)
+    for key, i in last_fwd.items():
+        size = logits if key[0] < 0 else saved_layer_bytes(plan, key[0])
+        deltas[i] += size
+        if key in last_bwd:
+            deltas[last_bwd[key]] -= size
+    return deltas
+
+
+def memory_column(program: Program, trace: pa.Table) -> pa.Array:
+    """`memory_bytes` for every row of a trace sorted by (rank, start_s, end_s)."""
+    plan = program.plan
+    cols = {n: trace[n].to_numpy(zero_copy_only=False)
+            for n in ("rank", "layer", "microbatch", "phase", "op", "end_s")}
+    out = np.zeros(trace.num_rows)
+    ranks, starts = np.unique(cols["rank"], return_index=True)
+    bounds = list(starts[1:]) + [trace.num_rows]
+    for rank, lo, hi in zip(ranks, starts, bounds):
+        stage = program.stage_of(int(rank))
+        b = memory_breakdown(plan, stage)
+        static = b.params_bytes + b.grads_bytes + b.optimizer_bytes + b.buffers_bytes
+        sl = slice(lo, hi)
+        end = cols["end_s"][sl]
+        deltas = _rank_deltas(plan, stage, cols["layer"][sl], cols["microbatch"][sl],
+                              cols["phase"][sl], cols["op"][sl], end)
+        order = np.argsort(end, kind="stable")
+        in_use = np.empty(len(end))
+        in_use[order] = static + np.cumsum(deltas[order])
+        out[sl] = in_use
+    return pa.array(out, type=pa.float64())
