@@ -156,3 +156,19 @@ def test_module_entry_point_runs():
     assert proc.returncode == 0, proc.stderr
     d = json.loads(proc.stdout)
     assert d["gpus"] == 32 and d["domains"] == 4 and d["links"]["ib"]["bandwidth_GBps"] == [50.0]
+
+
+def test_byte_identical_across_processes_and_hash_seeds(tmp_path):
+    # Set and dict orders of strings change with PYTHONHASHSEED between processes; the
+    # trace must not.
+    import os
+    outputs = []
+    for seed in ("1", "2"):
+        path = tmp_path / f"t{seed}.parquet"
+        env = {**os.environ, "PYTHONHASHSEED": seed}
+        proc = subprocess.run([sys.executable, "-m", "simulator", "run", "--plan",
+                               "pipeline_1f1b.json", "--trace", str(path)],
+                              capture_output=True, text=True, timeout=300, env=env)
+        assert proc.returncode == 0, proc.stderr
+        outputs.append(path.read_bytes())
+    assert outputs[0] == outputs[1]
