@@ -142,7 +142,8 @@ def _gpu(raw: Any) -> DeviceSpec:
         hbm_Bps=num("hbm_GBps", base and base.hbm_Bps / GB) * GB,
         nvlink_Bps=num("nvlink_GBps", base and base.nvlink_Bps / GB) * GB,
         nvlink_links=int(num("nvlink_links", base.nvlink_links if base else 1)),
-        nccl_nvlink_link_Bps=0.0, nvls=bool(raw.get("nvls", base.nvls if base else False)))
+        nccl_nvlink_link_Bps=0.0, nvls=bool(raw.get("nvls", base.nvls if base else False)),
+        sm_count=int(num("sm_count", base.sm_count if base else 1)))
     nccl_total = num("nvlink_nccl_GBps",
                      base.nccl_nvlink_Bps / GB if base else spec.nvlink_Bps / GB) * GB
     spec = replace(spec, nccl_nvlink_link_Bps=nccl_total / spec.nvlink_links)

@@ -11,7 +11,7 @@ from __future__ import annotations
 from .layer_graph import LayerGraph, LayerShape
 from .layouts import H, R, S
 from .plan import Plan
-from .precision import ACT_BYTES
+from .precision import precision
 from .program import Program
 from .schedules import stage_layer_ranges
 
@@ -137,8 +137,8 @@ def lower(plan: Plan) -> Program:
     tr, m = plan.training, plan.model
     shape = LayerShape(tokens=tr.micro_batch * tr.seq_len // plan.mesh.cp, seq_len=tr.seq_len,
                        tp=plan.mesh.tp, heads=m.num_heads, kv_heads=m.num_kv_heads,
-                       head_dim=m.head_dim, act_bytes=ACT_BYTES,
-                       gemm_bytes=1 if tr.dtype == "fp8" else 2, cp=plan.mesh.cp,
+                       head_dim=m.head_dim, act_bytes=precision(tr.dtype).act_bytes,
+                       gemm_bytes=precision(tr.dtype).gemm_bytes, cp=plan.mesh.cp,
                        cp_mode=plan.cp_mode)
     layers = stage_layers(plan)
     from .stage_lowering import StageLowering  # local: stage_lowering imports this module

@@ -33,7 +33,7 @@ from typing import Sequence
 from .models import ModelSpec
 from .plan import Plan
 from .schedules import stage_layer_ranges as _split
-from .precision import GRAD_REDUCE_BYTES
+from .precision import precision
 
 BF16_BYTES = 2
 PARAM_BYTES_PER_PARAM = 2        # bf16 working copy (ZeRO paper section 3.1)
@@ -267,11 +267,16 @@ def saved_layer_bytes(plan: Plan, layer: int, recompute: str | None = None) -> f
         from .tp_grid import grid_split
         # Seed 004: every saved tensor is a grid block, 1/N (design 1, 2D, 2.5D) or
         # 1/N^(2/3) (3D design 2) of the unsharded layer's.
-        return grid_split(plan).resid_fraction * activation_bytes_per_layer(
-            m, s, b, 1, False, recompute, kv_seq_len=tr.seq_len)
-    return activation_bytes_per_layer(m, s, b, tp, sp, recompute, kv_seq_len=tr.seq_len,
-                                      moe=_is_moe_layer(m, layer),
-                                      load_imbalance=plan.load_imbalance)
+        return activation_scale(plan) * grid_split(plan).resid_fraction * \
+            activation_bytes_per_layer(m, s, b, 1, False, recompute, kv_seq_len=tr.seq_len)
+    return activation_scale(plan) * activation_bytes_per_layer(
+        m, s, b, tp, sp, recompute, kv_seq_len=tr.seq_len, moe=_is_moe_layer(m, layer),
+        load_imbalance=plan.load_imbalance)
+
+
+def activation_scale(plan: Plan) -> float:
+    """Korthikanti et al.'s counts assume 16-bit activations; fp32 training doubles them."""
+    return precision(plan.training.dtype).act_bytes / BF16_BYTES
 
 
 def memory_breakdown(plan: Plan, stage: int = 0,
@@ -288,7 +293,7 @@ def memory_breakdown(plan: Plan, stage: int = 0,
       unsharded over DP in bf16 (current + prefetched; 1 without prefetch); without reshard,
       every unit of the stage stays gathered from forward to backward.
     - Gradient reduce-scatter (ZeRO 2 and 3): 2 units (1 without prefetch/overlap) of
-      unsharded gradients in the reduce dtype (fp32, precision.GRAD_REDUCE_BYTES).
+      unsharded gradients in the reduce dtype (fp32, Precision.grad_reduce_bytes).
     - ZeRO 0/1 all-reduce in place on the gradient buckets (DDP gradient_as_bucket_view).
     - TP (t > 1): one unsharded layer input 2sbh (SP all-gather output / all-reduce buffer).
     - PP (pp > 1): a send and a receive buffer of one micro-batch's activation 2sbh (/t with SP).
@@ -317,11 +322,12 @@ def memory_breakdown(plan: Plan, stage: int = 0,
         return bytes_per_param * (dense / shard + expert / expert_shard if sharded
                                   else dense + expert)
 
-    params = states(PARAM_BYTES_PER_PARAM, zero >= 3)
+    prec = precision(tr.dtype)
+    params = states(prec.param_state_bytes, zero >= 3)
     # Under pipeline parallelism FSDP accumulates unsharded gradients until the step's
     # single reduce-scatter (torch.distributed.pipelining turns gradient sync off).
-    grads = states(GRAD_BYTES_PER_PARAM, zero >= 2 and not (plan.fsdp and mesh.pp > 1))
-    optimizer = states(OPTIMIZER_BYTES_PER_PARAM, zero >= 1)
+    grads = states(prec.grad_state_bytes, zero >= 2 and not (plan.fsdp and mesh.pp > 1))
+    optimizer = states(prec.optimizer_state_bytes, zero >= 1)
 
     # Activations (Korthikanti Table 2 per layer x layers x in-flight micro-batches).
     chunks = range(stage, len(ranges), mesh.pp)
@@ -338,13 +344,15 @@ def memory_breakdown(plan: Plan, stage: int = 0,
     if plan.recompute == "full" and stage_layers:
         activations += max(per_layer(layer, "none") for layer in stage_layers)
     elif plan.recompute == "selective" and not flash:
-        activations += _scores_bytes(m, s * b, tr.seq_len, tp, _default_dropout(m))
+        activations += activation_scale(plan) * _scores_bytes(m, s * b, tr.seq_len, tp,
+                                                              _default_dropout(m))
     if len(ranges) - 1 in chunks:
         # The last stage runs the loss right after its forward: 1F1B holds one micro-batch of
         # logits; GPipe holds every micro-batch's.
         gpipe = mesh.pp > 1 and plan.pipeline.schedule == "gpipe"
         last_in_flight = plan.micro_batches if gpipe else 1
-        activations += last_in_flight * output_layer_activation_bytes(m, s, b, tp, sp)
+        activations += last_in_flight * activation_scale(plan) * \
+            output_layer_activation_bytes(m, s, b, tp, sp)
     if 0 in chunks and _default_dropout(m):
         # Embedding dropout mask, 1 byte (Korthikanti section 4.3: sbhp/t on the first stage).
         activations += in_flight * s * b * m.hidden_size / (tp if sp else 1)
@@ -355,18 +363,18 @@ def memory_breakdown(plan: Plan, stage: int = 0,
     if zero >= 3:
         gathered = unit_sizes if not plan.reshard_after_forward \
             else unit_sizes[:2 if plan.fsdp_prefetch else 1]
-        buffers += PARAM_BYTES_PER_PARAM * sum(gathered)
+        buffers += prec.param_bytes * sum(gathered)
     if zero >= 2:
-        buffers += GRAD_REDUCE_BYTES * sum(unit_sizes[:2 if plan.fsdp_prefetch else 1])
+        buffers += prec.grad_reduce_bytes * sum(unit_sizes[:2 if plan.fsdp_prefetch else 1])
     if tp > 1:
-        buffers += BF16_BYTES * s * b * m.hidden_size
+        buffers += prec.act_bytes * s * b * m.hidden_size
     if mesh.pp > 1:
-        buffers += 2 * BF16_BYTES * s * b * m.hidden_size / (tp if sp else 1)
+        buffers += 2 * prec.act_bytes * s * b * m.hidden_size / (tp if sp else 1)
     if mesh.cp > 1:
         # Ring attention: the KV block being sent and the one being received (the dK/dV
         # partials travel in the same-size buffers); Ulysses: the all-to-all outputs q, k, v.
-        kv_block = 2 * BF16_BYTES * s * b * m.kv_size / tp
-        q_local = BF16_BYTES * s * b * m.q_size / tp
+        kv_block = 2 * prec.act_bytes * s * b * m.kv_size / tp
+        q_local = prec.act_bytes * s * b * m.q_size / tp
         buffers += 2 * kv_block if plan.cp_mode == "ring" else q_local + kv_block
 
     peak = params + grads + optimizer + activations + buffers

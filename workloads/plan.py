@@ -24,7 +24,7 @@ GRID_STRATEGIES = ("tp2d", "tp2.5d", "tp3d_gather", "tp3d_allreduce")
 ALL_STRATEGIES = STRATEGIES + GRID_STRATEGIES
 # Context parallelism: ring attention (KV blocks around the CP ring) or Ulysses all-to-all.
 CP_MODES = ("ring", "all_to_all")
-DTYPES = ("bf16", "fp8")
+DTYPES = ("bf16", "fp8", "fp32")
 RECOMPUTE = ("none", "selective", "full")
 # flash: FlashAttention (scores never stored, recomputed inside the backward);
 # eager: the s x s scores are materialised and kept for the backward.

@@ -12,7 +12,7 @@ import math
 from .layer_graph import LayerGraph, LayerShape, TaskSink
 from .lowering import (OPTIMIZER_BYTES_PER_PARAM, build_embedding, build_head, build_layer,
                        layer_param_groups)
-from .precision import ACT_BYTES, GRAD_REDUCE_BYTES, PARAM_BYTES
+from .precision import precision
 from .plan import Plan
 from .program import COMM, COMPUTE, MEMORY, Task
 from .schedules import stage_order
@@ -38,6 +38,7 @@ class StageLowering:
             self.chunk_units.append(units)
         self.units = [u for units in self.chunk_units for u in units]
         self.fsdp = plan.fsdp or plan.zero_stage == 3
+        self.bytes = precision(plan.training.dtype)
         # With pipeline parallelism, torch.distributed.pipelining runs every micro-batch's
         # backward with FSDP's gradient sync and reshard-after-backward off, then reduces
         # once per step (stage.py: backward_maybe_with_nosync, perform_reduce_grad).
@@ -109,10 +110,17 @@ class StageLowering:
         for dims, params in sorted(self._param_groups(unit).items()):
             if self._group_size(dims) == 1 or params == 0:
                 continue
-            tasks.append(self.sink.add(
+            gathered = params * self.bytes.param_bytes
+            gather = self.sink.add(
                 kind=COMM, stream="dp_ag", op="all_gather", phase=phase,
-                deps=(gate,) if gate is not None else (), bytes=params * PARAM_BYTES,
-                group=dims, label=f"fsdp.gather.{unit}", **self._ctx(unit, mb)))
+                deps=(gate,) if gate is not None else (), bytes=gathered,
+                group=dims, label=f"fsdp.gather.{unit}", **self._ctx(unit, mb))
+            # FSDP2 copies the gathered flat buffer out into the unsharded parameters on
+            # the compute stream (foreach_all_gather_copy_out): read + write once.
+            tasks.append(self.sink.add(
+                kind=COMPUTE, stream="compute", op="fsdp_copy_out", phase=phase,
+                deps=(gather,), bytes=2 * gathered, op_class=MEMORY,
+                label=f"fsdp.copy_out.{unit}", **self._ctx(unit, mb)))
         return tasks
 
     def _after_use(self, unit, phase: str, mb: int) -> None:
@@ -132,16 +140,26 @@ class StageLowering:
         for dims, params in sorted(self._param_groups(unit).items()):
             if self._group_size(dims) == 1 or params == 0:
                 continue
+            ready = deps
+            if self.fsdp:
+                # FSDP2 copies (and casts) the unsharded gradients into the reduce-scatter
+                # input on its reduce-scatter stream (foreach_reduce): read the gradients,
+                # write the reduce-dtype buffer.
+                ready = (self.sink.add(
+                    kind=COMPUTE, stream="dp_rs", op="fsdp_copy_in", phase="backward",
+                    deps=deps, op_class=MEMORY, label=f"grad.copy_in.{unit}",
+                    bytes=params * (self.bytes.param_bytes + self.bytes.grad_reduce_bytes),
+                    **self._ctx(unit, mb)),)
             self.reductions.append(self.sink.add(
-                kind=COMM, stream="dp_rs", op=op, phase="backward", deps=deps,
-                bytes=params * GRAD_REDUCE_BYTES, group=dims, label=f"grad.reduce.{unit}",
-                **self._ctx(unit, mb)))
+                kind=COMM, stream="dp_rs", op=op, phase="backward", deps=ready,
+                bytes=params * self.bytes.grad_reduce_bytes, group=dims,
+                label=f"grad.reduce.{unit}", **self._ctx(unit, mb)))
 
     # ---- passes -------------------------------------------------------------------------
     def _p2p(self, kind: str, what: str, mb: int, deps, peer: int, phase: str,
              chunk: int) -> int:
         sh = self.shape
-        size = sh.tokens * self.plan.model.hidden_size * ACT_BYTES
+        size = sh.tokens * self.plan.model.hidden_size * sh.act_bytes
         if self.plan.sequence_parallel:
             size /= sh.tp
         elif self.plan.grid_strategy is not None:
@@ -209,7 +227,7 @@ class StageLowering:
                 for dims, params in sorted(self._param_groups(unit).items()):
                     if self._group_size(dims) > 1 and params:
                         self.sink.add(kind=COMM, stream="dp_ag", op="all_gather",
-                                      phase="optimizer", deps=(step,), bytes=params * PARAM_BYTES,
+                                      phase="optimizer", deps=(step,), bytes=params * self.bytes.param_bytes,
                                       group=dims, label=f"zero.gather.{unit}",
                                       **self._ctx(unit, -1))
 

@@ -41,7 +41,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from .precision import ACT_BYTES, GRAD_REDUCE_BYTES, PARAM_BYTES
+from .precision import precision
 from .program import ATTENTION, COMM, COMPUTE, GEMM, MEMORY
 
 NORM_STAT_BYTES = 4   # one fp32 statistic per token (RMSNorm: sum of squares)
@@ -109,6 +109,9 @@ class GridLayer:
 
     def __init__(self, plan, layer: int, shape):
         self.plan, self.layer, self.shape = plan, layer, shape
+        self.act_bytes = shape.act_bytes
+        self.param_bytes = precision(plan.training.dtype).param_bytes
+        self.grad_bytes = precision(plan.training.dtype).grad_reduce_bytes
         self.split = grid_split(plan)
         self.model = plan.model
         self.wgrad_tasks: dict[str, int] = {}
@@ -125,7 +128,7 @@ class GridLayer:
         return self.shape.tokens / self.split.token_split
 
     def _local_bytes(self, features: int) -> float:
-        return self.rows * features / self.split.feature_split * ACT_BYTES
+        return self.rows * features / self.split.feature_split * self.act_bytes
 
     # ---- task helpers -----------------------------------------------------------------
     def _comm(self, op, dims, size, deps, phase, label) -> int:
@@ -159,7 +162,7 @@ class GridLayer:
         sh = self.shape
         q = self.rows * sh.heads / self.split.feature_split * sh.head_dim
         kv = 2 * self.rows * sh.kv_heads / self.split.feature_split * sh.head_dim
-        return (2 * q + kv) * ACT_BYTES
+        return (2 * q + kv) * self.act_bytes
 
     # ---- one linear -------------------------------------------------------------------
     def _label(self, what: str, name: str) -> str:
@@ -173,22 +176,22 @@ class GridLayer:
             rows = M / g.depth / q
             acc = x
             for _ in range(q):
-                a = self._comm("broadcast", ("tpx",), rows * k_in / q * ACT_BYTES, (x,), phase,
+                a = self._comm("broadcast", ("tpx",), rows * k_in / q * self.act_bytes, (x,), phase,
                                self._label("A", name))
-                w = self._comm("broadcast", ("tpy",), k_in / q * n_out / q * PARAM_BYTES, (),
+                w = self._comm("broadcast", ("tpy",), k_in / q * n_out / q * self.param_bytes, (),
                                phase, self._label("W", name))
                 acc = self._gemm(name, (rows, n_out / q, k_in / q), (a, w, acc), phase,
                                  f"{name}.{phase[:3]}")
             return acc
         rows = M / q
-        w = self._comm("all_gather", ("tpz",), k_in / q * n_out / q * PARAM_BYTES, (), phase,
+        w = self._comm("all_gather", ("tpz",), k_in / q * n_out / q * self.param_bytes, (), phase,
                        self._label("W", name))
         if g.mode == "tp3d_gather":
-            x = self._comm("all_gather", ("tpy",), rows * k_in / q * ACT_BYTES, (x,), phase,
+            x = self._comm("all_gather", ("tpy",), rows * k_in / q * self.act_bytes, (x,), phase,
                            self._label("A", name))
         c = self._gemm(name, (rows, n_out / q, k_in / q), (x, w), phase, f"{name}.{phase[:3]}")
         op = "reduce_scatter" if g.mode == "tp3d_gather" else "all_reduce"
-        return self._comm(op, ("tpx",), rows * n_out / q * ACT_BYTES, (c,), phase,
+        return self._comm(op, ("tpx",), rows * n_out / q * self.act_bytes, (c,), phase,
                           self._label("C", name))
 
     def _linear_backward(self, name, k_in, n_out, grad) -> int:
@@ -198,39 +201,39 @@ class GridLayer:
             rows = M / g.depth / q
             dx = dw = -1
             for _ in range(q):      # dA = dC W^T (Matmul_ABT_2D)
-                w = self._comm("broadcast", ("tpy",), k_in / q * n_out / q * PARAM_BYTES, (),
+                w = self._comm("broadcast", ("tpy",), k_in / q * n_out / q * self.param_bytes, (),
                                phase, self._label("W", name))
                 part = self._gemm(name, (rows, k_in / q, n_out / q), (grad, w), phase,
                                   f"{name}.dgrad")
-                dx = self._comm("reduce", ("tpx",), rows * k_in / q * ACT_BYTES, (part,), phase,
+                dx = self._comm("reduce", ("tpx",), rows * k_in / q * self.act_bytes, (part,), phase,
                                 self._label("A", name))
             for _ in range(q):      # dW = A^T dC (Matmul_ATB_2D)
-                a = self._comm("broadcast", ("tpx",), rows * k_in / q * ACT_BYTES, (grad,),
+                a = self._comm("broadcast", ("tpx",), rows * k_in / q * self.act_bytes, (grad,),
                                phase, self._label("A", name))
                 part = self._gemm(name, (k_in / q, n_out / q, rows), (grad, a), phase,
                                   f"{name}.wgrad")
-                dw = self._comm("reduce", ("tpy",), k_in / q * n_out / q * GRAD_REDUCE_BYTES,
+                dw = self._comm("reduce", ("tpy",), k_in / q * n_out / q * self.grad_bytes,
                                 (part,), phase, self._label("W", name))
             self.wgrad_tasks[name] = dw
             return dx
         rows = M / q
         deps = [grad]
         if g.mode == "tp3d_gather":
-            deps = [self._comm("all_gather", ("tpx",), rows * n_out / q * ACT_BYTES, (grad,),
+            deps = [self._comm("all_gather", ("tpx",), rows * n_out / q * self.act_bytes, (grad,),
                                phase, self._label("C", name))]
             if not self.recomputed:   # only 1/N of A was kept: gather it again for dW
-                deps.append(self._comm("all_gather", ("tpy",), rows * k_in / q * ACT_BYTES, (),
+                deps.append(self._comm("all_gather", ("tpy",), rows * k_in / q * self.act_bytes, (),
                                        phase, self._label("A", name)))
         if not self.recomputed:
-            deps.append(self._comm("all_gather", ("tpz",), k_in / q * n_out / q * PARAM_BYTES,
+            deps.append(self._comm("all_gather", ("tpz",), k_in / q * n_out / q * self.param_bytes,
                                    (), phase, self._label("W", name)))
         dgrad = self._gemm(name, (rows, k_in / q, n_out / q), deps, phase, f"{name}.dgrad")
         wgrad = self._gemm(name, (k_in / q, n_out / q, rows), deps, phase, f"{name}.wgrad")
         self.wgrad_tasks[name] = self._comm(
-            "reduce_scatter", ("tpz",), k_in / q * n_out / q * GRAD_REDUCE_BYTES, (wgrad,),
+            "reduce_scatter", ("tpz",), k_in / q * n_out / q * self.grad_bytes, (wgrad,),
             phase, self._label("W", name))
         op = "reduce_scatter" if g.mode == "tp3d_gather" else "all_reduce"
-        return self._comm(op, ("tpy",), rows * k_in / q * ACT_BYTES, (dgrad,), phase,
+        return self._comm(op, ("tpy",), rows * k_in / q * self.act_bytes, (dgrad,), phase,
                           self._label("A", name))
 
     # ---- the layer --------------------------------------------------------------------
@@ -259,7 +262,7 @@ class GridLayer:
         out = self._elementwise("residual_add", m.hidden_size, (x, t), phase, rw=3.0)
         if self.last:   # to the replicated layout of the vocabulary-parallel output layer
             out = self.sink.add(kind=COMM, stream="tp", op="all_gather", phase=phase,
-                                deps=(out,), bytes=self.shape.tokens * m.hidden_size * ACT_BYTES,
+                                deps=(out,), bytes=self.shape.tokens * m.hidden_size * self.act_bytes,
                                 group=("tp",), label="tpgrid.to_replicated", **ctx)
         return out
 
@@ -286,6 +289,6 @@ class GridLayer:
         out = self._elementwise("grad_accumulate", m.hidden_size, (g, t), phase, rw=3.0)
         if self.first:  # the embedding's backward takes the replicated gradient
             out = self.sink.add(kind=COMM, stream="tp", op="all_gather", phase=phase,
-                                deps=(out,), bytes=self.shape.tokens * m.hidden_size * ACT_BYTES,
+                                deps=(out,), bytes=self.shape.tokens * m.hidden_size * self.act_bytes,
                                 group=("tp",), label="tpgrid.grad_to_replicated", **ctx)
         return out

@@ -1,0 +1,196 @@
+"""Unit tests of validation/: argument parsing, plan checks, Parquet output, calibration
+files, the reference CSV. The end-to-end CPU comparison is tests/test_validation_e2e.py."""
+from __future__ import annotations
+
+import csv
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pyarrow.parquet as pq
+import pytest
+
+import topologies
+from validation.calibrate import fit_collective, fit_gemm, host_topology
+from validation.cli import main
+from validation.config import block_layouts, build_run, effective_plan_dict, parse_dims
+from validation.errors import ValidationError
+from validation.io import TRACE_COLUMNS, read_measured, write_parquet
+from validation.references import DEFAULT_CSV, REQUIRED, load_rows, plan_dict
+from workloads import load_plan, plan_from_dict, resolve
+
+ROOT = Path(__file__).resolve().parents[1]
+PLANS = ROOT / "validation" / "plans"
+PYTHON = sys.executable
+
+
+def _plan(tmp_path: Path, **changes) -> str:
+    raw = json.loads((PLANS / "cpu-col.json").read_text())
+    for key, value in changes.items():
+        raw[key] = value
+    path = tmp_path / "plan.json"
+    path.write_text(json.dumps(raw))
+    return str(path)
+
+
+# ---------------------------------------------------------------- argument parsing
+def test_parse_dims_accepts_known_keys():
+    assert parse_dims("hidden=256,layers=2, seq=128") == {"hidden": 256, "layers": 2, "seq": 128}
+    assert parse_dims(None) == {}
+
+
+@pytest.mark.parametrize("text", ["width=3", "hidden", "hidden=0", "hidden=x"])
+def test_parse_dims_rejects_bad_input(text):
+    with pytest.raises(ValidationError) as err:
+        parse_dims(text)
+    assert "--dims" in str(err.value)
+
+
+@pytest.mark.parametrize("argv, field", [
+    (["run", "--plan", "no-such-plan.json", "-o", "x.parquet"], "plan"),
+    (["run", "--plan", str(PLANS / "cpu-col.json"), "--dims", "width=3", "-o", "x"], "--dims"),
+    (["run", "--plan", str(PLANS / "cpu-col.json"), "--backend", "mpi", "-o", "x"], "--backend"),
+    (["run", "--plan", str(PLANS / "cpu-col.json"), "--steps", "0", "-o", "x"], "--steps"),
+    (["run", "--plan", str(PLANS / "cpu-col.json"), "--nproc", "3", "-o", "x"], "mesh"),
+    (["compare", "--measured", "missing.parquet", "--topo", "dgx-h100"], "--measured"),
+    (["frobnicate"], "arguments"),
+])
+def test_cli_bad_input_exits_2_with_one_line(argv, field, capsys, tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    assert main(argv) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and field in err[0]
+
+
+def test_cli_subprocess_has_no_traceback(tmp_path):
+    proc = subprocess.run([PYTHON, "-m", "validation", "run", "--plan",
+                           _plan(tmp_path, mesh={"dp": "auto", "tp": 2, "pp": 2}),
+                           "--nproc", "4", "-o", str(tmp_path / "m.parquet")],
+                          cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 2
+    assert "Traceback" not in proc.stderr and "mesh.pp" in proc.stderr
+
+
+# ------------------------------------------------------------------ plan checks
+def test_block_layouts_of_bundled_cpu_plans():
+    assert set(build_run(str(PLANS / "cpu-fsdp.json"), None, "gloo", 2, None).layouts) == \
+        {("local", "local")}
+    assert set(build_run(str(PLANS / "cpu-col.json"), None, "gloo", 2, None).layouts) == {("tp", "tp")}
+    assert set(build_run(str(PLANS / "cpu-seq.json"), None, "gloo", 2, None).layouts) == \
+        {("seq", "seq")}
+
+
+def test_hybrid_plan_maps_to_seq_output_attention():
+    plan = resolve(load_plan("hybrid.json"), 32)
+    assert set(block_layouts(plan)) == {("tp_seqout", "tp")}
+
+
+@pytest.mark.parametrize("sharding, field", [
+    ({"wq": "row"}, "sharding.wq/wk/wv/wo"),
+    ({"w2": "col"}, "sharding.w1/w3/w2"),
+    ({"wq": "seq", "wk": "seq", "wv": "seq", "wo": "seq", "sequence_parallel": False},
+     "sharding.sequence_parallel"),
+])
+def test_inexpressible_strategies_name_the_field(tmp_path, sharding, field):
+    base = {"wq": "col", "wk": "col", "wv": "col", "wo": "row", "w1": "col", "w3": "col",
+            "w2": "row", "sequence_parallel": True}
+    with pytest.raises(ValidationError) as err:
+        build_run(_plan(tmp_path, sharding={**base, **sharding}), None, "gloo", 2, None)
+    assert err.value.field == field
+
+
+def test_dims_overrides_are_applied_and_reparse():
+    plan = load_plan(str(PLANS / "cpu-col.json"))
+    raw = effective_plan_dict(plan, parse_dims("hidden=256,heads=4,layers=2,seq=64,batch=2,"
+                                               "micro_batch=2"))
+    again = plan_from_dict(json.loads(json.dumps(raw)))
+    assert (again.model.hidden_size, again.model.num_heads, again.model.num_layers) == (256, 4, 2)
+    assert again.model.head_dim == 64 and again.model.num_kv_heads == 4
+    assert (again.training.seq_len, again.training.global_batch) == (64, 2)
+
+
+# ------------------------------------------------------------------ Parquet output
+def test_parquet_roundtrip_has_trace_columns_and_metadata(tmp_path):
+    path = tmp_path / "m.parquet"
+    rows = [{"step": s, "rank": r, "kind": "step", "step_time_s": 1.0 + s, "start_s": 0.0,
+             "end_s": 1.0} for s in range(3) for r in range(2)]
+    write_parquet(rows, path, {"validation": json.dumps({"plan": {"name": "x"}, "nproc": 2})})
+    table, run = read_measured(path)
+    assert list(table.column_names) == list(TRACE_COLUMNS)
+    assert run["nproc"] == 2 and not list(tmp_path.glob(".*tmp"))
+
+
+def test_real_two_process_run_writes_steps_and_metadata(tmp_path):
+    out = tmp_path / "tiny.parquet"
+    dims = "hidden=64,layers=1,heads=4,kv_heads=2,ffn=128,vocab=128,seq=32,batch=2,micro_batch=2"
+    assert main(["run", "--plan", str(PLANS / "cpu-seq.json"), "--nproc", "2", "--steps", "2",
+                 "--warmup", "1", "--dims", dims, "--profile", "-o", str(out)]) == 0
+    table = pq.read_table(out)
+    meta = json.loads(table.schema.metadata[b"validation"])
+    assert meta["backend"] == "gloo" and meta["nproc"] == 2 and meta["dtype"] == "fp32"
+    assert meta["dims"]["hidden"] == 64 and meta["plan"]["model"]["hidden_size"] == 64
+    steps = table.filter(pq.ParquetFile(out).read().column("kind").to_numpy(
+        zero_copy_only=False) == "step")
+    assert steps.num_rows == 4 and set(steps.column("rank").to_pylist()) == {0, 1}
+    assert min(steps.column("step_time_s").to_pylist()) > 0
+    assert "comm" in set(table.column("kind").to_pylist())  # profiler saw collectives
+
+
+# ------------------------------------------------------------------ calibration files
+def test_fit_collective_recovers_latency_and_bandwidth():
+    sizes = [1 << k for k in range(10, 27, 2)]
+    times = [50e-6 + s / 2e9 for s in sizes]
+    lat, bw = fit_collective(sizes, times)
+    assert lat == pytest.approx(50e-6, rel=1e-6) and bw == pytest.approx(2e9, rel=1e-6)
+
+
+def test_host_topology_loads_with_topologies_build(tmp_path):
+    matmul = [{"m": 512, "n": 512, "k": 512, "flops_per_s": 50e9},
+              {"m": 2048, "n": 512, "k": 512, "flops_per_s": 40e9}]
+    coll = {op: {"latency_s": 300e-6, "algbw_Bps": 1e9, "busbw_Bps": 0.5e9, "points": []}
+            for op in ("all_reduce", "all_gather", "reduce_scatter", "all_to_all")}
+    topo = host_topology("gloo", 2, 1, matmul, 8e9, 20e9, 5e-6, 0.8, coll, "float32")
+    path = tmp_path / "host.json"
+    path.write_text(json.dumps(topo))
+    built = topologies.build(str(path))
+    assert built.world_size == 2
+    dev = built.device(0)
+    assert dev.peak("bf16") == pytest.approx(50e9)
+    assert dev.profile.gemm_efficiency == pytest.approx(fit_gemm(matmul, 50e9), abs=1e-4)
+    assert built.measured["all_gather"][2].busbw_Bps == pytest.approx(0.5e9)
+
+
+# ------------------------------------------------------------------ references
+def test_reference_csv_is_cited_and_plannable():
+    rows = load_rows(DEFAULT_CSV)
+    assert len(rows) >= 10
+    assert all(c in rows[0] for c in REQUIRED)
+    sources = {r["source"].split(",")[0].split(" ")[0] for r in rows}
+    assert len(sources) >= 3
+    assert rows[0]["hardware"].startswith("H100")
+    for row in rows:
+        assert row["source"] and float(row["value"]) > 0
+        plan = resolve(plan_from_dict(plan_dict(row)), int(row["gpus"]))
+        assert plan.mesh.dp == int(row["dp"])
+
+
+def test_reference_csv_parses_with_csv_module():
+    with open(DEFAULT_CSV, newline="") as fh:
+        assert len(list(csv.reader(fh))) >= 11
+
+
+def test_sharded_layouts_train_the_same_model(tmp_path):
+    """Megatron TP, sequence-parallel and unsharded runs of the same model and data give the
+    same losses step after step (so the layouts and their gradient reductions are right)."""
+    dims = "hidden=64,layers=2,heads=4,kv_heads=2,ffn=128,vocab=128,seq=32,batch=4,micro_batch=4"
+    losses = {}
+    for plan, nproc in (("cpu-fsdp", 1), ("cpu-col", 2), ("cpu-seq", 2)):
+        out = tmp_path / f"{plan}.parquet"
+        assert main(["run", "--plan", str(PLANS / f"{plan}.json"), "--nproc", str(nproc),
+                     "--steps", "3", "--warmup", "0", "--dims", dims, "-o", str(out)]) == 0
+        table = pq.read_table(out).to_pandas()
+        steps = table[(table.kind == "step") & (table["rank"] == 0)].sort_values("step")
+        losses[plan] = steps.loss.tolist()
+    for plan in ("cpu-col", "cpu-seq"):
+        assert losses[plan] == pytest.approx(losses["cpu-fsdp"], rel=1e-5), losses

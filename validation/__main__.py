@@ -1,0 +1,7 @@
+"""`python -m validation SUBCOMMAND`: run, calibrate, compare, references."""
+import sys
+
+from .cli import main
+
+if __name__ == "__main__":
+    sys.exit(main())

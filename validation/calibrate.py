@@ -1,0 +1,329 @@
+"""`validation calibrate`: micro-benchmarks of this host, written as a topology file.
+
+N processes run every benchmark at the same time (the validation run shares the host's
+cores the same way), each with `threads` intra-op threads:
+
+* matmul throughput against shape (fp32 on CPU, bf16 on GPU): the best median becomes the
+  device peak (every dtype slot: the run uses one dtype), gemm_efficiency is the geometric
+  mean of the shapes' throughput over that peak; on CPU gemm_tile is 1 (a process has no
+  SM waves to quantise);
+* memory bandwidth: a large tensor copy (read + write bytes) sets hbm_GBps; eager
+  elementwise kernels that allocate their outputs (add, mul, SiLU, RMSNorm) over that
+  copy bandwidth set memory_efficiency (memory-bound ops of a training step are those);
+* attention: causal SDPA forward + backward, FLOPs counted as the simulator does
+  (workloads/layer_graph.py): forward 4 B H S^2 hd / 2, backward 2.5 x forward (flash);
+* launch overhead: a tiny matmul's wall time;
+* overlap: matmul throughput while an all-gather runs in the background, over alone;
+* collectives all_reduce / all_gather / reduce_scatter / all_to_all against size, fitted by
+  least squares (relative error) to t = latency + S / algbw; busbw = algbw x nccl-tests
+  factor (2(n-1)/n for all_reduce, (n-1)/n otherwise); S is the nccl-tests size (the
+  all-reduce buffer, the all-gather output, the reduce-scatter input, the all-to-all buffer).
+"""
+from __future__ import annotations
+
+import math
+import os
+import platform
+import statistics
+import time
+
+import torch
+
+from .errors import ValidationError
+from .io import write_json
+
+MATMUL_SHAPES = [(1024, 1536, 512), (256, 256, 256), (512, 512, 512), (1024, 1024, 1024), (2048, 2048, 2048),
+                 (2048, 512, 512), (2048, 1536, 512), (2048, 512, 1536), (4096, 512, 512),
+                 (2048, 256, 512), (2048, 512, 128), (2048, 512, 64), (128, 512, 512),
+                 (64, 512, 512), (2048, 2048, 512)]
+COLL_SIZES = [1 << 12, 1 << 15, 1 << 18, 1 << 20, 1 << 22, 1 << 24, 1 << 26]
+QUICK_SIZES = [1 << 12, 1 << 16, 1 << 20, 1 << 22, 1 << 24]
+OPS = ("all_reduce", "all_gather", "reduce_scatter", "all_to_all")
+
+
+def _timed(fn, min_s: float, samples: int, sync, collective: bool = False) -> list[float]:
+    """Per-call seconds of `samples` batches that each last >= min_s.
+
+    collective: fn is a collective, so every rank must call it equally often (the
+    repetition count is agreed with an all-reduce MAX).
+    """
+    fn(); sync()
+    t = time.perf_counter(); fn(); sync()
+    once = max(time.perf_counter() - t, 1e-7)
+    reps = max(1, int(min_s / once))
+    if collective:
+        import torch.distributed as dist
+        agreed = torch.tensor([reps])
+        dist.all_reduce(agreed, op=dist.ReduceOp.MAX)
+        reps = int(agreed)
+    out = []
+    for _ in range(samples):
+        t = time.perf_counter()
+        for _ in range(reps):
+            fn()
+        sync()
+        out.append((time.perf_counter() - t) / reps)
+    return out
+
+
+def _bench_matmul(device, dtype, quick: bool, sync, barrier) -> list[dict]:
+    """Median throughput per shape; shapes are visited round-robin so that every shape
+    sees the same mix of host load (a shared machine's speed drifts over seconds)."""
+    min_s, rounds = (0.03, 4) if quick else (0.05, 6)
+    cases = []
+    for m, n, k in MATMUL_SHAPES:
+        a = torch.randn(m, k, device=device, dtype=dtype)
+        b = torch.randn(k, n, device=device, dtype=dtype)
+        fn = (lambda a=a, b=b: a @ b)
+        once = min(_timed(fn, 0.0, 2, sync))
+        cases.append(((m, n, k), fn, max(1, int(min_s / max(once, 1e-7))), []))
+    for _ in range(rounds):
+        for _, fn, reps, samples in cases:
+            barrier()
+            t = time.perf_counter()
+            for _ in range(reps):
+                fn()
+            sync()
+            samples.append((time.perf_counter() - t) / reps)
+    return [{"m": m, "n": n, "k": k, "flops_per_s": 2 * m * n * k / statistics.median(samples)}
+            for (m, n, k), _, _, samples in cases]
+
+
+def fit_gemm(rows: list[dict], peak: float) -> float:
+    """gemm_efficiency: geometric mean over the measured shapes of throughput / peak."""
+    logs = [math.log(r["flops_per_s"] / peak) for r in rows]
+    return min(1.0, math.exp(sum(logs) / len(logs)))
+
+
+def fit_collective(sizes: list[int], times: list[float]) -> tuple[float, float]:
+    """(latency_s, algbw_Bps) of t = a + S / algbw, least squares on relative error."""
+    # minimise sum ((a + b S - t) / t)^2: linear in (a, b) with rows (1/t, S/t) -> 1
+    s11 = sum(1 / t ** 2 for t in times)
+    s12 = sum(s / t ** 2 for s, t in zip(sizes, times))
+    s22 = sum((s / t) ** 2 for s, t in zip(sizes, times))
+    r1 = sum(1 / t for t in times)
+    r2 = sum(s / t for s, t in zip(sizes, times))
+    det = s11 * s22 - s12 * s12
+    a = (r1 * s22 - r2 * s12) / det
+    b = (s11 * r2 - s12 * r1) / det
+    if b <= 0:  # degenerate: bandwidth from the largest size alone
+        b = times[-1] / sizes[-1]
+    if a <= 0:
+        a = max(min(times) * 0.5, 1e-7)
+    return a, 1.0 / b
+
+
+def _bench_collectives(world: int, device, dtype, sizes, sync) -> dict:
+    import torch.distributed as dist
+
+    elem = torch.tensor([], dtype=dtype).element_size()
+    result = {}
+    for op in OPS:
+        points = []
+        for size in sizes:
+            numel = max(world, size // elem // world * world)
+            if op == "all_reduce":
+                buf = torch.ones(numel, device=device, dtype=dtype)
+                fn = lambda: dist.all_reduce(buf)
+            elif op == "all_gather":
+                out = torch.empty(numel, device=device, dtype=dtype)
+                inp = torch.ones(numel // world, device=device, dtype=dtype)
+                fn = lambda: dist.all_gather_into_tensor(out, inp)
+            elif op == "reduce_scatter":
+                inp = torch.ones(numel, device=device, dtype=dtype)
+                out = torch.empty(numel // world, device=device, dtype=dtype)
+                fn = lambda: dist.reduce_scatter_tensor(out, inp)
+            else:
+                inp = torch.ones(numel, device=device, dtype=dtype)
+                out = torch.empty(numel, device=device, dtype=dtype)
+                fn = lambda: dist.all_to_all_single(out, inp)
+            dist.barrier()
+            times = _timed(fn, 0.02, 3, sync, collective=True)
+            t = torch.tensor([statistics.median(times)], dtype=torch.float64)
+            dist.all_reduce(t, op=dist.ReduceOp.MAX)
+            points.append((numel * elem, float(t)))
+        lat, algbw = fit_collective([p[0] for p in points], [p[1] for p in points])
+        factor = (2 if op == "all_reduce" else 1) * (world - 1) / world
+        result[op] = {"latency_s": lat, "algbw_Bps": algbw, "busbw_Bps": algbw * factor,
+                      "points": [{"bytes": s, "time_s": t} for s, t in points]}
+    return result
+
+
+def _bench_elementwise(device, dtype, sync, barrier) -> float:
+    """Bytes/s of eager elementwise kernels that allocate their output, as autograd runs
+    them (add, mul, SiLU, RMSNorm forward on a 2048 x 1536 activation): read + written
+    bytes over time. On CPU fresh outputs cost page faults, so this sits well below copy."""
+    import torch.nn.functional as F
+
+    x = torch.randn(2048, 1536, device=device, dtype=dtype)
+    y = torch.randn_like(x)
+    w = torch.ones(1536, device=device, dtype=dtype)
+    size = x.numel() * x.element_size()
+    kernels = [(lambda: x + y, 3 * size), (lambda: x * y, 3 * size),
+               (lambda: F.silu(x), 2 * size), (lambda: F.rms_norm(x, (1536,), w), 2 * size)]
+    barrier()
+    total_s = sum(statistics.median(_timed(fn, 0.03, 3, sync)) for fn, _ in kernels)
+    return sum(b for _, b in kernels) / total_s
+
+
+def _overlap_factor(device, dtype, world: int, sync) -> float:
+    """Matmul throughput while all-gathers run back to back in the background, over alone."""
+    import torch.distributed as dist
+
+    a = torch.randn(2048, 512, device=device, dtype=dtype)
+    b = torch.randn(512, 1536, device=device, dtype=dtype)
+    alone = statistics.median(_timed(lambda: a @ b, 0.05, 3, sync))
+    numel = (1 << 22) // 4 // world * world
+    out = torch.empty(numel, device=device, dtype=dtype)
+    inp = torch.ones(numel // world, device=device, dtype=dtype)
+    one = statistics.median(_timed(lambda: dist.all_gather_into_tensor(out, inp), 0.02, 3, sync,
+                                  collective=True))
+    count = torch.tensor([max(4, min(40, int(0.25 / one)))])
+    dist.all_reduce(count, op=dist.ReduceOp.MAX)  # every rank issues the same collectives
+    dist.barrier()
+    mm, spent = 0, 0.0
+    for _ in range(int(count)):
+        work = dist.all_gather_into_tensor(out, inp, async_op=True)
+        while not work.is_completed():
+            t = time.perf_counter(); a @ b; sync(); spent += time.perf_counter() - t; mm += 1
+        work.wait()
+    dist.barrier()
+    if mm == 0:
+        return 1.0
+    return min(1.0, alone / (spent / mm))
+
+
+def _worker(rank: int, world: int, backend: str, port: int, out_path: str, threads: int,
+            quick: bool) -> None:
+    import torch.distributed as dist
+    import torch.nn.functional as F
+
+    from .runner import init_distributed
+
+    device = init_distributed(rank, world, backend, port, threads)
+    rank = dist.get_rank()
+    dtype = torch.float32 if device.type == "cpu" else torch.bfloat16
+    sync = (lambda: torch.cuda.synchronize(device)) if device.type == "cuda" else (lambda: None)
+    barrier = dist.barrier
+    marks = [("start", time.perf_counter())]
+    matmul = _bench_matmul(device, dtype, quick, sync, barrier)
+    marks.append(("matmul", time.perf_counter()))
+    # per shape, the slowest rank sets the pace
+    rates = torch.tensor([r["flops_per_s"] for r in matmul], dtype=torch.float64)
+    dist.all_reduce(rates, op=dist.ReduceOp.MIN)
+    for r, v in zip(matmul, rates.tolist()):
+        r["flops_per_s"] = v
+    src = torch.empty(1 << 24, device=device, dtype=torch.float32)  # 64 MiB
+    dst = torch.empty_like(src)
+    barrier()
+    copy_s = statistics.median(_timed(lambda: dst.copy_(src), 0.1, 5, sync))
+    eltwise_Bps = _bench_elementwise(device, dtype, sync, barrier)
+    mem = torch.tensor([2 * src.numel() * 4 / copy_s, eltwise_Bps], dtype=torch.float64)
+    dist.all_reduce(mem, op=dist.ReduceOp.MIN)
+    q = torch.randn(4, 8, 512, 64, device=device, dtype=dtype, requires_grad=True)
+    k, v = torch.randn_like(q, requires_grad=True), torch.randn_like(q, requires_grad=True)
+    def attention() -> None:
+        F.scaled_dot_product_attention(q, k, v, is_causal=True).sum().backward()
+    barrier()
+    attn_s = statistics.median(_timed(attention, 0.1, 3, sync))
+    attn_flops = 3.5 * (4 * 4 * 8 * 512 * 512 * 64 * 0.5)
+    tiny = torch.randn(8, 8, device=device, dtype=dtype)
+    launch_s = statistics.median(_timed(lambda: tiny @ tiny, 0.02, 5, sync))
+    marks.append(("copy_attention_launch", time.perf_counter()))
+    overlap = _overlap_factor(device, dtype, world, sync) if world > 1 else 1.0
+    marks.append(("overlap", time.perf_counter()))
+    coll = _bench_collectives(world, device, dtype, QUICK_SIZES if quick else COLL_SIZES,
+                              sync) if world > 1 else {}
+    marks.append(("collectives", time.perf_counter()))
+    scalars = torch.tensor([attn_flops / attn_s, launch_s, overlap], dtype=torch.float64)
+    dist.all_reduce(scalars, op=dist.ReduceOp.SUM)
+    scalars /= world
+    if rank == 0:
+        topo = host_topology(backend, world, threads, matmul, float(mem[0]), float(scalars[0]),
+                             float(scalars[1]), float(scalars[2]), coll, str(dtype).split(".")[-1],
+                             eltwise_Bps=float(mem[1]))
+        topo["calibration"]["section_s"] = {name: round(t - prev, 3) for (_, prev), (name, t)
+                                            in zip(marks, marks[1:])}
+        write_json(topo, out_path)
+    dist.barrier()
+    dist.destroy_process_group()
+
+
+def _profile(gemm_eff: float, attn_eff: float, launch_s: float, overlap: float,
+             mem_eff: float = 1.0) -> dict:
+    """DeviceProfile fields (only those this version of topologies knows)."""
+    from topologies import DeviceProfile
+
+    values = {"gemm_efficiency": round(gemm_eff, 4), "gemm_tile": 1,
+              "attention_efficiency": round(min(1.0, attn_eff), 4),
+              "memory_efficiency": round(min(1.0, mem_eff), 4),
+              "launch_overhead_s": launch_s, "overlap_compute_factor": round(overlap, 4),
+              "overlap_compute_factor_nvls": round(overlap, 4)}
+    known = set(DeviceProfile.__dataclass_fields__)
+    return {k: v for k, v in values.items() if k in known}
+
+
+def host_topology(backend: str, world: int, threads: int, matmul: list[dict], mem_Bps: float,
+                  attn_flops_per_s: float, launch_s: float, overlap: float, coll: dict,
+                  dtype: str, eltwise_Bps: float | None = None) -> dict:
+    """The topology JSON (topologies/presets.py load_file format) for measured numbers."""
+    peak = max(r["flops_per_s"] for r in matmul)
+    eff = fit_gemm(matmul, peak)
+    gb = 1e9
+    ram = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    link = coll.get("all_gather", {}).get("busbw_Bps", mem_Bps)
+    measured = {op: {str(world): {"latency_us": round(c["latency_s"] * 1e6, 3),
+                                  "busbw_GBps": round(c["busbw_Bps"] / gb, 6)}}
+                for op, c in coll.items()}
+    cpu = platform.processor() or platform.machine()
+    return {
+        "name": f"localhost-{backend}-{world}",
+        "description": f"{world} {backend} processes x {threads} thread(s) on {platform.node()} "
+                       f"({cpu}); calibrated {time.strftime('%Y-%m-%d %H:%M:%S')} with {dtype} "
+                       "matmuls (the measured peak sits in bf16_tflops)",
+        "gpu": {"name": f"host-{dtype}", "bf16_tflops": peak / 1e12, "fp8_tflops": peak / 1e12,
+                "fp32_tflops": peak / 1e12, "hbm_gb": ram / world / gb,
+                "hbm_GBps": mem_Bps / gb, "nvlink_GBps": link / gb, "nvlink_nccl_GBps": link / gb,
+                "nvlink_links": 1, "nvls": False,
+                "profile": _profile(eff, attn_flops_per_s / peak, launch_s, overlap,
+                                    (eltwise_Bps or mem_Bps) / mem_Bps)},
+        "domains": 1,
+        "gpus_per_domain": world,
+        "measured_collectives": measured,
+        "calibration": {"backend": backend, "nproc": world, "threads_per_process": threads,
+                        "dtype": dtype, "torch_version": torch.__version__,
+                        "matmul": matmul, "copy_GBps": mem_Bps / gb,
+                        "elementwise_GBps": (eltwise_Bps or mem_Bps) / gb,
+                        "attention_flops_per_s": attn_flops_per_s,
+                        "collectives": {op: {k: v for k, v in c.items()}
+                                        for op, c in coll.items()}},
+    }
+
+
+def run_calibration(backend: str, nproc: int, out_path: str, threads: int = 1,
+                    quick: bool = False) -> str:
+    """Spawn `nproc` benchmark processes; rank 0 writes the topology; returns a summary."""
+    import json
+
+    import torch.multiprocessing as mp
+
+    from .runner import free_port
+
+    if backend not in ("gloo", "nccl"):
+        raise ValidationError("--backend", backend, "gloo, nccl")
+    if nproc < 1:
+        raise ValidationError("--nproc", nproc, "an integer >= 1")
+    start = time.perf_counter()
+    mp.spawn(_worker, args=(nproc, backend, free_port(), out_path, threads, quick),
+             nprocs=nproc, join=True)
+    with open(out_path) as fh:
+        topo = json.load(fh)
+    g = topo["gpu"]
+    lines = [f"wrote {out_path} in {time.perf_counter() - start:.1f} s: peak "
+             f"{g['bf16_tflops'] * 1e3:.1f} GFLOP/s per process, copy {g['hbm_GBps']:.1f} GB/s, "
+             f"profile {g['profile']}"]
+    for op, by in topo["measured_collectives"].items():
+        for n, v in by.items():
+            lines.append(f"  {op} x{n}: latency {v['latency_us']:.1f} us, busbw "
+                         f"{v['busbw_GBps']:.2f} GB/s")
+    return "\n".join(lines)

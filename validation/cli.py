@@ -1,0 +1,138 @@
+"""`python -m validation run|calibrate|compare|references`.
+
+Exit status: 0 success, 2 bad input (one line on stderr naming field, value and allowed
+values; no traceback), 1 internal error.
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+
+from topologies import TopologyError
+from workloads import WorkloadError
+
+from .errors import ValidationError
+
+BAD_INPUT = (ValidationError, WorkloadError, TopologyError)
+
+
+class _Parser(argparse.ArgumentParser):
+    """argparse whose usage errors are one line and exit 2."""
+
+    def error(self, message: str) -> None:  # noqa: D102 - argparse hook
+        raise ValidationError("arguments", " ".join(sys.argv[1:]), message)
+
+
+def _positive(name: str):
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            value = -1
+        if value < 0 or (value == 0 and name != "--warmup"):
+            raise ValidationError(name, text, "a positive integer" if name != "--warmup"
+                                  else "an integer >= 0")
+        return value
+    return parse
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The CLI; exposed for tests of argument parsing."""
+    p = _Parser(prog="python -m validation", description=__doc__)
+    sub = p.add_subparsers(dest="command", required=True, parser_class=_Parser)
+
+    run = sub.add_parser("run", help="train a plan for real and time its steps")
+    run.add_argument("--plan", required=True, help="plan file or bundled plan name")
+    run.add_argument("--backend", default="gloo", help="gloo (CPU) | nccl (GPU)")
+    run.add_argument("--nproc", type=_positive("--nproc"), default=None,
+                     help="processes to spawn (default: WORLD_SIZE under torchrun, else 2)")
+    run.add_argument("--steps", type=_positive("--steps"), default=5, help="timed steps")
+    run.add_argument("--warmup", type=_positive("--warmup"), default=1, help="untimed steps")
+    run.add_argument("--dims", default=None,
+                     help="overrides: hidden=,layers=,heads=,kv_heads=,ffn=,vocab=,seq=,batch=,"
+                          "micro_batch=")
+    run.add_argument("--dtype", default=None, help="fp32 (gloo default) | bf16 (nccl default)")
+    run.add_argument("--threads", type=_positive("--threads"), default=1,
+                     help="torch intra-op threads per process (CPU)")
+    run.add_argument("--profile", action="store_true", help="record torch.profiler events")
+    run.add_argument("-o", "--output", required=True, help="measured Parquet file")
+
+    cal = sub.add_parser("calibrate", help="micro-benchmark this host into a topology file")
+    cal.add_argument("--backend", default="gloo", help="gloo | nccl")
+    cal.add_argument("--nproc", type=_positive("--nproc"), default=None)
+    cal.add_argument("--threads", type=_positive("--threads"), default=1)
+    cal.add_argument("--quick", action="store_true", help="fewer sizes and repetitions")
+    cal.add_argument("-o", "--output", required=True, help="topology JSON to write")
+
+    cmp = sub.add_parser("compare", help="simulate a measured run and report the error")
+    cmp.add_argument("--measured", required=True, help="Parquet file from `validation run`")
+    cmp.add_argument("--topo", required=True, help="topology (calibrated host.json or preset)")
+    cmp.add_argument("--json", action="store_true", help="print one JSON object")
+
+    ref = sub.add_parser("references", help="simulate published training runs; print MAPE")
+    ref.add_argument("--csv", default=None, help="reference CSV (default: bundled)")
+    ref.add_argument("--json", action="store_true", help="print one JSON object")
+    return p
+
+
+def _world_from_env(nproc: int | None) -> int:
+    env = os.environ.get("WORLD_SIZE")
+    if env is not None and "RANK" in os.environ:
+        if nproc is not None and nproc != int(env):
+            raise ValidationError("--nproc", nproc, f"WORLD_SIZE ({env}) under torchrun")
+        return int(env)
+    return nproc or 2
+
+
+def _run(args: argparse.Namespace) -> int:
+    from .config import build_run
+    from .runner import launch
+
+    spec = build_run(args.plan, args.dims, args.backend, _world_from_env(args.nproc), args.dtype)
+    launch(spec, args.steps, args.warmup, args.output, args.profile, args.threads)
+    if int(os.environ.get("RANK", "0")) == 0:
+        print(f"wrote {args.output}: plan {spec.plan.name}, {spec.nproc} x {spec.backend}, "
+              f"{args.steps} steps ({spec.dtype})")
+    return 0
+
+
+def _calibrate(args: argparse.Namespace) -> int:
+    from .calibrate import run_calibration
+
+    result = run_calibration(args.backend, _world_from_env(args.nproc), args.output,
+                             threads=args.threads, quick=args.quick)
+    if result is not None:
+        print(result)
+    return 0
+
+
+def _compare(args: argparse.Namespace) -> int:
+    from .compare import compare_main
+
+    return compare_main(args.measured, args.topo, args.json)
+
+
+def _references(args: argparse.Namespace) -> int:
+    from .references import references_main
+
+    return references_main(args.csv, args.json)
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Entry point; returns the exit status."""
+    try:
+        args = build_parser().parse_args(argv)
+        handler = {"run": _run, "calibrate": _calibrate, "compare": _compare,
+                   "references": _references}[args.command]
+        return handler(args)
+    except BAD_INPUT as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        return 130
+    except Exception as exc:  # internal error: one line, exit 1 (VALIDATION_DEBUG=1: traceback)
+        if os.environ.get("VALIDATION_DEBUG"):
+            raise
+        print(f"internal error: {type(exc).__name__}: {exc}", file=sys.stderr)
+        return 1
