@@ -66,14 +66,20 @@ def parse_fault(text: str) -> Fault:
     return Fault(kind, tuple(args), text)
 
 
-def _number(fault: Fault, key: str, minimum: float = 0.0) -> float:
+# A factor or slowdown outside this range is a typo, not a what-if: it would also push
+# transfer times past what floating point resolves over a simulated step.
+FACTOR_RANGE = (1e-3, 1e3)
+
+
+def _number(fault: Fault, key: str) -> float:
     raw = fault.get(key)
     try:
         value = float(raw)
     except ValueError:
         value = float("nan")
-    if not value > minimum:
-        raise TopologyError(f"fault {fault.text}: {key}", raw, f"a number > {minimum:g}")
+    low, high = FACTOR_RANGE
+    if not low <= value <= high:
+        raise TopologyError(f"fault {fault.text}: {key}", raw, f"a number in [{low:g}, {high:g}]")
     return value
 
 
