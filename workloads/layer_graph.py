@@ -231,9 +231,26 @@ class LayerGraph:
                 op_class=MEMORY, label=label, **ctx)
         sh = self.shape
         full = sh.tokens * features * sh.act_bytes * rows_scale
-        return sink.add(kind=COMM, stream="tp", op=op, phase=phase, deps=tuple(deps),
+        # Activations are [batch, sequence, features]: the sequence (S) and feature (H)
+        # shards are not dim 0, so DTensor chunks and concatenates around the collective,
+        # one read and one write of the local tensor (autoparallel's redistribute cost:
+        # non-dim-0 gather/scatter and Shard->Shard add compute_read_write_time(2 x bytes);
+        # cost-models.md section 1.1).
+        copy = {"all_gather": 2 * full, "reduce_scatter": 2 * full,
+                "all_to_all": 2 * full / sh.tp}.get(op, 0.0)
+        deps = tuple(deps)
+        if copy and op == "reduce_scatter":   # the input is made contiguous per shard first
+            deps = (sink.add(kind=COMPUTE, stream="compute", op="relayout", phase=phase,
+                             deps=deps, bytes=copy, op_class=MEMORY, label=f"{label}.relayout",
+                             **ctx),)
+        task = sink.add(kind=COMM, stream="tp", op=op, phase=phase, deps=deps,
                         bytes=collective_bytes(op, full, sh.tp), group=("tp",),
                         label=label, **ctx)
+        if copy and op != "reduce_scatter":   # the gathered chunks are concatenated after
+            task = sink.add(kind=COMPUTE, stream="compute", op="relayout", phase=phase,
+                            deps=(task,), bytes=copy, op_class=MEMORY,
+                            label=f"{label}.relayout", **ctx)
+        return task
 
     def emit_backward(self, sink: TaskSink, ctx: dict, grad_dep: int) -> int:
         """Emit backward tasks given the output-gradient task.
