@@ -17,12 +17,18 @@ from workloads.memory import (activation_scale, memory_breakdown, output_layer_a
 from workloads.program import Program
 
 
-def _rank_deltas(plan, stage: int, layer, microbatch, phase, op, end) -> np.ndarray:
-    """Bytes allocated (+) or freed (-) at the end of each row of one rank."""
+def _rank_deltas(plan, stage: int, layer, microbatch, phase, op, end, stream) -> np.ndarray:
+    """Bytes allocated (+) or freed (-) at the end of each row of one rank.
+
+    Only compute-stream rows count: a layer's gradient reduce-scatter, which ends later,
+    does not hold its activations.
+    """
     deltas = np.zeros(len(end))
     last_fwd: dict[tuple[int, int], int] = {}
     last_bwd: dict[tuple[int, int], int] = {}
     for i in np.argsort(end, kind="stable"):
+        if stream[i] != "compute":
+            continue
         key = (int(layer[i]), int(microbatch[i]))
         if key[0] >= 0 or op[i] in ("cross_entropy", "output"):
             key = key if key[0] >= 0 else (-1, key[1])
@@ -45,18 +51,22 @@ def memory_column(program: Program, trace: pa.Table) -> pa.Array:
     """`memory_bytes` for every row of a trace sorted by (rank, start_s, end_s)."""
     plan = program.plan
     cols = {n: trace[n].to_numpy(zero_copy_only=False)
-            for n in ("rank", "layer", "microbatch", "phase", "op", "end_s")}
+            for n in ("rank", "layer", "microbatch", "phase", "op", "end_s", "stream")}
     out = np.zeros(trace.num_rows)
     ranks, starts = np.unique(cols["rank"], return_index=True)
     bounds = list(starts[1:]) + [trace.num_rows]
+    static_by_stage: dict[int, float] = {}
     for rank, lo, hi in zip(ranks, starts, bounds):
         stage = program.stage_of(int(rank))
-        b = memory_breakdown(plan, stage)
-        static = b.params_bytes + b.grads_bytes + b.optimizer_bytes + b.buffers_bytes
+        if stage not in static_by_stage:
+            b = memory_breakdown(plan, stage)
+            static_by_stage[stage] = (b.params_bytes + b.grads_bytes + b.optimizer_bytes
+                                      + b.buffers_bytes)
+        static = static_by_stage[stage]
         sl = slice(lo, hi)
         end = cols["end_s"][sl]
         deltas = _rank_deltas(plan, stage, cols["layer"][sl], cols["microbatch"][sl],
-                              cols["phase"][sl], cols["op"][sl], end)
+                              cols["phase"][sl], cols["op"][sl], end, cols["stream"][sl])
         order = np.argsort(end, kind="stable")
         in_use = np.empty(len(end))
         in_use[order] = static + np.cumsum(deltas[order])

@@ -247,3 +247,14 @@ def test_memory_timeline_follows_the_schedule():
         per_layer = saved_layer_bytes(result.program.plan, 1)
     # Stage 0 of 4 holds 16 micro-batches (GPipe) against 4 (1F1B) of its 8 layers.
     assert peaks["gpipe"] - peaks["1f1b"] == pytest.approx((16 - 4) * 8 * per_layer, rel=0.02)
+
+
+@pytest.mark.parametrize("plan_name", ["seq.json", "col.json", "pipeline_1f1b.json",
+                                       "moe_mixtral.json", "cp_ring.json", "interleaved.json"])
+def test_memory_timeline_never_exceeds_the_analytic_peak(plan_name):
+    # The analytic peak sums every term at its maximum; what the schedule keeps in flight
+    # at any moment can only be less or equal.
+    from conftest import simulated
+    summary = simulated(plan_name).summary
+    assert summary["memory"]["timeline_peak_bytes"] <= summary["peak_memory_bytes"] * (1 + 1e-12)
+    assert summary["memory"]["timeline_peak_bytes"] > summary["memory"]["params_bytes"]

@@ -128,3 +128,20 @@ def test_bundled_moe_plan_simulates():
     # 32 MoE layers x (dispatch + combine) x 1 micro-batch, 4096 tokens x top-2 x 1.1.
     assert len(a2a) == 2 * 32
     assert list(a2a["bytes"]) == pytest.approx([4096 * 2 * 1.1 * 4096 * 2] * 64)
+
+
+@pytest.mark.parametrize("ep, tp", [(8, 1), (4, 2)])
+def test_moe_flops_summed_over_ranks_equal_model_flops(ep, tp):
+    # Every routed token passes top_k experts: with a balanced router (imbalance 1),
+    # eager attention (backward = 2 x forward) and no recompute, the FLOPs every rank
+    # executes add up to the model FLOPs (6 x tokens x active params + attention).
+    from workloads import plan_from_dict, resolve
+    from workloads.lowering import lower
+    raw = {"model": "mixtral-8x7b", "attention": "eager",
+           "training": {"global_batch": 16, "micro_batch": 1, "seq_len": 1024},
+           "mesh": {"dp": 8 // tp * 2, "tp": tp, "ep": ep}, "moe": {"load_imbalance": 1.0}}
+    plan = resolve(plan_from_dict(raw), 16)
+    program = lower(plan)
+    per_class = plan.mesh.dp * plan.mesh.cp * plan.mesh.tp
+    total = sum(t.flops for stage in program.stages for t in stage) * per_class
+    assert total == pytest.approx(program.model_flops, rel=1e-3)

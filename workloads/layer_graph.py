@@ -103,16 +103,21 @@ class LayerGraph:
         if key not in self._redistributed:
             self._redistributed[key] = self._node(
                 kind="redistribute", name=f"{node.name}->{layout}", layout=layout,
-                features=node.features, inputs=[node])
+                features=node.features, inputs=[node], rows_scale=node.rows_scale)
         return self._redistributed[key]
 
     def elementwise(self, name: str, inputs: list[Node], layout: str | None = None,
-                    features: int | None = None, rw: tuple[float, float] = (1.0, 1.0)) -> Node:
-        """A memory-bound op; all inputs are first brought to one layout."""
+                    features: int | None = None, rw: tuple[float, float] = (1.0, 1.0),
+                    rows_scale: float | None = None) -> Node:
+        """A memory-bound op; all inputs are first brought to one layout. By default it
+        works on as many token rows as its inputs (MoE: the dispatched expert rows)."""
         layout = layout or inputs[0].layout
         inputs = [self.to_layout(x, layout) for x in inputs]
+        rows = max((x.rows_scale for x in inputs), default=1.0) if rows_scale is None \
+            else rows_scale
         return self._node(kind="elementwise", name=name, layout=layout,
-                          features=features or inputs[0].features, inputs=inputs, rw=rw)
+                          features=features or inputs[0].features, inputs=inputs, rw=rw,
+                          rows_scale=rows)
 
     def linear(self, name: str, x: Node, strategy: str, out_features: int,
                experts: int = 0) -> Node:
@@ -193,7 +198,7 @@ class LayerGraph:
             return deps[0] if deps else -1
         if node.kind == "redistribute":
             return self._comm(sink, ctx, node.inputs[0].layout, node.layout, node.features,
-                              deps, phase, f"{node.name}")
+                              deps, phase, f"{node.name}", node.rows_scale)
         if node.kind == "linear":
             flops, nbytes, mnk = self.linear_cost(node)
             return sink.add(kind=COMPUTE, stream="compute", op=node.name, phase=phase,

@@ -73,7 +73,7 @@ def build_moe_mlp(g: "LayerGraph", plan: "Plan", layer: int, h: "Node", resid: s
     # Weighted sum of each token's k expert outputs (+ the shared experts'), on the partial
     # sums when the experts are TP-split: read k + shared rows, write one.
     out = g.elementwise("moe_combine", parts, layout=partial,
-                        rw=(m.experts_per_token + len(parts) - 1, 1.0))
+                        rw=(m.experts_per_token + len(parts) - 1, 1.0), rows_scale=1.0)
     # The router weights enter the weighted sum too (their gradient flows back to the
     # router); added after the layout step, since a gate is never a partial sum.
     out.inputs.append(gate)
