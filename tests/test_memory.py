@@ -119,13 +119,22 @@ def test_fsdp_without_reshard_keeps_every_unit_gathered():
 
 def test_tp_divides_sharded_weights_not_replicated_ones():
     m = PRESETS["llama3-8b"]
+    wo = m.q_size * m.hidden_size
     col = memory_breakdown(_plan(8, mesh={"tp": 8}))
+    rep = memory_breakdown(_plan(8, mesh={"tp": 8}, sharding={"wo": "replicate"}))
+    assert rep.params_bytes - col.params_bytes == pytest.approx(2 * 32 * wo * (1 - 1 / 8))
+    # seq weights are whole on every TP rank (the lowering gathers none over TP)...
     seq = memory_breakdown(_plan(8, mesh={"tp": 8}, sharding={"wo": "seq",
                                                               "sequence_parallel": True}))
-    rep = memory_breakdown(_plan(8, mesh={"tp": 8}, sharding={"wo": "replicate"}))
-    assert seq.params_bytes == col.params_bytes
-    wo = m.q_size * m.hidden_size
-    assert rep.params_bytes - col.params_bytes == pytest.approx(2 * 32 * wo * (1 - 1 / 8))
+    assert seq.params_bytes - col.params_bytes == pytest.approx(2 * 32 * wo * (1 - 1 / 8),
+                                                                rel=1e-3)
+    # ...but FSDP shards them over dp x tp, where their gradients reduce: the same
+    # per-rank storage as col's 1/tp then 1/dp, while the gathered buffer is whole.
+    fsdp = {"enabled": True}
+    col_f = memory_breakdown(_plan(8, mesh={"tp": 8}, fsdp=fsdp))
+    seq_f = memory_breakdown(_plan(8, mesh={"tp": 8}, fsdp=fsdp,
+                                   sharding={"wo": "seq", "sequence_parallel": True}))
+    assert seq_f.optimizer_bytes == pytest.approx(col_f.optimizer_bytes, rel=1e-3)
 
 
 # -------------------------------------------------------------------- pipeline

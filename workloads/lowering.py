@@ -17,7 +17,7 @@ from .schedules import stage_layer_ranges
 
 # Adam step, memory-bound: reads fp32 master, m, v, fp32 grad (16 B) and writes master,
 # m, v and the bf16 copy (14 B) per parameter.
-OPTIMIZER_BYTES_PER_PARAM = 30
+ADAM_STEP_HBM_BYTES_PER_PARAM = 30
 
 
 def build_layer(plan: Plan, layer: int, shape: LayerShape) -> LayerGraph:
@@ -107,6 +107,25 @@ def layer_param_groups(plan: Plan, layer: int) -> dict[tuple[str, ...], float]:
     norm_key = both if plan.sequence_parallel else dp_dims
     groups[norm_key] = groups.get(norm_key, 0.0) + 2 * m.hidden_size
     return groups
+
+
+EMBED, HEAD = "embedding", "head"
+
+
+def unit_param_groups(plan: Plan, unit) -> dict[tuple[str, ...], float]:
+    """Parameters one rank computes with for an FSDP unit (a layer index, EMBED or HEAD),
+    by the mesh dims their gradients reduce over (and ZeRO/FSDP shards them over)."""
+    m, tp = plan.model, plan.mesh.tp
+    dp_dims = ("dp", "cp") if plan.mesh.cp > 1 else ("dp",)
+    if unit == EMBED:
+        return {dp_dims: m.vocab_size * m.hidden_size / tp}        # vocab-parallel
+    if unit == HEAD:
+        # A tied output layer still needs its own (vocab-parallel) copy on the last
+        # stage when the first stage is elsewhere (Megatron); on one stage it is the
+        # embedding. Plus the final norm.
+        tied = m.tie_word_embeddings and plan.mesh.pp == 1
+        return {dp_dims: (0 if tied else m.vocab_size * m.hidden_size / tp) + m.hidden_size}
+    return layer_param_groups(plan, unit)
 
 
 def stage_layers(plan: Plan) -> tuple[range, ...]:

@@ -27,12 +27,14 @@ count is exactly sbh(34 + 5as/h); tests/test_memory.py checks it.
 """
 from __future__ import annotations
 
+import math
 from dataclasses import asdict, dataclass
 from typing import Sequence
 
 from .models import ModelSpec
 from .plan import Plan
 from .schedules import stage_layer_ranges as _split
+from .lowering import EMBED, HEAD, unit_param_groups
 from .precision import precision
 
 BF16_BYTES = 2
@@ -120,48 +122,22 @@ def _is_moe_layer(model: ModelSpec, layer: int) -> bool:
     return model.num_experts > 0 and layer >= model.first_dense_layers
 
 
-def _layer_params_rank(plan: Plan, layer: int) -> tuple[float, float]:
-    """(dense, expert) parameters of one layer held by one rank before ZeRO sharding.
-
-    col/row/seq projections are stored sharded over TP (seq weights are all-gathered before
-    use, like FSDP over TP); replicate keeps the full weight; norms are replicated. Routed
-    experts are split over EP and, like the dense MLP, over TP (Megatron's default expert TP).
-    """
-    m, tp = plan.model, plan.mesh.tp
-    if plan.grid_strategy is not None:
-        # 2D/3D: weights 1/N; 2.5D: 1/q^2 (replicated over the depth); norms over features.
-        from .tp_grid import grid_split
-        g = grid_split(plan)
-        return m.layer_matmul_params() / g.weight_split + 2.0 * m.hidden_size / g.feature_split, 0.0
-    strategies = plan.strategies(layer)
-    dense = 2.0 * m.hidden_size
-    expert = 0.0
-    moe = _is_moe_layer(m, layer)
-    for name, (i, o) in m.projection_shapes().items():
-        if moe and name in m.mlp_matrices:
-            continue
-        dense += i * o / (1 if strategies.get(name) == "replicate" else tp)
-    if moe:
-        per_expert = len(m.mlp_matrices) * m.hidden_size * m.moe_ffn_size
-        dense += m.hidden_size * m.num_experts                 # router, replicated
-        dense += m.num_shared_experts * per_expert / tp
-        expert += m.num_experts * per_expert / (plan.mesh.ep * tp)
-    return dense, expert
-
-
 def _stage_units(plan: Plan, stage: int, ranges: Sequence[range]) -> list[tuple[float, float]]:
-    """(dense, expert) parameters per FSDP unit of the stage: each layer, embedding, output."""
-    m, tp, last = plan.model, plan.mesh.tp, len(ranges) - 1
+    """(gathered, sharded) parameters per FSDP unit of the stage: embedding, layers, output.
+
+    Gathered: what one rank computes with (lowering.unit_param_groups); sharded: each group
+    divided over the ranks its gradients reduce over, which ZeRO/FSDP shard it over
+    (col/row weights over dp; seq weights over dp x tp; routed experts over dp / ep).
+    """
     units = []
     for c in range(stage, len(ranges), plan.mesh.pp):
-        if c == 0:
-            units.append((m.embedding_params() / tp, 0.0))          # vocab-parallel
-        units.extend(_layer_params_rank(plan, layer) for layer in ranges[c])
-        if c == last:
-            # Tied embeddings: Megatron keeps a copy on the last stage when pp > 1.
-            out = m.embedding_params() if (m.tie_word_embeddings and plan.mesh.pp > 1) \
-                else m.output_params()
-            units.append((out / tp + m.hidden_size, 0.0))            # + final norm
+        keys = ([EMBED] if c == 0 else []) + list(ranges[c]) + \
+            ([HEAD] if c == len(ranges) - 1 else [])
+        for unit in keys:
+            groups = unit_param_groups(plan, unit)
+            units.append((sum(groups.values()),
+                          sum(p / math.prod(plan.dim_size(d) for d in dims)
+                              for dims, p in groups.items())))
     return units
 
 
@@ -309,18 +285,15 @@ def memory_breakdown(plan: Plan, stage: int = 0,
     if not 0 <= stage < mesh.pp:
         raise ValueError(f"stage must be in [0, {mesh.pp}), got {stage}")
     zero = 3 if plan.fsdp else plan.zero_stage
-    shard = mesh.dp * mesh.cp
-    expert_shard = max(shard // mesh.ep, 1)
     ranges = tuple(layer_ranges) if layer_ranges is not None else stage_layer_ranges(plan)
     if len(ranges) != mesh.pp * plan.pipeline.virtual_stages:
         raise ValueError(f"layer_ranges needs {mesh.pp * plan.pipeline.virtual_stages} ranges")
     units = _stage_units(plan, stage, ranges)
-    dense = sum(d for d, _ in units)
-    expert = sum(e for _, e in units)
+    gathered = sum(g for g, _ in units)
+    sharded = sum(s for _, s in units)
 
-    def states(bytes_per_param: float, sharded: bool) -> float:
-        return bytes_per_param * (dense / shard + expert / expert_shard if sharded
-                                  else dense + expert)
+    def states(bytes_per_param: float, is_sharded: bool) -> float:
+        return bytes_per_param * (sharded if is_sharded else gathered)
 
     prec = precision(tr.dtype)
     params = states(prec.param_state_bytes, zero >= 3)
@@ -358,7 +331,7 @@ def memory_breakdown(plan: Plan, stage: int = 0,
         activations += in_flight * s * b * m.hidden_size / (tp if sp else 1)
 
     # Buffers.
-    unit_sizes = sorted((d + e for d, e in units), reverse=True)
+    unit_sizes = sorted((g for g, _ in units), reverse=True)
     buffers = 0.0
     if zero >= 3:
         gathered = unit_sizes if not plan.reshard_after_forward \

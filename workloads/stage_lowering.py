@@ -10,14 +10,13 @@ from __future__ import annotations
 import math
 
 from .layer_graph import LayerGraph, LayerShape, TaskSink
-from .lowering import (OPTIMIZER_BYTES_PER_PARAM, build_embedding, build_head, build_layer,
-                       layer_param_groups)
+from .lowering import (ADAM_STEP_HBM_BYTES_PER_PARAM, EMBED, HEAD, build_embedding, build_head,
+                       build_layer, unit_param_groups)
 from .precision import precision
 from .plan import Plan
 from .program import COMM, COMPUTE, MEMORY, Task
 from .schedules import stage_order
 
-EMBED, HEAD = "embedding", "head"
 
 
 class StageLowering:
@@ -64,16 +63,7 @@ class StageLowering:
         return math.prod(self.plan.dim_size(d) for d in dims)
 
     def _param_groups(self, unit) -> dict[tuple[str, ...], float]:
-        m, tp = self.plan.model, self.plan.mesh.tp
-        dp_dims = ("dp", "cp") if self.plan.mesh.cp > 1 else ("dp",)
-        if unit == EMBED:
-            return {dp_dims: m.vocab_size * m.hidden_size / tp}
-        if unit == HEAD:
-            # A tied output layer still needs its own (vocab-parallel) copy on the last
-            # stage when the first stage is elsewhere; on one stage it is the embedding.
-            tied = m.tie_word_embeddings and self.plan.mesh.pp == 1
-            return {dp_dims: (0 if tied else m.vocab_size * m.hidden_size / tp) + m.hidden_size}
-        return layer_param_groups(self.plan, unit)
+        return unit_param_groups(self.plan, unit)
 
     def _graph(self, unit) -> LayerGraph:
         if unit == EMBED:
@@ -220,7 +210,7 @@ class StageLowering:
                 local += params / (self._group_size(dims) if sharded else 1)
         step = self.sink.add(kind=COMPUTE, stream="compute", op="adam", phase="optimizer",
                              deps=(self.last_backward, *self.reductions),
-                             bytes=local * OPTIMIZER_BYTES_PER_PARAM, op_class=MEMORY,
+                             bytes=local * ADAM_STEP_HBM_BYTES_PER_PARAM, op_class=MEMORY,
                              label="optimizer.step", layer=-1, microbatch=-1)
         if self.plan.zero_stage in (1, 2) and not self.fsdp:
             for unit in self.units:
