@@ -15,6 +15,8 @@ from typing import Callable, Sequence
 from topologies import TopologyError
 from workloads import WorkloadError
 
+from .output import OutputError
+
 EXIT_BAD_INPUT, EXIT_INTERNAL, EXIT_DOES_NOT_FIT = 2, 1, 3
 
 
@@ -33,7 +35,7 @@ class OneLineParser(argparse.ArgumentParser):
         raise UsageError(self.prog, " ".join(sys.argv[1:]) or "(no arguments)", message)
 
 
-BAD_INPUT = (TopologyError, WorkloadError, UsageError)
+BAD_INPUT = (TopologyError, WorkloadError, UsageError, OutputError)
 COMMANDS: dict[str, Callable] = {}
 
 

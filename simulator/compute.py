@@ -40,6 +40,8 @@ def compute_time_s(task: Task, device: DeviceSpec, dtype: str) -> float:
         eff = prof.gemm_efficiency * wave_efficiency(m, n, k, device.sm_count, prof.gemm_tile)
         flops_s = task.flops / (device.peak(dtype) * eff)
     elif task.op_class == ATTENTION:
-        # Attention runs in bf16 (FlashAttention-2); fp8 attention is not assumed.
-        flops_s = task.flops / (device.peak("bf16") * prof.attention_efficiency)
+        # Attention runs in bf16 (FlashAttention-2) under bf16 and fp8 training (fp8
+        # attention is not assumed), in fp32 under fp32 training.
+        peak = min(device.peak(dtype), device.peak("bf16"))
+        flops_s = task.flops / (peak * prof.attention_efficiency)
     return max(flops_s, memory_s) + prof.launch_overhead_s

@@ -93,8 +93,19 @@ BAD_PLANS = {
     "unknown model": (small_plan(model="llama9-1b"), "model"),
     "unknown strategy": (small_plan(sharding={"wq": "diagonal"}), "sharding.wq"),
     "mesh product": (small_plan(mesh={"dp": 2, "tp": 2}), "mesh"),
-    "tp vs heads": (small_plan(model={**small_plan()["model"], "num_attention_heads": 12,
-                                      "num_key_value_heads": 12}, mesh={"tp": 8}), "mesh.tp"),
+    "tp vs heads": (small_plan(model={**small_plan()["model"], "hidden_size": 1536,
+                                      "num_attention_heads": 12, "num_key_value_heads": 12},
+                               mesh={"tp": 8}), "mesh.tp"),
+    "heads vs hidden": (small_plan(model={**small_plan()["model"], "num_attention_heads": 12,
+                                          "num_key_value_heads": 12}),
+                        "model.num_attention_heads"),
+    "top-k above experts": (small_plan(model={**small_plan()["model"], "num_local_experts": 8,
+                                              "num_experts_per_tok": 9,
+                                              "moe_intermediate_size": 512}),
+                            "model.num_experts_per_tok"),
+    "tied not bool": (small_plan(model={**small_plan()["model"], "tie_word_embeddings": "no"}),
+                      "model.tie_word_embeddings"),
+    "imbalance huge": (small_plan(moe={"load_imbalance": 1e300}), "moe.load_imbalance"),
     "tp vs kv heads": (small_plan(model={**small_plan()["model"], "num_key_value_heads": 2},
                                   mesh={"tp": 4}), "mesh.tp"),
     "missing field": ({**small_plan(), "training": {"global_batch": 8}}, "training.seq_len"),
@@ -127,6 +138,13 @@ def test_bad_flags_exit_2(argv, field, capsys):
     code, out, err = run_cli(capsys, *argv)
     assert code == 2 and out == ""
     assert len(err.strip().splitlines()) == 1 and err.startswith(f"error: {field}")
+
+
+def test_nan_in_a_plan_exits_2(write_json, capsys):
+    path = write_json("nan.json", '{"model": "llama3-8b", "training": {"global_batch": NaN, '
+                                  '"seq_len": 1024}}')
+    code, _, err = run_cli(capsys, "run", "--topo", "dgx-h100", "--plan", path)
+    assert code == 2 and err.startswith("error: plan") and "NaN" in err
 
 
 def test_malformed_json_exits_2(write_json, capsys):

@@ -55,7 +55,7 @@ BAD = {
                                     training={"micro_batch": 2}), "training.micro_batch",
                          "multiple of 4"),
     "imbalance below 1": (small_plan(model=MOE, moe={"load_imbalance": 0.5}),
-                          "moe.load_imbalance", ">= 1"),
+                          "moe.load_imbalance", "in [1, 64]"),
 }
 
 

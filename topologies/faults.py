@@ -63,7 +63,11 @@ def parse_fault(text: str) -> Fault:
         if not eq or not key or not value:
             raise TopologyError("fault", text, _SYNTAX)
         args.append((key.strip(), value.strip()))
-    return Fault(kind, tuple(args), text)
+    fault = Fault(kind, tuple(args), text)
+    # Numbers are checked here, before any point runs: a bad value is a bad flag.
+    for key in {"straggler": ("slowdown",), "degraded": ("factor",)}.get(kind, ()):
+        _number(fault, key)
+    return fault
 
 
 # A factor or slowdown outside this range is a typo, not a what-if: it would also push

@@ -6,6 +6,7 @@ change the ClusterSpec (another GPU, twice the NIC bandwidth) and build again.
 from __future__ import annotations
 
 import json
+import math
 import os
 import re
 from dataclasses import dataclass, replace
@@ -108,19 +109,35 @@ def build(name_or_path: str) -> Topology:
 
 # ---------------------------------------------------------------------------- files
 def _number(obj: dict, key: str, where: str, default: Any = None, minimum: float = 0.0,
-            integer: bool = False) -> Any:
+            integer: bool = False, maximum: float = math.inf, allow_minimum: bool = False) -> Any:
+    """A finite number above `minimum` (or equal to it with allow_minimum), at most
+    `maximum`; an integer when asked."""
     if key not in obj:
         if default is None:
             raise TopologyError(f"{where}.{key}", None, "a required number")
         return default
     value = obj[key]
-    ok = isinstance(value, (int, float)) and not isinstance(value, bool)
+    ok = isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
     if ok and integer:
         ok = float(value).is_integer()
-    if not ok or value <= minimum and not (minimum == 0.0 and value == 0 and not integer):
-        kind = "an integer" if integer else "a number"
-        raise TopologyError(f"{where}.{key}", value, f"{kind} > {minimum:g}")
+    if ok:
+        ok = (value >= minimum if allow_minimum else value > minimum) and value <= maximum
+    if not ok:
+        kind = "an integer" if integer else "a finite number"
+        low = ">=" if allow_minimum else ">"
+        high = f" and <= {maximum:g}" if maximum != math.inf else ""
+        raise TopologyError(f"{where}.{key}", value, f"{kind} {low} {minimum:g}{high}")
     return int(value) if integer else float(value)
+
+
+# DeviceProfile fields: (minimum, maximum, integer, minimum allowed)
+_PROFILE_RANGES = {
+    "gemm_efficiency": (0.0, 1.0, False, False), "attention_efficiency": (0.0, 1.0, False, False),
+    "memory_efficiency": (0.0, 1.0, False, False), "gemm_tile": (1, math.inf, True, True),
+    "launch_overhead_s": (0.0, 1.0, False, True),
+    "overlap_compute_factor": (0.0, 1.0, False, False),
+    "overlap_compute_factor_nvls": (0.0, 1.0, False, False),
+}
 
 
 def _gpu(raw: Any) -> DeviceSpec:
@@ -141,21 +158,24 @@ def _gpu(raw: Any) -> DeviceSpec:
         hbm_bytes=num("hbm_gb", base and base.hbm_bytes / GB) * GB,
         hbm_Bps=num("hbm_GBps", base and base.hbm_Bps / GB) * GB,
         nvlink_Bps=num("nvlink_GBps", base and base.nvlink_Bps / GB) * GB,
-        nvlink_links=int(num("nvlink_links", base.nvlink_links if base else 1)),
+        nvlink_links=_number(raw, "nvlink_links", "gpu", base.nvlink_links if base else 1,
+                             integer=True),
         nccl_nvlink_link_Bps=0.0, nvls=bool(raw.get("nvls", base.nvls if base else False)),
-        sm_count=int(num("sm_count", base.sm_count if base else 1)))
+        sm_count=_number(raw, "sm_count", "gpu", base.sm_count if base else 1, integer=True))
     nccl_total = num("nvlink_nccl_GBps",
                      base.nccl_nvlink_Bps / GB if base else spec.nvlink_Bps / GB) * GB
     spec = replace(spec, nccl_nvlink_link_Bps=nccl_total / spec.nvlink_links)
     profile = raw.get("profile", {})
     if not isinstance(profile, dict):
         raise TopologyError("gpu.profile", profile, "an object of DeviceProfile fields")
-    allowed = set(DeviceProfile.__dataclass_fields__)
+    values = {}
     for key, value in profile.items():
-        if key not in allowed:
-            raise TopologyError(f"gpu.profile.{key}", value, ", ".join(sorted(allowed)))
-        _number(profile, key, "gpu.profile")
-    return replace(spec, profile=replace(base.profile if base else DeviceProfile(), **profile))
+        if key not in _PROFILE_RANGES:
+            raise TopologyError(f"gpu.profile.{key}", value, ", ".join(sorted(_PROFILE_RANGES)))
+        low, high, integer, inclusive = _PROFILE_RANGES[key]
+        values[key] = _number(profile, key, "gpu.profile", minimum=low, maximum=high,
+                              integer=integer, allow_minimum=inclusive)
+    return replace(spec, profile=replace(base.profile if base else DeviceProfile(), **values))
 
 
 def _fabric(raw: Any) -> FabricSpec | None:
@@ -186,15 +206,19 @@ def _measured(raw: Any) -> tuple:
             if not str(size).isdigit() or not isinstance(values, dict):
                 raise TopologyError(where, values, "group size -> {latency_us, busbw_GBps}")
             rows.append((op, int(size), MeasuredCollective(
-                _number(values, "latency_us", where) * 1e-6,
+                _number(values, "latency_us", where, allow_minimum=True) * 1e-6,
                 _number(values, "busbw_GBps", where) * GB)))
     return tuple(rows)
+
+
+def _reject_constant(name: str):
+    raise TopologyError("topology", name, "finite JSON numbers (no NaN or Infinity)")
 
 
 def load_file(path: Path) -> ClusterSpec:
     """Read a user topology JSON file (format in docs/design.md)."""
     try:
-        raw = json.loads(path.read_text())
+        raw = json.loads(path.read_text(), parse_constant=_reject_constant)
     except (OSError, UnicodeDecodeError) as exc:
         raise TopologyError("topology", str(path), f"a readable JSON file ({exc})") from None
     except json.JSONDecodeError as exc:

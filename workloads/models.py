@@ -37,6 +37,10 @@ class ModelSpec:
     first_dense_layers: int = 0       # leading dense layers before the MoE ones
 
     def __post_init__(self) -> None:
+        if (self.head_dim == 0 and isinstance(self.hidden_size, int) and isinstance(self.num_heads, int)
+                and self.num_heads > 0 and self.hidden_size % self.num_heads):
+            raise WorkloadError("model.num_attention_heads", self.num_heads,
+                                f"a divisor of hidden_size ({self.hidden_size}), or give head_dim")
         if self.head_dim == 0:
             object.__setattr__(self, "head_dim", self.hidden_size // max(self.num_heads, 1))
         if self.num_experts and not self.moe_ffn_size:
@@ -141,6 +145,16 @@ def _validate(m: ModelSpec) -> None:
     if m.num_heads % m.num_kv_heads:
         raise WorkloadError("model.num_key_value_heads", m.num_kv_heads,
                             f"a divisor of num_attention_heads ({m.num_heads})")
+    if not isinstance(m.tie_word_embeddings, bool):
+        raise WorkloadError("model.tie_word_embeddings", m.tie_word_embeddings, "true or false")
+    if m.num_experts and not 1 <= m.experts_per_token <= m.num_experts:
+        raise WorkloadError("model.num_experts_per_tok", m.experts_per_token,
+                            f"between 1 and the number of experts ({m.num_experts})")
+    if m.num_experts and m.moe_ffn_size <= 0:
+        raise WorkloadError("model.moe_intermediate_size", m.moe_ffn_size, "a positive integer")
+    if m.first_dense_layers > m.num_layers:
+        raise WorkloadError("model.first_k_dense_replace", m.first_dense_layers,
+                            f"at most num_hidden_layers ({m.num_layers})")
 
 
 PRESETS: dict[str, ModelSpec] = {
@@ -207,6 +221,10 @@ def model_from_dict(raw: dict[str, Any], default_name: str = "custom") -> ModelS
     return ModelSpec(**values)
 
 
+def _reject_constant(name: str):
+    raise WorkloadError("model", name, "finite JSON numbers (no NaN or Infinity)")
+
+
 def load_model(ref: str | dict, base_dir: Path | None = None) -> ModelSpec:
     """A model by preset name, JSON path (relative to base_dir) or inline object."""
     if isinstance(ref, dict):
@@ -221,7 +239,7 @@ def load_model(ref: str | dict, base_dir: Path | None = None) -> ModelSpec:
     if not path.suffix == ".json" or not path.is_file():
         raise WorkloadError("model", ref, ", ".join(PRESETS) + ", or a model JSON file")
     try:
-        raw = json.loads(path.read_text())
+        raw = json.loads(path.read_text(), parse_constant=_reject_constant)
     except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
         raise WorkloadError("model", str(path), f"a readable JSON file ({exc})") from None
     return model_from_dict(raw, default_name=path.stem)

@@ -26,6 +26,7 @@ ALL_STRATEGIES = STRATEGIES + GRID_STRATEGIES
 CP_MODES = ("ring", "all_to_all")
 DTYPES = ("bf16", "fp8", "fp32")
 RECOMPUTE = ("none", "selective", "full")
+MAX_LOAD_IMBALANCE = 64.0
 # flash: FlashAttention (scores never stored, recomputed inside the backward);
 # eager: the s x s scores are materialised and kept for the backward.
 ATTENTION_IMPLS = ("flash", "eager")
@@ -268,8 +269,11 @@ def _extensions(raw: dict) -> dict:
     moe = _obj(raw.get("moe"), "moe")
     _known_keys(moe, "moe", ("load_imbalance",))
     imbalance = moe.get("load_imbalance", 1.0)
-    if isinstance(imbalance, bool) or not isinstance(imbalance, (int, float)) or imbalance < 1:
-        raise WorkloadError("moe.load_imbalance", imbalance, "a number >= 1 (1: balanced)")
+    # The hottest rank cannot get more than every token: top_k x imbalance <= experts.
+    if (isinstance(imbalance, bool) or not isinstance(imbalance, (int, float))
+            or not 1 <= imbalance <= MAX_LOAD_IMBALANCE):
+        raise WorkloadError("moe.load_imbalance", imbalance,
+                            f"a number in [1, {MAX_LOAD_IMBALANCE:g}] (1: balanced)")
     tp = _obj(raw.get("tensor_parallel"), "tensor_parallel")
     _known_keys(tp, "tensor_parallel", ("depth",))
     return {"cp_mode": _choice(cp.get("mode", "ring"), "context_parallel.mode", CP_MODES),
@@ -317,6 +321,11 @@ def plan_from_dict(raw: Any, base_dir: Path | None = None, default_name: str = "
         source=MappingProxyType(dict(raw)), **_extensions(raw))
 
 
+def reject_json_constant(name: str):
+    """json.loads hook: NaN, Infinity and -Infinity are not numbers a plan may hold."""
+    raise WorkloadError("plan", name, "finite JSON numbers (no NaN or Infinity)")
+
+
 def find_plan(ref: str) -> Path:
     """A plan path: the file if it exists, else the bundled plan of that name."""
     path = Path(ref)
@@ -333,7 +342,7 @@ def load_plan(ref: str) -> Plan:
     """Read a plan file (or bundled plan name) and validate it."""
     path = find_plan(ref)
     try:
-        raw = json.loads(path.read_text())
+        raw = json.loads(path.read_text(), parse_constant=reject_json_constant)
     except (OSError, UnicodeDecodeError) as exc:
         raise WorkloadError("plan", str(path), f"a readable JSON file ({exc})") from None
     except json.JSONDecodeError as exc:

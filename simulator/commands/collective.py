@@ -38,6 +38,8 @@ def handle(args: argparse.Namespace) -> int:
         sizes = parse_sizes(args.sizes)
     except ValueError as exc:
         raise UsageError("--sizes", args.sizes, str(exc)) from None
+    if args.op == "send_recv" and len(ranks) != 2:
+        raise UsageError("--group", args.group, "two ranks (source, destination) for send_recv")
     rows = collective_table(topo, args.op, ranks, sizes,
                             CommOptions(algorithm=args.algorithm, protocol=args.protocol))
     if args.json:

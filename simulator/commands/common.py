@@ -46,7 +46,8 @@ def plan_and_topology(plan_ref: str, topo_ref: str | None) -> tuple[Plan, Topolo
 
 def print_json(obj: Any) -> None:
     """Stable JSON on stdout."""
-    json.dump(obj, sys.stdout, indent=2, sort_keys=True, default=float)
+    # allow_nan=False: a non-finite number is an error, never invalid JSON on stdout.
+    json.dump(obj, sys.stdout, indent=2, sort_keys=True, default=float, allow_nan=False)
     sys.stdout.write("\n")
 
 

@@ -1,4 +1,4 @@
-"""`list topologies|models|plans`: what is bundled (`--json` too)."""
+"""`list topologies|models|plans|studies`: what is bundled (`--json` too)."""
 from __future__ import annotations
 
 import argparse
@@ -11,8 +11,8 @@ from .common import print_json
 
 def register(sub) -> None:
     """Add the `list` subcommand."""
-    p = sub.add_parser("list", help="list bundled topologies, models or plans")
-    p.add_argument("what", choices=("topologies", "models", "plans"))
+    p = sub.add_parser("list", help="list bundled topologies, models, plans or studies")
+    p.add_argument("what", choices=("topologies", "models", "plans", "studies"))
     p.add_argument("--json", action="store_true", help="print JSON")
     p.add_argument("--debug", action="store_true", help=argparse.SUPPRESS)
     p.set_defaults(handler=handle)
@@ -29,6 +29,10 @@ def rows(what: str) -> list[dict]:
                         "gpus_per_domain": spec.domain_size, "gpu": spec.gpu.name,
                         "description": spec.description})
         return out
+    if what == "studies":
+        from ..studies import registry
+        return [{"name": name, "description": module.HELP}
+                for name, module in sorted(registry().items())]
     if what == "models":
         return [{"name": m.name, "params": m.total_params(), "layers": m.num_layers,
                  "hidden_size": m.hidden_size} for m in MODEL_PRESETS.values()]
@@ -50,8 +54,11 @@ def handle(args: argparse.Namespace) -> int:
         if args.what == "models":
             print(f"{item['name']:<14} {item['params'] / 1e9:8.2f} B params, "
                   f"{item['layers']} layers, hidden {item['hidden_size']}")
+        elif args.what == "studies":
+            print(f"{item['name']:<20} {item['description']}")
         elif args.what == "topologies":
-            print(f"{item['name']:<12} {item['description'].replace('4 x', 'N x') if 'xN' in item['name'] else item['description']}")
+            text = item["description"]
+            print(f"{item['name']:<12} {text.replace('4 x', 'N x') if 'xN' in item['name'] else text}")
         else:
             print(f"{item['name']:<14} {item['model']:<12} {item['topology'] or '':<12} {item['description']}")
     return 0

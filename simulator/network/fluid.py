@@ -75,20 +75,9 @@ def idle_time_s(flows: Sequence[Flow], capacity: np.ndarray) -> float:
     if not live:
         return 0.0
     routes = [r for r, _ in live]
-    left = np.array([b for _, b in live])
-    ones = [np.ones(len(r)) for r in routes]
-    clock = 0.0
-    while len(routes):
-        rates = _FlowSet(routes, ones, capacity).rates()
-        finish = left / rates
-        dt = finish.min()
-        clock += dt
-        left = left - rates * dt
-        keep = finish > dt * (1 + _REL_TOL)
-        routes = [r for r, k in zip(routes, keep) if k]
-        ones = [o for o, k in zip(ones, keep) if k]
-        left = left[keep]
-    return clock
+    phases = _idle_phases(routes, [np.ones(len(r)) for r in routes],
+                          np.array([b for _, b in live]), capacity)
+    return phases[-1][0]
 
 
 class _Transfer:
@@ -286,8 +275,11 @@ class Network:
             return  # superseded by a later recomputation
         neighbours = self._component([t])
         self._advance(t)
-        # A flow is done when what is left would take under ~1 ns (float slack).
-        t.left[t.left <= t.rates * 1e-9 + 1e-6] = 0.0
+        # A flow is done when what is left would take under ~1 ns, or under what the
+        # simulated clock can still resolve (otherwise its timer would fire at the same
+        # instant forever).
+        resolution_s = max(1e-9, 4 * np.spacing(self.env.now))
+        t.left[t.left <= t.rates * resolution_s + 1e-6] = 0.0
         if (t.left > 0).any():
             if len(neighbours) == 1:
                 self._resolve([t])
