@@ -82,7 +82,7 @@ class Engine:
                 self.env.process(self._stream(rank, stage, streams[name], state, durations))
         self.env.run()
         stuck = [k for k, e in self._p2p.items() if not e.triggered]
-        if stuck or any(v[1] < len(k[1]) for k, v in self._rendezvous.items()):
+        if stuck or self._rendezvous:
             raise RuntimeError(f"simulation deadlocked (unmatched point-to-point: {stuck[:3]})")
 
     def _stage_streams(self, stage: int) -> tuple[dict[str, list], frozenset[int]]:
@@ -176,6 +176,8 @@ class Engine:
         entry = self._rendezvous.setdefault(key, [self.env.event(), 0])
         entry[1] += 1
         if entry[1] == len(ranks):
+            # Complete: the members hold the event; only open rendezvous stay listed.
+            del self._rendezvous[key]
             start = self.comm.collective(task.op, ranks, task.bytes)
             start.callbacks.append(lambda ev, out=entry[0]: out.succeed(ev.value))
         return entry[0]

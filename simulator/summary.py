@@ -43,11 +43,8 @@ def _overlap(a: list[tuple[float, float]], b: list[tuple[float, float]]) -> floa
     return total
 
 
-def rank_breakdown(trace: pa.Table, rank: int) -> dict[str, float]:
-    """Compute, communication, exposed communication and idle time of one rank."""
-    rows = trace.filter(pa.compute.equal(trace["rank"], rank))
-    kind = np.array(rows["kind"].to_pylist())
-    starts, ends = rows["start_s"].to_numpy(), rows["end_s"].to_numpy()
+def _breakdown(kind: np.ndarray, starts: np.ndarray, ends: np.ndarray) -> dict[str, float]:
+    """Compute, communication, exposed communication and idle time of one rank's rows."""
     compute = _union(starts[kind == "compute"], ends[kind == "compute"])
     comm = _union(starts[kind == "comm"], ends[kind == "comm"])
     end = float(ends.max()) if len(ends) else 0.0
@@ -57,12 +54,23 @@ def rank_breakdown(trace: pa.Table, rank: int) -> dict[str, float]:
             "exposed_comm_s": exposed, "idle_s": max(0.0, end - compute_s - exposed)}
 
 
+def rank_breakdowns(trace: pa.Table) -> dict[int, dict[str, float]]:
+    """The breakdown of every rank of a trace sorted by rank (one pass of slices)."""
+    rank = trace["rank"].to_numpy()
+    kind = np.asarray(trace["kind"].to_pylist())
+    starts, ends = trace["start_s"].to_numpy(), trace["end_s"].to_numpy()
+    ranks, first = np.unique(rank, return_index=True)
+    bounds = list(first[1:]) + [len(rank)]
+    return {int(r): _breakdown(kind[lo:hi], starts[lo:hi], ends[lo:hi])
+            for r, lo, hi in zip(ranks, first, bounds)}
+
+
 def summarize(program: Program, topology: Topology, trace: pa.Table,
               memory: dict[str, Any] | None = None) -> dict[str, Any]:
     """The summary dict of docs/design.md ("CLI"): step time and its breakdown."""
     plan = program.plan
-    ranks = sorted(set(trace["rank"].to_pylist()))
-    per_rank = {r: rank_breakdown(trace, r) for r in ranks}
+    per_rank = rank_breakdowns(trace)
+    ranks = sorted(per_rank)
     step = max(b["end_s"] for b in per_rank.values())
     # The breakdown is that of the rank that finishes last (ties: the lowest rank).
     critical = min(r for r in ranks if per_rank[r]["end_s"] == step)

@@ -180,8 +180,9 @@ def degrade(topo: Topology, pattern: str, factor: float) -> Topology:
     hits = 0
     for u, v, data in graph.edges(data=True):
         if _matches(u, v, data["kind"], pattern):
-            data["bandwidth"] = data["bandwidth"] * factor
-            data["nccl_bandwidth"] = data.get("nccl_bandwidth", data["bandwidth"]) * factor
+            raw = data["bandwidth"]
+            data["bandwidth"] = raw * factor
+            data["nccl_bandwidth"] = data.get("nccl_bandwidth", raw) * factor
             hits += 1
     if not hits:
         raise TopologyError("fault degraded: link", pattern,

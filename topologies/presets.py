@@ -150,11 +150,17 @@ def _gpu(raw: Any) -> DeviceSpec:
         return _number(raw, key, "gpu", default=fallback)
     tflops = 1e12
     bf16 = num("bf16_tflops", base and base.peak("bf16") / tflops) * tflops
+    # fp32 matmuls run on TF32 tensor cores at half the BF16 rate on NVIDIA GPUs (H100,
+    # A100 datasheets), the default when neither the file nor a base GPU says.
+    peaks = {"bf16": bf16, "fp16": bf16,
+             "fp32": num("fp32_tflops", base.peak("fp32") / tflops if base else bf16 / tflops / 2)
+             * tflops}
+    fp8_default = base.peak_flops["fp8"] / tflops if base and "fp8" in base.peak_flops else None
+    if "fp8_tflops" in raw or fp8_default:   # no FP8 unless the file or the base has it
+        peaks["fp8"] = num("fp8_tflops", fp8_default) * tflops
     spec = DeviceSpec(
         name=str(raw.get("name", base.name if base else "custom")),
-        peak_flops={"bf16": bf16, "fp16": bf16,
-                    "fp8": num("fp8_tflops", base and base.peak("fp8") / tflops or bf16 / tflops) * tflops,
-                    "fp32": num("fp32_tflops", base and base.peak("fp32") / tflops or bf16 / tflops / 2) * tflops},
+        peak_flops=peaks,
         hbm_bytes=num("hbm_gb", base and base.hbm_bytes / GB) * GB,
         hbm_Bps=num("hbm_GBps", base and base.hbm_Bps / GB) * GB,
         nvlink_Bps=num("nvlink_GBps", base and base.nvlink_Bps / GB) * GB,

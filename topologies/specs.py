@@ -80,15 +80,18 @@ class DeviceSpec:
         return self.nvlink_links * self.nccl_nvlink_link_Bps
 
 
-def _flops(bf16: float, fp8: float, fp32: float) -> Mapping[str, float]:
-    return MappingProxyType({"bf16": bf16, "fp16": bf16, "fp8": fp8, "fp32": fp32})
+def _flops(bf16: float, fp8: float | None, fp32: float) -> Mapping[str, float]:
+    peaks = {"bf16": bf16, "fp16": bf16, "fp32": fp32}
+    if fp8 is not None:   # GPUs without FP8 tensor cores (A100) have no fp8 entry
+        peaks["fp8"] = fp8
+    return MappingProxyType(peaks)
 
 
 DEVICES: dict[str, DeviceSpec] = {
     # A100 SXM4 80GB [NV-A100]: 312 TFLOP/s BF16 dense, 156 TF32, no FP8; 2.039 TB/s
     # HBM2e; NVLink3 12 links x 25 GB/s/dir = 300 GB/s/dir (600 bidir); 108 SMs.
     # NCCL topo.h SM80 NVLink = 20.0 GB/s per link.
-    "a100": DeviceSpec("a100", _flops(312 * TB, 312 * TB, 156 * TB), 80 * GB, 2.039 * TB,
+    "a100": DeviceSpec("a100", _flops(312 * TB, None, 156 * TB), 80 * GB, 2.039 * TB,
                        300 * GB, 12, 20.0 * GB, nvls=False, sm_count=108),
     # H100 SXM5 [NV-H100]: 989 TFLOP/s BF16 dense (1979 sparse), 1979 FP8, 494 TF32;
     # 80 GB HBM3 at 3.35 TB/s; NVLink4 18 links, 900 GB/s bidir = 450/dir.

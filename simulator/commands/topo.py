@@ -23,7 +23,7 @@ def handle(args: argparse.Namespace) -> int:
     d = topo.describe()
     dev = topo.device(0)
     d["device"] = {"name": dev.name, "bf16_tflops": dev.peak("bf16") / 1e12,
-                   "fp8_tflops": dev.peak("fp8") / 1e12, "hbm_gb": dev.hbm_bytes / 1e9,
+                   "fp8_tflops": dev.peak_flops["fp8"] / 1e12 if "fp8" in dev.peak_flops else None, "hbm_gb": dev.hbm_bytes / 1e9,
                    "hbm_GBps": dev.hbm_Bps / 1e9, "nvlink_GBps": dev.nvlink_Bps / 1e9,
                    "sm_count": dev.sm_count}
     if args.json:
@@ -33,7 +33,8 @@ def handle(args: argparse.Namespace) -> int:
     print(f"  {d['gpus']} GPUs in {d['domains']} NVLink domain(s) of {d['gpus_per_domain']}; "
           f"NVLS {'yes' if d['nvls'] else 'no'}")
     dv = d["device"]
-    print(f"  device {dv['name']}: {dv['bf16_tflops']:.0f} TFLOP/s bf16, {dv['fp8_tflops']:.0f} fp8, "
+    print(f"  device {dv['name']}: {dv['bf16_tflops']:.0f} TFLOP/s bf16, "
+          f"{'no' if dv['fp8_tflops'] is None else format(dv['fp8_tflops'], '.0f')} fp8, "
           f"{dv['hbm_gb']:.0f} GB HBM at {dv['hbm_GBps']:.0f} GB/s, NVLink {dv['nvlink_GBps']:.0f} GB/s "
           f"per direction, {dv['sm_count']} SMs")
     print(f"  {'links':<8} {'count':>7} {'GB/s raw':>12} {'GB/s NCCL':>12}")

@@ -18,7 +18,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from ..cli import UsageError
-from ..summary import rank_breakdown
+from ..summary import rank_breakdowns
 from ..trace import COLUMNS
 from .common import fmt_time, print_json
 
@@ -100,8 +100,10 @@ def waits(table: pa.Table) -> dict[str, Any]:
 
 def summarize_trace(table: pa.Table, meta: dict[str, Any]) -> dict[str, Any]:
     """Summary (metadata), per-rank breakdown, per-stream busy time, waits."""
-    ranks = sorted(set(table["rank"].to_pylist()))
-    per_rank = {r: rank_breakdown(table, r) for r in ranks}
+    # rank_breakdowns needs rows grouped by rank: a foreign trace may not be sorted.
+    table = table.sort_by([("rank", "ascending"), ("start_s", "ascending")])
+    per_rank = rank_breakdowns(table)
+    ranks = sorted(per_rank)
     streams: dict[str, float] = defaultdict(float)
     cols = table.select(["stream", "start_s", "end_s"]).to_pydict()
     for s, a, b in zip(cols["stream"], cols["start_s"], cols["end_s"]):
