@@ -251,10 +251,9 @@ class Engine:
         return self._twins[key]
 
     def _stage_ranks(self, stage: int) -> list[int]:
+        """Every rank of a pipeline stage (pp is the outermost mesh dim)."""
         per_stage = self.program.world_size // len(self.program.stages)
-        return [r for r in range(self.program.world_size) if self.program.stage_of(r) == stage] \
-            if per_stage * len(self.program.stages) != self.program.world_size else \
-            [self.program.rank_of({**self.program.coords(i), "pp": stage}) for i in range(per_stage)]
+        return list(range(stage * per_stage, (stage + 1) * per_stage))
 
     def _group_name(self, rank: int, task: Task) -> str:
         if task.kind == COMPUTE:

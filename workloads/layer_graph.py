@@ -185,11 +185,9 @@ class LayerGraph:
     def emit_forward(self, sink: TaskSink, ctx: dict, input_dep: tuple[int, ...],
                      phase: str = "forward") -> int:
         """Emit forward tasks; returns the id of the task producing the layer output."""
-        last = -1
         for node in self.nodes:
             deps = tuple(x.task for x in node.inputs) if node.inputs else input_dep
             node.task = self._emit_forward_node(sink, ctx, node, deps, phase)
-            last = node.task if node.task >= 0 else last
         return self.nodes[-1].task
 
     def _emit_forward_node(self, sink: TaskSink, ctx: dict, node: Node, deps, phase) -> int:
