@@ -33,7 +33,7 @@ def test_cli_surface_is_frozen():
     assert set(sub.choices) >= {"run", "collective", "topo", "list"}
     run_flags = {s for a in sub.choices["run"]._actions for s in a.option_strings}
     assert run_flags >= {"--plan", "--topo", "--json", "--trace", "--chrome-trace", "--full",
-                         "--algorithm", "--protocol", "--strict-memory"}
+                         "--algorithm", "--protocol", "--strict-memory", "--fault"}
 
 
 def test_run_json_has_the_documented_keys(capsys):
@@ -190,3 +190,14 @@ def test_byte_identical_across_processes_and_hash_seeds(tmp_path):
         assert proc.returncode == 0, proc.stderr
         outputs.append(path.read_bytes())
     assert outputs[0] == outputs[1]
+
+
+def test_run_with_a_straggler_simulates_every_rank_and_slows_the_step(capsys):
+    code, out, err = run_cli(capsys, "run", "--plan", "fsdp.json", "--json")
+    base = json.loads(out)
+    code, out, err = run_cli(capsys, "run", "--plan", "fsdp.json", "--json",
+                             "--fault", "straggler:gpu=3,slowdown=1.5")
+    assert code == 0, err
+    slow = json.loads(out)
+    assert slow["simulated_ranks"] == 8 and slow["critical_rank"] == 3
+    assert slow["step_time_s"] > 1.3 * base["step_time_s"]

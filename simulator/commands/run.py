@@ -3,6 +3,9 @@ from __future__ import annotations
 
 import argparse
 import json
+from dataclasses import replace
+
+from topologies.faults import apply_faults, parse_fault
 
 from ..api import simulate
 from ..cli import EXIT_DOES_NOT_FIT
@@ -19,6 +22,10 @@ def register(sub) -> None:
     p.add_argument("--topo", help="topology preset or file (default: the plan's)")
     p.add_argument("--trace", metavar="FILE.parquet", help="write the Parquet trace")
     p.add_argument("--chrome-trace", metavar="FILE.json", help="write a Perfetto/Chrome trace")
+    p.add_argument("--fault", action="append", default=[], metavar="SPEC",
+                   help="straggler:gpu=R,slowdown=F | link-down:nic=nodeD/R | "
+                        "degraded:link=CLASS,factor=F | gpu:ranks=A-B,type=NAME "
+                        "(repeatable; implies --full)")
     p.add_argument("--strict-memory", action="store_true",
                    help=f"exit {EXIT_DOES_NOT_FIT} when the plan does not fit in memory")
     add_common(p)
@@ -28,7 +35,12 @@ def register(sub) -> None:
 def handle(args: argparse.Namespace) -> int:
     """Simulate and report."""
     plan, topology = plan_and_topology(args.plan, args.topo)
-    result = simulate(plan, topology, sim_options(args))
+    options = sim_options(args)
+    if args.fault:
+        # A fault breaks the symmetry rank classes rely on: simulate every rank.
+        topology = apply_faults(topology, [parse_fault(f) for f in args.fault])
+        options = replace(options, full=True)
+    result = simulate(plan, topology, options)
     if args.trace:
         write_parquet(result.trace, args.trace, result.metadata())
     if args.chrome_trace:
