@@ -70,6 +70,13 @@ class LayerShape:
         return features / self.tp if layout == "H" else features
 
 
+def causal_attention_flops(queries: float, keys: float, head_dim: int, heads: float) -> float:
+    """Forward FLOPs of causal attention: QK^T and PV, 2 * s_q * s_k * d each per head,
+    halved by the causal mask (the convention of Megatron-LM's and FlashAttention's
+    causal FLOP counts). `queries` counts query tokens over the batch."""
+    return 4.0 * queries * keys * head_dim * heads * 0.5
+
+
 class LayerGraph:
     """Build one layer's forward graph, then emit forward and backward tasks."""
 
@@ -156,12 +163,9 @@ class LayerGraph:
         return flops, (m * k + k * n + m * n) * sh.gemm_bytes, (int(m), int(n), int(k))
 
     def attention_flops(self) -> float:
-        """Forward FLOPs of causal attention: QK^T and PV, 2*s_q*s_k*d each per head,
-        halved by the causal mask (the convention of Megatron-LM's and FlashAttention's
-        causal FLOP counts)."""
+        """Forward FLOPs of this rank's causal attention (its heads, its tokens)."""
         sh = self.shape
-        heads = sh.heads / sh.tp
-        return 4.0 * sh.tokens * sh.seq_len * sh.head_dim * heads * 0.5
+        return causal_attention_flops(sh.tokens, sh.seq_len, sh.head_dim, sh.heads / sh.tp)
 
     def attention_bytes(self) -> float:
         """HBM traffic of a flash-attention forward: read q, k, v, write o (and lse)."""

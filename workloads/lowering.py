@@ -8,7 +8,7 @@ optimizer step at the end.
 """
 from __future__ import annotations
 
-from .layer_graph import LayerGraph, LayerShape
+from .layer_graph import LayerGraph, LayerShape, causal_attention_flops
 from .layouts import H, R, S
 from .plan import Plan
 from .precision import precision
@@ -145,7 +145,7 @@ def model_flops(plan: Plan) -> float:
     layers = (m.num_layers * m.layer_matmul_params() if not m.num_experts else
               sum(m.active_matmul_params_at(i) for i in range(m.num_layers)))
     matmul = layers + m.vocab_size * m.hidden_size   # MoE: active (routed top-k) params
-    attention_fwd = 4.0 * tokens * tr.seq_len * m.head_dim * m.num_heads * 0.5
+    attention_fwd = causal_attention_flops(tokens, tr.seq_len, m.head_dim, m.num_heads)
     return 6.0 * tokens * matmul + 3.0 * m.num_layers * attention_fwd
 
 

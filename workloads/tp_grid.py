@@ -41,6 +41,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from .layer_graph import causal_attention_flops
 from .precision import precision
 from .program import ATTENTION, COMM, COMPUTE, GEMM, MEMORY
 
@@ -156,7 +157,7 @@ class GridLayer:
     def _attention_flops(self) -> float:
         sh = self.shape
         heads = sh.heads / self.split.feature_split
-        return 4.0 * self.rows * sh.seq_len * sh.head_dim * heads * 0.5
+        return causal_attention_flops(self.rows, sh.seq_len, sh.head_dim, heads)
 
     def _attention_bytes(self) -> float:
         sh = self.shape
