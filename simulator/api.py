@@ -1,19 +1,20 @@
 """simulate(): plan + topology -> Result (trace and summary). The one entry point."""
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import pyarrow as pa
 import pyarrow.compute as pc
 
 from topologies import Topology
-from workloads import Plan, resolve
+from workloads import Plan, WorkloadError, resolve
 from workloads.lowering import lower
 from workloads.memory import peak_memory
 from workloads.program import Program
 
 from .engine import Engine, SimOptions
+from .network import ALGORITHMS, PROTOCOLS
 from .memory_timeline import memory_column
 from .summary import summarize
 
@@ -46,9 +47,22 @@ def memory_summary(plan: Plan, topology: Topology) -> dict[str, Any]:
             "memory": breakdown.to_dict()}
 
 
+def _with_plan_collectives(options: SimOptions, plan: Plan) -> SimOptions:
+    """The plan's forced collective algorithm/protocol, unless the options force one."""
+    comm = options.comm
+    for key, allowed, value in (("algorithm", ALGORITHMS, plan.collective_algorithm),
+                                ("protocol", PROTOCOLS, plan.collective_protocol)):
+        if value is None or getattr(comm, key) is not None:
+            continue
+        if value not in allowed:
+            raise WorkloadError(f"collectives.{key}", value, ", ".join(allowed))
+        comm = replace(comm, **{key: value})
+    return replace(options, comm=comm)
+
+
 def simulate(plan: Plan, topology: Topology, options: SimOptions | None = None) -> Result:
     """Lower a plan for a topology's world size and replay one training step."""
-    options = options or SimOptions()
+    options = _with_plan_collectives(options or SimOptions(), plan)
     plan = resolve(plan, topology.world_size)
     program = lower(plan)
     engine = Engine(program, topology, options)

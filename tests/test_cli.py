@@ -201,3 +201,23 @@ def test_run_with_a_straggler_simulates_every_rank_and_slows_the_step(capsys):
     slow = json.loads(out)
     assert slow["simulated_ranks"] == 8 and slow["critical_rank"] == 3
     assert slow["step_time_s"] > 1.3 * base["step_time_s"]
+
+
+def test_a_plan_can_force_the_collective_algorithm(write_json, capsys, tmp_path):
+    # DDP's gradient all-reduces across two nodes: the tuner's choice, then ring forced.
+    algorithms = {}
+    for forced in (None, "ring"):
+        raw = small_plan(training={"global_batch": 16})
+        if forced:
+            raw["collectives"] = {"algorithm": forced}
+        trace = tmp_path / f"{forced}.parquet"
+        code, _, err = run_cli(capsys, "run", "--topo", "dgx-h100x2", "--plan",
+                               write_json(f"{forced}.json", raw), "--trace", str(trace))
+        assert code == 0, err
+        df = pd.read_parquet(trace)
+        algorithms[forced] = set(df[df["op"] == "all_reduce"]["algorithm"])
+    assert algorithms["ring"] == {"ring"} and algorithms[None] != {"ring"}
+    raw["collectives"] = {"algorithm": "butterfly"}
+    code, _, err = run_cli(capsys, "run", "--topo", "dgx-h100x2", "--plan",
+                           write_json("bad.json", raw))
+    assert code == 2 and err.startswith("error: collectives.algorithm")

@@ -109,6 +109,8 @@ class Plan:
     pipeline: Pipeline = field(default_factory=Pipeline)
     fsdp_prefetch: bool = True
     async_tp: bool = False
+    collective_algorithm: str | None = None   # "collectives": {"algorithm": ..., "protocol": ...}
+    collective_protocol: str | None = None
     topology: str | None = None
     cp_mode: str = "ring"           # context_parallel.mode
     load_imbalance: float = 1.0     # moe.load_imbalance: hottest EP rank's tokens / mean
@@ -259,7 +261,7 @@ def _pipeline(raw: dict) -> Pipeline:
 
 TOP_KEYS = ("name", "model", "training", "mesh", "fsdp", "zero_stage", "sharding", "layers",
             "recompute", "attention", "pipeline", "overlap", "topology", "description",
-            "context_parallel", "moe", "tensor_parallel")
+            "context_parallel", "moe", "tensor_parallel", "collectives")
 
 
 def _extensions(raw: dict) -> dict:
@@ -269,16 +271,24 @@ def _extensions(raw: dict) -> dict:
     moe = _obj(raw.get("moe"), "moe")
     _known_keys(moe, "moe", ("load_imbalance",))
     imbalance = moe.get("load_imbalance", 1.0)
-    # The hottest rank cannot get more than every token: top_k x imbalance <= experts.
+    # Bounded: far beyond this the hottest rank would hold more tokens than the batch has.
     if (isinstance(imbalance, bool) or not isinstance(imbalance, (int, float))
             or not 1 <= imbalance <= MAX_LOAD_IMBALANCE):
         raise WorkloadError("moe.load_imbalance", imbalance,
                             f"a number in [1, {MAX_LOAD_IMBALANCE:g}] (1: balanced)")
     tp = _obj(raw.get("tensor_parallel"), "tensor_parallel")
     _known_keys(tp, "tensor_parallel", ("depth",))
+    # Forced NCCL algorithm/protocol: names are checked by the simulator, which owns them.
+    coll = _obj(raw.get("collectives"), "collectives")
+    _known_keys(coll, "collectives", ("algorithm", "protocol"))
+    for key in ("algorithm", "protocol"):
+        if key in coll and not isinstance(coll[key], str):
+            raise WorkloadError(f"collectives.{key}", coll[key], "a name (see --algorithm)")
     return {"cp_mode": _choice(cp.get("mode", "ring"), "context_parallel.mode", CP_MODES),
             "load_imbalance": float(imbalance),
-            "tp_depth": _int(tp, "depth", "tensor_parallel", 1)}
+            "tp_depth": _int(tp, "depth", "tensor_parallel", 1),
+            "collective_algorithm": coll.get("algorithm"),
+            "collective_protocol": coll.get("protocol")}
 
 
 def plan_from_dict(raw: Any, base_dir: Path | None = None, default_name: str = "plan") -> Plan:
