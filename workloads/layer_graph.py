@@ -347,10 +347,14 @@ class LayerGraph:
             factor = 2.5 if self.flash_attention else 2.0
             task = sink.add(kind=COMPUTE, stream="compute", op="attention", phase="backward",
                             deps=(ready,), flops=factor * self.attention_flops(),
+                            # reads q, k, v, o, dO and writes dq, dk, dv: about twice
+                            # the forward's traffic (FlashAttention-2, Algorithm 2)
                             bytes=2.0 * self.attention_bytes(), op_class=ATTENTION,
                             label="attention.bwd", **ctx)
             return [(x, (task, "R" if tp1 else "H")) for x in node.inputs]
         task = sink.add(kind=COMPUTE, stream="compute", op=node.name, phase="backward",
+                        # reads the input and the output gradient, writes the input
+                        # gradient: 3 tensors against the forward's 2
                         deps=(ready,), bytes=self.elementwise_bytes(node) * 1.5,
                         op_class=MEMORY, label=f"{node.name}.bwd", **ctx)
         # A partial-sum output's gradient is whole (R) on every rank, and so is its input's.

@@ -24,7 +24,8 @@ class Task:
 
     id: int
     kind: str                       # compute | comm
-    stream: str                     # compute, tp, cp, dp_ag, dp_rs, pp_send, pp_recv
+    stream: str                     # compute, tp, cp, ep, dp_ag, dp_rs, pp_send, pp_recv,
+                                    # cp_send, cp_recv, cp_grad_send, cp_grad_recv
     op: str                         # wq, attention, rmsnorm, all_gather, send_recv, ...
     phase: str                      # forward | backward | recompute | optimizer
     layer: int                      # -1 outside transformer layers

@@ -37,7 +37,7 @@ class StageLowering:
             self.chunk_units.append(units)
         self.units = [u for units in self.chunk_units for u in units]
         self.fsdp = plan.fsdp or plan.zero_stage == 3
-        self.bytes = precision(plan.training.dtype)
+        self.precision = precision(plan.training.dtype)
         # With pipeline parallelism, torch.distributed.pipelining runs every micro-batch's
         # backward with FSDP's gradient sync and reshard-after-backward off, then reduces
         # once per step (stage.py: backward_maybe_with_nosync, perform_reduce_grad).
@@ -100,7 +100,7 @@ class StageLowering:
         for dims, params in sorted(self._param_groups(unit).items()):
             if self._group_size(dims) == 1 or params == 0:
                 continue
-            gathered = params * self.bytes.param_bytes
+            gathered = params * self.precision.param_bytes
             gather = self.sink.add(
                 kind=COMM, stream="dp_ag", op="all_gather", phase=phase,
                 deps=(gate,) if gate is not None else (), bytes=gathered,
@@ -138,11 +138,11 @@ class StageLowering:
                 ready = (self.sink.add(
                     kind=COMPUTE, stream="dp_rs", op="fsdp_copy_in", phase="backward",
                     deps=deps, op_class=MEMORY, label=f"grad.copy_in.{unit}",
-                    bytes=params * (self.bytes.param_bytes + self.bytes.grad_reduce_bytes),
+                    bytes=params * (self.precision.param_bytes + self.precision.grad_reduce_bytes),
                     **self._ctx(unit, mb)),)
             self.reductions.append(self.sink.add(
                 kind=COMM, stream="dp_rs", op=op, phase="backward", deps=ready,
-                bytes=params * self.bytes.grad_reduce_bytes, group=dims,
+                bytes=params * self.precision.grad_reduce_bytes, group=dims,
                 label=f"grad.reduce.{unit}", **self._ctx(unit, mb)))
 
     # ---- passes -------------------------------------------------------------------------
@@ -217,7 +217,7 @@ class StageLowering:
                 for dims, params in sorted(self._param_groups(unit).items()):
                     if self._group_size(dims) > 1 and params:
                         self.sink.add(kind=COMM, stream="dp_ag", op="all_gather",
-                                      phase="optimizer", deps=(step,), bytes=params * self.bytes.param_bytes,
+                                      phase="optimizer", deps=(step,), bytes=params * self.precision.param_bytes,
                                       group=dims, label=f"zero.gather.{unit}",
                                       **self._ctx(unit, -1))
 
