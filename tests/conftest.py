@@ -36,6 +36,25 @@ def small_plan(**over) -> dict:
     return raw
 
 
+# Shared, read-only topologies (a test that changes one builds its own).
+@pytest.fixture(scope="session")
+def h100():
+    """One DGX H100 node."""
+    return topologies.build("dgx-h100")
+
+
+@pytest.fixture(scope="session")
+def h100x2():
+    """Two DGX H100 nodes."""
+    return topologies.build("dgx-h100x2")
+
+
+@pytest.fixture(scope="session")
+def h100x4():
+    """Four DGX H100 nodes."""
+    return topologies.build("dgx-h100x4")
+
+
 @pytest.fixture
 def write_json(tmp_path: Path):
     """Write an object as JSON into tmp_path and return the path as a string."""

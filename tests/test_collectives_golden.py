@@ -8,20 +8,9 @@ Tolerance (issue 3): 10 % at 64 MB and above, 25 % at 64 KB and below.
 import pytest
 
 from simulator.network import CollectiveModel, CommOptions, bus_factor
-from topologies import build
 
 MB = 1 << 20
 LARGE = [64 * MB, 256 * MB, 1 << 30]
-
-
-@pytest.fixture(scope="module")
-def h100():
-    return build("dgx-h100")
-
-
-@pytest.fixture(scope="module")
-def h100x4():
-    return build("dgx-h100x4")
 
 
 def busbw_GBps(topo, op, ranks, size, **force):

@@ -5,10 +5,11 @@ import pyarrow.compute  # noqa: F401 (pa.compute)
 import pytest
 
 from workloads import plan_from_dict, resolve
+from workloads.lowering import stage_layers
 from workloads.memory import (activation_bytes_per_layer, activation_fraction_3d,
                               memory_breakdown, micro_batches_in_flight,
                               model_state_bytes_per_device, output_layer_activation_bytes,
-                              peak_memory, stage_layer_ranges)
+                              peak_memory)
 from workloads.models import PRESETS, ModelSpec
 
 
@@ -168,7 +169,7 @@ def test_llama3_405b_split_on_16_stages():
                                                 "seq_len": 8192},
            "mesh": {"dp": 1, "tp": 8, "pp": 16}}
     plan = resolve(plan_from_dict(raw), 128)
-    counts = [len(r) for r in stage_layer_ranges(plan)]
+    counts = [len(r) for r in stage_layers(plan)]
     assert counts == [7] + [8] * 14 + [7] and sum(counts) == 126
     first, mid, last = (memory_breakdown(plan, s) for s in (0, 5, 15))
     m = plan.model

@@ -78,6 +78,15 @@ def build_head(plan: Plan, shape: LayerShape) -> LayerGraph:
     return g
 
 
+EMBED, HEAD = "embedding", "head"
+
+
+def weight_dp_dims(plan: Plan) -> tuple[str, ...]:
+    """The dims a replicated weight's gradient reduces over: DP, and CP when there is one
+    (every CP rank sees other tokens of the same sequence)."""
+    return ("dp", "cp") if plan.mesh.cp > 1 else ("dp",)
+
+
 def layer_param_groups(plan: Plan, layer: int) -> dict[tuple[str, ...], float]:
     """Parameters one rank holds for a layer, by the mesh dims their gradients reduce over.
 
@@ -87,7 +96,7 @@ def layer_param_groups(plan: Plan, layer: int) -> dict[tuple[str, ...], float]:
     under sequence parallelism are partial over TP too.
     """
     m, tp = plan.model, plan.mesh.tp
-    dp_dims = ("dp", "cp") if plan.mesh.cp > 1 else ("dp",)
+    dp_dims = weight_dp_dims(plan)
     if plan.grid_strategy is not None:
         from .tp_grid import grid_param_groups
         return grid_param_groups(plan, layer, dp_dims)
@@ -109,14 +118,11 @@ def layer_param_groups(plan: Plan, layer: int) -> dict[tuple[str, ...], float]:
     return groups
 
 
-EMBED, HEAD = "embedding", "head"
-
-
 def unit_param_groups(plan: Plan, unit) -> dict[tuple[str, ...], float]:
     """Parameters one rank computes with for an FSDP unit (a layer index, EMBED or HEAD),
     by the mesh dims their gradients reduce over (and ZeRO/FSDP shards them over)."""
     m, tp = plan.model, plan.mesh.tp
-    dp_dims = ("dp", "cp") if plan.mesh.cp > 1 else ("dp",)
+    dp_dims = weight_dp_dims(plan)
     if unit == EMBED:
         return {dp_dims: m.vocab_size * m.hidden_size / tp}        # vocab-parallel
     if unit == HEAD:

@@ -33,8 +33,7 @@ from typing import Sequence
 
 from .models import ModelSpec
 from .plan import Plan
-from .schedules import stage_layer_ranges as _split
-from .lowering import EMBED, HEAD, unit_param_groups
+from .lowering import EMBED, HEAD, stage_layers, unit_param_groups
 from .precision import precision
 
 BF16_BYTES = 2
@@ -90,13 +89,6 @@ def activation_fraction_3d(n: int, design: int = 1) -> float:
     raise ValueError(f"design must be 1 or 2, got {design}")
 
 
-# ---------------------------------------------------------------------- pipeline split
-def stage_layer_ranges(plan: Plan) -> tuple[range, ...]:
-    """Layer indices of every pipeline chunk under the plan (schedules.stage_layer_ranges)."""
-    return _split(plan.model.num_layers, plan.mesh.pp * plan.pipeline.virtual_stages,
-                  plan.pipeline.layer_split)
-
-
 def micro_batches_in_flight(plan: Plan, stage: int = 0) -> float:
     """Micro-batches whose activations stage `stage` holds at its peak, in stage-layer units.
 
@@ -118,10 +110,6 @@ def micro_batches_in_flight(plan: Plan, stage: int = 0) -> float:
 
 
 # --------------------------------------------------------------------- parameter counts
-def _is_moe_layer(model: ModelSpec, layer: int) -> bool:
-    return model.num_experts > 0 and layer >= model.first_dense_layers
-
-
 def _stage_units(plan: Plan, stage: int, ranges: Sequence[range]) -> list[tuple[float, float]]:
     """(gathered, sharded) parameters per FSDP unit of the stage: embedding, layers, output.
 
@@ -246,7 +234,7 @@ def saved_layer_bytes(plan: Plan, layer: int, recompute: str | None = None) -> f
         return activation_scale(plan) * grid_split(plan).resid_fraction * \
             activation_bytes_per_layer(m, s, b, 1, False, recompute, kv_seq_len=tr.seq_len)
     return activation_scale(plan) * activation_bytes_per_layer(
-        m, s, b, tp, sp, recompute, kv_seq_len=tr.seq_len, moe=_is_moe_layer(m, layer),
+        m, s, b, tp, sp, recompute, kv_seq_len=tr.seq_len, moe=m.is_moe_layer(layer),
         load_imbalance=plan.load_imbalance)
 
 
@@ -260,7 +248,7 @@ def memory_breakdown(plan: Plan, stage: int = 0,
     """Peak memory of a rank of pipeline stage `stage` for a resolved plan (mesh.dp set).
 
     layer_ranges: the layers of each pipeline chunk (pp x virtual_stages ranges, chunk c on
-    stage c % pp), e.g. the lowering's split; default `stage_layer_ranges(plan)`.
+    stage c % pp), e.g. the lowering's split; default `lowering.stage_layers(plan)`.
 
     peak = params + grads + optimizer + activations + buffers: every term is live at the start
     of the last warm-up micro-batch's backward once gradients accumulate (m > 1); summing is
@@ -285,7 +273,7 @@ def memory_breakdown(plan: Plan, stage: int = 0,
     if not 0 <= stage < mesh.pp:
         raise ValueError(f"stage must be in [0, {mesh.pp}), got {stage}")
     zero = 3 if plan.fsdp else plan.zero_stage
-    ranges = tuple(layer_ranges) if layer_ranges is not None else stage_layer_ranges(plan)
+    ranges = tuple(layer_ranges) if layer_ranges is not None else stage_layers(plan)
     if len(ranges) != mesh.pp * plan.pipeline.virtual_stages:
         raise ValueError(f"layer_ranges needs {mesh.pp * plan.pipeline.virtual_stages} ranges")
     units = _stage_units(plan, stage, ranges)
@@ -304,8 +292,8 @@ def memory_breakdown(plan: Plan, stage: int = 0,
 
     # Activations (Korthikanti Table 2 per layer x layers x in-flight micro-batches).
     chunks = range(stage, len(ranges), mesh.pp)
-    stage_layers = [layer for c in chunks for layer in ranges[c]]
-    layers = len(stage_layers)
+    own_layers = [layer for c in chunks for layer in ranges[c]]
+    layers = len(own_layers)
     s, b, tp, sp = tr.seq_len // mesh.cp, tr.micro_batch, mesh.tp, plan.sequence_parallel
     in_flight = micro_batches_in_flight(plan, stage)
 
@@ -313,9 +301,9 @@ def memory_breakdown(plan: Plan, stage: int = 0,
         return saved_layer_bytes(plan, layer, recompute)
 
     flash = plan.attention == "flash"
-    activations = in_flight * sum(per_layer(layer, plan.recompute) for layer in stage_layers)
-    if plan.recompute == "full" and stage_layers:
-        activations += max(per_layer(layer, "none") for layer in stage_layers)
+    activations = in_flight * sum(per_layer(layer, plan.recompute) for layer in own_layers)
+    if plan.recompute == "full" and own_layers:
+        activations += max(per_layer(layer, "none") for layer in own_layers)
     elif plan.recompute == "selective" and not flash:
         activations += activation_scale(plan) * _scores_bytes(m, s * b, tr.seq_len, tp,
                                                               _default_dropout(m))
