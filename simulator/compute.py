@@ -1,7 +1,7 @@
 """Compute cost: a roofline per kernel with per-op-class efficiency from the device profile.
 
 time = max(FLOPs / (peak x efficiency), bytes / (HBM bandwidth x memory efficiency))
-       + launch overhead
+       + launch overhead x kernel launches
 GEMM efficiency also pays for wave quantisation: a GEMM of few output tiles cannot fill
 every SM (cuBLAS falls back to split-K when the reduction dimension is long).
 """
@@ -30,8 +30,8 @@ def wave_efficiency(m: int, n: int, k: int, sms: int, tile: int) -> float:
 
 def compute_time_s(task: Task, device: DeviceSpec, dtype: str) -> float:
     """Duration of one compute task on a device, without interference."""
-    if task.flops == 0.0 and task.bytes == 0.0:
-        return 0.0  # a pure synchronisation point (join)
+    if (task.flops == 0.0 and task.bytes == 0.0) or task.kernels == 0:
+        return 0.0  # a pure synchronisation point (join), or no kernel at all
     prof = device.profile
     memory_s = task.bytes / (device.hbm_Bps * prof.memory_efficiency)
     flops_s = 0.0
@@ -44,4 +44,4 @@ def compute_time_s(task: Task, device: DeviceSpec, dtype: str) -> float:
         # attention is not assumed), in fp32 under fp32 training.
         peak = min(device.peak(dtype), device.peak("bf16"))
         flops_s = task.flops / (peak * prof.attention_efficiency)
-    return max(flops_s, memory_s) + prof.launch_overhead_s
+    return max(flops_s, memory_s) + prof.launch_overhead_s * task.kernels

@@ -147,3 +147,26 @@ def test_bundled_pipeline_plans_lower(name, chunks):
     assert sum(prog.notes["layers_per_stage"]) == plan.model.num_layers
     sends = sum(1 for st in prog.stages for t in st if t.stream == "pp_send")
     assert sends == 2 * prog.plan.micro_batches * (chunks - 1)
+
+
+def test_llama3_split_first_chunk_embedding_only_last_chunk_head_only():
+    # Llama 3 405B (arXiv:2407.21783 section 3.3.2): one layer fewer on the first and last
+    # stages, "the first model chunk on the first stage has only the embedding, and the
+    # last model chunk on the last stage has only output projection and loss": 126 layers
+    # + 2 = 16 stages x 8 chunks of one layer. Here: 4 layers on p = 2, v = 3.
+    p, v, m = 2, 3, 4
+    raw = small_plan(mesh={"pp": p, "dp": 1, "tp": 1}, training={"global_batch": m},
+                     pipeline={"schedule": "interleaved", "virtual_stages": v})
+    prog = _program(raw, p)
+    assert prog.notes["layers_per_chunk"] == [0, 1, 1, 1, 1, 0]
+    # Stage 0 holds chunks 0 (embedding), 2, 4 (layers 1, 3); stage 1 chunks 1, 3, 5 (head).
+    assert {t.layer for t in prog.stages[0] if t.layer >= 0} == {1, 3}
+    assert {t.layer for t in prog.stages[1] if t.layer >= 0} == {0, 2}
+    ops0 = {t.op for t in prog.stages[0]}
+    ops1 = {t.op for t in prog.stages[1]}
+    assert "embedding" in ops0 and "output" not in ops0
+    assert "output" in ops1 and "embedding" not in ops1
+    raw["mesh"]["dp"] = 4
+    raw["training"]["global_batch"] = 4 * m
+    result = simulate(plan_from_dict(raw), topologies.build("dgx-h100"))
+    assert result.summary["step_time_s"] > 0

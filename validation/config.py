@@ -178,6 +178,10 @@ def build_run(plan_ref: str, dims_text: str | None, backend: str, nproc: int,
     dims = parse_dims(dims_text)
     base = load_plan(plan_ref)
     plan_json = effective_plan_dict(base, dims)
+    # The harness runs PyTorch eager (no torch.compile): its norms, rotary embeddings and
+    # activations are chains of unfused kernels, and the run is recorded (and later
+    # simulated) as such.
+    plan_json["kernels"] = "eager"
     plan = resolve(plan_from_dict(plan_json, default_name=base.name), nproc)
     check_expressible(plan, dtype)
     if backend == "gloo" and dtype == "bf16":

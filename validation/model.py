@@ -1,6 +1,7 @@
 """A Llama-style decoder in plain torch, shaped by a workloads ModelSpec.
 
-RMSNorm, grouped-query attention through `scaled_dot_product_attention` (causal), a SwiGLU
+RMSNorm, rotary position embeddings on q and k (fp32 complex, as torchtitan computes
+them), grouped-query attention through `scaled_dot_product_attention` (causal), a SwiGLU
 (or GeLU) MLP, token embedding and an untied output layer. Module names follow torchtitan
 (`tok_embeddings`, `layers.N.attention.wq`, `feed_forward.w1`, ...) so that torch's
 parallel styles can be addressed by the plan's projection names.
@@ -24,6 +25,22 @@ def _all_to_all(x: torch.Tensor, group) -> torch.Tensor:
 
     out = all_to_all_single_autograd(x.contiguous(), None, None, group)
     return out  # AsyncCollectiveTensor: waited on first use
+
+
+ROPE_THETA = 500000.0  # Llama 3's rotary base (arXiv:2407.21783, Table 3)
+
+
+def rope_frequencies(seq_len: int, head_dim: int, device) -> torch.Tensor:
+    """[seq_len, head_dim / 2] complex rotations of positions 0 .. seq_len - 1."""
+    inv = 1.0 / ROPE_THETA ** (torch.arange(0, head_dim, 2, device=device).float() / head_dim)
+    angles = torch.outer(torch.arange(seq_len, device=device).float(), inv)
+    return torch.polar(torch.ones_like(angles), angles)
+
+
+def apply_rope(x: torch.Tensor, freqs: torch.Tensor) -> torch.Tensor:
+    """Rotate [B, S, H, hd] by `freqs` [S, hd / 2] in fp32 complex, back to x's dtype."""
+    xc = torch.view_as_complex(x.float().reshape(*x.shape[:-1], -1, 2))
+    return torch.view_as_real(xc * freqs[None, :, None, :]).flatten(3).type_as(x)
 
 
 def seq_to_heads(x: torch.Tensor, group, tp: int) -> torch.Tensor:
@@ -56,6 +73,19 @@ class Attention(nn.Module):
         self.wo = nn.Linear(spec.q_size, spec.hidden_size, bias=False)
         self.tp_group = None  # set by validation.parallel for seq layouts
         self.tp = 1
+        self._freqs: torch.Tensor | None = None   # rotations of the full sequence, cached
+
+    def _rotations(self, local_len: int, device) -> torch.Tensor:
+        """Rotations of this rank's positions: the whole sequence, or under the "seq"
+        layout its contiguous chunk (rank r of the TP group holds the r-th S/T tokens)."""
+        full = local_len * (self.tp if self.layout == "seq" else 1)
+        if self._freqs is None or self._freqs.shape[0] != full:
+            self._freqs = rope_frequencies(full, self.head_dim, device)
+        if self.layout != "seq":
+            return self._freqs
+        import torch.distributed as dist
+        start = dist.get_rank(self.tp_group) * local_len
+        return self._freqs[start:start + local_len]
 
     def _core(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
         out = F.scaled_dot_product_attention(q.transpose(1, 2), k.transpose(1, 2),
@@ -68,6 +98,8 @@ class Attention(nn.Module):
         q = self.wq(x).view(b, s, -1, self.head_dim)   # local heads under ColwiseParallel
         k = self.wk(x).view(b, s, -1, self.head_dim)
         v = self.wv(x).view(b, s, -1, self.head_dim)
+        rotations = self._rotations(s, q.device)
+        q, k = apply_rope(q, rotations), apply_rope(k, rotations)
         if self.layout == "seq":
             q, k, v = (seq_to_heads(t, self.tp_group, self.tp) for t in (q, k, v))
         if self.recompute_core:  # selective recompute: the attention core (Korthikanti 2022)

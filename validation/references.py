@@ -58,7 +58,9 @@ def plan_dict(row: dict[str, str]) -> dict[str, Any]:
         "training": {"global_batch": num("global_batch_seqs"), "micro_batch": num("micro_batch"),
                      "seq_len": num("seq_len"), "dtype": row.get("dtype") or "bf16"},
         "mesh": {"dp": num("dp"), "tp": num("tp"), "pp": num("pp"), "cp": num("cp")},
-        "fsdp": {"enabled": (row.get("fsdp") or "false").lower() == "true"},
+        "fsdp": {"enabled": (row.get("fsdp") or "false").lower() == "true",
+                 "reshard_after_forward":
+                     (row.get("reshard_after_forward") or "true").lower() == "true"},
         "recompute": row.get("recompute") or "none",
     }
     if num("tp") > 1:

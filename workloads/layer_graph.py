@@ -11,6 +11,7 @@ partial gradients in backward, as DTensor does.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from .kernels import elementwise_cost
 from .layouts import STRATEGY_LAYOUTS, collective, collective_bytes, grad_layout_needed
 from .program import ATTENTION, COMM, COMPUTE, GEMM, MEMORY, Task
 
@@ -91,6 +92,8 @@ class LayerGraph:
         self.recompute_attention = False
         # FlashAttention recomputes the scores inside its backward instead.
         self.flash_attention = True
+        # How memory-bound ops run: fused kernels or PyTorch eager (workloads/kernels.py).
+        self.kernel_mode = "fused"
 
     # ---- graph building ----------------------------------------------------------
     def _node(self, **fields) -> Node:
@@ -174,11 +177,13 @@ class LayerGraph:
         kv = 2 * sh.tokens * sh.kv_heads / sh.tp * sh.head_dim
         return (2 * q + kv) * sh.act_bytes
 
-    def elementwise_bytes(self, node: Node) -> float:
-        """HBM bytes of a memory-bound op over its local tensor."""
+    def elementwise_cost(self, node: Node, phase: str = "forward") -> tuple[float, int]:
+        """(HBM bytes, kernel launches) of a memory-bound op in forward or backward."""
         sh = self.shape
         local = sh.rows(node.layout) * sh.cols(node.layout, node.features) * sh.act_bytes
-        return local * node.rows_scale * (node.rw[0] + node.rw[1])
+        passes, kernels = elementwise_cost(node.name, self.kernel_mode, sh.act_bytes,
+                                           node.rw[0] + node.rw[1], phase)
+        return local * node.rows_scale * passes, kernels
 
     # ---- emission ---------------------------------------------------------------------
     @property
@@ -216,8 +221,9 @@ class LayerGraph:
                             deps=deps, flops=self.attention_flops(),
                             bytes=self.attention_bytes(), op_class=ATTENTION,
                             label="attention.fwd", **ctx)
+        nbytes, kernels = self.elementwise_cost(node)
         return sink.add(kind=COMPUTE, stream="compute", op=node.name, phase=phase, deps=deps,
-                        bytes=self.elementwise_bytes(node), op_class=MEMORY,
+                        bytes=nbytes, op_class=MEMORY, kernels=kernels,
                         label=f"{node.name}.fwd", **ctx)
 
     def _ep_a2a(self, sink: TaskSink, ctx: dict, node: Node, deps, phase: str, label: str) -> int:
@@ -352,11 +358,10 @@ class LayerGraph:
                             bytes=2.0 * self.attention_bytes(), op_class=ATTENTION,
                             label="attention.bwd", **ctx)
             return [(x, (task, "R" if tp1 else "H")) for x in node.inputs]
+        nbytes, kernels = self.elementwise_cost(node, "backward")
         task = sink.add(kind=COMPUTE, stream="compute", op=node.name, phase="backward",
-                        # reads the input and the output gradient, writes the input
-                        # gradient: 3 tensors against the forward's 2
-                        deps=(ready,), bytes=self.elementwise_bytes(node) * 1.5,
-                        op_class=MEMORY, label=f"{node.name}.bwd", **ctx)
+                        deps=(ready,), bytes=nbytes, op_class=MEMORY, kernels=kernels,
+                        label=f"{node.name}.bwd", **ctx)
         # A partial-sum output's gradient is whole (R) on every rank, and so is its input's.
         return [(x, (task, grad_layout_needed(node.layout) if not tp1 else node.layout))
                 for x in node.inputs]

@@ -12,6 +12,7 @@ from types import MappingProxyType
 from typing import Any, Mapping
 
 from .errors import WorkloadError
+from .kernels import KERNEL_MODES
 from .models import ModelSpec, load_model
 
 PROJECTIONS = ("wq", "wk", "wv", "wo", "w1", "w3", "w2")
@@ -106,6 +107,7 @@ class Plan:
     layer_overrides: tuple[tuple[int, int, Mapping[str, str]], ...] = ()
     recompute: str = "none"
     attention: str = "flash"
+    kernels: str = "fused"          # memory-bound ops: fused | eager (workloads/kernels.py)
     pipeline: Pipeline = field(default_factory=Pipeline)
     fsdp_prefetch: bool = True
     async_tp: bool = False
@@ -252,15 +254,15 @@ def _pipeline(raw: dict) -> Pipeline:
     split = raw.get("layer_split")
     if split is not None:
         if not isinstance(split, list) or not all(isinstance(n, int) and not isinstance(n, bool)
-                                                  and n >= 1 for n in split):
-            raise WorkloadError("pipeline.layer_split", split, "a list of positive integers")
+                                                  and n >= 0 for n in split):
+            raise WorkloadError("pipeline.layer_split", split, "a list of non-negative integers")
         split = tuple(split)
     return Pipeline(_choice(raw.get("schedule", "1f1b"), "pipeline.schedule", SCHEDULES),
                     _int(raw, "virtual_stages", "pipeline", 1), split)
 
 
 TOP_KEYS = ("name", "model", "training", "mesh", "fsdp", "zero_stage", "sharding", "layers",
-            "recompute", "attention", "pipeline", "overlap", "topology", "description",
+            "recompute", "attention", "kernels", "pipeline", "overlap", "topology", "description",
             "context_parallel", "moe", "tensor_parallel", "collectives")
 
 
@@ -325,6 +327,7 @@ def plan_from_dict(raw: Any, base_dir: Path | None = None, default_name: str = "
             _obj(raw.get("layers"), "layers"), model.num_layers),
         recompute=_choice(raw.get("recompute", "none"), "recompute", RECOMPUTE),
         attention=_choice(raw.get("attention", "flash"), "attention", ATTENTION_IMPLS),
+        kernels=_choice(raw.get("kernels", "fused"), "kernels", KERNEL_MODES),
         pipeline=_pipeline(_obj(raw.get("pipeline"), "pipeline")),
         fsdp_prefetch=_bool(overlap, "fsdp_prefetch", "overlap", True),
         async_tp=_bool(overlap, "async_tp", "overlap", False), topology=topo,

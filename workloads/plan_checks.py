@@ -118,13 +118,16 @@ def check_grid(plan) -> None:
 
 
 def check_pipeline(plan) -> None:
-    """pp x v chunks of at least one layer; layer_split has pp x v entries adding up."""
+    """pp x v chunks of at least one layer, except that the first chunk may hold only the
+    embedding and the last only the output layer and loss (Llama 3's split,
+    arXiv:2407.21783 section 3.3.2); layer_split has pp x v entries adding up."""
     layers, pipe, mesh = plan.model.num_layers, plan.pipeline, plan.mesh
     chunks = mesh.pp * pipe.virtual_stages
-    if chunks > layers:
+    if chunks > layers + 2:
         raise WorkloadError("mesh.pp", mesh.pp,
-                            f"pp*virtual_stages <= num_layers ({layers}): a pipeline chunk "
-                            "needs at least one layer")
+                            f"pp*virtual_stages <= num_layers + 2 ({layers + 2}): a pipeline "
+                            "chunk needs at least one layer (the first and last may hold "
+                            "only the embedding and the output layer)")
     if pipe.schedule != "interleaved" and pipe.virtual_stages != 1:
         raise WorkloadError("pipeline.virtual_stages", pipe.virtual_stages,
                             "1 unless schedule is interleaved")
@@ -139,3 +142,6 @@ def check_pipeline(plan) -> None:
         if sum(pipe.layer_split) != layers:
             raise WorkloadError("pipeline.layer_split", list(pipe.layer_split),
                                 f"entries that add up to num_layers ({layers})")
+        if any(n == 0 for n in pipe.layer_split[1:-1]) or (chunks == 1 and layers == 0):
+            raise WorkloadError("pipeline.layer_split", list(pipe.layer_split),
+                                "positive entries (only the first and last may be 0)")

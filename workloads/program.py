@@ -39,6 +39,7 @@ class Task:
     peer: int = 0                   # send_recv: +1 next stage, -1 previous stage
     tag: tuple = ()                 # send_recv: matching key shared by sender and receiver
     label: str = ""                 # what it is for, e.g. "wq.input", "grad.w2"
+    kernels: int = 1                # kernel launches it stands for (eager: several)
 
 
 @dataclass

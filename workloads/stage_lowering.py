@@ -76,6 +76,7 @@ class StageLowering:
         else:
             g = build_layer(self.plan, unit, self.shape)
         g.flash_attention = self.plan.attention == "flash"
+        g.kernel_mode = self.plan.kernels
         # With flash attention the scores are already recomputed in its backward, so
         # selective recompute has nothing left to do.
         g.recompute_attention = self.plan.recompute == "selective" and not g.flash_attention

@@ -1,0 +1,119 @@
+"""Memory-bound kernels, fused or eager (workloads/kernels.py).
+
+The eager table is held to PyTorch itself: each op runs forward and backward under a
+TorchDispatchMode that adds up the bytes every aten kernel reads and writes, the way the
+op would run in an eager training step.
+"""
+from __future__ import annotations
+
+import pytest
+
+torch = pytest.importorskip("torch")
+import torch.nn.functional as F  # noqa: E402
+from torch.utils._python_dispatch import TorchDispatchMode  # noqa: E402
+from torch.utils._pytree import tree_flatten  # noqa: E402
+
+from simulator import simulate  # noqa: E402
+from topologies import build  # noqa: E402
+from workloads import plan_from_dict  # noqa: E402
+from workloads.kernels import EAGER, elementwise_cost  # noqa: E402
+
+from conftest import small_plan  # noqa: E402
+
+# Ops that only re-describe a tensor (no kernel, no traffic).
+VIEW_OPS = {"view", "_unsafe_view", "reshape", "expand", "t", "transpose", "permute",
+            "unsqueeze", "squeeze", "view_as_complex", "view_as_real", "as_strided", "detach",
+            "alias", "slice", "select", "flatten", "_reshape_alias", "empty_like", "ones_like",
+            "zeros_like", "full_like"}
+
+
+class CountBytes(TorchDispatchMode):
+    """Bytes read (inputs) and written (outputs) by every non-view aten kernel."""
+
+    def __init__(self):
+        super().__init__()
+        self.moved = 0
+        self.kernels = 0
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        out = func(*args, **(kwargs or {}))
+        if func.overloadpacket.__name__ not in VIEW_OPS:
+            tensors = [t for t in tree_flatten((args, kwargs, out))[0]
+                       if isinstance(t, torch.Tensor) and t.dim() > 0]
+            self.moved += sum(t.numel() * t.element_size() for t in tensors)
+            self.kernels += 1
+        return out
+
+
+T, D, V = 512, 256, 1024
+
+
+def _rms_norm(x, w, eps=1e-5):
+    # torchtitan models/norms.py RMSNorm (Dec 2024)
+    xf = x.float()
+    return (xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps)).type_as(x) * w
+
+
+def _rope(q, freqs):
+    # torchtitan models/llama/model.py apply_rotary_emb
+    q_ = torch.view_as_complex(q.float().reshape(*q.shape[:-1], -1, 2))
+    return torch.view_as_real(q_ * freqs).flatten(-2).type_as(q)
+
+
+def _cases(dtype):
+    w = torch.ones(D, dtype=dtype, requires_grad=True)
+    freqs = torch.polar(torch.ones(T, 1, 32), torch.randn(T, 1, 32))
+    target = torch.randint(0, V, (T,))
+    return {
+        "norm": (lambda x: _rms_norm(x, w), [(T, D)], T * D),
+        "rope": (lambda q: _rope(q, freqs), [(T, 4, 64)], T * D),
+        "swiglu": (lambda a, b: F.silu(a) * b, [(T, D), (T, D)], T * D),
+        "gelu": (F.gelu, [(T, D)], T * D),
+        "add": (lambda a, b: a + b, [(T, D), (T, D)], T * D),
+        "cross_entropy": (lambda logits: F.cross_entropy(logits.float(), target),
+                          [(T, V)], T * V),
+    }
+
+
+def _count(fn, shapes, elements, dtype) -> tuple[float, float, int, int]:
+    xs = [torch.randn(*s, dtype=dtype, requires_grad=True) for s in shapes]
+    with CountBytes() as fwd:
+        y = fn(*xs)
+    grad = torch.ones((), dtype=y.dtype) if y.dim() == 0 else torch.randn_like(y)
+    with CountBytes() as bwd:
+        torch.autograd.grad(y, xs, grad)
+    unit = elements * torch.tensor([], dtype=dtype).element_size()
+    return fwd.moved / unit, bwd.moved / unit, fwd.kernels, bwd.kernels
+
+
+@pytest.mark.parametrize("dtype,act_bytes", [(torch.bfloat16, 2), (torch.float32, 4)])
+def test_eager_table_matches_torch_eager_kernels(dtype, act_bytes):
+    for kernel, (fn, shapes, elements) in _cases(dtype).items():
+        fwd, bwd, fwd_kernels, bwd_kernels = _count(fn, shapes, elements, dtype)
+        table = EAGER[act_bytes][kernel]
+        assert table[:2] == pytest.approx((fwd, bwd), rel=0.05), kernel
+        assert table[2:] == (fwd_kernels, bwd_kernels), kernel
+
+
+def test_fused_backward_of_residual_add_moves_nothing():
+    assert elementwise_cost("residual_add", "fused", 2, 3.0, "backward") == (0.0, 0)
+    assert elementwise_cost("swiglu", "fused", 2, 3.0, "backward") == (4.5, 1)
+    assert elementwise_cost("swiglu", "eager", 2, 3.0, "backward") == (9.0, 3)
+
+
+def _memory_time(kernels: str, dtype: str) -> float:
+    raw = small_plan(kernels=kernels, training={"dtype": dtype})
+    result = simulate(plan_from_dict(raw), build("dgx-h100"))
+    t = result.trace.to_pandas()
+    names = {"attention_norm", "ffn_norm", "rope", "rope_k", "swiglu", "cross_entropy"}
+    ops = t[(t["rank"] == 0) & t["op"].isin(names)]
+    return float((ops["end_s"] - ops["start_s"]).sum()), result.summary["step_time_s"]
+
+
+def test_eager_kernels_cost_more_hbm_time_than_fused():
+    fused_s, fused_step = _memory_time("fused", "bf16")
+    eager_s, eager_step = _memory_time("eager", "bf16")
+    # norms 18 vs 2 passes forward, 44 vs 3 backward, and 22 kernel launches instead of 2:
+    # several times the time
+    assert eager_s > 4 * fused_s
+    assert eager_step > fused_step

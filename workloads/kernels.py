@@ -1,0 +1,68 @@
+"""HBM traffic of a layer's memory-bound ops, as fused kernels or as PyTorch eager runs them.
+
+A plan's `"kernels"` says how the non-GEMM ops of a layer execute:
+
+* `fused` (default): one kernel per op that reads its inputs and writes its output once
+  (torch.compile, Megatron-LM / Transformer Engine fused kernels);
+* `eager`: PyTorch eager mode, where a composite op (RMSNorm as torchtitan and
+  `torch.nn.RMSNorm` write it, RoPE through complex fp32, SwiGLU, cross-entropy on fp32
+  logits) runs as a chain of separate kernels, each reading and writing whole tensors,
+  with fp32 up-casts in between for bf16 activations.
+
+Traffic is counted in passes: bytes moved over (elements of the op's tensor x activation
+bytes). The eager passes were counted by running each op forward and backward under a
+TorchDispatchMode that adds up the bytes of every aten kernel's inputs and outputs (torch
+2.13; tests/test_kernels.py counts them again and holds these numbers to it). They depend
+on the activation width: the up-casts vanish for fp32 activations.
+"""
+from __future__ import annotations
+
+KERNEL_MODES = ("fused", "eager")
+
+# Which kernel family each elementwise node of the layer graph is (workloads/lowering.py).
+KERNEL_OF_OP = {"attention_norm": "norm", "ffn_norm": "norm", "final_norm": "norm",
+                "rope": "rope", "rope_k": "rope", "swiglu": "swiglu", "shared_swiglu": "swiglu",
+                "gelu": "gelu", "shared_gelu": "gelu", "residual_add": "add",
+                "cross_entropy": "cross_entropy"}
+
+# Eager (forward passes, backward passes, forward kernels, backward kernels) by activation
+# bytes (2: bf16/fp8 training, 4: fp32); each kernel also pays the device's launch overhead.
+#   norm: x.float(), pow, mean, rsqrt, mul, type_as, mul weight; backward through all of
+#         them (torchtitan models/norms.py RMSNorm; torch.nn.RMSNorm decomposes alike);
+#   rope: view_as_complex(q.float()) * freqs_cis, view_as_real, type_as (torchtitan
+#         models/llama/model.py apply_rotary_emb), per element of q or k;
+#   swiglu: silu(a) and the product with b (two kernels), per element of one input;
+#   cross_entropy: logits.float(), log_softmax, nll_loss, per logit.
+EAGER = {
+    2: {"norm": (18.0, 44.0, 8, 14), "rope": (10.5, 12.5, 3, 5), "swiglu": (5.0, 9.0, 2, 3),
+        "gelu": (2.0, 3.0, 1, 1), "add": (3.0, 0.0, 1, 0), "cross_entropy": (9.0, 13.0, 3, 3)},
+    4: {"norm": (7.0, 20.0, 6, 12), "rope": (2.2, 3.2, 1, 3), "swiglu": (5.0, 9.0, 2, 3),
+        "gelu": (2.0, 3.0, 1, 1), "add": (3.0, 0.0, 1, 0), "cross_entropy": (3.0, 5.0, 2, 2)},
+}
+
+# A fused kernel's backward reads its input and the output gradient and writes the input
+# gradient: 3 tensors against the forward's 2.
+FUSED_BACKWARD_FACTOR = 1.5
+# An addition's backward hands the output gradient to both inputs unchanged: no kernel
+# (autograd's AddBackward0; the sum of the residual stream's two gradient branches is the
+# separate grad_accumulate op).
+NO_BACKWARD_KERNEL = frozenset({"add"})
+
+
+def elementwise_cost(op: str, mode: str, act_bytes: int, fused_forward: float,
+                     phase: str) -> tuple[float, int]:
+    """(passes over the op's tensor, kernel launches) in `phase` ("forward"/"backward").
+
+    `fused_forward` is the op's fused forward passes (tensors read + written), used for
+    fused kernels and for ops that have no eager decomposition of their own.
+    """
+    kernel = KERNEL_OF_OP.get(op)
+    backward = phase == "backward"
+    if mode == "eager" and kernel is not None:
+        fwd, bwd, fwd_kernels, bwd_kernels = EAGER[2 if act_bytes < 4 else 4][kernel]
+        return (bwd, bwd_kernels) if backward else (fwd, fwd_kernels)
+    if not backward:
+        return fused_forward, 1
+    if kernel in NO_BACKWARD_KERNEL:
+        return 0.0, 0
+    return fused_forward * FUSED_BACKWARD_FACTOR, 1
