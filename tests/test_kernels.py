@@ -117,3 +117,29 @@ def test_eager_kernels_cost_more_hbm_time_than_fused():
     # several times the time
     assert eager_s > 4 * fused_s
     assert eager_step > fused_step
+
+
+def test_fp8_gemms_cast_their_activation_operands():
+    from workloads import resolve
+    from workloads.kernels import FP8_CAST_BYTES_PER_ELEMENT
+    from workloads.lowering import lower
+
+    raw = small_plan(training={"dtype": "fp8", "global_batch": 8})
+    tasks = [t for t in lower(resolve(plan_from_dict(raw), 8)).stages[0]
+             if t.layer == 1 and t.microbatch == 0]
+    casts = {t.label: t.bytes for t in tasks if t.op == "fp8_cast"}
+    tokens, hidden, ffn = 2048, 1024, 4096
+    # forward: the input of each of the 7 projections; backward: each output gradient
+    assert casts["wq.fp8_cast"] == tokens * hidden * FP8_CAST_BYTES_PER_ELEMENT
+    assert casts["w2.fp8_cast"] == tokens * ffn * FP8_CAST_BYTES_PER_ELEMENT
+    assert casts["grad.w1.fp8_cast"] == tokens * ffn * FP8_CAST_BYTES_PER_ELEMENT
+    assert len(casts) == 14
+    bf16 = lower(resolve(plan_from_dict(small_plan(training={"global_batch": 8})), 8))
+    assert not [t for t in bf16.stages[0] if t.op == "fp8_cast"]
+
+
+def test_grand_teton_h100_sits_between_nvl_and_sxm():
+    # torchtitan's benchmark cluster: 96 GB HBM2e at 2.4 TB/s, peak "between SXM and NVL"
+    gpu = build("grandteton-h100x2").devices[0]
+    assert gpu.hbm_Bps == 2.4e12 and gpu.hbm_bytes == 96e9
+    assert 835e12 < gpu.peak("bf16") < 989e12

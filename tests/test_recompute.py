@@ -44,3 +44,35 @@ def test_selective_recompute_reruns_only_the_attention_core(attention, recompute
     comms, attn = _layer_tp_comms("selective", attention)
     assert not any(phase == "recompute" for phase, _, _ in comms)
     assert attn["recompute"] == recomputed
+
+
+def _recomputed(recompute: str, **over) -> list:
+    raw = small_plan(recompute=recompute, training={"global_batch": 8}, **over)
+    program = lower(resolve(plan_from_dict(raw), 8))
+    return [t for t in program.stages[0] if t.layer == 1 and t.phase == "recompute"]
+
+
+def test_op_level_checkpointing_recomputes_every_second_matmul_and_no_attention():
+    # torchtitan selective_ac_option "op": of wq, wk, wv, wo, w1, w3, w2 the 2nd, 4th and
+    # 6th are recomputed; attention is saved; the norms, RoPE, SwiGLU and residual adds
+    # are rebuilt (they are not in the save list).
+    per_mb = Counter(t.op for t in _recomputed("selective_op") if t.microbatch == 0)
+    assert {op for op in per_mb if op.startswith("w")} == {"wk", "wo", "w3"}
+    assert "attention" not in per_mb
+    assert {"attention_norm", "ffn_norm", "rope", "swiglu", "residual_add"} <= set(per_mb)
+    full = Counter(t.op for t in _recomputed("full") if t.microbatch == 0)
+    assert {op for op in full if op.startswith("w")} == {"wq", "wk", "wv", "wo", "w1", "w3", "w2"}
+
+
+def test_op_level_checkpointing_sits_between_none_and_full():
+    from simulator import simulate
+    from topologies import build
+    from workloads.memory import memory_breakdown
+
+    steps, peaks = [], []
+    for rc in ("none", "selective_op", "full"):
+        plan = plan_from_dict(small_plan(recompute=rc))
+        steps.append(simulate(plan, build("dgx-h100")).summary["step_time_s"])
+        peaks.append(memory_breakdown(resolve(plan, 8)).activations_bytes)
+    assert steps[0] < steps[1] < steps[2]
+    assert peaks[0] > peaks[1] > peaks[2]

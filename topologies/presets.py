@@ -45,9 +45,12 @@ class ClusterSpec:
         return topo
 
 
-def _dgx(gpu: str, fabric: FabricSpec, title: str) -> Callable[[int], ClusterSpec]:
+def _dgx(gpu: str, fabric: FabricSpec, title: str,
+         family: str | None = None) -> Callable[[int], ClusterSpec]:
+    family = family or f"dgx-{gpu}"
+
     def make(nodes: int) -> ClusterSpec:
-        name = f"dgx-{gpu}" if nodes == 1 else f"dgx-{gpu}x{nodes}"
+        name = family if nodes == 1 else f"{family}x{nodes}"
         return ClusterSpec(name, device(gpu), nodes, 8, fabric,
                            f"{nodes} x {title} (8 GPUs on NVSwitch each), rail-optimised "
                            f"{fabric.nic_Bps * 8 / 1e9:.0f} Gb/s InfiniBand, one NIC per GPU")
@@ -71,6 +74,11 @@ FAMILIES: dict[str, Callable[[int], ClusterSpec]] = {
     "dgx-a100": _dgx("a100", HDR_200G, "DGX A100"),
     "dgx-h100": _dgx("h100", NDR_400G, "DGX H100"),
     "dgx-h200": _dgx("h200", NDR_400G, "DGX H200"),
+    # Meta Grand Teton hosts of 8 x H100 HBM2e/500 W (the torchtitan benchmark's cluster):
+    # 400 Gb/s of RDMA per GPU [torchtitan benchmarks/llama3_h100_202412_torchtitan.md],
+    # modelled as the same rail-optimised 400 Gb/s fabric as DGX H100.
+    "grandteton-h100": _dgx("h100-hbm2e", NDR_400G, "Grand Teton H100 HBM2e 500 W",
+                            "grandteton-h100"),
     # DGX B200: 8 x ConnectX-7 400 Gb/s for the compute fabric [NVIDIA DGX B200 datasheet].
     "dgx-b200": _dgx("b200", NDR_400G, "DGX B200"),
     "nvl72": _nvl72,

@@ -98,6 +98,14 @@ DEVICES: dict[str, DeviceSpec] = {
     # NCCL topo.h SM90 NVLink = 20.6 GB/s per link; NVSwitch gen3 has NVLS.
     "h100": DeviceSpec("h100", _flops(989 * TB, 1979 * TB, 494 * TB), 80 * GB, 3.35 * TB,
                        450 * GB, 18, 20.6 * GB, nvls=True),
+    # H100 SXM with 96 GB HBM2e at 2.4 TB/s and a 500 W limit, Meta's Grand Teton variant
+    # [torchtitan benchmarks/llama3_h100_202412_torchtitan.md, hardware section]. Its peak
+    # is unpublished: "between SXM and NVL, and we don't know its exact value" (same page,
+    # footnote 2). Assumption: the midpoint of H100 NVL's 835 and SXM's 989 TFLOP/s BF16
+    # dense [NVIDIA H100 product page], 912, with FP8 and TF32 in the SXM ratios (2x, 1/2).
+    # NVLink4 and NVSwitch as the SXM5 board (the page: "fully connected with NVLink").
+    "h100-hbm2e": DeviceSpec("h100-hbm2e", _flops(912 * TB, 1824 * TB, 456 * TB), 96 * GB,
+                             2.4 * TB, 450 * GB, 18, 20.6 * GB, nvls=True),
     # H200 SXM [NV-H200]: same die as H100 (989 / 1979 / 494); 141 GB HBM3e at 4.8 TB/s;
     # NVLink4 900 GB/s bidir. H100 SXM5 and H200 have 132 SMs [NVIDIA H100 whitepaper].
     "h200": DeviceSpec("h200", _flops(989 * TB, 1979 * TB, 494 * TB), 141 * GB, 4.8 * TB,

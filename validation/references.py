@@ -4,7 +4,7 @@ validation/references/training_runs.csv holds measured runs from the public reco
 with its source (paper or page, and the table or section). Every row becomes a plan (the
 model preset, mesh, batch, dtype, recompute and pipeline schedule the source states; what
 it does not state is assumed and said so in `notes`) simulated on the matching preset
-(`dgx-h100xN`, N = gpus / 8). The metric is compared as the source reports it:
+(the row's `topology` family, `dgx-h100` by default, with N = gpus / 8 nodes). The metric is compared as the source reports it:
 
 * step_time_s: the simulated step time;
 * tokens_per_s_per_gpu: global_batch x seq_len / (step time x gpus);
@@ -62,6 +62,7 @@ def plan_dict(row: dict[str, str]) -> dict[str, Any]:
                  "reshard_after_forward":
                      (row.get("reshard_after_forward") or "true").lower() == "true"},
         "recompute": row.get("recompute") or "none",
+        "kernels": row.get("kernels") or "fused",
     }
     if num("tp") > 1:
         raw["sharding"] = {"sequence_parallel":
@@ -89,7 +90,8 @@ def simulate_row(row: dict[str, str]) -> dict[str, Any]:
 
     gpus = int(row["gpus"])
     plan = plan_from_dict(plan_dict(row))
-    topo_name = "dgx-h100" if gpus == 8 else f"dgx-h100x{gpus // 8}"
+    family = row.get("topology") or "dgx-h100"
+    topo_name = family if gpus == 8 else f"{family}x{gpus // 8}"
     start = time.perf_counter()
     result = simulate(plan, build(topo_name), SimOptions())
     step = float(result.summary["step_time_s"])

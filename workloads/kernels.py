@@ -66,3 +66,13 @@ def elementwise_cost(op: str, mode: str, act_bytes: int, fused_forward: float,
     if kernel in NO_BACKWARD_KERNEL:
         return 0.0, 0
     return fused_forward * FUSED_BACKWARD_FACTOR, 1
+
+
+# FP8 GEMMs take FP8 operands: each activation operand (a projection's input in forward,
+# its output gradient in backward) is scaled and cast from bf16 first, and its transpose is
+# written too for the other GEMM of the pair (Transformer Engine's fused cast_transpose
+# kernel: read 2 B, write 1 B + 1 B per element; torchao's float8 training does the same
+# work, its dynamic scaling adding an amax pass that torch.compile fuses into the producer).
+# Weights are not counted: Transformer Engine caches their FP8 copy across micro-batches,
+# and torchtitan casts the FSDP shard before its all-gather (a 1/dp share).
+FP8_CAST_BYTES_PER_ELEMENT = 4.0

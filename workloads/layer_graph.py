@@ -11,7 +11,7 @@ partial gradients in backward, as DTensor does.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from .kernels import elementwise_cost
+from .kernels import FP8_CAST_BYTES_PER_ELEMENT, elementwise_cost
 from .layouts import STRATEGY_LAYOUTS, collective, collective_bytes, grad_layout_needed
 from .program import ATTENTION, COMM, COMPUTE, GEMM, MEMORY, Task
 
@@ -192,10 +192,17 @@ class LayerGraph:
         return self.nodes[-1].task
 
     def emit_forward(self, sink: TaskSink, ctx: dict, input_dep: tuple[int, ...],
-                     phase: str = "forward") -> int:
-        """Emit forward tasks; returns the id of the task producing the layer output."""
+                     phase: str = "forward", saved: frozenset[int] = frozenset()) -> int:
+        """Emit forward tasks; returns the id of the task producing the layer output.
+
+        `saved`: ids of nodes whose outputs were kept from the first forward, so that a
+        recompute emits nothing for them (their consumers wait only for `input_dep`).
+        """
         for node in self.nodes:
             deps = tuple(x.task for x in node.inputs) if node.inputs else input_dep
+            if node.id in saved:
+                node.task = input_dep[0] if input_dep else -1
+                continue
             node.task = self._emit_forward_node(sink, ctx, node, deps, phase)
         return self.nodes[-1].task
 
@@ -208,6 +215,7 @@ class LayerGraph:
                               deps, phase, f"{node.name}", node.rows_scale)
         if node.kind == "linear":
             flops, nbytes, mnk = self.linear_cost(node)
+            deps = self._fp8_cast(sink, ctx, flops / (2 * mnk[1]), deps, phase, node.name)
             return sink.add(kind=COMPUTE, stream="compute", op=node.name, phase=phase,
                             deps=deps, flops=flops, bytes=nbytes, op_class=GEMM, gemm_mnk=mnk,
                             label=f"{node.name}.fwd", **ctx)
@@ -225,6 +233,16 @@ class LayerGraph:
         return sink.add(kind=COMPUTE, stream="compute", op=node.name, phase=phase, deps=deps,
                         bytes=nbytes, op_class=MEMORY, kernels=kernels,
                         label=f"{node.name}.fwd", **ctx)
+
+    def _fp8_cast(self, sink: TaskSink, ctx: dict, elements: float, deps, phase: str,
+                  name: str) -> tuple[int, ...]:
+        """Under FP8 GEMMs, the cast (and transpose) of an activation operand before the
+        GEMM (workloads/kernels.py); returns the GEMM's dependencies."""
+        if self.shape.gemm_bytes != 1:
+            return tuple(deps)
+        return (sink.add(kind=COMPUTE, stream="compute", op="fp8_cast", phase=phase,
+                         deps=tuple(deps), bytes=elements * FP8_CAST_BYTES_PER_ELEMENT,
+                         op_class=MEMORY, label=f"{name}.fp8_cast", **ctx),)
 
     def _ep_a2a(self, sink: TaskSink, ctx: dict, node: Node, deps, phase: str, label: str) -> int:
         """All-to-all over EP of the node's rows; size: this rank's send buffer (the most
@@ -327,6 +345,8 @@ class LayerGraph:
             flops, nbytes, (m, n, k) = self.linear_cost(node)
             common = dict(kind=COMPUTE, stream="compute", phase="backward", flops=flops,
                           bytes=nbytes, op_class=GEMM, **ctx)
+            ready, = self._fp8_cast(sink, ctx, flops / (2 * k), (ready,), "backward",
+                                    f"grad.{node.name}")
             dgrad = sink.add(op=node.name, deps=(ready,), gemm_mnk=(m, k, n),
                              label=f"{node.name}.dgrad", **common)
             self.wgrad_tasks[node.name] = sink.add(op=node.name, deps=(ready,),

@@ -183,12 +183,18 @@ def activation_bytes_per_layer(model: ModelSpec, seq_len: int, micro_batch: int,
     sequence (after CP); kv_seq_len the keys each query attends to (default seq_len);
     moe: an MoE layer of an MoE model (experts replace the dense MLP).
     """
-    if recompute not in ("none", "selective", "full"):
-        raise ValueError(f"recompute must be none, selective or full, got {recompute!r}")
+    if recompute not in ("none", "selective", "selective_op", "full"):
+        raise ValueError(f"recompute must be none, selective, selective_op or full, "
+                         f"got {recompute!r}")
     sb = seq_len * micro_batch
     sp_div = tp if sequence_parallel else 1
     if recompute == "full":
         return BF16_BYTES * model.hidden_size * sb / sp_div
+    if recompute == "selective_op" and not moe:
+        from .checkpointing import op_checkpoint_features
+        return BF16_BYTES * sb * op_checkpoint_features(model, tp, sp_div)
+    if recompute == "selective_op":
+        recompute = "selective"   # assumption: MoE layers keep what selective keeps
     dropout = _default_dropout(model) if dropout is None else dropout
     total = 0.0
     for _, per_token, kind in _layer_tensors(model, kv_seq_len or seq_len, dropout, moe,
@@ -302,7 +308,8 @@ def memory_breakdown(plan: Plan, stage: int = 0,
 
     flash = plan.attention == "flash"
     activations = in_flight * sum(per_layer(layer, plan.recompute) for layer in own_layers)
-    if plan.recompute == "full" and own_layers:
+    if plan.recompute in ("full", "selective_op") and own_layers:
+        # the layer being recomputed holds everything it would keep without recompute
         activations += max(per_layer(layer, "none") for layer in own_layers)
     elif plan.recompute == "selective" and not flash:
         activations += activation_scale(plan) * _scores_bytes(m, s * b, tr.seq_len, tp,

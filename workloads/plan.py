@@ -26,7 +26,9 @@ ALL_STRATEGIES = STRATEGIES + GRID_STRATEGIES
 # Context parallelism: ring attention (KV blocks around the CP ring) or Ulysses all-to-all.
 CP_MODES = ("ring", "all_to_all")
 DTYPES = ("bf16", "fp8", "fp32")
-RECOMPUTE = ("none", "selective", "full")
+# selective: the attention core (Korthikanti et al. 2022); selective_op: torchtitan's
+# op-level selective checkpointing (every other matmul and attention kept); full: the layer.
+RECOMPUTE = ("none", "selective", "selective_op", "full")
 MAX_LOAD_IMBALANCE = 64.0
 # flash: FlashAttention (scores never stored, recomputed inside the backward);
 # eager: the s x s scores are materialised and kept for the backward.

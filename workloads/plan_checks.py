@@ -92,6 +92,10 @@ def check_grid(plan) -> None:
     if any(s != mode for st in layers for s in st.values()):
         raise WorkloadError("sharding", mode, f"{mode} for every projection of every layer "
                             "(a 2D/2.5D/3D grid cannot mix with col/row/seq/replicate)")
+    if plan.recompute == "selective_op":
+        raise WorkloadError("recompute", plan.recompute,
+                            f"none, selective or full with {mode} (op-level checkpointing is "
+                            "modelled for 1D tensor parallelism)")
     if plan.sequence_parallel:
         raise WorkloadError("sharding.sequence_parallel", True,
                             f"false with {mode} (the grid shards activations itself)")

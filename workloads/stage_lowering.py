@@ -10,6 +10,7 @@ from __future__ import annotations
 import math
 
 from .layer_graph import LayerGraph, LayerShape, TaskSink
+from .checkpointing import op_checkpoint_saved
 from .lowering import (ADAM_STEP_HBM_BYTES_PER_PARAM, EMBED, HEAD, build_embedding, build_head,
                        build_layer, unit_param_groups)
 from .precision import precision
@@ -190,10 +191,13 @@ class StageLowering:
             graph = self.graphs.pop((unit, mb))
             ctx = self._ctx(unit, mb)
             deps = self._join([grad, *gathers], unit, mb, "backward")
-            if self.plan.recompute == "full" and isinstance(unit, int):
+            if self.plan.recompute in ("full", "selective_op") and isinstance(unit, int):
                 graph = self._graph(unit)
                 graph.recompute_attention = False
-                deps = (graph.emit_forward(self.sink, ctx, deps, phase="recompute"),)
+                # op-level checkpointing reruns only what it did not keep (1D TP only)
+                kept = ({"saved": op_checkpoint_saved(graph)}
+                        if self.plan.recompute == "selective_op" else {})
+                deps = (graph.emit_forward(self.sink, ctx, deps, phase="recompute", **kept),)
             grad = graph.emit_backward(self.sink, ctx, deps[0] if len(deps) == 1 else grad)
             self.pass_ends.append(grad)
             wgrads = tuple(graph.wgrad_tasks.values()) or (grad,)

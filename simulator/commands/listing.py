@@ -58,7 +58,7 @@ def handle(args: argparse.Namespace) -> int:
             print(f"{item['name']:<20} {item['description']}")
         elif args.what == "topologies":
             text = item["description"]
-            print(f"{item['name']:<12} {text.replace('4 x', 'N x') if 'xN' in item['name'] else text}")
+            print(f"{item['name']:<18} {text.replace('4 x', 'N x') if 'xN' in item['name'] else text}")
         else:
             print(f"{item['name']:<14} {item['model']:<12} {item['topology'] or '':<12} {item['description']}")
     return 0

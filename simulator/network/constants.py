@@ -57,14 +57,15 @@ TREE_EFFICIENCY = {"LL": 0.92 / 3.8, "LL128": 0.92 * 120 / 128, "Simple": 0.92}
 TREE_LL128_ONE_NODE_EFFICIENCY = 0.92 * 7 / 9
 # nvlsEfficiency: Hopper 0.85, Blackwell 0.74 [tuning.cc; cost-models.md 3.2 and 5.3].
 # Assumption: other NVLS-capable devices (custom files) get Hopper's value.
-NVLS_EFFICIENCY = {"h100": 0.85, "h200": 0.85, "b200": 0.74, "gb200": 0.74}
+NVLS_EFFICIENCY = {"h100": 0.85, "h100-hbm2e": 0.85, "h200": 0.85, "b200": 0.74,
+                   "gb200": 0.74}
 NVLS_EFFICIENCY_DEFAULT = 0.85
 
 # llMaxBws (GB/s, total busBw cap of the LL protocol) [tuning.cc; cost-models.md 3.2]:
 # on one node the row of the GPU's architecture (Ampere 87.7, Hopper 141, Blackwell 282);
 # across nodes the CPU vendor's row, Intel assumed: 39 at 2 nodes, 20.4 beyond.
-LL_MAX_BW_ONE_NODE_BPS = {"a100": 87.7e9, "h100": 141e9, "h200": 141e9, "b200": 282e9,
-                          "gb200": 282e9}
+LL_MAX_BW_ONE_NODE_BPS = {"a100": 87.7e9, "h100": 141e9, "h100-hbm2e": 141e9, "h200": 141e9,
+                          "b200": 282e9, "gb200": 282e9}
 LL_MAX_BW_ONE_NODE_DEFAULT_BPS = 141e9   # assumption: Hopper row for custom devices
 LL_MAX_BW_MULTI_NODE_BPS = (39e9, 20.4e9)  # Intel row, [2 nodes, >= 3 nodes]
 
