@@ -14,7 +14,7 @@ from typing import Iterator
 import simpy
 
 from topologies import Topology
-from workloads.program import COMPUTE, Program, Task
+from workloads.program import COMM, COMPUTE, Program, Task
 
 from .compute import compute_time_s
 from .network import CommModel, CommOptions
@@ -75,8 +75,10 @@ class Engine:
         """Simulate the step to completion."""
         for rank in self.ranks:
             stage = self.program.stage_of(rank)
-            streams, watched = self._stage_streams(stage)
-            durations = self._durations(stage, self.topology.device(rank))
+            device = self.topology.device(rank)
+            streams, watched = self._stage_streams(
+                stage, serial=not device.profile.concurrent_collectives)
+            durations = self._durations(stage, device)
             state = _RankState(len(self.program.stages[stage]), watched)
             for name in sorted(streams):
                 self.env.process(self._stream(rank, stage, streams[name], state, durations))
@@ -85,19 +87,29 @@ class Engine:
         if stuck or self._rendezvous:
             raise RuntimeError(f"simulation deadlocked (unmatched point-to-point: {stuck[:3]})")
 
-    def _stage_streams(self, stage: int) -> tuple[dict[str, list], frozenset[int]]:
+    def _stage_streams(self, stage: int, serial: bool = False
+                       ) -> tuple[dict[str, list], frozenset[int]]:
         """Per stream, its tasks with only the dependencies on other streams (same-stream
-        ones are met by stream order), and the ids some other stream waits for."""
-        if stage not in self._streams:
+        ones are met by stream order), and the ids some other stream waits for.
+
+        serial: the device runs no collective beside compute (DeviceProfile
+        .concurrent_collectives false), so collectives join the compute stream in program
+        order; point-to-point transfers keep their streams (a receive waits for its peer).
+        """
+        key = (stage, serial)
+        if key not in self._streams:
             tasks = self.program.stages[stage]
+            def lane(task: Task) -> str:
+                return ("compute" if serial and task.kind == COMM and task.op != "send_recv"
+                        else task.stream)
             streams: dict[str, list] = {}
             watched: set[int] = set()
             for task in tasks:
-                cross = tuple(d for d in task.deps if tasks[d].stream != task.stream)
+                cross = tuple(d for d in task.deps if lane(tasks[d]) != lane(task))
                 watched.update(cross)
-                streams.setdefault(task.stream, []).append((task, cross))
-            self._streams[stage] = (streams, frozenset(watched))
-        return self._streams[stage]
+                streams.setdefault(lane(task), []).append((task, cross))
+            self._streams[key] = (streams, frozenset(watched))
+        return self._streams[key]
 
     def _durations(self, stage: int, device) -> list[float]:
         """Interference-free duration of every task of a stage on a device (cached)."""

@@ -110,3 +110,24 @@ def test_bundled_cp_plans_simulate(plan):
         assert s["exposed_comm_s"] < s["comm_s"]
     else:
         assert (t["op"] == "all_to_all").sum() > 0
+
+
+def test_all_gather_cp_gathers_kv_once_and_reduce_scatters_dkv_once():
+    # Llama 3 (arXiv:2407.21783 section 3.3.2): all-gather K and V, attention on the local
+    # queries against the whole sequence, dK/dV partials reduce-scattered; sizes are the
+    # nccl-tests sizes, cp K+V blocks.
+    tasks = _layer_tasks(_program(context_parallel={"mode": "all_gather"}))
+    comms = Counter((t.phase, t.op, t.bytes, t.group) for t in tasks if t.kind == "comm")
+    assert comms == {("forward", "all_gather", CP * KV_BLOCK, ("cp",)): 1,
+                     ("backward", "reduce_scatter", CP * KV_BLOCK, ("cp",)): 1}
+    total = 2.0 * 2048 ** 2 * 64 * 16
+    fwd = [t for t in tasks if t.op == "attention" and t.phase == "forward"]
+    assert [t.flops for t in fwd] == [total / CP]
+
+
+def test_all_gather_cp_exposes_its_gather_where_ring_overlaps_it():
+    def step(mode):
+        raw = small_plan(mesh={"cp": CP, "dp": DP}, context_parallel={"mode": mode})
+        return simulate(plan_from_dict(raw), topologies.build("dgx-h100")).summary
+    ring, gather = step("ring"), step("all_gather")
+    assert gather["exposed_comm_s"] > ring["exposed_comm_s"]

@@ -146,6 +146,7 @@ _PROFILE_RANGES = {
     "overlap_compute_factor": (0.0, 1.0, False, False),
     "overlap_compute_factor_nvls": (0.0, 1.0, False, False),
 }
+_PROFILE_FLAGS = frozenset({"concurrent_collectives"})
 
 
 def _gpu(raw: Any) -> DeviceSpec:
@@ -184,8 +185,14 @@ def _gpu(raw: Any) -> DeviceSpec:
         raise TopologyError("gpu.profile", profile, "an object of DeviceProfile fields")
     values = {}
     for key, value in profile.items():
+        if key in _PROFILE_FLAGS:
+            if not isinstance(value, bool):
+                raise TopologyError(f"gpu.profile.{key}", value, "true or false")
+            values[key] = value
+            continue
         if key not in _PROFILE_RANGES:
-            raise TopologyError(f"gpu.profile.{key}", value, ", ".join(sorted(_PROFILE_RANGES)))
+            raise TopologyError(f"gpu.profile.{key}", value,
+                                ", ".join(sorted(set(_PROFILE_RANGES) | _PROFILE_FLAGS)))
         low, high, integer, inclusive = _PROFILE_RANGES[key]
         values[key] = _number(profile, key, "gpu.profile", minimum=low, maximum=high,
                               integer=integer, allow_minimum=inclusive)

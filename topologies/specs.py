@@ -50,6 +50,11 @@ class DeviceProfile:
     # SMs). Assumption: 0.9. NVLS offloads reduction to the switch and uses fewer SMs.
     overlap_compute_factor: float = 0.9
     overlap_compute_factor_nvls: float = 0.96
+    # Whether collectives run beside compute. GPUs: NCCL kernels run on their own CUDA
+    # streams. CPU processes (the gloo validation host): torch's CPU device has no streams
+    # (torch.cpu.Stream is a stub), so FSDP2 issues its all-gathers and reduce-scatters
+    # synchronously and the training thread waits for each collective.
+    concurrent_collectives: bool = True
 
 
 @dataclass(frozen=True)

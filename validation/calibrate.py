@@ -250,11 +250,13 @@ def _worker(rank: int, world: int, backend: str, port: int, out_path: str, threa
 
 
 def _profile(gemm_eff: float, attn_eff: float, launch_s: float, overlap: float,
-             mem_eff: float = 1.0) -> dict:
+             mem_eff: float = 1.0, cpu: bool = True) -> dict:
     """DeviceProfile fields (only those this version of topologies knows)."""
     from topologies import DeviceProfile
 
     values = {"gemm_efficiency": round(gemm_eff, 4), "gemm_tile": 1,
+              # no streams on a CPU: the training thread waits for every collective
+              "concurrent_collectives": not cpu,
               "attention_efficiency": round(min(1.0, attn_eff), 4),
               "memory_efficiency": round(min(1.0, mem_eff), 4),
               "launch_overhead_s": launch_s, "overlap_compute_factor": round(overlap, 4),
@@ -286,7 +288,7 @@ def host_topology(backend: str, world: int, threads: int, matmul: list[dict], me
                 "hbm_GBps": mem_Bps / gb, "nvlink_GBps": link / gb, "nvlink_nccl_GBps": link / gb,
                 "nvlink_links": 1, "nvls": False,
                 "profile": _profile(eff, attn_flops_per_s / peak, launch_s, overlap,
-                                    (eltwise_Bps or mem_Bps) / mem_Bps)},
+                                    (eltwise_Bps or mem_Bps) / mem_Bps, backend == "gloo")},
         "domains": 1,
         "gpus_per_domain": world,
         "measured_collectives": measured,

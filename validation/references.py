@@ -64,6 +64,10 @@ def plan_dict(row: dict[str, str]) -> dict[str, Any]:
         "recompute": row.get("recompute") or "none",
         "kernels": row.get("kernels") or "fused",
     }
+    if num("cp") > 1:
+        raw["context_parallel"] = {"mode": row.get("cp_mode") or "ring"}
+    if num("zero_stage", 0):
+        raw["zero_stage"] = num("zero_stage", 0)
     if num("tp") > 1:
         raw["sharding"] = {"sequence_parallel":
                            (row.get("sequence_parallel") or "true").lower() == "true"}
@@ -132,12 +136,14 @@ def run_references(path: str | Path | None = None) -> dict[str, Any]:
 
 def format_table(report: dict[str, Any]) -> str:
     """The error table as Markdown (also pasted into validation/README.md)."""
-    lines = ["| id | metric | measured | simulated | error |", "|---|---|---:|---:|---:|"]
+    lines = ["| id | topology | metric | measured | simulated | error | fits in memory |",
+             "|---|---|---|---:|---:|---:|---|"]
     for r in report["rows"]:
-        lines.append(f"| {r['id']} | {r['metric']} | {r['measured']:.4g} | {r['simulated']:.4g} "
-                     f"| {r['error_pct']:+.1f} % |")
+        fits = {True: "yes", False: "no"}.get(r["fits_in_memory"], "?")
+        lines.append(f"| {r['id']} | {r['topology']} | {r['metric']} | {r['measured']:.4g} "
+                     f"| {r['simulated']:.4g} | {r['error_pct']:+.1f} % | {fits} |")
     for s in report["skipped"]:
-        lines.append(f"| {s['id']} | skipped: {s['reason']} | | | |")
+        lines.append(f"| {s['id']} | | skipped: {s['reason']} | | | | |")
     mape = report["mape_pct"]
     lines.append("")
     lines.append(f"MAPE over {len(report['rows'])} rows: "

@@ -1,7 +1,7 @@
 """Context parallelism: the attention core of one layer over a CP group of `cp` ranks.
 
-Each CP rank holds 1/cp of every sequence's tokens (after TP: of its heads). Two variants
-(plan `"context_parallel": {"mode": "ring" | "all_to_all"}`):
+Each CP rank holds 1/cp of every sequence's tokens (after TP: of its heads). Three variants
+(plan `"context_parallel": {"mode": "ring" | "all_gather" | "all_to_all"}`):
 
 Ring attention (Liu et al. 2023, arXiv:2310.01889; Megatron-LM / Transformer Engine's
 P2P context parallelism; Llama 3, arXiv:2407.21783 section 3.3.2). The sequence is cut
@@ -13,6 +13,12 @@ is 1/cp of the rank's causal attention FLOPs, and the transfer of block j + 1 ov
 compute of block j. Backward: the KV blocks travel the ring again (cp - 1 transfers) and
 every block's dK/dV partial travels with it, accumulated at each hop, and returns to its
 owner (cp transfers of one K+V-sized block, bf16): (2 cp - 1) blocks sent per rank.
+
+All-gather (Llama 3, arXiv:2407.21783 section 3.3.2: "we first all-gather the key (K)
+and value (V) tensors, and then compute attention output for the local query (Q) tensor
+chunk"). The same 2 cp chunks per rank as ring; one all-gather of K and V before the
+attention (exposed: nothing overlaps it), the gathered K and V kept for the backward, and
+one reduce-scatter of the dK/dV partials after it. Both of cp K+V blocks (nccl-tests size).
 
 All-to-all (DeepSpeed-Ulysses, Jacobs et al. 2023, arXiv:2309.14509): all-to-alls over
 "cp" turn q, k, v from sequence-sharded into head-sharded (full sequence, heads / cp), the
@@ -74,6 +80,13 @@ def attention_forward(graph: "LayerGraph", sink: "TaskSink", ctx: dict, deps, ph
     """Forward (or recomputed forward) of the attention core under CP; returns its last task."""
     sh = graph.shape
     key = (ctx["layer"], ctx["microbatch"], phase)
+    if sh.cp_mode == "all_gather":
+        kv = sink.add(kind=COMM, stream=CP_STREAM, op="all_gather", phase=phase,
+                      deps=tuple(d for d in deps if d >= 0), bytes=sh.cp * kv_block_bytes(graph),
+                      group=("cp",), label="cp.all_gather.kv", **ctx)
+        return sink.add(kind=COMPUTE, stream="compute", op="attention", phase=phase,
+                        deps=(kv,), flops=graph.attention_flops(), bytes=graph.attention_bytes(),
+                        op_class=ATTENTION, label="attention.fwd", **ctx)
     if sh.cp_mode == "all_to_all":
         moved = [_a2a(sink, ctx, size, (d,), phase, f"cp.a2a.{name}")
                  for name, size, d in zip(("q", "k", "v"),
@@ -106,6 +119,15 @@ def attention_backward(graph: "LayerGraph", sink: "TaskSink", ctx: dict, ready: 
     factor = 2.5 if graph.flash_attention else 2.0   # see LayerGraph._emit_backward_node
     if graph.recompute_attention:
         ready = attention_forward(graph, sink, ctx, (ready,), "recompute")
+    if sh.cp_mode == "all_gather":
+        core = sink.add(kind=COMPUTE, stream="compute", op="attention", phase="backward",
+                        deps=(ready,), flops=factor * graph.attention_flops(),
+                        bytes=2.0 * graph.attention_bytes(), op_class=ATTENTION,
+                        label="attention.bwd", **ctx)
+        dkv = sink.add(kind=COMM, stream=CP_STREAM, op="reduce_scatter", phase="backward",
+                       deps=(core,), bytes=sh.cp * kv_block_bytes(graph), group=("cp",),
+                       label="cp.reduce_scatter.dkv", **ctx)
+        return _join(sink, ctx, (core, dkv), "backward", "cp.all_gather.grads")
     if sh.cp_mode == "all_to_all":
         d_out = _a2a(sink, ctx, _q_bytes(graph), (ready,), "backward", "cp.a2a.grad_out")
         core = sink.add(kind=COMPUTE, stream="compute", op="attention", phase="backward",

@@ -60,7 +60,7 @@ class LayerShape:
     act_bytes: int         # bytes per activation element (bf16: 2)
     gemm_bytes: int        # bytes per GEMM operand element (bf16: 2, fp8: 1)
     cp: int = 1            # context-parallel degree (workloads/context_parallel.py)
-    cp_mode: str = "ring"  # ring | all_to_all
+    cp_mode: str = "ring"  # ring | all_gather | all_to_all
 
     def rows(self, layout: str) -> float:
         """Local token rows of a tensor in a layout."""

@@ -340,10 +340,14 @@ def memory_breakdown(plan: Plan, stage: int = 0,
         buffers += 2 * prec.act_bytes * s * b * m.hidden_size / (tp if sp else 1)
     if mesh.cp > 1:
         # Ring attention: the KV block being sent and the one being received (the dK/dV
-        # partials travel in the same-size buffers); Ulysses: the all-to-all outputs q, k, v.
+        # partials travel in the same-size buffers); all-gather: the gathered K and V, kept
+        # for the backward of each layer in flight; Ulysses: the all-to-all outputs q, k, v.
         kv_block = 2 * prec.act_bytes * s * b * m.kv_size / tp
         q_local = prec.act_bytes * s * b * m.q_size / tp
-        buffers += 2 * kv_block if plan.cp_mode == "ring" else q_local + kv_block
+        if plan.cp_mode == "all_gather":
+            activations += in_flight * len(own_layers) * (mesh.cp - 1) * kv_block
+        buffers += {"ring": 2 * kv_block, "all_gather": mesh.cp * kv_block}.get(
+            plan.cp_mode, q_local + kv_block)
 
     peak = params + grads + optimizer + activations + buffers
     return MemoryBreakdown(params, grads, optimizer, activations, buffers, peak,

@@ -23,8 +23,9 @@ PROJECTIONS = ("wq", "wk", "wv", "wo", "w1", "w3", "w2")
 STRATEGIES = ("col", "row", "seq", "replicate")
 GRID_STRATEGIES = ("tp2d", "tp2.5d", "tp3d_gather", "tp3d_allreduce")
 ALL_STRATEGIES = STRATEGIES + GRID_STRATEGIES
-# Context parallelism: ring attention (KV blocks around the CP ring) or Ulysses all-to-all.
-CP_MODES = ("ring", "all_to_all")
+# Context parallelism: ring attention (KV blocks around the CP ring), Llama 3's all-gather
+# of K and V, or Ulysses all-to-all.
+CP_MODES = ("ring", "all_gather", "all_to_all")
 DTYPES = ("bf16", "fp8", "fp32")
 # selective: the attention core (Korthikanti et al. 2022); selective_op: torchtitan's
 # op-level selective checkpointing (every other matmul and attention kept); full: the layer.

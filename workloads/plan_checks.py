@@ -59,9 +59,10 @@ def check_context_parallel(plan) -> None:
     if cp == 1:
         return
     seq = plan.training.seq_len
-    if plan.cp_mode == "ring" and seq % (2 * cp):
-        raise WorkloadError("mesh.cp", cp, f"a value with 2*cp dividing seq_len ({seq}): ring "
-                            "attention balances the causal mask over 2*cp chunks")
+    if plan.cp_mode in ("ring", "all_gather") and seq % (2 * cp):
+        raise WorkloadError("mesh.cp", cp, f"a value with 2*cp dividing seq_len ({seq}): "
+                            f"{plan.cp_mode} attention balances the causal mask over 2*cp "
+                            "chunks")
     if plan.cp_mode == "all_to_all":
         heads_tp = m.num_heads // tp if plan.grid_strategy is None else m.num_heads
         kv_tp = m.num_kv_heads // tp if plan.grid_strategy is None else m.num_kv_heads

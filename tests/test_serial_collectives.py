@@ -1,0 +1,46 @@
+"""A device without streams for collectives (DeviceProfile.concurrent_collectives false,
+what `validation calibrate` writes for a CPU host): every collective joins the compute
+stream in program order, so nothing overlaps and the step is the sum of its parts."""
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from simulator import simulate
+from simulator.cli import main
+from topologies import TopologyError, build
+from workloads import plan_from_dict
+
+from conftest import small_plan
+
+
+def _topology(tmp_path, concurrent):
+    path = tmp_path / f"host-{concurrent}.json"
+    path.write_text(json.dumps({"name": "host", "domains": 1, "gpus_per_domain": 8,
+                                "gpu": {"base": "h100",
+                                        "profile": {"concurrent_collectives": concurrent}}}))
+    return build(str(path))
+
+
+def test_without_concurrent_collectives_fsdp_communication_is_all_exposed(tmp_path):
+    plan = plan_from_dict(small_plan(fsdp={"enabled": True}))
+    overlapped = simulate(plan, _topology(tmp_path, True)).summary
+    serial = simulate(plan, _topology(tmp_path, False)).summary
+    assert overlapped["exposed_comm_s"] < 0.5 * overlapped["comm_s"]
+    assert serial["exposed_comm_s"] == pytest.approx(serial["comm_s"], rel=1e-9)
+    assert serial["step_time_s"] == pytest.approx(serial["compute_s"] + serial["comm_s"],
+                                                  rel=1e-6)
+    assert serial["step_time_s"] > overlapped["step_time_s"]
+
+
+def test_the_flag_must_be_a_boolean(tmp_path, capsys):
+    path = tmp_path / "bad.json"
+    path.write_text(json.dumps({"name": "h", "domains": 1, "gpus_per_domain": 2,
+                                "gpu": {"base": "h100",
+                                        "profile": {"concurrent_collectives": 1}}}))
+    with pytest.raises(TopologyError):
+        build(str(path))
+    assert main(["run", "--topo", str(path), "--plan", "col.json"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "gpu.profile.concurrent_collectives" in err[0]
