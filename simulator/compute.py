@@ -2,6 +2,7 @@
 
 time = max(FLOPs / (peak x efficiency), bytes / (HBM bandwidth x memory efficiency))
        + launch overhead x kernel launches
+       (+ the host overhead of a DTensor redistribution on its relayout copy)
 GEMM efficiency also pays for wave quantisation: a GEMM of few output tiles cannot fill
 every SM (cuBLAS falls back to split-K when the reduction dimension is long).
 """
@@ -10,7 +11,7 @@ from __future__ import annotations
 import math
 
 from topologies import DeviceSpec
-from workloads.program import ATTENTION, GEMM, Task
+from workloads.program import ATTENTION, GEMM, RELAYOUT, Task
 
 # Split-K needs enough of the reduction dimension per split to stay efficient.
 # Assumption: at least 1024 elements of k per split (4 K-tiles of 256).
@@ -44,4 +45,5 @@ def compute_time_s(task: Task, device: DeviceSpec, dtype: str) -> float:
         # attention is not assumed), in fp32 under fp32 training.
         peak = min(device.peak(dtype), device.peak("bf16"))
         flops_s = task.flops / (peak * prof.attention_efficiency)
-    return max(flops_s, memory_s) + prof.launch_overhead_s * task.kernels
+    host_s = prof.redistribute_overhead_s if task.op == RELAYOUT else 0.0
+    return max(flops_s, memory_s) + prof.launch_overhead_s * task.kernels + host_s

@@ -16,7 +16,7 @@ from torch.utils._pytree import tree_flatten  # noqa: E402
 from simulator import simulate  # noqa: E402
 from topologies import build  # noqa: E402
 from workloads import plan_from_dict  # noqa: E402
-from workloads.kernels import EAGER, elementwise_cost  # noqa: E402
+from workloads.kernels import ADAM_STEP, EAGER, elementwise_cost  # noqa: E402
 
 from conftest import small_plan  # noqa: E402
 
@@ -28,7 +28,8 @@ VIEW_OPS = {"view", "_unsafe_view", "reshape", "expand", "t", "transpose", "perm
 
 
 class CountBytes(TorchDispatchMode):
-    """Bytes read (inputs) and written (outputs) by every non-view aten kernel."""
+    """Bytes read (inputs) and written (outputs, in-place targets) and the launches of
+    every non-view aten kernel that touches a tensor."""
 
     def __init__(self):
         super().__init__()
@@ -38,10 +39,17 @@ class CountBytes(TorchDispatchMode):
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         out = func(*args, **(kwargs or {}))
         if func.overloadpacket.__name__ not in VIEW_OPS:
-            tensors = [t for t in tree_flatten((args, kwargs, out))[0]
+            # read: every input; written: the outputs and the inputs the op mutates in
+            # place (foreach ops return nothing: their writes are their mutated inputs)
+            written = [a for a, spec in zip(args, func._schema.arguments)
+                       if spec.alias_info is not None and spec.alias_info.is_write]
+            if any(isinstance(t, torch.Tensor) for t in tree_flatten(out)[0]):
+                written = []   # an in-place aten op also returns what it wrote
+            tensors = [t for t in tree_flatten((args, kwargs, out, written))[0]
                        if isinstance(t, torch.Tensor) and t.dim() > 0]
-            self.moved += sum(t.numel() * t.element_size() for t in tensors)
-            self.kernels += 1
+            if tensors:   # bookkeeping on scalars alone is not a pass over a tensor
+                self.moved += sum(t.numel() * t.element_size() for t in tensors)
+                self.kernels += 1
         return out
 
 
@@ -143,3 +151,16 @@ def test_grand_teton_h100_sits_between_nvl_and_sxm():
     gpu = build("grandteton-h100x2").devices[0]
     assert gpu.hbm_Bps == 2.4e12 and gpu.hbm_bytes == 96e9
     assert 835e12 < gpu.peak("bf16") < 989e12
+
+
+def test_eager_adam_step_matches_torch_foreach_adamw():
+    n = 1 << 14
+    params = [torch.nn.Parameter(torch.randn(n)) for _ in range(3)]
+    for p in params:
+        p.grad = torch.randn(n)
+    opt = torch.optim.AdamW(params, lr=1e-3, foreach=True)
+    opt.step()   # creates the state
+    with CountBytes() as counted:
+        opt.step()
+    assert ADAM_STEP["eager"] == (pytest.approx(counted.moved / (3 * n)), counted.kernels)
+    assert ADAM_STEP["fused"][0] < ADAM_STEP["eager"][0]

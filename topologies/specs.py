@@ -55,6 +55,11 @@ class DeviceProfile:
     # (torch.cpu.Stream is a stub), so FSDP2 issues its all-gathers and reduce-scatters
     # synchronously and the training thread waits for each collective.
     concurrent_collectives: bool = True
+    # Host time a DTensor redistribution adds to its collective and copies (placement
+    # planning, wrapping, the functional collective's bookkeeping), paid on the training
+    # thread. Assumption: 0 on GPUs, where this host work runs ahead of the GPU's queue;
+    # `validation calibrate` measures it on a CPU host, where nothing hides it.
+    redistribute_overhead_s: float = 0.0
 
 
 @dataclass(frozen=True)

@@ -14,6 +14,8 @@ cores the same way), each with `threads` intra-op threads:
   (workloads/layer_graph.py): forward 4 B H S^2 hd / 2, backward 2.5 x forward (flash);
 * launch overhead: a tiny matmul's wall time;
 * overlap: matmul throughput while an all-gather runs in the background, over alone;
+* on CPU, the host overhead of a DTensor redistribution beyond its collective and copy
+  (GPUs hide it behind their queue);
 * collectives all_reduce / all_gather / reduce_scatter / all_to_all against size, fitted by
   least squares (relative error) to t = latency + S / algbw; busbw = algbw x nccl-tests
   factor (2(n-1)/n for all_reduce, (n-1)/n otherwise); S is the nccl-tests size (the
@@ -193,6 +195,39 @@ def _overlap_factor(device, dtype, world: int, sync) -> float:
     return min(1.0, alone / (spent / mm))
 
 
+def _redistribute_overhead(world: int, device, dtype, sync, eltwise_Bps: float) -> float:
+    """Host seconds a DTensor redistribution adds beyond its collective and its copy.
+
+    A [4, 256, 512] activation sharded on the sequence (dim 1) is all-gathered
+    (Shard(1) -> Replicate) and a partial sum reduce-scattered (Partial -> Shard(1)) through
+    DTensor, and the same bytes through plain c10d collectives; the difference, less the
+    read and write of the gathered (or scattered) tensor that the simulator prices as a
+    relayout copy at the elementwise bandwidth, is the host overhead of one redistribution.
+    """
+    import torch.distributed as dist
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.tensor import DTensor, Partial, Replicate, Shard
+
+    mesh = init_device_mesh(device.type, (world,))
+    local = torch.randn(4, 256, 512, device=device, dtype=dtype)
+    partial = torch.randn(4, 256 * world, 512, device=device, dtype=dtype)
+    shard = DTensor.from_local(local, mesh, [Shard(1)])
+    summed = DTensor.from_local(partial, mesh, [Partial()])
+    flat_in, flat_full = local.reshape(-1), partial.reshape(-1)
+
+    def median_s(fn) -> float:
+        return statistics.median(_timed(fn, 0.05, 3, sync, collective=True))
+    gathered = partial.numel() * partial.element_size()
+    raw_ag = median_s(lambda: dist.all_gather_into_tensor(
+        torch.empty(flat_full.numel(), device=device, dtype=dtype), flat_in))
+    dt_ag = median_s(lambda: shard.redistribute(mesh, [Replicate()]).to_local())
+    raw_rs = median_s(lambda: dist.reduce_scatter_tensor(
+        torch.empty(flat_in.numel(), device=device, dtype=dtype), flat_full))
+    dt_rs = median_s(lambda: summed.redistribute(mesh, [Shard(1)]).to_local())
+    copy_s = 2 * gathered / eltwise_Bps
+    return max(0.0, ((dt_ag - raw_ag) + (dt_rs - raw_rs)) / 2 - copy_s)
+
+
 def _worker(rank: int, world: int, backend: str, port: int, out_path: str, threads: int,
             quick: bool) -> None:
     import torch.distributed as dist
@@ -235,13 +270,17 @@ def _worker(rank: int, world: int, backend: str, port: int, out_path: str, threa
     coll = _bench_collectives(world, device, dtype, QUICK_SIZES if quick else COLL_SIZES,
                               sync) if world > 1 else {}
     marks.append(("collectives", time.perf_counter()))
-    scalars = torch.tensor([attn_flops / attn_s, launch_s, overlap], dtype=torch.float64)
+    redistribute_s = _redistribute_overhead(world, device, dtype, sync, float(mem[1])) \
+        if world > 1 and device.type == "cpu" else 0.0
+    marks.append(("redistribute", time.perf_counter()))
+    scalars = torch.tensor([attn_flops / attn_s, launch_s, overlap, redistribute_s],
+                           dtype=torch.float64)
     dist.all_reduce(scalars, op=dist.ReduceOp.SUM)
     scalars /= world
     if rank == 0:
         topo = host_topology(backend, world, threads, matmul, float(mem[0]), float(scalars[0]),
                              float(scalars[1]), float(scalars[2]), coll, str(dtype).split(".")[-1],
-                             eltwise_Bps=float(mem[1]))
+                             eltwise_Bps=float(mem[1]), redistribute_s=float(scalars[3]))
         topo["calibration"]["section_s"] = {name: round(t - prev, 3) for (_, prev), (name, t)
                                             in zip(marks, marks[1:])}
         write_json(topo, out_path)
@@ -250,7 +289,7 @@ def _worker(rank: int, world: int, backend: str, port: int, out_path: str, threa
 
 
 def _profile(gemm_eff: float, attn_eff: float, launch_s: float, overlap: float,
-             mem_eff: float = 1.0, cpu: bool = True) -> dict:
+             mem_eff: float = 1.0, cpu: bool = True, redistribute_s: float = 0.0) -> dict:
     """DeviceProfile fields (only those this version of topologies knows)."""
     from topologies import DeviceProfile
 
@@ -259,7 +298,8 @@ def _profile(gemm_eff: float, attn_eff: float, launch_s: float, overlap: float,
               "concurrent_collectives": not cpu,
               "attention_efficiency": round(min(1.0, attn_eff), 4),
               "memory_efficiency": round(min(1.0, mem_eff), 4),
-              "launch_overhead_s": launch_s, "overlap_compute_factor": round(overlap, 4),
+              "launch_overhead_s": launch_s, "redistribute_overhead_s": redistribute_s,
+              "overlap_compute_factor": round(overlap, 4),
               "overlap_compute_factor_nvls": round(overlap, 4)}
     known = set(DeviceProfile.__dataclass_fields__)
     return {k: v for k, v in values.items() if k in known}
@@ -267,7 +307,8 @@ def _profile(gemm_eff: float, attn_eff: float, launch_s: float, overlap: float,
 
 def host_topology(backend: str, world: int, threads: int, matmul: list[dict], mem_Bps: float,
                   attn_flops_per_s: float, launch_s: float, overlap: float, coll: dict,
-                  dtype: str, eltwise_Bps: float | None = None) -> dict:
+                  dtype: str, eltwise_Bps: float | None = None,
+                  redistribute_s: float = 0.0) -> dict:
     """The topology JSON (topologies/presets.py load_file format) for measured numbers."""
     peak = max(r["flops_per_s"] for r in matmul)
     eff = fit_gemm(matmul, peak)
@@ -288,7 +329,8 @@ def host_topology(backend: str, world: int, threads: int, matmul: list[dict], me
                 "hbm_GBps": mem_Bps / gb, "nvlink_GBps": link / gb, "nvlink_nccl_GBps": link / gb,
                 "nvlink_links": 1, "nvls": False,
                 "profile": _profile(eff, attn_flops_per_s / peak, launch_s, overlap,
-                                    (eltwise_Bps or mem_Bps) / mem_Bps, backend == "gloo")},
+                                    (eltwise_Bps or mem_Bps) / mem_Bps, backend == "gloo",
+                                    redistribute_s)},
         "domains": 1,
         "gpus_per_domain": world,
         "measured_collectives": measured,

@@ -76,3 +76,17 @@ def elementwise_cost(op: str, mode: str, act_bytes: int, fused_forward: float,
 # Weights are not counted: Transformer Engine caches their FP8 copy across micro-batches,
 # and torchtitan casts the FSDP shard before its all-gather (a 1/dp share).
 FP8_CAST_BYTES_PER_ELEMENT = 4.0
+
+# The Adam step, memory-bound, per parameter of the rank's shard:
+# fused (Apex / Transformer Engine / torch fused=True): reads the fp32 master, m, v and the
+# fp32 gradient (16 B), writes master, m, v and the bf16 copy (14 B);
+# eager (torch.optim.AdamW's default multi-tensor "foreach" path): weight decay, lerp of m,
+# m and v updates, sqrt, divide, add eps, addcdiv, each a pass over fp32 lists: 84 B in 8
+# multi-tensor launches (counted by tests/test_kernels.py with the same dispatch counter).
+ADAM_STEP = {"fused": (30.0, 1), "eager": (84.0, 8)}
+
+
+def adam_step_cost(mode: str, params: float) -> tuple[float, int]:
+    """(HBM bytes, kernel launches) of the Adam step over `params` parameters."""
+    bytes_per_param, kernels = ADAM_STEP[mode]
+    return params * bytes_per_param, kernels

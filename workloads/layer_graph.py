@@ -13,7 +13,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from .kernels import FP8_CAST_BYTES_PER_ELEMENT, elementwise_cost
 from .layouts import STRATEGY_LAYOUTS, collective, collective_bytes, grad_layout_needed
-from .program import ATTENTION, COMM, COMPUTE, GEMM, MEMORY, Task
+from .program import ATTENTION, COMM, COMPUTE, GEMM, MEMORY, RELAYOUT, Task
 
 
 @dataclass
@@ -271,14 +271,14 @@ class LayerGraph:
                 "all_to_all": 2 * full / sh.tp}.get(op, 0.0)
         deps = tuple(deps)
         if copy and op == "reduce_scatter":   # the input is made contiguous per shard first
-            deps = (sink.add(kind=COMPUTE, stream="compute", op="relayout", phase=phase,
+            deps = (sink.add(kind=COMPUTE, stream="compute", op=RELAYOUT, phase=phase,
                              deps=deps, bytes=copy, op_class=MEMORY, label=f"{label}.relayout",
                              **ctx),)
         task = sink.add(kind=COMM, stream="tp", op=op, phase=phase, deps=deps,
                         bytes=collective_bytes(op, full, sh.tp), group=("tp",),
                         label=label, **ctx)
         if copy and op != "reduce_scatter":   # the gathered chunks are concatenated after
-            task = sink.add(kind=COMPUTE, stream="compute", op="relayout", phase=phase,
+            task = sink.add(kind=COMPUTE, stream="compute", op=RELAYOUT, phase=phase,
                             deps=(task,), bytes=copy, op_class=MEMORY,
                             label=f"{label}.relayout", **ctx)
         return task

@@ -15,10 +15,6 @@ from .precision import precision
 from .program import Program
 from .schedules import stage_layer_ranges
 
-# Adam step, memory-bound: reads fp32 master, m, v, fp32 grad (16 B) and writes master,
-# m, v and the bf16 copy (14 B) per parameter.
-ADAM_STEP_HBM_BYTES_PER_PARAM = 30
-
 
 def build_layer(plan: Plan, layer: int, shape: LayerShape) -> LayerGraph:
     """Forward graph of one transformer layer under the plan's strategies."""

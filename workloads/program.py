@@ -16,6 +16,9 @@ COMPUTE = "compute"
 COMM = "comm"
 # Compute op classes the device profile prices differently.
 GEMM, ATTENTION, MEMORY = "gemm", "attention", "memory"
+# The local copy around a DTensor redistribution of a non-dim-0 shard (one per
+# redistribution that needs one: layer_graph.LayerGraph._comm).
+RELAYOUT = "relayout"
 
 
 @dataclass(slots=True)

@@ -9,10 +9,10 @@ from __future__ import annotations
 
 import math
 
-from .layer_graph import LayerGraph, LayerShape, TaskSink
 from .checkpointing import op_checkpoint_saved
-from .lowering import (ADAM_STEP_HBM_BYTES_PER_PARAM, EMBED, HEAD, build_embedding, build_head,
-                       build_layer, unit_param_groups)
+from .kernels import adam_step_cost
+from .layer_graph import LayerGraph, LayerShape, TaskSink
+from .lowering import EMBED, HEAD, build_embedding, build_head, build_layer, unit_param_groups
 from .precision import precision
 from .plan import Plan
 from .program import COMM, COMPUTE, MEMORY, Task
@@ -213,10 +213,11 @@ class StageLowering:
             for dims, params in self._param_groups(unit).items():
                 sharded = self.fsdp or self.plan.zero_stage >= 1
                 local += params / (self._group_size(dims) if sharded else 1)
+        nbytes, kernels = adam_step_cost(self.plan.kernels, local)
         step = self.sink.add(kind=COMPUTE, stream="compute", op="adam", phase="optimizer",
-                             deps=(self.last_backward, *self.reductions),
-                             bytes=local * ADAM_STEP_HBM_BYTES_PER_PARAM, op_class=MEMORY,
-                             label="optimizer.step", layer=-1, microbatch=-1)
+                             deps=(self.last_backward, *self.reductions), bytes=nbytes,
+                             kernels=kernels, op_class=MEMORY, label="optimizer.step",
+                             layer=-1, microbatch=-1)
         if self.plan.zero_stage in (1, 2) and not self.fsdp:
             for unit in self.units:
                 for dims, params in sorted(self._param_groups(unit).items()):
