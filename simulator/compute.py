@@ -2,7 +2,6 @@
 
 time = max(FLOPs / (peak x efficiency), bytes / (HBM bandwidth x memory efficiency))
        + launch overhead x kernel launches
-       (+ the host overhead of a DTensor redistribution on its relayout copy)
 GEMM efficiency also pays for wave quantisation: a GEMM of few output tiles cannot fill
 every SM (cuBLAS falls back to split-K when the reduction dimension is long).
 """
@@ -11,7 +10,7 @@ from __future__ import annotations
 import math
 
 from topologies import DeviceSpec
-from workloads.program import ATTENTION, GEMM, RELAYOUT, Task
+from workloads.program import ATTENTION, GEMM, Task
 
 # Split-K needs enough of the reduction dimension per split to stay efficient.
 # Assumption: at least 1024 elements of k per split (4 K-tiles of 256).
@@ -39,11 +38,10 @@ def compute_time_s(task: Task, device: DeviceSpec, dtype: str) -> float:
     if task.op_class == GEMM:
         m, n, k = task.gemm_mnk
         eff = prof.gemm_efficiency * wave_efficiency(m, n, k, device.sm_count, prof.gemm_tile)
-        flops_s = task.flops / (device.peak(dtype) * eff)
+        flops_s = task.flops / (device.peak(task.gemm_dtype or dtype) * eff)
     elif task.op_class == ATTENTION:
         # Attention runs in bf16 (FlashAttention-2) under bf16 and fp8 training (fp8
         # attention is not assumed), in fp32 under fp32 training.
         peak = min(device.peak(dtype), device.peak("bf16"))
         flops_s = task.flops / (peak * prof.attention_efficiency)
-    host_s = prof.redistribute_overhead_s if task.op == RELAYOUT else 0.0
-    return max(flops_s, memory_s) + prof.launch_overhead_s * task.kernels + host_s
+    return max(flops_s, memory_s) + prof.launch_overhead_s * task.kernels

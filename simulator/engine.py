@@ -157,10 +157,15 @@ class Engine:
         """Run a communication task; returns (algorithm, time its transfer began)."""
         if task.op == "send_recv":
             return (yield from self._point_to_point(rank, task))
-        began = self.env.now
         ranks = self._group(rank, task.group)
         if len(ranks) == 1:
-            return "", began
+            return "", self.env.now
+        if task.stream == "tp":
+            # a DTensor redistribution's host work before its collective (0 on GPUs)
+            host_s = self.topology.device(rank).profile.redistribute_overhead_s
+            if host_s:
+                yield self.env.timeout(host_s)
+        began = self.env.now
         if self.options.full:
             event = self._arrive(task, ranks)
         else:

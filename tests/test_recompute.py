@@ -76,3 +76,21 @@ def test_op_level_checkpointing_sits_between_none_and_full():
         peaks.append(memory_breakdown(resolve(plan, 8)).activations_bytes)
     assert steps[0] < steps[1] < steps[2]
     assert peaks[0] > peaks[1] > peaks[2]
+
+
+def test_op_level_checkpoint_memory_is_what_the_policy_keeps_under_tp_and_sp():
+    # The memory model's features per token equal the saved nodes of a real layer graph
+    # (Megatron TP 4 with sequence parallelism): the block input and the reduce-scatter
+    # outputs sequence-sharded, column-parallel outputs 1/tp, w2's partial sum whole.
+    from workloads.checkpointing import op_checkpoint_features, op_checkpoint_saved
+    from workloads.lowering import build_layer, layer_shape
+
+    tp = 4
+    plan = resolve(plan_from_dict(small_plan(mesh={"tp": tp}, training={"global_batch": 2},
+                                             sharding={"sequence_parallel": True})), 8)
+    graph = build_layer(plan, 1, layer_shape(plan))
+    sh = graph.shape
+    saved = [n for n in graph.nodes if n.id in op_checkpoint_saved(graph)]
+    features = sum(sh.rows(n.layout) / sh.tokens * sh.cols(n.layout, n.features)
+                   for n in saved) + plan.model.hidden_size / tp
+    assert op_checkpoint_features(plan.model, tp, tp) == pytest.approx(features)

@@ -44,3 +44,42 @@ def test_the_flag_must_be_a_boolean(tmp_path, capsys):
     assert main(["run", "--topo", str(path), "--plan", "col.json"]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "gpu.profile.concurrent_collectives" in err[0]
+
+
+@pytest.mark.parametrize("over", [
+    dict(mesh={"pp": 2, "tp": 2}, training={"global_batch": 8},
+         sharding={"sequence_parallel": True}),
+    dict(mesh={"cp": 2}, fsdp={"enabled": True}),
+    dict(mesh={"pp": 2}, training={"global_batch": 8},
+         pipeline={"schedule": "interleaved", "virtual_stages": 2}),
+])
+def test_serial_collectives_never_deadlock_with_point_to_point_streams(tmp_path, over):
+    # pipeline and ring-attention transfers keep their own streams beside the merged one
+    plan = plan_from_dict(small_plan(**over))
+    serial = simulate(plan, _topology(tmp_path, False)).summary
+    overlapped = simulate(plan, _topology(tmp_path, True)).summary
+    assert serial["step_time_s"] >= overlapped["step_time_s"] > 0
+
+
+def test_redistribution_overhead_is_paid_per_tensor_parallel_collective(tmp_path):
+    def step(overhead):
+        path = tmp_path / f"h{overhead}.json"
+        path.write_text(json.dumps({"name": "h", "domains": 1, "gpus_per_domain": 8,
+                                    "gpu": {"base": "h100", "profile": {
+                                        "concurrent_collectives": False,
+                                        "redistribute_overhead_s": overhead}}}))
+        raw = small_plan(mesh={"tp": 2}, sharding={"sequence_parallel": True},
+                         training={"global_batch": 4})
+        return simulate(plan_from_dict(raw), build(str(path)))
+    base, slow = step(0.0), step(1e-3)
+    t = base.trace.to_pandas()
+    tp_collectives = int(((t["rank"] == 0) & (t["stream"] == "tp")).sum())
+    assert tp_collectives > 0
+    extra = slow.summary["step_time_s"] - base.summary["step_time_s"]
+    assert extra == pytest.approx(tp_collectives * 1e-3, rel=1e-6)
+    bad = tmp_path / "bad2.json"
+    bad.write_text(json.dumps({"name": "h", "domains": 1, "gpus_per_domain": 2,
+                               "gpu": {"base": "h100",
+                                       "profile": {"redistribute_overhead_s": -1}}}))
+    with pytest.raises(TopologyError):
+        build(str(bad))

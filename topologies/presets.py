@@ -229,8 +229,25 @@ def _measured(raw: Any) -> tuple:
                 raise TopologyError(where, values, "group size -> {latency_us, busbw_GBps}")
             rows.append((op, int(size), MeasuredCollective(
                 _number(values, "latency_us", where, allow_minimum=True) * 1e-6,
-                _number(values, "busbw_GBps", where) * GB)))
+                _number(values, "busbw_GBps", where) * GB,
+                _points(values.get("points", []), f"{where}.points"))))
     return tuple(rows)
+
+
+def _points(raw: Any, where: str) -> tuple[tuple[float, float], ...]:
+    """[[bytes, microseconds], ...] with ascending, positive sizes and positive times."""
+    if not isinstance(raw, list):
+        raise TopologyError(where, raw, "a list of [bytes, microseconds] pairs")
+    out = []
+    for pair in raw:
+        if not (isinstance(pair, list) and len(pair) == 2):
+            raise TopologyError(where, pair, "[bytes, microseconds] pairs")
+        size = _number({"bytes": pair[0]}, "bytes", where)
+        time_us = _number({"us": pair[1]}, "us", where)
+        if out and size <= out[-1][0]:
+            raise TopologyError(where, pair, "pairs in ascending order of bytes")
+        out.append((size, time_us * 1e-6))
+    return tuple(out)
 
 
 def _reject_constant(name: str):

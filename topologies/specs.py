@@ -56,9 +56,9 @@ class DeviceProfile:
     # synchronously and the training thread waits for each collective.
     concurrent_collectives: bool = True
     # Host time a DTensor redistribution adds to its collective and copies (placement
-    # planning, wrapping, the functional collective's bookkeeping), paid on the training
-    # thread. Assumption: 0 on GPUs, where this host work runs ahead of the GPU's queue;
-    # `validation calibrate` measures it on a CPU host, where nothing hides it.
+    # planning, wrapping, the functional collective's bookkeeping), paid before each
+    # tensor-parallel collective. Assumption: 0 on GPUs, where this host work runs ahead of
+    # the GPU's queue; `validation calibrate` measures it on a CPU host.
     redistribute_overhead_s: float = 0.0
 
 

@@ -46,10 +46,24 @@ class MeasuredCollective:
 
     Written by `python -m validation calibrate` for hosts (CPU gloo groups) where no
     link-level model exists; when present it replaces the NCCL model for that group size.
+    `points` ((bytes, seconds), ascending) are the measurements themselves: within their
+    range the time is interpolated between them, so that a host whose collectives are not
+    linear in size (page faults, cache sizes) is priced as measured.
     """
 
     latency_s: float
     busbw_Bps: float
+    points: tuple[tuple[float, float], ...] = ()
+
+    def time_s(self, size: float, algbw_Bps: float) -> float:
+        """Seconds for a collective of `size` bytes (nccl-tests size)."""
+        pts = self.points
+        if len(pts) < 2 or not pts[0][0] <= size <= pts[-1][0]:
+            return self.latency_s + size / algbw_Bps
+        for (s0, t0), (s1, t1) in zip(pts, pts[1:]):
+            if size <= s1:
+                return t0 + (t1 - t0) * (size - s0) / (s1 - s0)
+        return pts[-1][1]
 
 
 @dataclass

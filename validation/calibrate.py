@@ -20,6 +20,9 @@ cores the same way), each with `threads` intra-op threads:
   least squares (relative error) to t = latency + S / algbw; busbw = algbw x nccl-tests
   factor (2(n-1)/n for all_reduce, (n-1)/n otherwise); S is the nccl-tests size (the
   all-reduce buffer, the all-gather output, the reduce-scatter input, the all-to-all buffer).
+  The measured points themselves are written too: the simulator interpolates between them
+  and uses the fit only outside their range (a CPU host's collectives are not linear in
+  size).
 """
 from __future__ import annotations
 
@@ -38,7 +41,8 @@ MATMUL_SHAPES = [(1024, 1536, 512), (256, 256, 256), (512, 512, 512), (1024, 102
                  (2048, 512, 512), (2048, 1536, 512), (2048, 512, 1536), (4096, 512, 512),
                  (2048, 256, 512), (2048, 512, 128), (2048, 512, 64), (128, 512, 512),
                  (64, 512, 512), (2048, 2048, 512)]
-COLL_SIZES = [1 << 12, 1 << 15, 1 << 18, 1 << 20, 1 << 22, 1 << 24, 1 << 26]
+COLL_SIZES = [1 << 12, 1 << 15, 1 << 18, 1 << 20, 1 << 21, 1 << 22, 1 << 23, 1 << 24,
+              1 << 25]
 QUICK_SIZES = [1 << 12, 1 << 16, 1 << 20, 1 << 22, 1 << 24]
 OPS = ("all_reduce", "all_gather", "reduce_scatter", "all_to_all")
 
@@ -140,7 +144,7 @@ def _bench_collectives(world: int, device, dtype, sizes, sync) -> dict:
                 out = torch.empty(numel, device=device, dtype=dtype)
                 fn = lambda: dist.all_to_all_single(out, inp)
             dist.barrier()
-            times = _timed(fn, 0.02, 3, sync, collective=True)
+            times = _timed(fn, 0.03, 5, sync, collective=True)
             t = torch.tensor([statistics.median(times)], dtype=torch.float64)
             dist.all_reduce(t, op=dist.ReduceOp.MAX)
             points.append((numel * elem, float(t)))
@@ -289,7 +293,7 @@ def _worker(rank: int, world: int, backend: str, port: int, out_path: str, threa
 
 
 def _profile(gemm_eff: float, attn_eff: float, launch_s: float, overlap: float,
-             mem_eff: float = 1.0, cpu: bool = True, redistribute_s: float = 0.0) -> dict:
+             mem_eff: float = 1.0, cpu: bool = False, redistribute_s: float = 0.0) -> dict:
     """DeviceProfile fields (only those this version of topologies knows)."""
     from topologies import DeviceProfile
 
@@ -316,7 +320,9 @@ def host_topology(backend: str, world: int, threads: int, matmul: list[dict], me
     ram = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
     link = coll.get("all_gather", {}).get("busbw_Bps", mem_Bps)
     measured = {op: {str(world): {"latency_us": round(c["latency_s"] * 1e6, 3),
-                                  "busbw_GBps": round(c["busbw_Bps"] / gb, 6)}}
+                                  "busbw_GBps": round(c["busbw_Bps"] / gb, 6),
+                                  "points": [[p["bytes"], round(p["time_s"] * 1e6, 3)]
+                                             for p in c["points"]]}}
                 for op, c in coll.items()}
     cpu = platform.processor() or platform.machine()
     return {

@@ -160,6 +160,10 @@ def check_expressible(plan: Plan, dtype: str) -> None:
     if plan.async_tp:
         raise ValidationError("overlap.async_tp", True,
                               "false (async TP needs torch.compile and symmetric memory)")
+    if plan.recompute == "selective_op":
+        raise ValidationError("recompute", plan.recompute,
+                              "none, selective or full (op-level checkpointing is not built "
+                              "into the harness)")
     if not plan.fsdp and plan.zero_stage not in (0,):
         raise ValidationError("zero_stage", plan.zero_stage,
                               "0 (DDP) or fsdp.enabled (ZeRO-3); ZeRO-1/2 have no torch API")
@@ -182,6 +186,9 @@ def build_run(plan_ref: str, dims_text: str | None, backend: str, nproc: int,
     # activations are chains of unfused kernels, and the run is recorded (and later
     # simulated) as such.
     plan_json["kernels"] = "eager"
+    # ... and its AdamW is torch's default: the for-loop implementation for CPU tensors,
+    # the multi-tensor (foreach) one for CUDA tensors.
+    plan_json["optimizer"] = "for_loop" if backend == "gloo" else "foreach"
     plan = resolve(plan_from_dict(plan_json, default_name=base.name), nproc)
     check_expressible(plan, dtype)
     if backend == "gloo" and dtype == "bf16":

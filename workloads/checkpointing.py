@@ -30,7 +30,11 @@ def op_checkpoint_saved(graph) -> frozenset[int]:
 
 
 def op_checkpoint_features(model: ModelSpec, tp: int, sp_div: int) -> float:
-    """Features per token a dense layer keeps: its input, the 1st, 3rd, 5th and 7th matmul
-    outputs (wq, wv, w1, w2) and the attention output (its logsumexp is negligible)."""
+    """Features per token a dense layer keeps on one rank: its input (sequence-sharded
+    under SP), the 1st, 3rd and 5th matmul outputs (wq, wv, w1: column-parallel, 1/tp), the
+    7th (w2: row-parallel, a partial sum over every token row, h), the attention output
+    (1/tp; its logsumexp is negligible) and, under SP, the two reduce-scatter outputs
+    (wo's and w2's, h / tp each)."""
     h, q, kv = model.hidden_size, model.q_size, model.kv_size
-    return h / sp_div + (q + kv + model.ffn_size + q) / tp + h / sp_div
+    scattered = 2 * h / tp if sp_div > 1 else 0.0
+    return h / sp_div + (q + kv + model.ffn_size + q) / tp + h + scattered

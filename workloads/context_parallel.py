@@ -127,7 +127,7 @@ def attention_backward(graph: "LayerGraph", sink: "TaskSink", ctx: dict, ready: 
         dkv = sink.add(kind=COMM, stream=CP_STREAM, op="reduce_scatter", phase="backward",
                        deps=(core,), bytes=sh.cp * kv_block_bytes(graph), group=("cp",),
                        label="cp.reduce_scatter.dkv", **ctx)
-        return _join(sink, ctx, (core, dkv), "backward", "cp.all_gather.grads")
+        return _join(sink, ctx, (core, dkv), "backward", "cp.all_gather.dq_dkv")
     if sh.cp_mode == "all_to_all":
         d_out = _a2a(sink, ctx, _q_bytes(graph), (ready,), "backward", "cp.a2a.grad_out")
         core = sink.add(kind=COMPUTE, stream="compute", op="attention", phase="backward",

@@ -71,22 +71,32 @@ def elementwise_cost(op: str, mode: str, act_bytes: int, fused_forward: float,
 # FP8 GEMMs take FP8 operands: each activation operand (a projection's input in forward,
 # its output gradient in backward) is scaled and cast from bf16 first, and its transpose is
 # written too for the other GEMM of the pair (Transformer Engine's fused cast_transpose
-# kernel: read 2 B, write 1 B + 1 B per element; torchao's float8 training does the same
-# work, its dynamic scaling adding an amax pass that torch.compile fuses into the producer).
-# Weights are not counted: Transformer Engine caches their FP8 copy across micro-batches,
-# and torchtitan casts the FSDP shard before its all-gather (a 1/dp share).
+# kernel: read 2 B, write 1 B + 1 B per element). Assumptions: every projection casts its
+# own input (torchao's Float8Linear per module, as torchtitan's separate wq/wk/wv; a fused
+# QKV would cast once); torchao's dynamic scaling adds an amax pass that torch.compile fuses
+# into the producer; weight casts are left out (Transformer Engine caches the FP8 weights
+# across micro-batches; torchtitan casts the FSDP shard, 1/dp of them, with its FP8
+# all-gather). The output layer stays in bf16 (workloads/lowering.py build_head).
 FP8_CAST_BYTES_PER_ELEMENT = 4.0
 
-# The Adam step, memory-bound, per parameter of the rank's shard:
-# fused (Apex / Transformer Engine / torch fused=True): reads the fp32 master, m, v and the
-# fp32 gradient (16 B), writes master, m, v and the bf16 copy (14 B);
-# eager (torch.optim.AdamW's default multi-tensor "foreach" path): weight decay, lerp of m,
-# m and v updates, sqrt, divide, add eps, addcdiv, each a pass over fp32 lists: 84 B in 8
-# multi-tensor launches (counted by tests/test_kernels.py with the same dispatch counter).
-ADAM_STEP = {"fused": (30.0, 1), "eager": (84.0, 8)}
+# The Adam step (a plan's "optimizer": torch.optim's implementations), memory-bound, per
+# parameter of the rank's shard, and its kernel launches:
+#   fused (torch fused=True; Apex / Transformer Engine; torchtitan's default
+#     optimizer.implementation): reads the fp32 master, m, v and the fp32 gradient (16 B),
+#     writes master, m, v and the bf16 copy (14 B); one launch;
+#   foreach (torch's default for CUDA tensors): weight decay, lerp of m, the v update,
+#     sqrt, divide, add eps, addcdiv, each a pass over fp32 lists: 84 B in 8 multi-tensor
+#     launches;
+#   for_loop (torch's default for CPU tensors): the same 84 B, 8 launches per parameter
+#     tensor.
+# Counted by tests/test_kernels.py with the same dispatch counter as the table above.
+ADAM_STEP = {"fused": (30.0, 1, False), "foreach": (84.0, 8, False),
+             "for_loop": (84.0, 8, True)}
+OPTIMIZERS = tuple(ADAM_STEP)
 
 
-def adam_step_cost(mode: str, params: float) -> tuple[float, int]:
-    """(HBM bytes, kernel launches) of the Adam step over `params` parameters."""
-    bytes_per_param, kernels = ADAM_STEP[mode]
-    return params * bytes_per_param, kernels
+def adam_step_cost(implementation: str, params: float, tensors: int) -> tuple[float, int]:
+    """(HBM bytes, kernel launches) of the Adam step over `params` parameters held in
+    `tensors` parameter tensors."""
+    bytes_per_param, launches, per_tensor = ADAM_STEP[implementation]
+    return params * bytes_per_param, launches * (tensors if per_tensor else 1)

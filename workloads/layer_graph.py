@@ -32,6 +32,7 @@ class Node:
     task: int = -1                 # id of the task that produced it in forward
     rows_scale: float = 1.0        # token rows relative to the layer's (MoE: top_k x imbalance)
     experts: int = 0               # linear only: a grouped GEMM over this many local experts
+    bf16: bool = False             # linear only: stays a bf16 GEMM under FP8 training
 
 
 class TaskSink:
@@ -130,14 +131,15 @@ class LayerGraph:
                           rows_scale=rows)
 
     def linear(self, name: str, x: Node, strategy: str, out_features: int,
-               experts: int = 0) -> Node:
+               experts: int = 0, bf16: bool = False) -> Node:
         """A projection under a strategy (col | row | seq | replicate); `experts` > 0 makes
         it a grouped GEMM over that many local experts on the input's (dispatched) rows."""
         needs, produces, _ = STRATEGY_LAYOUTS[strategy]
         x = self.to_layout(x, needs)
         return self._node(kind="linear", name=name, layout=produces if self.shape.tp > 1 else "R",
                           features=out_features, inputs=[x], strategy=strategy,
-                          in_features=x.features, rows_scale=x.rows_scale, experts=experts)
+                          in_features=x.features, rows_scale=x.rows_scale, experts=experts,
+                          bf16=bf16)
 
     def ep_all_to_all(self, name: str, x: Node, rows_scale: float) -> Node:
         """An expert-parallel all-to-all (MoE dispatch or combine) over the "ep" group; the
@@ -159,11 +161,12 @@ class LayerGraph:
         k = node.in_features / sh.tp if (st == "row" and sh.tp > 1) else node.in_features
         n = node.features / sh.tp if (st == "col" and sh.tp > 1) else node.features
         flops = 2.0 * m * k * n
+        operand = max(sh.gemm_bytes, 2) if node.bf16 else sh.gemm_bytes
         if node.experts:
             # Grouped GEMM: the rows split evenly over the local experts, each its weight.
-            nbytes = (m * k + node.experts * k * n + m * n) * sh.gemm_bytes
+            nbytes = (m * k + node.experts * k * n + m * n) * operand
             return flops, nbytes, (int(m / node.experts), int(n), int(k))
-        return flops, (m * k + k * n + m * n) * sh.gemm_bytes, (int(m), int(n), int(k))
+        return flops, (m * k + k * n + m * n) * operand, (int(m), int(n), int(k))
 
     def attention_flops(self) -> float:
         """Forward FLOPs of this rank's causal attention (its heads, its tokens)."""
@@ -215,10 +218,10 @@ class LayerGraph:
                               deps, phase, f"{node.name}", node.rows_scale)
         if node.kind == "linear":
             flops, nbytes, mnk = self.linear_cost(node)
-            deps = self._fp8_cast(sink, ctx, flops / (2 * mnk[1]), deps, phase, node.name)
+            deps = self._fp8_cast(sink, ctx, node, flops / (2 * mnk[1]), deps, phase, node.name)
             return sink.add(kind=COMPUTE, stream="compute", op=node.name, phase=phase,
                             deps=deps, flops=flops, bytes=nbytes, op_class=GEMM, gemm_mnk=mnk,
-                            label=f"{node.name}.fwd", **ctx)
+                            gemm_dtype=self._gemm_dtype(node), label=f"{node.name}.fwd", **ctx)
         if node.kind == "ep_a2a":
             return self._ep_a2a(sink, ctx, node, deps, phase, f"moe.{node.name}")
         if node.kind == "attention" and sh.cp > 1:
@@ -234,11 +237,14 @@ class LayerGraph:
                         bytes=nbytes, op_class=MEMORY, kernels=kernels,
                         label=f"{node.name}.fwd", **ctx)
 
-    def _fp8_cast(self, sink: TaskSink, ctx: dict, elements: float, deps, phase: str,
-                  name: str) -> tuple[int, ...]:
+    def _gemm_dtype(self, node: Node) -> str:
+        return "bf16" if node.bf16 and self.shape.gemm_bytes == 1 else ""
+
+    def _fp8_cast(self, sink: TaskSink, ctx: dict, node: Node, elements: float, deps,
+                  phase: str, name: str) -> tuple[int, ...]:
         """Under FP8 GEMMs, the cast (and transpose) of an activation operand before the
         GEMM (workloads/kernels.py); returns the GEMM's dependencies."""
-        if self.shape.gemm_bytes != 1:
+        if self.shape.gemm_bytes != 1 or node.bf16:
             return tuple(deps)
         return (sink.add(kind=COMPUTE, stream="compute", op="fp8_cast", phase=phase,
                          deps=tuple(deps), bytes=elements * FP8_CAST_BYTES_PER_ELEMENT,
@@ -344,8 +350,8 @@ class LayerGraph:
         if node.kind == "linear":
             flops, nbytes, (m, n, k) = self.linear_cost(node)
             common = dict(kind=COMPUTE, stream="compute", phase="backward", flops=flops,
-                          bytes=nbytes, op_class=GEMM, **ctx)
-            ready, = self._fp8_cast(sink, ctx, flops / (2 * k), (ready,), "backward",
+                          bytes=nbytes, op_class=GEMM, gemm_dtype=self._gemm_dtype(node), **ctx)
+            ready, = self._fp8_cast(sink, ctx, node, flops / (2 * k), (ready,), "backward",
                                     f"grad.{node.name}")
             dgrad = sink.add(op=node.name, deps=(ready,), gemm_mnk=(m, k, n),
                              label=f"{node.name}.dgrad", **common)

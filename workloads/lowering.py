@@ -67,7 +67,10 @@ def build_head(plan: Plan, shape: LayerShape) -> LayerGraph:
     g = LayerGraph(shape)
     x = g.input(S if plan.sequence_parallel else R, m.hidden_size)
     h = g.elementwise("final_norm", [x])
-    logits = g.linear("output", h, "col", m.vocab_size)
+    # The output layer stays in bf16 under FP8 training: torchtitan's float8 conversion
+    # skips it (filter_fqns ["output"]) and Megatron-LM/Transformer Engine run only the
+    # transformer layers' linears in FP8.
+    logits = g.linear("output", h, "col", m.vocab_size, bf16=True)
     # Cross-entropy on fp32 logits: read logits, write softmax (Megatron's vocab-parallel
     # cross-entropy keeps its input for backward).
     g.elementwise("cross_entropy", [logits], rw=(2.0, 2.0))
@@ -151,16 +154,21 @@ def model_flops(plan: Plan) -> float:
     return 6.0 * tokens * matmul + 3.0 * m.num_layers * attention_fwd
 
 
+def layer_shape(plan: Plan) -> LayerShape:
+    """Per-rank sizes of one micro-batch through one layer of a resolved plan."""
+    tr, m = plan.training, plan.model
+    return LayerShape(tokens=tr.micro_batch * tr.seq_len // plan.mesh.cp, seq_len=tr.seq_len,
+                      tp=plan.mesh.tp, heads=m.num_heads, kv_heads=m.num_kv_heads,
+                      head_dim=m.head_dim, act_bytes=precision(tr.dtype).act_bytes,
+                      gemm_bytes=precision(tr.dtype).gemm_bytes, cp=plan.mesh.cp,
+                      cp_mode=plan.cp_mode)
+
+
 def lower(plan: Plan) -> Program:
     """The Program of a resolved plan (plan.mesh.dp must be a number)."""
     if plan.mesh.dp < 1:
         raise ValueError("lower() needs a resolved plan: call workloads.resolve first")
-    tr, m = plan.training, plan.model
-    shape = LayerShape(tokens=tr.micro_batch * tr.seq_len // plan.mesh.cp, seq_len=tr.seq_len,
-                       tp=plan.mesh.tp, heads=m.num_heads, kv_heads=m.num_kv_heads,
-                       head_dim=m.head_dim, act_bytes=precision(tr.dtype).act_bytes,
-                       gemm_bytes=precision(tr.dtype).gemm_bytes, cp=plan.mesh.cp,
-                       cp_mode=plan.cp_mode)
+    shape = layer_shape(plan)
     layers = stage_layers(plan)
     from .stage_lowering import StageLowering  # local: stage_lowering imports this module
     stages = [StageLowering(plan, shape, s, layers).build() for s in range(plan.mesh.pp)]

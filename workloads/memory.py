@@ -267,9 +267,11 @@ def memory_breakdown(plan: Plan, stage: int = 0,
     - ZeRO 0/1 all-reduce in place on the gradient buckets (DDP gradient_as_bucket_view).
     - TP (t > 1): one unsharded layer input 2sbh (SP all-gather output / all-reduce buffer).
     - PP (pp > 1): a send and a receive buffer of one micro-batch's activation 2sbh (/t with SP).
-    - CP (cp > 1): ring attention's send and receive KV blocks; Ulysses' gathered q, k, v.
-    Working set: full recompute rebuilds one layer's activations for one micro-batch during the
-    backward; selective rebuilds one layer's attention scores.
+    - CP (cp > 1): ring attention's send and receive KV blocks; all-gather CP's gathered K
+      and V (and, without full or op-level recompute, the gathered K and V every layer in
+      flight keeps for its backward, counted as activations); Ulysses' gathered q, k, v.
+    Working set: full and op-level (selective_op) recompute rebuild one layer's activations
+    for one micro-batch during the backward; selective rebuilds one layer's attention scores.
     ZeRO/FSDP shard over dp x cp (torchtitan's dp_shard_cp, Megatron's DP-with-CP group);
     routed-expert states over dp x cp / ep. Activations are bf16 also for fp8 training.
     """
@@ -344,7 +346,8 @@ def memory_breakdown(plan: Plan, stage: int = 0,
         # for the backward of each layer in flight; Ulysses: the all-to-all outputs q, k, v.
         kv_block = 2 * prec.act_bytes * s * b * m.kv_size / tp
         q_local = prec.act_bytes * s * b * m.q_size / tp
-        if plan.cp_mode == "all_gather":
+        if plan.cp_mode == "all_gather" and plan.recompute in ("none", "selective"):
+            # kept for each layer's backward (recompute gathers them again instead)
             activations += in_flight * len(own_layers) * (mesh.cp - 1) * kv_block
         buffers += {"ring": 2 * kv_block, "all_gather": mesh.cp * kv_block}.get(
             plan.cp_mode, q_local + kv_block)

@@ -12,7 +12,7 @@ from types import MappingProxyType
 from typing import Any, Mapping
 
 from .errors import WorkloadError
-from .kernels import KERNEL_MODES
+from .kernels import KERNEL_MODES, OPTIMIZERS
 from .models import ModelSpec, load_model
 
 PROJECTIONS = ("wq", "wk", "wv", "wo", "w1", "w3", "w2")
@@ -111,6 +111,7 @@ class Plan:
     recompute: str = "none"
     attention: str = "flash"
     kernels: str = "fused"          # memory-bound ops: fused | eager (workloads/kernels.py)
+    optimizer: str = "fused"        # Adam step: fused | foreach | for_loop (workloads/kernels.py)
     pipeline: Pipeline = field(default_factory=Pipeline)
     fsdp_prefetch: bool = True
     async_tp: bool = False
@@ -265,7 +266,8 @@ def _pipeline(raw: dict) -> Pipeline:
 
 
 TOP_KEYS = ("name", "model", "training", "mesh", "fsdp", "zero_stage", "sharding", "layers",
-            "recompute", "attention", "kernels", "pipeline", "overlap", "topology", "description",
+            "recompute", "attention", "kernels", "optimizer", "pipeline", "overlap", "topology",
+            "description",
             "context_parallel", "moe", "tensor_parallel", "collectives")
 
 
@@ -331,6 +333,7 @@ def plan_from_dict(raw: Any, base_dir: Path | None = None, default_name: str = "
         recompute=_choice(raw.get("recompute", "none"), "recompute", RECOMPUTE),
         attention=_choice(raw.get("attention", "flash"), "attention", ATTENTION_IMPLS),
         kernels=_choice(raw.get("kernels", "fused"), "kernels", KERNEL_MODES),
+        optimizer=_choice(raw.get("optimizer", "fused"), "optimizer", OPTIMIZERS),
         pipeline=_pipeline(_obj(raw.get("pipeline"), "pipeline")),
         fsdp_prefetch=_bool(overlap, "fsdp_prefetch", "overlap", True),
         async_tp=_bool(overlap, "async_tp", "overlap", False), topology=topo,

@@ -147,6 +147,6 @@ def check_pipeline(plan) -> None:
         if sum(pipe.layer_split) != layers:
             raise WorkloadError("pipeline.layer_split", list(pipe.layer_split),
                                 f"entries that add up to num_layers ({layers})")
-        if any(n == 0 for n in pipe.layer_split[1:-1]) or (chunks == 1 and layers == 0):
+        if any(n == 0 for n in pipe.layer_split[1:-1]):
             raise WorkloadError("pipeline.layer_split", list(pipe.layer_split),
                                 "positive entries (only the first and last may be 0)")

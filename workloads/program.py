@@ -43,6 +43,7 @@ class Task:
     tag: tuple = ()                 # send_recv: matching key shared by sender and receiver
     label: str = ""                 # what it is for, e.g. "wq.input", "grad.w2"
     kernels: int = 1                # kernel launches it stands for (eager: several)
+    gemm_dtype: str = ""            # a GEMM's dtype when not the plan's (fp8 plans' bf16 head)
 
 
 @dataclass

@@ -206,6 +206,12 @@ class StageLowering:
             self._p2p("send", "grad", mb, (grad,), -1, "backward", chunk)
         self.last_backward = grad
 
+    def _param_tensors(self) -> int:
+        """Parameter tensors of this stage: a layer's projections and two norms, the
+        embedding, the final norm and the output layer (MoE experts counted as dense)."""
+        per_layer = 4 + len(self.plan.model.mlp_matrices) + 2
+        return sum(1 if u == EMBED else 2 if u == HEAD else per_layer for u in self.units)
+
     def optimizer(self) -> None:
         """Adam on this rank's parameter shard, then ZeRO-1/2's parameter all-gathers."""
         local = 0.0
@@ -213,7 +219,7 @@ class StageLowering:
             for dims, params in self._param_groups(unit).items():
                 sharded = self.fsdp or self.plan.zero_stage >= 1
                 local += params / (self._group_size(dims) if sharded else 1)
-        nbytes, kernels = adam_step_cost(self.plan.kernels, local)
+        nbytes, kernels = adam_step_cost(self.plan.optimizer, local, self._param_tensors())
         step = self.sink.add(kind=COMPUTE, stream="compute", op="adam", phase="optimizer",
                              deps=(self.last_backward, *self.reductions), bytes=nbytes,
                              kernels=kernels, op_class=MEMORY, label="optimizer.step",

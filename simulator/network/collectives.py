@@ -134,7 +134,7 @@ class CollectiveModel:
         if measured is not None:
             algbw = measured.busbw_Bps / bus_factor(op, n)
             return CollectivePlan(op, "measured", "measured", measured.latency_s, (),
-                                  measured.latency_s + size / algbw, True, False)
+                                  measured.time_s(size, algbw), True, False)
         shape = self.shape(ranks)
         best = None
         for algo in self.algorithms(op, ranks):
