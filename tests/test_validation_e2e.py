@@ -22,7 +22,8 @@ TOLERANCE_PCT = 20.0
 # Each plan runs twice, in alternation with the others, on one calibration: its steps are
 # pooled, and its spread is the larger of their inter-quartile range and the change of its
 # median from one run to the other (a shared host's speed drifts between runs more than
-# within one). A comparison is only meaningful on a steady host: when a run's own matmul
+# within one). The simulation is taken at each run's host speed (its matmul probe against
+# calibration; `validation compare`), since every cost on a CPU host is CPU work. A comparison is only meaningful on a steady host: when a run's own matmul
 # probe says the host ran at another speed than during calibration, the steps scatter
 # widely (a neighbour's load), or the error is out of tolerance, that plan is calibrated
 # and measured again (twice), at most RETRIES times: the assertion holds the second,
@@ -61,9 +62,12 @@ def _pooled(runs: list[dict], attempts: int) -> dict:
     q = statistics.quantiles(steps, n=4)
     median = statistics.median(steps)
     medians = [r["measured_step_s"] for r in runs]
-    simulated = runs[0]["simulated_step_s"]
+    # the simulation at each run's measured host speed (validation compare), averaged
+    simulated = statistics.mean(r.get("simulated_at_run_speed_s", r["simulated_step_s"])
+                                for r in runs)
     drifts = [r["host_drift_pct"] for r in runs if r.get("host_drift_pct") is not None]
     return {**runs[0], "measured_step_s": median, "measured_iqr_s": q[2] - q[0],
+            "simulated_step_s": simulated,
             "run_medians_s": medians, "spread_s": max(q[2] - q[0], max(medians) - min(medians)),
             "error_pct": 100.0 * (simulated - median) / median, "attempts": attempts,
             "host_drift_pct": max(drifts, key=abs) if drifts else None}
