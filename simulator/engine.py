@@ -14,7 +14,7 @@ from typing import Iterator
 import simpy
 
 from topologies import Topology
-from workloads.program import COMM, COMPUTE, Program, Task
+from workloads.program import COMPUTE, Program, Task
 
 from .compute import compute_time_s
 from .network import CommModel, CommOptions
@@ -93,14 +93,15 @@ class Engine:
         ones are met by stream order), and the ids some other stream waits for.
 
         serial: the device runs no collective beside compute (DeviceProfile
-        .concurrent_collectives false), so collectives join the compute stream in program
-        order; point-to-point transfers keep their streams (a receive waits for its peer).
+        .concurrent_collectives false), so collectives, and compute work that other streams
+        carry (FSDP's gradient copy-in), join the compute stream in program order;
+        point-to-point transfers keep their streams (a receive waits for its peer).
         """
         key = (stage, serial)
         if key not in self._streams:
             tasks = self.program.stages[stage]
             def lane(task: Task) -> str:
-                return ("compute" if serial and task.kind == COMM and task.op != "send_recv"
+                return ("compute" if serial and (task.kind == COMPUTE or task.op != "send_recv")
                         else task.stream)
             streams: dict[str, list] = {}
             watched: set[int] = set()
