@@ -8,6 +8,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pyarrow.compute as pc
 import pyarrow.parquet as pq
 import pytest
 
@@ -53,6 +54,10 @@ def test_parse_dims_rejects_bad_input(text):
     (["run", "--plan", str(PLANS / "cpu-col.json"), "--backend", "mpi", "-o", "x"], "--backend"),
     (["run", "--plan", str(PLANS / "cpu-col.json"), "--steps", "0", "-o", "x"], "--steps"),
     (["run", "--plan", str(PLANS / "cpu-col.json"), "--nproc", "3", "-o", "x"], "mesh"),
+    (["run", "--plan", str(PLANS / "cpu-col.json"), "--plan", str(PLANS / "cpu-col.json"),
+      "-o", "out"], "--plan"),
+    (["run", "--plan", str(PLANS / "cpu-col.json"), "--plan", str(PLANS / "cpu-seq.json"),
+      "--profile", "-o", "out"], "--profile"),
     (["compare", "--measured", "missing.parquet", "--topo", "dgx-h100"], "--measured"),
     (["frobnicate"], "arguments"),
 ])
@@ -147,6 +152,40 @@ def test_real_two_process_run_writes_steps_and_metadata(tmp_path):
     assert steps.num_rows == 4 and set(steps.column("rank").to_pylist()) == {0, 1}
     assert min(steps.column("step_time_s").to_pylist()) > 0
     assert "comm" in set(table.column("kind").to_pylist())  # profiler saw collectives
+
+
+def test_several_plans_train_interleaved_one_file_each(tmp_path):
+    out = tmp_path / "runs"
+    dims = "hidden=64,layers=1,heads=4,kv_heads=2,ffn=128,vocab=128,seq=32,batch=4,micro_batch=2"
+    assert main(["run", "--plan", str(PLANS / "cpu-fsdp.json"), "--plan",
+                 str(PLANS / "cpu-col.json"), "--nproc", "2", "--steps", "3", "--warmup", "0",
+                 "--dims", dims, "-o", str(out)]) == 0
+    spans = {}
+    for name, other in (("cpu-fsdp", "cpu-col"), ("cpu-col", "cpu-fsdp")):
+        table, run = read_measured(out / f"{name}.parquet")
+        assert run["plan_name"] == name and run["interleaved_with"] == [other]
+        steps = table.filter(pc.equal(table["rank"], 0))
+        spans[name] = list(zip(steps["start_s"].to_pylist(), steps["end_s"].to_pylist()))
+        probe = run["host_probe"]  # one sample per round of steps
+        assert len(probe["flops_per_s_during"]) == 3 and min(probe["flops_per_s_during"]) > 0
+    # one step of each plan in turn: fsdp's k-th step ends before col's k-th starts, which
+    # ends before fsdp's (k+1)-th starts
+    for k in range(3):
+        assert spans["cpu-fsdp"][k][1] <= spans["cpu-col"][k][0]
+        if k < 2:
+            assert spans["cpu-col"][k][1] <= spans["cpu-fsdp"][k + 1][0]
+
+
+def test_host_drift_is_the_median_probe_between_rounds(tmp_path):
+    from validation.compare import host_drift_pct
+    host = tmp_path / "host.json"
+    host.write_text(json.dumps({"calibration": {"matmul": [
+        {"m": 1024, "n": 1536, "k": 512, "flops_per_s": 100e9}]}}))
+    probe = {"shape_mnk": [1024, 1536, 512], "flops_per_s_before": 10e9,
+             "flops_per_s_after": 10e9, "flops_per_s_during": [80e9, 90e9, 30e9]}
+    assert host_drift_pct({"host_probe": probe}, str(host)) == pytest.approx(-20.0)
+    del probe["flops_per_s_during"]  # files written before the samples between rounds
+    assert host_drift_pct({"host_probe": probe}, str(host)) == pytest.approx(-90.0)
 
 
 # ------------------------------------------------------------------ calibration files

@@ -43,7 +43,9 @@ def build_parser() -> argparse.ArgumentParser:
     sub = p.add_subparsers(dest="command", required=True, parser_class=_Parser)
 
     run = sub.add_parser("run", help="train a plan for real and time its steps")
-    run.add_argument("--plan", required=True, help="plan file or bundled plan name")
+    run.add_argument("--plan", required=True, action="append",
+                     help="plan file or bundled plan name; repeat it to train several plans "
+                          "in the same processes, their steps in turn (-o is then a folder)")
     run.add_argument("--backend", default="gloo", help="gloo (CPU) | nccl (GPU)")
     run.add_argument("--nproc", type=_positive("--nproc"), default=None,
                      help="processes to spawn (default: WORLD_SIZE under torchrun, else 2)")
@@ -56,7 +58,9 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--threads", type=_positive("--threads"), default=1,
                      help="torch intra-op threads per process (CPU)")
     run.add_argument("--profile", action="store_true", help="record torch.profiler events")
-    run.add_argument("-o", "--output", required=True, help="measured Parquet file")
+    run.add_argument("-o", "--output", required=True,
+                     help="measured Parquet file (with several --plan: a folder that gets "
+                          "<plan name>.parquet for each)")
 
     cal = sub.add_parser("calibrate", help="micro-benchmark this host into a topology file")
     cal.add_argument("--backend", default="gloo", help="gloo | nccl")
@@ -89,12 +93,30 @@ def _run(args: argparse.Namespace) -> int:
     from .config import build_run
     from .runner import launch
 
-    spec = build_run(args.plan, args.dims, args.backend, _world_from_env(args.nproc), args.dtype)
-    launch(spec, args.steps, args.warmup, args.output, args.profile, args.threads)
+    world = _world_from_env(args.nproc)
+    specs = [build_run(plan, args.dims, args.backend, world, args.dtype) for plan in args.plan]
+    outputs = _run_outputs(args, [spec.plan.name for spec in specs])
+    launch(specs, args.steps, args.warmup, outputs, args.profile, args.threads)
     if int(os.environ.get("RANK", "0")) == 0:
-        print(f"wrote {args.output}: plan {spec.plan.name}, {spec.nproc} x {spec.backend}, "
-              f"{args.steps} steps ({spec.dtype})")
+        for spec, out in zip(specs, outputs):
+            print(f"wrote {out}: plan {spec.plan.name}, {spec.nproc} x {spec.backend}, "
+                  f"{args.steps} steps ({spec.dtype})")
     return 0
+
+
+def _run_outputs(args: argparse.Namespace, names: list[str]) -> list[str]:
+    """One output path per plan: -o itself, or <folder>/<plan name>.parquet for several."""
+    if len(names) == 1:
+        return [args.output]
+    if args.profile:
+        raise ValidationError("--profile", "with several --plan", "one --plan per profiled run")
+    repeated = sorted({n for n in names if names.count(n) > 1})
+    if repeated:
+        raise ValidationError("--plan", repeated[0], "plans with distinct names")
+    if os.path.exists(args.output) and not os.path.isdir(args.output):
+        raise ValidationError("-o", args.output, "a folder when several --plan are given")
+    os.makedirs(args.output, exist_ok=True)
+    return [os.path.join(args.output, f"{name}.parquet") for name in names]
 
 
 def _calibrate(args: argparse.Namespace) -> int:

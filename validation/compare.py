@@ -53,7 +53,9 @@ DRIFT_NOTE_PCT = 10.0
 
 def host_drift_pct(run: dict, topo_ref: str) -> float | None:
     """How much faster (+) or slower (-) the host's matmuls ran during the run than during
-    calibration, from the run's probe and the calibration file's same-shape entry."""
+    calibration, from the run's probe and the calibration file's same-shape entry: the
+    median of the samples taken between rounds of steps (older files: the mean of the
+    samples before and after the steps)."""
     probe = run.get("host_probe")
     if not probe or not topo_ref.endswith(".json"):
         return None
@@ -65,7 +67,9 @@ def host_drift_pct(run: dict, topo_ref: str) -> float | None:
     m, n, k = probe["shape_mnk"]
     for row in calib.get("matmul", []):
         if (row.get("m"), row.get("n"), row.get("k")) == (m, n, k):
-            during = (probe["flops_per_s_before"] + probe["flops_per_s_after"]) / 2
+            samples = probe.get("flops_per_s_during")
+            during = (statistics.median(samples) if samples else
+                      (probe["flops_per_s_before"] + probe["flops_per_s_after"]) / 2)
             return 100.0 * (during / row["flops_per_s"] - 1.0)
     return None
 
@@ -113,6 +117,7 @@ def compare_run(measured_path: str, topo_ref: str) -> dict[str, Any]:
                                             "tokens_per_s", "mfu", "peak_memory_bytes",
                                             "fits_in_memory", "world_size")},
         "simulated_dtype": plan.training.dtype, "notes": notes,
+        "interleaved_with": run.get("interleaved_with", []),
     }
     drift = host_drift_pct(run, topo_ref)
     out["host_drift_pct"] = drift

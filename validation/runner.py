@@ -4,6 +4,10 @@ Each step (forward + backward over the plan's micro-batches, then AdamW) starts 
 world barrier; every rank times its own step and rank 0 gathers them. The step time is
 the maximum over ranks. Launch: torch.multiprocessing (spawn, one process per rank) or,
 when the environment already holds RANK/WORLD_SIZE, the current process under torchrun.
+
+Several plans can train in the same processes, their steps taken in turn (A, B, C, A,
+...): on a shared host whose speed drifts from minute to minute, that is what makes
+their step times comparable with each other. Each plan still gets its own file.
 """
 from __future__ import annotations
 
@@ -11,6 +15,7 @@ import json
 import os
 import platform
 import socket
+import statistics
 import time
 from typing import Any
 
@@ -59,26 +64,40 @@ def _sync(device: torch.device) -> None:
 PROBE_SHAPE = (1024, 1536, 512)  # (m, n, k): a representative GEMM; calibrate measures it too
 
 
-def host_probe(device: torch.device, dtype: torch.dtype) -> float:
-    """This rank's matmul FLOP/s at PROBE_SHAPE over ~0.2 s (min over ranks is taken later).
+class HostProbe:
+    """This rank's matmul FLOP/s at PROBE_SHAPE, sampled before, between and after the
+    timed steps (min over ranks is taken later).
 
-    Recorded before and after the timed steps so that `compare` can tell a host whose
-    speed drifted since calibration (a shared machine) from a model error.
+    `compare` sets the samples against the calibration file's same-shape entry to tell a
+    host whose speed drifted since calibration (a shared machine) from a model error. The
+    samples between rounds of steps are what the steps themselves ran at; a probe taken
+    only before and after misses a neighbour's load that comes and goes in between.
     """
-    m, n, k = PROBE_SHAPE
-    a = torch.randn(m, k, device=device, dtype=dtype)
-    b = torch.randn(k, n, device=device, dtype=dtype)
-    a @ b
-    _sync(device)
-    samples = []
-    for _ in range(5):
-        t = time.perf_counter()
-        for _ in range(3):
-            a @ b
+
+    def __init__(self, device: torch.device, dtype: torch.dtype) -> None:
+        m, n, k = PROBE_SHAPE
+        self.device = device
+        self.a = torch.randn(m, k, device=device, dtype=dtype)
+        self.b = torch.randn(k, n, device=device, dtype=dtype)
+        self.a @ self.b
         _sync(device)
-        samples.append((time.perf_counter() - t) / 3)
-    samples.sort()
-    return 2 * m * n * k / samples[len(samples) // 2]
+
+    def sample(self, reps: int = 3) -> float:
+        """FLOP/s of one timed batch of `reps` matmuls (~50 ms on a CPU core), after an
+        untimed one: calibration times this shape with its operands in cache, and a step
+        that just ran has evicted them."""
+        m, n, k = PROBE_SHAPE
+        self.a @ self.b
+        _sync(self.device)
+        t = time.perf_counter()
+        for _ in range(reps):
+            self.a @ self.b
+        _sync(self.device)
+        return 2 * m * n * k * reps / (time.perf_counter() - t)
+
+    def median(self, samples: int = 5) -> float:
+        """Median FLOP/s over `samples` batches (~0.25 s)."""
+        return statistics.median(self.sample() for _ in range(samples))
 
 
 def _profile_rows(prof, rank: int, step_offset_s: float) -> list[dict]:
@@ -100,80 +119,107 @@ def _profile_rows(prof, rank: int, step_offset_s: float) -> list[dict]:
     return rows
 
 
-def worker(rank: int, data: dict, steps: int, warmup: int, port: int | None,
-           out_path: str, profile: bool, threads: int) -> None:
-    """One rank: build, shard, train W + K steps, gather the times on rank 0 and write."""
-    import torch.distributed as dist
-    import torch.nn.functional as F
+class _Trainer:
+    """One plan built on this rank: its sharded model, AdamW and fixed batches."""
 
-    from .config import from_payload
-    from .model import Transformer
-    from .parallel import apply_data_parallel, apply_tensor_parallel, build_meshes
+    def __init__(self, spec: RunSpec, device: torch.device) -> None:
+        from .model import Transformer
+        from .parallel import apply_data_parallel, apply_tensor_parallel, build_meshes
 
-    spec = from_payload(data)
-    world = spec.nproc if port is not None else int(os.environ["WORLD_SIZE"])
-    device = init_distributed(rank, world, spec.backend, port, threads)
-    rank = dist.get_rank()
-    plan = spec.plan
-    mesh, flat = build_meshes(plan, device.type)
-    torch.manual_seed(0)
-    with torch.device(device):
-        model = Transformer(plan.model, spec.layouts, plan.recompute)
-    model.init_weights(seed=0)
-    apply_tensor_parallel(model, plan, spec.layouts, mesh)
-    model = apply_data_parallel(model, plan, spec.layouts, mesh, flat, spec.dtype, device)
-    optim = torch.optim.AdamW(model.parameters(), lr=1e-4)
-    tp = plan.mesh.tp
-    dp_rank = mesh.get_local_rank("dp")
-    gen = torch.Generator().manual_seed(1000 + dp_rank)  # same data on every tp rank
-    micro, seq, vocab = plan.training.micro_batch, plan.training.seq_len, plan.model.vocab_size
-    batches = [torch.randint(0, vocab, (micro, seq + 1), generator=gen).to(device)
-               for _ in range(plan.micro_batches)]
-    autocast = (torch.autocast("cuda", dtype=torch.bfloat16)
-                if spec.dtype == "bf16" and not plan.fsdp else torch.autocast("cpu", enabled=False))
+        plan = spec.plan
+        mesh, flat = build_meshes(plan, device.type)
+        torch.manual_seed(0)
+        with torch.device(device):
+            model = Transformer(plan.model, spec.layouts, plan.recompute)
+        model.init_weights(seed=0)
+        apply_tensor_parallel(model, plan, spec.layouts, mesh)
+        self.spec, self.device = spec, device
+        self.model = apply_data_parallel(model, plan, spec.layouts, mesh, flat, spec.dtype, device)
+        self.optim = torch.optim.AdamW(self.model.parameters(), lr=1e-4)
+        gen = torch.Generator().manual_seed(1000 + mesh.get_local_rank("dp"))  # same on tp ranks
+        micro, seq = plan.training.micro_batch, plan.training.seq_len
+        self.batches = [torch.randint(0, plan.model.vocab_size, (micro, seq + 1),
+                                      generator=gen).to(device)
+                        for _ in range(plan.micro_batches)]
+        self.autocast = (torch.autocast("cuda", dtype=torch.bfloat16)
+                         if spec.dtype == "bf16" and not plan.fsdp
+                         else torch.autocast("cpu", enabled=False))
 
-    def step() -> float:
+    def step(self):
+        """Forward and backward over every micro-batch, then AdamW; the mean loss."""
+        import torch.nn.functional as F
+
         total = 0.0
-        for tokens in batches:
-            with autocast:
-                logits = model(tokens[:, :-1])
+        for tokens in self.batches:
+            with self.autocast:
+                logits = self.model(tokens[:, :-1])
             labels = tokens[:, 1:]
-            if tp > 1:
+            if self.spec.plan.mesh.tp > 1:
                 from torch.distributed.tensor.parallel import loss_parallel
                 with loss_parallel():
                     loss = F.cross_entropy(logits.flatten(0, 1), labels.flatten(0, 1))
-                    (loss / len(batches)).backward()
+                    (loss / len(self.batches)).backward()
             else:
                 loss = F.cross_entropy(logits.flatten(0, 1).float(), labels.flatten(0, 1))
-                (loss / len(batches)).backward()
+                (loss / len(self.batches)).backward()
             total += loss.detach()
-        optim.step()
-        optim.zero_grad(set_to_none=True)
-        _sync(device)
-        return total / len(batches)
+        self.optim.step()
+        self.optim.zero_grad(set_to_none=True)
+        _sync(self.device)
+        return total / len(self.batches)
 
-    probe_dtype = torch.float32 if spec.dtype == "fp32" else torch.bfloat16
+
+def _timed_steps(trainers: list[_Trainer], steps: int, origin: float,
+                 probe: HostProbe) -> tuple[list[list], list[float]]:
+    """Per trainer: [starts, ends, losses] of `steps` steps taken round-robin over the
+    trainers, so that a shared host's drift falls on every plan alike; and a host probe
+    sample before each round."""
+    import torch.distributed as dist
+
+    records = [[[], [], []] for _ in trainers]
+    samples = []
+    for _ in range(steps):
+        dist.barrier()
+        samples.append(probe.sample())
+        for trainer, (starts, ends, losses) in zip(trainers, records):
+            dist.barrier()
+            _sync(trainer.device)
+            starts.append(time.perf_counter() - origin)
+            losses.append(trainer.step())
+            ends.append(time.perf_counter() - origin)
+    return records, samples
+
+
+def worker(rank: int, data: list[dict], steps: int, warmup: int, port: int | None,
+           out_paths: list[str], profile: bool, threads: int) -> None:
+    """One rank: build every plan, train W + K steps of each (interleaved), gather the
+    times on rank 0 and write one file per plan."""
+    import torch.distributed as dist
+
+    from .config import from_payload
+
+    specs = [from_payload(d) for d in data]
+    world = specs[0].nproc if port is not None else int(os.environ["WORLD_SIZE"])
+    device = init_distributed(rank, world, specs[0].backend, port, threads)
+    rank = dist.get_rank()
+    trainers = [_Trainer(spec, device) for spec in specs]
+    probe_dtype = torch.float32 if specs[0].dtype == "fp32" else torch.bfloat16
     dist.barrier()
-    probe_before = host_probe(device, probe_dtype)
-    for _ in range(warmup):
-        step()
+    probe = HostProbe(device, probe_dtype)
+    probe_before = probe.median()
+    for trainer in trainers:
+        for _ in range(warmup):
+            trainer.step()
     prof = None
     if profile:
         prof = torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU] + (
             [torch.profiler.ProfilerActivity.CUDA] if device.type == "cuda" else []))
         prof.__enter__()
     dist.barrier()
-    origin = time.perf_counter()
-    starts, ends, losses = [], [], []
-    for _ in range(steps):
-        dist.barrier()
-        _sync(device)
-        starts.append(time.perf_counter() - origin)
-        losses.append(step())
-        ends.append(time.perf_counter() - origin)
+    records, during = _timed_steps(trainers, steps, time.perf_counter(), probe)
     dist.barrier()
-    probe_after = host_probe(device, probe_dtype)
-    probes = torch.tensor([probe_before, probe_after], dtype=torch.float64)
+    probe_after = probe.median()
+    probes = torch.tensor([probe_before, probe_after, *during], dtype=torch.float64)
     dist.all_reduce(probes, op=dist.ReduceOp.MIN)
     profile_rows: list[dict] = []
     if prof is not None:
@@ -181,24 +227,28 @@ def worker(rank: int, data: dict, steps: int, warmup: int, port: int | None,
         # profiler timestamps are in us on its own clock; align its first event to origin
         first = min((ev.time_range.start for ev in prof.events()), default=0) * 1e-6
         profile_rows = _profile_rows(prof, rank, first)
-    losses = [float(x.full_tensor() if hasattr(x, "full_tensor") else x) for x in losses]
-    times = torch.tensor([starts, ends, losses], dtype=torch.float64)
-    gathered = [torch.zeros_like(times) for _ in range(world)] if rank == 0 else None
-    dist.gather(times, gathered, dst=0)
     all_profiles = [None] * world if rank == 0 else None
     if profile:
         dist.gather_object(profile_rows, all_profiles, dst=0)
-    if rank == 0:
-        probe = {"shape_mnk": list(PROBE_SHAPE), "flops_per_s_before": float(probes[0]),
-                 "flops_per_s_after": float(probes[1])}
-        _write(spec, steps, warmup, gathered, all_profiles or [], out_path, world, threads, probe)
+    probed = {"shape_mnk": list(PROBE_SHAPE), "flops_per_s_before": float(probes[0]),
+              "flops_per_s_after": float(probes[1]),
+              "flops_per_s_during": [float(x) for x in probes[2:]]}
+    for spec, (starts, ends, losses), out_path in zip(specs, records, out_paths):
+        losses = [float(x.full_tensor() if hasattr(x, "full_tensor") else x) for x in losses]
+        times = torch.tensor([starts, ends, losses], dtype=torch.float64)
+        gathered = [torch.zeros_like(times) for _ in range(world)] if rank == 0 else None
+        dist.gather(times, gathered, dst=0)
+        if rank == 0:
+            _write(spec, steps, warmup, gathered, all_profiles or [], out_path, world, threads,
+                   probed, [s.plan.name for s in specs])
     dist.barrier()
     dist.destroy_process_group()
 
 
 def _write(spec: RunSpec, steps: int, warmup: int, gathered, profiles, out_path: str,
-           world: int, threads: int, probe: dict) -> None:
-    """Rank 0: one row per (step, rank) plus profile rows; run description in metadata."""
+           world: int, threads: int, probe: dict, interleaved: list[str]) -> None:
+    """Rank 0: one row per (step, rank) plus profile rows; run description in metadata
+    (`interleaved_with`: the plans whose steps alternated with this one's)."""
     per_rank = torch.stack(gathered)  # [world, 3 (start, end, loss), steps]
     durations = per_rank[:, 1, :] - per_rank[:, 0, :]
     step_max = durations.max(dim=0).values
@@ -220,19 +270,22 @@ def _write(spec: RunSpec, steps: int, warmup: int, gathered, profiles, out_path:
             "mesh": {"dp": spec.plan.mesh.dp, "tp": spec.plan.mesh.tp},
             "layouts": [list(l) for l in spec.layouts], "torch_version": torch.__version__,
             "host": platform.node(), "created_unix_s": time.time(),
-            "profiled": bool(profiles), "host_probe": probe}
+            "profiled": bool(profiles), "host_probe": probe,
+            "interleaved_with": [name for name in interleaved if name != spec.plan.name]}
     write_parquet(rows, out_path, {"validation": json.dumps(meta),
                                    "plan": json.dumps(spec.plan_json)})
 
 
-def launch(spec: RunSpec, steps: int, warmup: int, out_path: str, profile: bool,
-           threads: int) -> None:
-    """Run every rank: in-process under torchrun, else spawn `nproc` processes."""
+def launch(specs: list[RunSpec], steps: int, warmup: int, out_paths: list[str],
+           profile: bool, threads: int) -> None:
+    """Run every rank: in-process under torchrun, else spawn `nproc` processes. Several
+    specs (same backend, nproc and dtype) train in the same processes, step by step in turn."""
+    data = [payload(spec) for spec in specs]
     if "RANK" in os.environ and "WORLD_SIZE" in os.environ:
-        worker(int(os.environ["RANK"]), payload(spec), steps, warmup, None, out_path, profile, threads)
+        worker(int(os.environ["RANK"]), data, steps, warmup, None, out_paths, profile, threads)
         return
     import torch.multiprocessing as mp
 
     port = free_port()
-    mp.spawn(worker, args=(payload(spec), steps, warmup, port, out_path, profile, threads),
-             nprocs=spec.nproc, join=True)
+    mp.spawn(worker, args=(data, steps, warmup, port, out_paths, profile, threads),
+             nprocs=specs[0].nproc, join=True)
