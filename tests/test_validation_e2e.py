@@ -32,13 +32,14 @@ STEPS = 8
 #
 # The simulation is of the calibrated host, so the comparison is only meaningful when the
 # host ran the steps at its calibrated speed. When the run's matmul probe (sampled between
-# rounds of steps) says it did not, the steps scatter widely (a neighbour's load), or a
-# plan is out of tolerance, the host is calibrated and all three plans measured again, at
-# most RETRIES times: the assertions hold the last, independent measurement. The
-# tolerance itself is never widened.
+# rounds of steps) says it did not, or the steps scatter widely (a neighbour's load), the
+# host is calibrated and all three plans measured again, up to RETRIES times, and the
+# assertions hold the steadiest attempt. Steadiness is judged from the probe and the
+# scatter alone, never from the error against the simulation; the tolerance is never
+# widened.
 UNSTEADY_DRIFT_PCT = 10.0
 UNSTEADY_IQR_FRACTION = 0.15
-RETRIES = 1
+RETRIES = 2
 
 
 def _cli(*args: str, timeout: int = 300) -> str:
@@ -66,16 +67,20 @@ def _attempt(tmp: Path, tag: str) -> dict[str, dict]:
 def _with_spread(c: dict, tag: str) -> dict:
     steps = c["measured_steps"]
     half = len(steps) // 2
-    drift = abs(statistics.median(steps[:half]) - statistics.median(steps[half:]))
-    return {**c, "spread_s": max(c["measured_iqr_s"], drift), "attempt": tag}
+    halves = abs(statistics.median(steps[:half]) - statistics.median(steps[half:]))
+    return {**c, "spread_s": max(c["measured_iqr_s"], halves), "attempt": tag}
 
 
-def _unsteady(c: dict) -> bool:
-    """Whether the host's speed moved under the measurement (see UNSTEADY_*)."""
-    drift = c.get("host_drift_pct")
-    return ((drift is not None and abs(drift) > UNSTEADY_DRIFT_PCT)
-            or c["measured_iqr_s"] > UNSTEADY_IQR_FRACTION * c["measured_step_s"]
-            or abs(c["error_pct"]) > TOLERANCE_PCT)
+def _unsteadiness(attempt: dict[str, dict]) -> float:
+    """How far the host moved under an attempt, in units of the UNSTEADY_* limits (<= 1:
+    steady): its probe's drift from calibration and its plans' step scatter."""
+    worst = 0.0
+    for c in attempt.values():
+        drift = c.get("host_drift_pct")
+        if drift is not None:
+            worst = max(worst, abs(drift) / UNSTEADY_DRIFT_PCT)
+        worst = max(worst, c["measured_iqr_s"] / (UNSTEADY_IQR_FRACTION * c["measured_step_s"]))
+    return worst
 
 
 @pytest.fixture(scope="module")
@@ -85,18 +90,18 @@ def comparisons(tmp_path_factory) -> dict[str, dict]:
     from simulator import simulate  # noqa: F401  (skip only if the API is missing)
 
     tmp = tmp_path_factory.mktemp("validation")
-    out = _attempt(tmp, "1")
-    for attempt in range(2, RETRIES + 2):
-        if not any(_unsteady(c) for c in out.values()):
+    attempts = []
+    for attempt in range(1, RETRIES + 2):
+        attempts.append(_attempt(tmp, str(attempt)))
+        _print_summary(attempts[-1])
+        if _unsteadiness(attempts[-1]) <= 1.0:
             break
-        _print_summary(out)
-        out = _attempt(tmp, str(attempt))
-    _print_summary(out)
-    return out
+    return min(attempts, key=_unsteadiness)
 
 
 def _print_summary(out: dict[str, dict]) -> None:
     """One line per plan (pytest shows it with -s, or when a test fails)."""
+    print(f"unsteadiness {_unsteadiness(out):.2f} (steady <= 1)")
     for name, c in out.items():
         print(f"attempt {c['attempt']} {name}: measured {c['measured_step_s']:.3f} s "
               f"(IQR {c['measured_iqr_s']:.3f}, spread {c['spread_s']:.3f}), simulated "

@@ -77,6 +77,8 @@ def build_parser() -> argparse.ArgumentParser:
     ref = sub.add_parser("references", help="simulate published training runs; print MAPE")
     ref.add_argument("--csv", default=None, help="reference CSV (default: bundled)")
     ref.add_argument("--json", action="store_true", help="print one JSON object")
+    ref.add_argument("--jobs", type=_positive("--jobs"), default=None,
+                     help="worker processes (default: one per CPU)")
     return p
 
 
@@ -138,7 +140,7 @@ def _compare(args: argparse.Namespace) -> int:
 def _references(args: argparse.Namespace) -> int:
     from .references import references_main
 
-    return references_main(args.csv, args.json)
+    return references_main(args.csv, args.json, args.jobs)
 
 
 def main(argv: list[str] | None = None) -> int:

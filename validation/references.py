@@ -16,7 +16,9 @@ from __future__ import annotations
 
 import csv
 import json
-import time
+import os
+from concurrent.futures import ProcessPoolExecutor
+from multiprocessing import get_context
 from pathlib import Path
 from typing import Any
 
@@ -96,7 +98,6 @@ def simulate_row(row: dict[str, str]) -> dict[str, Any]:
     plan = plan_from_dict(plan_dict(row))
     family = row.get("topology") or "dgx-h100"
     topo_name = family if gpus == 8 else f"{family}x{gpus // 8}"
-    start = time.perf_counter()
     result = simulate(plan, build(topo_name), SimOptions())
     step = float(result.summary["step_time_s"])
     measured = float(row["value"])
@@ -114,21 +115,36 @@ def simulate_row(row: dict[str, str]) -> dict[str, Any]:
     return {"id": row.get("id") or row["model"], "source": row["source"], "topology": topo_name,
             "metric": metric, "measured": measured, "simulated": simulated,
             "error_pct": 100.0 * (simulated - measured) / measured,
-            "simulated_step_s": step, "fits_in_memory": result.summary.get("fits_in_memory"),
-            "sim_wall_s": time.perf_counter() - start}
+            "simulated_step_s": step, "fits_in_memory": result.summary.get("fits_in_memory")}
 
 
-def run_references(path: str | Path | None = None) -> dict[str, Any]:
-    """All rows: results, rows that could not be simulated, and the MAPE."""
+def _simulate_or_skip(row: dict[str, str]) -> tuple[str, dict[str, Any]]:
+    """("row", result) or ("skipped", reason) for one row (runs in a worker process)."""
     from topologies import TopologyError
     from workloads import WorkloadError
 
-    results, skipped = [], []
-    for row in load_rows(path or DEFAULT_CSV):
-        try:
-            results.append(simulate_row(row))
-        except (WorkloadError, TopologyError, ValueError) as exc:
-            skipped.append({"id": row.get("id") or row["model"], "reason": str(exc)})
+    try:
+        return "row", simulate_row(row)
+    except (WorkloadError, TopologyError, ValueError) as exc:
+        return "skipped", {"id": row.get("id") or row["model"], "reason": str(exc)}
+
+
+def run_references(path: str | Path | None = None, jobs: int | None = None) -> dict[str, Any]:
+    """All rows: results, rows that could not be simulated, and the MAPE.
+
+    jobs: worker processes (default: one per CPU); rows are independent simulations and
+    the report keeps the CSV's order, so it does not depend on the number of workers.
+    """
+    rows = load_rows(path or DEFAULT_CSV)
+    jobs = max(1, min(jobs or os.cpu_count() or 1, len(rows)))
+    if jobs == 1:
+        outcomes = [_simulate_or_skip(row) for row in rows]
+    else:
+        # spawn: a fresh interpreter per worker, whatever threads the caller has started
+        with ProcessPoolExecutor(jobs, mp_context=get_context("spawn")) as pool:
+            outcomes = list(pool.map(_simulate_or_skip, rows))
+    results = [r for kind, r in outcomes if kind == "row"]
+    skipped = [r for kind, r in outcomes if kind == "skipped"]
     errors = [abs(r["error_pct"]) for r in results]
     return {"rows": results, "skipped": skipped,
             "mape_pct": sum(errors) / len(errors) if errors else None}
@@ -151,8 +167,8 @@ def format_table(report: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
-def references_main(path: str | None, as_json: bool) -> int:
+def references_main(path: str | None, as_json: bool, jobs: int | None = None) -> int:
     """CLI body of `validation references`."""
-    report = run_references(path)
+    report = run_references(path, jobs)
     print(json.dumps(report, indent=2) if as_json else format_table(report))
     return 0
