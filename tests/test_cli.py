@@ -221,3 +221,17 @@ def test_a_plan_can_force_the_collective_algorithm(write_json, capsys, tmp_path)
     code, _, err = run_cli(capsys, "run", "--topo", "dgx-h100x2", "--plan",
                            write_json("bad.json", raw))
     assert code == 2 and err.startswith("error: collectives.algorithm")
+
+
+def test_readme_shows_what_the_first_command_prints(capsys):
+    """README's sample output is the main job's real output, so it cannot go stale."""
+    from pathlib import Path
+    readme = (Path(__file__).resolve().parents[1] / "README.md").read_text().splitlines()
+    start = next(i for i, line in enumerate(readme) if line.startswith("    plan col:"))
+    shown = []
+    for line in readme[start:]:
+        if not line.startswith("    "):
+            break
+        shown.append(line[4:])
+    code, out, _ = run_cli(capsys, "run", "--topo", "dgx-h100x4", "--plan", "col.json")
+    assert code == 0 and out.rstrip("\n").splitlines() == shown
