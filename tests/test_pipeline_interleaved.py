@@ -169,4 +169,18 @@ def test_llama3_split_first_chunk_embedding_only_last_chunk_head_only():
     raw["mesh"]["dp"] = 4
     raw["training"]["global_batch"] = 4 * m
     result = simulate(plan_from_dict(raw), topologies.build("dgx-h100"))
-    assert result.summary["step_time_s"] > 0
+    step = result.summary["step_time_s"]
+    trace = result.trace.to_pandas()
+    compute = trace[trace["kind"] == "compute"]
+    by_rank = dict(tuple(compute.groupby("rank")))
+    assert len(by_rank) == 2   # one rank of each stage (dp twins)
+    first, last = (by_rank[r] for r in sorted(by_rank))
+    # the replay ran the split: embedding only on the first stage, the head only on the
+    # last, each for every micro-batch, and each stage's own layers
+    assert set(first.loc[first["op"] == "embedding", "microbatch"]) == set(range(m))
+    assert set(last.loc[last["op"] == "output", "microbatch"]) == set(range(m))
+    assert "output" not in set(first["op"]) and "embedding" not in set(last["op"])
+    assert set(first["layer"]) - {-1} == {1, 3} and set(last["layer"]) - {-1} == {0, 2}
+    # no stage finishes before its own compute
+    for rows in (first, last):
+        assert (rows["end_s"] - rows["start_s"]).sum() <= step * (1 + 1e-9)
