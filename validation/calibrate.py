@@ -119,35 +119,57 @@ def fit_collective(sizes: list[int], times: list[float]) -> tuple[float, float]:
     return a, 1.0 / b
 
 
-def _bench_collectives(world: int, device, dtype, sizes, sync) -> dict:
+def _collective_call(op: str, world: int, numel: int, device, dtype):
+    """A zero-argument call of `op` on buffers of `numel` elements (the nccl-tests size)."""
+    import torch.distributed as dist
+
+    if op == "all_reduce":
+        buf = torch.ones(numel, device=device, dtype=dtype)
+        return lambda: dist.all_reduce(buf)
+    if op == "all_gather":
+        out = torch.empty(numel, device=device, dtype=dtype)
+        inp = torch.ones(numel // world, device=device, dtype=dtype)
+        return lambda: dist.all_gather_into_tensor(out, inp)
+    if op == "reduce_scatter":
+        inp = torch.ones(numel, device=device, dtype=dtype)
+        out = torch.empty(numel // world, device=device, dtype=dtype)
+        return lambda: dist.reduce_scatter_tensor(out, inp)
+    inp = torch.ones(numel, device=device, dtype=dtype)
+    out = torch.empty(numel, device=device, dtype=dtype)
+    return lambda: dist.all_to_all_single(out, inp)
+
+
+def _bench_collectives(world: int, device, dtype, sizes, sync, rounds: int = 5) -> dict:
+    """Median time of every (op, size), the cases visited round-robin so that a shared
+    host's drift over the seconds this takes falls on all sizes alike (measured one after
+    the other, a slow patch bends the curve at whichever sizes it hits)."""
     import torch.distributed as dist
 
     elem = torch.tensor([], dtype=dtype).element_size()
-    result = {}
+    cases = []
     for op in OPS:
-        points = []
         for size in sizes:
             numel = max(world, size // elem // world * world)
-            if op == "all_reduce":
-                buf = torch.ones(numel, device=device, dtype=dtype)
-                fn = lambda: dist.all_reduce(buf)
-            elif op == "all_gather":
-                out = torch.empty(numel, device=device, dtype=dtype)
-                inp = torch.ones(numel // world, device=device, dtype=dtype)
-                fn = lambda: dist.all_gather_into_tensor(out, inp)
-            elif op == "reduce_scatter":
-                inp = torch.ones(numel, device=device, dtype=dtype)
-                out = torch.empty(numel // world, device=device, dtype=dtype)
-                fn = lambda: dist.reduce_scatter_tensor(out, inp)
-            else:
-                inp = torch.ones(numel, device=device, dtype=dtype)
-                out = torch.empty(numel, device=device, dtype=dtype)
-                fn = lambda: dist.all_to_all_single(out, inp)
+            fn = _collective_call(op, world, numel, device, dtype)
             dist.barrier()
-            times = _timed(fn, 0.03, 5, sync, collective=True)
-            t = torch.tensor([statistics.median(times)], dtype=torch.float64)
-            dist.all_reduce(t, op=dist.ReduceOp.MAX)
-            points.append((numel * elem, float(t)))
+            reps = max(1, int(0.03 / max(min(_timed(fn, 0.0, 1, sync, collective=True)), 1e-7)))
+            agreed = torch.tensor([reps])
+            dist.all_reduce(agreed, op=dist.ReduceOp.MAX)  # every rank calls it equally often
+            cases.append((op, numel * elem, fn, int(agreed), []))
+    for _ in range(rounds):
+        for _, _, fn, reps, samples in cases:
+            dist.barrier()
+            t = time.perf_counter()
+            for _ in range(reps):
+                fn()
+            sync()
+            samples.append((time.perf_counter() - t) / reps)
+    medians = torch.tensor([statistics.median(c[4]) for c in cases], dtype=torch.float64)
+    dist.all_reduce(medians, op=dist.ReduceOp.MAX)  # the slowest rank sets the pace
+    result = {}
+    for op in OPS:
+        points = [(nbytes, float(t)) for (o, nbytes, _, _, _), t in zip(cases, medians)
+                  if o == op]
         lat, algbw = fit_collective([p[0] for p in points], [p[1] for p in points])
         factor = (2 if op == "all_reduce" else 1) * (world - 1) / world
         result[op] = {"latency_s": lat, "algbw_Bps": algbw, "busbw_Bps": algbw * factor,
