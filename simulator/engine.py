@@ -161,11 +161,13 @@ class Engine:
         ranks = self._group(rank, task.group)
         if len(ranks) == 1:
             return "", self.env.now
-        if task.stream == "tp":
-            # a DTensor redistribution's host work before its collective (0 on GPUs)
-            host_s = self.topology.device(rank).profile.redistribute_overhead_s
-            if host_s:
-                yield self.env.timeout(host_s)
+        profile = self.topology.device(rank).profile
+        # a DTensor redistribution's host work before its collective, and the wait for
+        # the other members' jittered arrival (both measured on CPU hosts, 0 on GPUs)
+        wait_s = profile.collective_skew_s + (
+            profile.redistribute_overhead_s if task.stream == "tp" else 0.0)
+        if wait_s:
+            yield self.env.timeout(wait_s)
         began = self.env.now
         if self.options.full:
             event = self._arrive(task, ranks)

@@ -83,3 +83,29 @@ def test_redistribution_overhead_is_paid_per_tensor_parallel_collective(tmp_path
                                        "profile": {"redistribute_overhead_s": -1}}}))
     with pytest.raises(TopologyError):
         build(str(bad))
+
+
+def test_collective_skew_is_paid_before_every_collective(tmp_path):
+    # a CPU host's ranks arrive at a collective jittered; each waits collective_skew_s
+    def step(skew):
+        path = tmp_path / f"skew{skew}.json"
+        path.write_text(json.dumps({"name": "h", "domains": 1, "gpus_per_domain": 8,
+                                    "gpu": {"base": "h100", "profile": {
+                                        "concurrent_collectives": False,
+                                        "collective_skew_s": skew}}}))
+        raw = small_plan(mesh={"tp": 2}, fsdp={"enabled": True},
+                         sharding={"sequence_parallel": True}, training={"global_batch": 8})
+        return simulate(plan_from_dict(raw), build(str(path)))
+    base, skewed = step(0.0), step(2e-3)
+    t = base.trace.to_pandas()
+    collectives = t[(t["rank"] == 0) & (t["kind"] == "comm")]
+    assert set(collectives["stream"]) > {"tp"}   # FSDP's and TP's collectives alike
+    extra = skewed.summary["step_time_s"] - base.summary["step_time_s"]
+    assert extra == pytest.approx(len(collectives) * 2e-3, rel=1e-6)
+    # the wait is not communication: the collectives themselves take as long as before
+    assert skewed.summary["comm_s"] == pytest.approx(base.summary["comm_s"], rel=1e-9)
+    bad = tmp_path / "bad3.json"
+    bad.write_text(json.dumps({"name": "h", "domains": 1, "gpus_per_domain": 2,
+                               "gpu": {"base": "h100", "profile": {"collective_skew_s": -1}}}))
+    with pytest.raises(TopologyError):
+        build(str(bad))

@@ -201,7 +201,8 @@ def test_host_topology_loads_with_topologies_build(tmp_path):
               {"m": 2048, "n": 512, "k": 512, "flops_per_s": 40e9}]
     coll = {op: {"latency_s": 300e-6, "algbw_Bps": 1e9, "busbw_Bps": 0.5e9, "points": []}
             for op in ("all_reduce", "all_gather", "reduce_scatter", "all_to_all")}
-    topo = host_topology("gloo", 2, 1, matmul, 8e9, 20e9, 5e-6, 0.8, coll, "float32")
+    topo = host_topology("gloo", 2, 1, matmul, 8e9, 20e9, 5e-6, 0.8, coll, "float32",
+                         skew_s=7e-4)
     path = tmp_path / "host.json"
     path.write_text(json.dumps(topo))
     built = topologies.build(str(path))
@@ -212,6 +213,7 @@ def test_host_topology_loads_with_topologies_build(tmp_path):
     assert built.measured["all_gather"][2].busbw_Bps == pytest.approx(0.5e9)
     # a gloo (CPU) host has no streams: its collectives block the training thread
     assert dev.profile.concurrent_collectives is False
+    assert dev.profile.collective_skew_s == pytest.approx(7e-4)
 
 
 # ------------------------------------------------------------------ references

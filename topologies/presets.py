@@ -144,6 +144,7 @@ _PROFILE_RANGES = {
     "memory_efficiency": (0.0, 1.0, False, False), "gemm_tile": (1, math.inf, True, True),
     "launch_overhead_s": (0.0, 1.0, False, True),
     "redistribute_overhead_s": (0.0, 1.0, False, True),
+    "collective_skew_s": (0.0, 1.0, False, True),
     "overlap_compute_factor": (0.0, 1.0, False, False),
     "overlap_compute_factor_nvls": (0.0, 1.0, False, False),
 }

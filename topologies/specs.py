@@ -60,6 +60,13 @@ class DeviceProfile:
     # tensor-parallel collective. Assumption: 0 on GPUs, where this host work runs ahead of
     # the GPU's queue; `validation calibrate` measures it on a CPU host.
     redistribute_overhead_s: float = 0.0
+    # Time each member of a collective waits, on average, for the others to arrive: the
+    # ranks' compute between two synchronisation points differs by host jitter (a shared
+    # CPU host's scheduler), so the one that finishes first waits inside the collective.
+    # Paid before every collective. Assumption: 0 on GPUs (no measurement; the launch
+    # queue absorbs host jitter); `validation calibrate` measures it on a CPU host, and
+    # takes it as the same for every collective whatever the compute before it.
+    collective_skew_s: float = 0.0
 
 
 @dataclass(frozen=True)

@@ -35,7 +35,9 @@ import time
 import torch
 
 from .errors import ValidationError
+from .host_overheads import collective_skew, redistribute_overhead
 from .io import write_json
+from .timing import timed
 
 MATMUL_SHAPES = [(1024, 1536, 512), (256, 256, 256), (512, 512, 512), (1024, 1024, 1024), (2048, 2048, 2048),
                  (2048, 512, 512), (2048, 1536, 512), (2048, 512, 1536), (4096, 512, 512),
@@ -47,31 +49,6 @@ QUICK_SIZES = [1 << 12, 1 << 16, 1 << 20, 1 << 22, 1 << 24]
 OPS = ("all_reduce", "all_gather", "reduce_scatter", "all_to_all")
 
 
-def _timed(fn, min_s: float, samples: int, sync, collective: bool = False) -> list[float]:
-    """Per-call seconds of `samples` batches that each last >= min_s.
-
-    collective: fn is a collective, so every rank must call it equally often (the
-    repetition count is agreed with an all-reduce MAX).
-    """
-    fn(); sync()
-    t = time.perf_counter(); fn(); sync()
-    once = max(time.perf_counter() - t, 1e-7)
-    reps = max(1, int(min_s / once))
-    if collective:
-        import torch.distributed as dist
-        agreed = torch.tensor([reps])
-        dist.all_reduce(agreed, op=dist.ReduceOp.MAX)
-        reps = int(agreed)
-    out = []
-    for _ in range(samples):
-        t = time.perf_counter()
-        for _ in range(reps):
-            fn()
-        sync()
-        out.append((time.perf_counter() - t) / reps)
-    return out
-
-
 def _bench_matmul(device, dtype, quick: bool, sync, barrier) -> list[dict]:
     """Median throughput per shape; shapes are visited round-robin so that every shape
     sees the same mix of host load (a shared machine's speed drifts over seconds)."""
@@ -81,7 +58,7 @@ def _bench_matmul(device, dtype, quick: bool, sync, barrier) -> list[dict]:
         a = torch.randn(m, k, device=device, dtype=dtype)
         b = torch.randn(k, n, device=device, dtype=dtype)
         fn = (lambda a=a, b=b: a @ b)
-        once = min(_timed(fn, 0.0, 2, sync))
+        once = min(timed(fn, 0.0, 2, sync))
         cases.append(((m, n, k), fn, max(1, int(min_s / max(once, 1e-7))), []))
     for _ in range(rounds):
         for _, fn, reps, samples in cases:
@@ -152,7 +129,7 @@ def _bench_collectives(world: int, device, dtype, sizes, sync, rounds: int = 5) 
             numel = max(world, size // elem // world * world)
             fn = _collective_call(op, world, numel, device, dtype)
             dist.barrier()
-            reps = max(1, int(0.03 / max(min(_timed(fn, 0.0, 1, sync, collective=True)), 1e-7)))
+            reps = max(1, int(0.03 / max(min(timed(fn, 0.0, 1, sync, collective=True)), 1e-7)))
             agreed = torch.tensor([reps])
             dist.all_reduce(agreed, op=dist.ReduceOp.MAX)  # every rank calls it equally often
             cases.append((op, numel * elem, fn, int(agreed), []))
@@ -190,7 +167,7 @@ def _bench_elementwise(device, dtype, sync, barrier) -> float:
     kernels = [(lambda: x + y, 3 * size), (lambda: x * y, 3 * size),
                (lambda: F.silu(x), 2 * size), (lambda: F.rms_norm(x, (1536,), w), 2 * size)]
     barrier()
-    total_s = sum(statistics.median(_timed(fn, 0.03, 3, sync)) for fn, _ in kernels)
+    total_s = sum(statistics.median(timed(fn, 0.03, 3, sync)) for fn, _ in kernels)
     return sum(b for _, b in kernels) / total_s
 
 
@@ -200,11 +177,11 @@ def _overlap_factor(device, dtype, world: int, sync) -> float:
 
     a = torch.randn(2048, 512, device=device, dtype=dtype)
     b = torch.randn(512, 1536, device=device, dtype=dtype)
-    alone = statistics.median(_timed(lambda: a @ b, 0.05, 3, sync))
+    alone = statistics.median(timed(lambda: a @ b, 0.05, 3, sync))
     numel = (1 << 22) // 4 // world * world
     out = torch.empty(numel, device=device, dtype=dtype)
     inp = torch.ones(numel // world, device=device, dtype=dtype)
-    one = statistics.median(_timed(lambda: dist.all_gather_into_tensor(out, inp), 0.02, 3, sync,
+    one = statistics.median(timed(lambda: dist.all_gather_into_tensor(out, inp), 0.02, 3, sync,
                                   collective=True))
     count = torch.tensor([max(4, min(40, int(0.25 / one)))])
     dist.all_reduce(count, op=dist.ReduceOp.MAX)  # every rank issues the same collectives
@@ -219,39 +196,6 @@ def _overlap_factor(device, dtype, world: int, sync) -> float:
     if mm == 0:
         return 1.0
     return min(1.0, alone / (spent / mm))
-
-
-def _redistribute_overhead(world: int, device, dtype, sync, eltwise_Bps: float) -> float:
-    """Host seconds a DTensor redistribution adds beyond its collective and its copy.
-
-    A [4, 256, 512] activation sharded on the sequence (dim 1) is all-gathered
-    (Shard(1) -> Replicate) and a partial sum reduce-scattered (Partial -> Shard(1)) through
-    DTensor, and the same bytes through plain c10d collectives; the difference, less the
-    read and write of the gathered (or scattered) tensor that the simulator prices as a
-    relayout copy at the elementwise bandwidth, is the host overhead of one redistribution.
-    """
-    import torch.distributed as dist
-    from torch.distributed.device_mesh import init_device_mesh
-    from torch.distributed.tensor import DTensor, Partial, Replicate, Shard
-
-    mesh = init_device_mesh(device.type, (world,))
-    local = torch.randn(4, 256, 512, device=device, dtype=dtype)
-    partial = torch.randn(4, 256 * world, 512, device=device, dtype=dtype)
-    shard = DTensor.from_local(local, mesh, [Shard(1)])
-    summed = DTensor.from_local(partial, mesh, [Partial()])
-    flat_in, flat_full = local.reshape(-1), partial.reshape(-1)
-
-    def median_s(fn) -> float:
-        return statistics.median(_timed(fn, 0.05, 3, sync, collective=True))
-    gathered = partial.numel() * partial.element_size()
-    raw_ag = median_s(lambda: dist.all_gather_into_tensor(
-        torch.empty(flat_full.numel(), device=device, dtype=dtype), flat_in))
-    dt_ag = median_s(lambda: shard.redistribute(mesh, [Replicate()]).to_local())
-    raw_rs = median_s(lambda: dist.reduce_scatter_tensor(
-        torch.empty(flat_in.numel(), device=device, dtype=dtype), flat_full))
-    dt_rs = median_s(lambda: summed.redistribute(mesh, [Shard(1)]).to_local())
-    copy_s = 2 * gathered / eltwise_Bps
-    return max(0.0, ((dt_ag - raw_ag) + (dt_rs - raw_rs)) / 2 - copy_s)
 
 
 def _worker(rank: int, world: int, backend: str, port: int, out_path: str, threads: int,
@@ -277,7 +221,7 @@ def _worker(rank: int, world: int, backend: str, port: int, out_path: str, threa
     src = torch.empty(1 << 24, device=device, dtype=torch.float32)  # 64 MiB
     dst = torch.empty_like(src)
     barrier()
-    copy_s = statistics.median(_timed(lambda: dst.copy_(src), 0.1, 5, sync))
+    copy_s = statistics.median(timed(lambda: dst.copy_(src), 0.1, 5, sync))
     eltwise_Bps = _bench_elementwise(device, dtype, sync, barrier)
     mem = torch.tensor([2 * src.numel() * 4 / copy_s, eltwise_Bps], dtype=torch.float64)
     dist.all_reduce(mem, op=dist.ReduceOp.MIN)
@@ -286,27 +230,30 @@ def _worker(rank: int, world: int, backend: str, port: int, out_path: str, threa
     def attention() -> None:
         F.scaled_dot_product_attention(q, k, v, is_causal=True).sum().backward()
     barrier()
-    attn_s = statistics.median(_timed(attention, 0.1, 3, sync))
+    attn_s = statistics.median(timed(attention, 0.1, 3, sync))
     attn_flops = 3.5 * (4 * 4 * 8 * 512 * 512 * 64 * 0.5)
     tiny = torch.randn(8, 8, device=device, dtype=dtype)
-    launch_s = statistics.median(_timed(lambda: tiny @ tiny, 0.02, 5, sync))
+    launch_s = statistics.median(timed(lambda: tiny @ tiny, 0.02, 5, sync))
     marks.append(("copy_attention_launch", time.perf_counter()))
     overlap = _overlap_factor(device, dtype, world, sync) if world > 1 else 1.0
     marks.append(("overlap", time.perf_counter()))
     coll = _bench_collectives(world, device, dtype, QUICK_SIZES if quick else COLL_SIZES,
                               sync) if world > 1 else {}
     marks.append(("collectives", time.perf_counter()))
-    redistribute_s = _redistribute_overhead(world, device, dtype, sync, float(mem[1])) \
-        if world > 1 and device.type == "cpu" else 0.0
-    marks.append(("redistribute", time.perf_counter()))
-    scalars = torch.tensor([attn_flops / attn_s, launch_s, overlap, redistribute_s],
+    on_cpu = world > 1 and device.type == "cpu"
+    redistribute_s = redistribute_overhead(world, device, dtype, sync, float(mem[1])) \
+        if on_cpu else 0.0
+    skew_s = collective_skew(device, dtype, sync) if on_cpu else 0.0
+    marks.append(("host_overheads", time.perf_counter()))
+    scalars = torch.tensor([attn_flops / attn_s, launch_s, overlap, redistribute_s, skew_s],
                            dtype=torch.float64)
     dist.all_reduce(scalars, op=dist.ReduceOp.SUM)
     scalars /= world
     if rank == 0:
         topo = host_topology(backend, world, threads, matmul, float(mem[0]), float(scalars[0]),
                              float(scalars[1]), float(scalars[2]), coll, str(dtype).split(".")[-1],
-                             eltwise_Bps=float(mem[1]), redistribute_s=float(scalars[3]))
+                             eltwise_Bps=float(mem[1]), redistribute_s=float(scalars[3]),
+                             skew_s=float(scalars[4]))
         topo["calibration"]["section_s"] = {name: round(t - prev, 3) for (_, prev), (name, t)
                                             in zip(marks, marks[1:])}
         write_json(topo, out_path)
@@ -315,7 +262,8 @@ def _worker(rank: int, world: int, backend: str, port: int, out_path: str, threa
 
 
 def _profile(gemm_eff: float, attn_eff: float, launch_s: float, overlap: float,
-             mem_eff: float = 1.0, cpu: bool = False, redistribute_s: float = 0.0) -> dict:
+             mem_eff: float = 1.0, cpu: bool = False, redistribute_s: float = 0.0,
+             skew_s: float = 0.0) -> dict:
     """DeviceProfile fields (only those this version of topologies knows)."""
     from topologies import DeviceProfile
 
@@ -325,6 +273,7 @@ def _profile(gemm_eff: float, attn_eff: float, launch_s: float, overlap: float,
               "attention_efficiency": round(min(1.0, attn_eff), 4),
               "memory_efficiency": round(min(1.0, mem_eff), 4),
               "launch_overhead_s": launch_s, "redistribute_overhead_s": redistribute_s,
+              "collective_skew_s": skew_s,
               "overlap_compute_factor": round(overlap, 4),
               "overlap_compute_factor_nvls": round(overlap, 4)}
     known = set(DeviceProfile.__dataclass_fields__)
@@ -334,7 +283,7 @@ def _profile(gemm_eff: float, attn_eff: float, launch_s: float, overlap: float,
 def host_topology(backend: str, world: int, threads: int, matmul: list[dict], mem_Bps: float,
                   attn_flops_per_s: float, launch_s: float, overlap: float, coll: dict,
                   dtype: str, eltwise_Bps: float | None = None,
-                  redistribute_s: float = 0.0) -> dict:
+                  redistribute_s: float = 0.0, skew_s: float = 0.0) -> dict:
     """The topology JSON (topologies/presets.py load_file format) for measured numbers."""
     peak = max(r["flops_per_s"] for r in matmul)
     eff = fit_gemm(matmul, peak)
@@ -358,7 +307,7 @@ def host_topology(backend: str, world: int, threads: int, matmul: list[dict], me
                 "nvlink_links": 1, "nvls": False,
                 "profile": _profile(eff, attn_flops_per_s / peak, launch_s, overlap,
                                     (eltwise_Bps or mem_Bps) / mem_Bps, backend == "gloo",
-                                    redistribute_s)},
+                                    redistribute_s, skew_s)},
         "domains": 1,
         "gpus_per_domain": world,
         "measured_collectives": measured,
