@@ -328,14 +328,14 @@ def run_calibration(backend: str, nproc: int, out_path: str, threads: int = 1,
 
     import torch.multiprocessing as mp
 
-    from .runner import free_port
+    from .runner import free_port, spawned
 
     if backend not in ("gloo", "nccl"):
         raise ValidationError("--backend", backend, "gloo, nccl")
     if nproc < 1:
         raise ValidationError("--nproc", nproc, "an integer >= 1")
     start = time.perf_counter()
-    mp.spawn(_worker, args=(nproc, backend, free_port(), out_path, threads, quick),
+    mp.spawn(spawned, args=(_worker, nproc, backend, free_port(), out_path, threads, quick),
              nprocs=nproc, join=True)
     with open(out_path) as fh:
         topo = json.load(fh)

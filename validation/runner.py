@@ -11,6 +11,7 @@ their step times comparable with each other. Each plan still gets its own file.
 """
 from __future__ import annotations
 
+import gc
 import json
 import os
 import platform
@@ -54,6 +55,20 @@ def init_distributed(rank: int, world: int, backend: str, port: int | None,
         dist.init_process_group(backend, init_method=f"tcp://127.0.0.1:{port}", rank=rank,
                                 world_size=world)
     return device
+
+
+def spawned(rank: int, target, *args) -> None:
+    """mp.spawn entry: run `target(rank, *args)`, then leave without the interpreter's
+    teardown. Once a worker has written its outputs (atomically) and destroyed its process
+    groups, nothing is left to do; but gloo's threads and c10d's objects, torn down at
+    interpreter exit, have been seen to abort a finished process (std::terminate,
+    SIGABRT), which spawn reports as a failed run."""
+    import sys
+
+    target(rank, *args)
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0)
 
 
 def _sync(device: torch.device) -> None:
@@ -242,6 +257,8 @@ def worker(rank: int, data: list[dict], steps: int, warmup: int, port: int | Non
             _write(spec, steps, warmup, gathered, all_profiles or [], out_path, world, threads,
                    probed, [s.plan.name for s in specs])
     dist.barrier()
+    del trainers  # modules, optimizers and their work objects go while the group lives
+    gc.collect()
     dist.destroy_process_group()
 
 
@@ -287,5 +304,5 @@ def launch(specs: list[RunSpec], steps: int, warmup: int, out_paths: list[str],
     import torch.multiprocessing as mp
 
     port = free_port()
-    mp.spawn(worker, args=(data, steps, warmup, port, out_paths, profile, threads),
+    mp.spawn(spawned, args=(worker, data, steps, warmup, port, out_paths, profile, threads),
              nprocs=specs[0].nproc, join=True)
