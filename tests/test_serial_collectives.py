@@ -61,42 +61,41 @@ def test_serial_collectives_never_deadlock_with_point_to_point_streams(tmp_path,
     assert serial["step_time_s"] >= overlapped["step_time_s"] > 0
 
 
+def _serial_host(tmp_path, **profile):
+    """A serial (CPU-like) 8-device host with extra DeviceProfile fields."""
+    name = "-".join(f"{k}{v}" for k, v in sorted(profile.items()))
+    path = tmp_path / f"serial-{name}.json"
+    path.write_text(json.dumps({"name": "h", "domains": 1, "gpus_per_domain": 8,
+                                "gpu": {"base": "h100", "profile": {
+                                    "concurrent_collectives": False, **profile}}}))
+    return build(str(path))
+
+
+@pytest.mark.parametrize("field", ["redistribute_overhead_s", "collective_skew_s"])
+def test_negative_host_overheads_are_rejected(tmp_path, field):
+    with pytest.raises(TopologyError):
+        _serial_host(tmp_path, **{field: -1})
+
+
 def test_redistribution_overhead_is_paid_per_tensor_parallel_collective(tmp_path):
-    def step(overhead):
-        path = tmp_path / f"h{overhead}.json"
-        path.write_text(json.dumps({"name": "h", "domains": 1, "gpus_per_domain": 8,
-                                    "gpu": {"base": "h100", "profile": {
-                                        "concurrent_collectives": False,
-                                        "redistribute_overhead_s": overhead}}}))
-        raw = small_plan(mesh={"tp": 2}, sharding={"sequence_parallel": True},
-                         training={"global_batch": 4})
-        return simulate(plan_from_dict(raw), build(str(path)))
-    base, slow = step(0.0), step(1e-3)
+    plan = plan_from_dict(small_plan(mesh={"tp": 2}, sharding={"sequence_parallel": True},
+                                     training={"global_batch": 4}))
+    base = simulate(plan, _serial_host(tmp_path, redistribute_overhead_s=0.0))
+    slow = simulate(plan, _serial_host(tmp_path, redistribute_overhead_s=1e-3))
     t = base.trace.to_pandas()
     tp_collectives = int(((t["rank"] == 0) & (t["stream"] == "tp")).sum())
     assert tp_collectives > 0
     extra = slow.summary["step_time_s"] - base.summary["step_time_s"]
     assert extra == pytest.approx(tp_collectives * 1e-3, rel=1e-6)
-    bad = tmp_path / "bad2.json"
-    bad.write_text(json.dumps({"name": "h", "domains": 1, "gpus_per_domain": 2,
-                               "gpu": {"base": "h100",
-                                       "profile": {"redistribute_overhead_s": -1}}}))
-    with pytest.raises(TopologyError):
-        build(str(bad))
 
 
 def test_collective_skew_is_paid_before_every_collective(tmp_path):
     # a CPU host's ranks arrive at a collective jittered; each waits collective_skew_s
-    def step(skew):
-        path = tmp_path / f"skew{skew}.json"
-        path.write_text(json.dumps({"name": "h", "domains": 1, "gpus_per_domain": 8,
-                                    "gpu": {"base": "h100", "profile": {
-                                        "concurrent_collectives": False,
-                                        "collective_skew_s": skew}}}))
-        raw = small_plan(mesh={"tp": 2}, fsdp={"enabled": True},
-                         sharding={"sequence_parallel": True}, training={"global_batch": 8})
-        return simulate(plan_from_dict(raw), build(str(path)))
-    base, skewed = step(0.0), step(2e-3)
+    plan = plan_from_dict(small_plan(mesh={"tp": 2}, fsdp={"enabled": True},
+                                     sharding={"sequence_parallel": True},
+                                     training={"global_batch": 8}))
+    base = simulate(plan, _serial_host(tmp_path, collective_skew_s=0.0))
+    skewed = simulate(plan, _serial_host(tmp_path, collective_skew_s=2e-3))
     t = base.trace.to_pandas()
     collectives = t[(t["rank"] == 0) & (t["kind"] == "comm")]
     assert set(collectives["stream"]) > {"tp"}   # FSDP's and TP's collectives alike
@@ -104,8 +103,3 @@ def test_collective_skew_is_paid_before_every_collective(tmp_path):
     assert extra == pytest.approx(len(collectives) * 2e-3, rel=1e-6)
     # the wait is not communication: the collectives themselves take as long as before
     assert skewed.summary["comm_s"] == pytest.approx(base.summary["comm_s"], rel=1e-9)
-    bad = tmp_path / "bad3.json"
-    bad.write_text(json.dumps({"name": "h", "domains": 1, "gpus_per_domain": 2,
-                               "gpu": {"base": "h100", "profile": {"collective_skew_s": -1}}}))
-    with pytest.raises(TopologyError):
-        build(str(bad))
