@@ -37,8 +37,10 @@ STEPS = 8
 # assertions hold the steadiest attempt. Steadiness is judged from the probe and the
 # scatter alone, never from the error against the simulation; the tolerance is never
 # widened.
+# On this 2-core host the steps of a quiet attempt scatter by 2-8 % (IQR over median) and
+# those of a noisy one by 10-30 %.
 UNSTEADY_DRIFT_PCT = 10.0
-UNSTEADY_IQR_FRACTION = 0.15
+UNSTEADY_IQR_FRACTION = 0.10
 RETRIES = 2
 
 
