@@ -300,3 +300,16 @@ def test_reference_report_does_not_depend_on_the_worker_count(tmp_path):
     serial, pooled = run_references(path, jobs=1), run_references(path, jobs=2)
     assert json.dumps(serial, sort_keys=True) == json.dumps(pooled, sort_keys=True)
     assert [r["id"] for r in pooled["rows"]] == [r["id"] for r in rows]
+
+
+def test_profile_rows_leave_out_the_host_probe(tmp_path):
+    """The probe's matmuls between rounds are not training compute."""
+    from validation.runner import PROBE_EVENT
+    out = tmp_path / "p.parquet"
+    dims = "hidden=64,layers=1,heads=4,kv_heads=2,ffn=128,vocab=128,seq=32,batch=4,micro_batch=2"
+    assert main(["run", "--plan", str(PLANS / "cpu-fsdp.json"), "--nproc", "2", "--steps", "2",
+                 "--warmup", "0", "--dims", dims, "--profile", "-o", str(out)]) == 0
+    table, run = read_measured(out)
+    ops = set(table.filter(pc.equal(table["phase"], "profile"))["op"].to_pylist())
+    assert ops and PROBE_EVENT not in ops
+    assert len(run["host_probe"]["flops_per_s_during"]) == 2

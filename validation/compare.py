@@ -54,8 +54,8 @@ DRIFT_NOTE_PCT = 10.0
 def host_drift_pct(run: dict, topo_ref: str) -> float | None:
     """How much faster (+) or slower (-) the host's matmuls ran during the run than during
     calibration, from the run's probe and the calibration file's same-shape entry: the
-    median of the samples taken between rounds of steps (older files: the mean of the
-    samples before and after the steps)."""
+    median of the samples taken before each round of steps (files written before those
+    samples existed: the mean of the samples before and after the steps)."""
     probe = run.get("host_probe")
     if not probe or not topo_ref.endswith(".json"):
         return None

@@ -16,7 +16,6 @@ import json
 import os
 import platform
 import socket
-import statistics
 import time
 from typing import Any
 
@@ -77,16 +76,17 @@ def _sync(device: torch.device) -> None:
 
 
 PROBE_SHAPE = (1024, 1536, 512)  # (m, n, k): a representative GEMM; calibrate measures it too
+PROBE_EVENT = "validation::host_probe"  # its profiler range, left out of the profile rows
 
 
 class HostProbe:
-    """This rank's matmul FLOP/s at PROBE_SHAPE, sampled before, between and after the
-    timed steps (min over ranks is taken later).
+    """This rank's matmul FLOP/s at PROBE_SHAPE, sampled before each round of timed steps
+    (min over ranks is taken later).
 
     `compare` sets the samples against the calibration file's same-shape entry to tell a
     host whose speed drifted since calibration (a shared machine) from a model error. The
     samples between rounds of steps are what the steps themselves ran at; a probe taken
-    only before and after misses a neighbour's load that comes and goes in between.
+    only before and after the steps misses a neighbour's load that comes and goes.
     """
 
     def __init__(self, device: torch.device, dtype: torch.dtype) -> None:
@@ -102,17 +102,15 @@ class HostProbe:
         untimed one: calibration times this shape with its operands in cache, and a step
         that just ran has evicted them."""
         m, n, k = PROBE_SHAPE
-        self.a @ self.b
-        _sync(self.device)
-        t = time.perf_counter()
-        for _ in range(reps):
+        with torch.profiler.record_function(PROBE_EVENT):
             self.a @ self.b
-        _sync(self.device)
-        return 2 * m * n * k * reps / (time.perf_counter() - t)
-
-    def median(self, samples: int = 5) -> float:
-        """Median FLOP/s over `samples` batches (~0.25 s)."""
-        return statistics.median(self.sample() for _ in range(samples))
+            _sync(self.device)
+            t = time.perf_counter()
+            for _ in range(reps):
+                self.a @ self.b
+            _sync(self.device)
+            elapsed_s = time.perf_counter() - t
+        return 2 * m * n * k * reps / elapsed_s
 
 
 def _profile_rows(prof, rank: int, step_offset_s: float) -> list[dict]:
@@ -121,7 +119,7 @@ def _profile_rows(prof, rank: int, step_offset_s: float) -> list[dict]:
     for ev in prof.events():
         name = ev.name
         is_comm = any(w in name.lower() for w in COMM_WORDS)
-        if ev.cpu_parent is not None and not is_comm:
+        if (ev.cpu_parent is not None and not is_comm) or name == PROBE_EVENT:
             continue
         start = ev.time_range.start * 1e-6 - step_offset_s
         rows.append({"rank": rank, "stream": f"thread{ev.thread}", "phase": "profile",
@@ -221,7 +219,6 @@ def worker(rank: int, data: list[dict], steps: int, warmup: int, port: int | Non
     probe_dtype = torch.float32 if specs[0].dtype == "fp32" else torch.bfloat16
     dist.barrier()
     probe = HostProbe(device, probe_dtype)
-    probe_before = probe.median()
     for trainer in trainers:
         for _ in range(warmup):
             trainer.step()
@@ -233,8 +230,7 @@ def worker(rank: int, data: list[dict], steps: int, warmup: int, port: int | Non
     dist.barrier()
     records, during = _timed_steps(trainers, steps, time.perf_counter(), probe)
     dist.barrier()
-    probe_after = probe.median()
-    probes = torch.tensor([probe_before, probe_after, *during], dtype=torch.float64)
+    probes = torch.tensor(during, dtype=torch.float64)
     dist.all_reduce(probes, op=dist.ReduceOp.MIN)
     profile_rows: list[dict] = []
     if prof is not None:
@@ -245,9 +241,7 @@ def worker(rank: int, data: list[dict], steps: int, warmup: int, port: int | Non
     all_profiles = [None] * world if rank == 0 else None
     if profile:
         dist.gather_object(profile_rows, all_profiles, dst=0)
-    probed = {"shape_mnk": list(PROBE_SHAPE), "flops_per_s_before": float(probes[0]),
-              "flops_per_s_after": float(probes[1]),
-              "flops_per_s_during": [float(x) for x in probes[2:]]}
+    probed = {"shape_mnk": list(PROBE_SHAPE), "flops_per_s_during": probes.tolist()}
     for spec, (starts, ends, losses), out_path in zip(specs, records, out_paths):
         losses = [float(x.full_tensor() if hasattr(x, "full_tensor") else x) for x in losses]
         times = torch.tensor([starts, ends, losses], dtype=torch.float64)
