@@ -1,7 +1,8 @@
 """`python -m simulator SUBCOMMAND`: argument parsing, error handling and exit codes.
 
-Exit codes: 0 success, 2 bad input (one line on stderr naming field, value and what is
-allowed), 3 `--strict-memory` and the plan does not fit, 1 internal error.
+Exit codes: 0 success, 2 bad input (any inputs.InputError: one line on stderr naming
+field, value and what is allowed), 3 `--strict-memory` and the plan does not fit,
+1 internal error. Only simulator/__main__.py and simulator/commands/ import this module.
 """
 from __future__ import annotations
 
@@ -12,20 +13,11 @@ import sys
 import traceback
 from typing import Callable, Sequence
 
-from topologies import TopologyError
-from workloads import WorkloadError
+from inputs import InputError
 
-from .output import OutputError
+from .errors import UsageError
 
 EXIT_BAD_INPUT, EXIT_INTERNAL, EXIT_DOES_NOT_FIT = 2, 1, 3
-
-
-class UsageError(ValueError):
-    """A bad flag value; formatted like the package errors (field, value, allowed)."""
-
-    def __init__(self, field: str, value: object, allowed: str):
-        self.field, self.value, self.allowed = field, value, allowed
-        super().__init__(f"{field}: got {value!r}; allowed: {allowed}")
 
 
 class OneLineParser(argparse.ArgumentParser):
@@ -35,7 +27,9 @@ class OneLineParser(argparse.ArgumentParser):
         raise UsageError(self.prog, " ".join(sys.argv[1:]) or "(no arguments)", message)
 
 
-BAD_INPUT = (TopologyError, WorkloadError, UsageError, OutputError)
+# Every bad input, whichever package read it (plans, models, topologies, flags, output
+# paths), is an inputs.InputError: one line on stderr, exit 2.
+BAD_INPUT = (InputError,)
 COMMANDS: dict[str, Callable] = {}
 
 

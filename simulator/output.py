@@ -1,19 +1,25 @@
-"""Writing outputs atomically (temporary file in the same folder, then rename), so that a
-reader never sees a half-written trace, table, plan or plot."""
+"""Outputs: files written atomically (temporary file in the same folder, then rename), so
+that a reader never sees a half-written trace, table, plan or plot; and JSON on stdout.
+
+Library code (studies, what-if) and the commands both write through here, so neither
+needs the other."""
 from __future__ import annotations
 
+import json
 import os
+import sys
 import tempfile
 from pathlib import Path
-from typing import Callable
+from typing import Any, Callable
+
+from .errors import OutputError
 
 
-class OutputError(ValueError):
-    """An output path that cannot be written (exit status 2, like any bad input)."""
-
-    def __init__(self, path: Path, reason: str):
-        self.field, self.value, self.allowed = "output", str(path), f"a writable file path ({reason})"
-        super().__init__(f"{self.field}: got {self.value!r}; allowed: {self.allowed}")
+def print_json(obj: Any) -> None:
+    """Stable JSON on stdout (sorted keys, two-space indent)."""
+    # allow_nan=False: a non-finite number is an error, never invalid JSON on stdout.
+    json.dump(obj, sys.stdout, indent=2, sort_keys=True, default=float, allow_nan=False)
+    sys.stdout.write("\n")
 
 
 def _umask() -> int:

@@ -6,7 +6,8 @@ import json
 import pyarrow.parquet as pq
 import pytest
 
-from simulator.cli import UsageError, main
+from simulator.cli import main
+from simulator.errors import UsageError
 from simulator.whatif import checkpoint_path, parse_vary, run_points, to_table, whatif
 from simulator.whatif.points import plan_source, study_points, topology_source
 from simulator.whatif.variations import apply_cluster, apply_plan, parse_all

@@ -9,12 +9,11 @@ import argparse
 import os
 import sys
 
-from topologies import TopologyError
-from workloads import WorkloadError
+from inputs import InputError
 
 from .errors import ValidationError
 
-BAD_INPUT = (ValidationError, WorkloadError, TopologyError)
+BAD_INPUT = (InputError,)   # ValidationError, WorkloadError, TopologyError, ...
 
 
 class _Parser(argparse.ArgumentParser):

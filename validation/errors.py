@@ -1,12 +1,10 @@
-"""The one error type of the validation package: a bad input or an inexpressible plan."""
+"""The error type of the validation package: a bad input or an inexpressible plan."""
+from inputs import InputError
 
 
-class ValidationError(ValueError):
+class ValidationError(InputError):
     """An input is invalid (or a plan cannot be run by torch); names field, value, allowed.
 
-    The CLI turns it (and WorkloadError/TopologyError) into one line on stderr and exit 2.
+    A subclass of inputs.InputError: the CLI turns it, like every InputError, into one line
+    on stderr and exit 2.
     """
-
-    def __init__(self, field: str, value: object, allowed: str):
-        self.field, self.value, self.allowed = field, value, allowed
-        super().__init__(f"{field}: got {value!r}; allowed: {allowed}")

@@ -1,12 +1,10 @@
-"""The one error type of the workloads package: a bad model or plan input."""
+"""The error type of the workloads package: a bad model or plan input."""
+from inputs import InputError
 
 
-class WorkloadError(ValueError):
+class WorkloadError(InputError):
     """A model or plan input is invalid; names the field, the value and what is allowed.
 
-    The CLI turns it into one line on stderr and exit status 2.
+    A subclass of inputs.InputError (which the CLIs turn into one line and exit 2), kept so
+    that callers can tell a plan's error from a topology's.
     """
-
-    def __init__(self, field: str, value: object, allowed: str):
-        self.field, self.value, self.allowed = field, value, allowed
-        super().__init__(f"{field}: got {value!r}; allowed: {allowed}")

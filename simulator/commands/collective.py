@@ -7,7 +7,7 @@ import topologies
 
 from ..network import OPS, CommOptions
 from ..network.report import collective_table, group_ranks, parse_sizes
-from ..cli import UsageError
+from ..errors import UsageError
 from ..network import ALGORITHMS, PROTOCOLS
 from .common import print_json
 

@@ -2,17 +2,15 @@
 from __future__ import annotations
 
 import argparse
-import json
-import sys
-from typing import Any
 
 import topologies
 from topologies import Topology
 from workloads import Plan, load_plan
 
-from ..cli import UsageError
 from ..engine import SimOptions
+from ..errors import UsageError
 from ..network import ALGORITHMS, PROTOCOLS, CommOptions
+from ..output import print_json  # noqa: F401 - re-exported for the commands
 
 
 def add_common(parser: argparse.ArgumentParser) -> None:
@@ -42,13 +40,6 @@ def plan_and_topology(plan_ref: str, topo_ref: str | None) -> tuple[Plan, Topolo
     if not ref:
         raise UsageError("--topo", None, "a topology name or file (the plan names none)")
     return plan, topologies.build(ref)
-
-
-def print_json(obj: Any) -> None:
-    """Stable JSON on stdout."""
-    # allow_nan=False: a non-finite number is an error, never invalid JSON on stdout.
-    json.dump(obj, sys.stdout, indent=2, sort_keys=True, default=float, allow_nan=False)
-    sys.stdout.write("\n")
 
 
 def fmt_time(seconds: float) -> str:

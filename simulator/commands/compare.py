@@ -8,7 +8,7 @@ from pathlib import Path
 from workloads import WorkloadError, resolve
 
 from ..api import simulate
-from ..cli import UsageError
+from ..errors import UsageError
 from ..search.report import deltas, render_table
 from ..trace import write_parquet
 from .common import add_common, plan_and_topology, print_json, sim_options

@@ -15,7 +15,7 @@ import topologies
 from workloads import MODEL_PRESETS, load_model
 from workloads.plan import DTYPES, RECOMPUTE, STRATEGIES
 
-from ..cli import UsageError
+from ..errors import UsageError
 from ..search import Search, SearchSpace
 from ..search.report import describe_candidate, render_table
 from ..search.space import GRANULARITIES

@@ -17,7 +17,7 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from ..cli import UsageError
+from ..errors import UsageError
 from ..summary import rank_breakdowns
 from ..trace import COLUMNS
 from .common import fmt_time, print_json

@@ -12,7 +12,8 @@ from __future__ import annotations
 import argparse
 import sys
 
-from ..cli import EXIT_INTERNAL, UsageError
+from ..cli import EXIT_INTERNAL
+from ..errors import UsageError
 from ..whatif import (ENGINES, PARAMS, plot, render, run_points, to_table, write_table)
 from ..whatif.engines import drop_checkpoint
 from ..whatif.points import plan_source, study_points, topology_source

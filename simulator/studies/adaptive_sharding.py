@@ -69,7 +69,7 @@ def _plan(model: str, topo: str, dp: int, strategies: dict[str, str]) -> dict[st
 
 def study_model(model_name: str, topo_ref: str, strategies: tuple[str, ...]) -> dict[str, Any]:
     """Search the per-projection strategies of one model; simulate the seed's choice too."""
-    from ..cli import UsageError
+    from ..errors import UsageError
     topology = topologies.build(topo_ref)
     if topology.world_size % 8:
         raise UsageError("--topo", topo_ref, "a topology of 8-GPU nodes (TP = 8)")
@@ -158,7 +158,7 @@ def plot(out: dict[str, Any], path: str) -> None:
 
 def run(args: argparse.Namespace) -> int:
     """Run the study for each model; print the table or JSON; write the plot."""
-    from ..cli import UsageError
+    from ..errors import UsageError
     from workloads.plan import STRATEGIES
     strategies = tuple(s.strip() for s in args.strategies.split(","))
     if not strategies or any(s not in STRATEGIES for s in strategies):

@@ -93,7 +93,7 @@ def plot(rows, k: int, n: int, t: int, path: str) -> None:
 
 def run(args: argparse.Namespace) -> int:
     """Print the sweep (or JSON), write the plot."""
-    from ..cli import UsageError
+    from ..errors import UsageError
     for flag, value in (("--k", args.k), ("--n", args.n), ("--tp", args.tp)):
         if value < 1:
             raise UsageError(flag, value, "a positive integer")

@@ -14,7 +14,7 @@ import argparse
 
 from workloads import MODEL_PRESETS
 
-from ..cli import UsageError
+from ..errors import UsageError
 from ..whatif.engines import run_points
 from ..whatif.points import study_points, topology_source
 from ..whatif.variations import Variation
@@ -106,7 +106,7 @@ def plot(table: list[dict], path: str) -> None:
 
 def run(args: argparse.Namespace) -> int:
     """Print the assumptions and the table (or JSON), write the plot."""
-    from ..commands.common import print_json
+    from ..output import print_json
     table = rows(args)
     keep = ("model", "topo", "tp", "status", "error", "step_time_s", "compute_s",
             "exposed_comm_s", "bubble_s", "peak_memory_bytes", "memory_capacity_bytes",

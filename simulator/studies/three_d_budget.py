@@ -133,7 +133,7 @@ def plot(rows: list[dict], path: str, title: str) -> None:
 
 def run(args: argparse.Namespace) -> int:
     """Print the four choices and the pick under the budget (or JSON); write the plot."""
-    from ..cli import UsageError
+    from ..errors import UsageError
     topology = topologies.build(args.topo)
     n = topology.world_size
     if round(n ** (1 / 3)) ** 3 != n:

@@ -31,7 +31,7 @@ from workloads.memory import peak_memory
 from workloads.plan import Mesh, Plan, Training, resolve
 
 from ..api import simulate
-from ..cli import UsageError
+from ..errors import UsageError
 
 NAME = "tp-scaling"
 HELP = "seed 002: one Llama 3 layer's compute vs its TP all-reduces, NVLink vs network"
@@ -195,7 +195,7 @@ def plot(table: list[dict], model: ModelSpec, path: str) -> None:
 
 def run(args: argparse.Namespace) -> int:
     """Print the table (or JSON) and write the plot."""
-    from ..commands.common import print_json
+    from ..output import print_json
     if args.tokens < 1:
         raise UsageError("--tokens", args.tokens, "an integer >= 1")
     ts = _parse_ts(args.tp)

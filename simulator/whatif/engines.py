@@ -15,7 +15,7 @@ from concurrent.futures import ProcessPoolExecutor, as_completed
 from pathlib import Path
 from typing import Any, Callable
 
-from ..cli import UsageError
+from ..errors import UsageError
 from .points import PointSpec, evaluate, evaluate_many, fingerprint
 
 ENGINES = ("local", "ray")

@@ -24,7 +24,7 @@ from workloads import Plan, WorkloadError, find_plan, plan_from_dict
 from workloads.models import PRESETS as MODEL_PRESETS
 
 from ..api import simulate
-from ..cli import UsageError
+from ..errors import UsageError
 from ..engine import SimOptions
 from ..network import CommOptions
 from .variations import Variation, apply_cluster, apply_plan

@@ -21,7 +21,7 @@ from topologies import ClusterSpec, device
 from workloads import Plan
 from workloads.plan import ATTENTION_IMPLS, DTYPES, RECOMPUTE, SCHEDULES
 
-from ..cli import UsageError
+from ..errors import UsageError
 
 CLUSTER_PARAMS = ("gpu", "ib_bandwidth", "nvlink_bandwidth", "nodes")
 MESH_PARAMS = ("tp", "pp", "dp", "cp")

@@ -1,0 +1,27 @@
+"""InputError: a bad input, named by its field, the value given and what is allowed.
+
+Every package that reads input (a plan, a model, a topology, a flag, an output path)
+raises a subclass of it: WorkloadError (workloads), TopologyError (topologies),
+ValidationError (validation), UsageError and OutputError (simulator). The subclasses add
+no behaviour; they exist so that a traceback, a test or an `except` still says which
+package rejected the input (the search, for one, drops a candidate on a WorkloadError
+but lets a TopologyError through). The CLIs catch InputError alone and turn it into one
+line on stderr and exit status 2.
+"""
+from __future__ import annotations
+
+
+class InputError(ValueError):
+    """An input is invalid; names the field, the value and what is allowed.
+
+    str(error) is the one line the CLIs print: "FIELD: got VALUE; allowed: ALLOWED".
+    """
+
+    def __init__(self, field: str, value: object, allowed: str):
+        self.field, self.value, self.allowed = field, value, allowed
+        super().__init__(f"{field}: got {value!r}; allowed: {allowed}")
+
+    def __reduce__(self):
+        # Pickle by the three parts (the what-if workers send errors between processes;
+        # ValueError's default would call __init__ with the message alone).
+        return (type(self), (self.field, self.value, self.allowed))

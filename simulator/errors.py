@@ -1,0 +1,23 @@
+"""The simulator's input errors: a bad flag value (UsageError), an unwritable output path
+(OutputError). Library modules (whatif, search, studies) raise them; only the CLI
+(simulator/cli.py) turns them, like every inputs.InputError, into exit status 2."""
+from __future__ import annotations
+
+from pathlib import Path
+
+from inputs import InputError
+
+
+class UsageError(InputError):
+    """A bad flag or argument value; names the flag, the value and what is allowed."""
+
+
+class OutputError(InputError):
+    """An output path that cannot be written (exit status 2, like any bad input)."""
+
+    def __init__(self, path: Path | str, reason: str):
+        self.path, self.reason = str(path), reason
+        super().__init__("output", str(path), f"a writable file path ({reason})")
+
+    def __reduce__(self):
+        return (OutputError, (self.path, self.reason))
