@@ -13,7 +13,7 @@ from simulator.whatif.points import plan_source, study_points, topology_source
 from simulator.whatif.variations import apply_cluster, apply_plan, parse_all
 
 import topologies
-from workloads import load_plan
+from workloads import WorkloadError, load_plan
 
 # One tiny layer: a point simulates in tens of milliseconds.
 TINY = {"name": "tiny",
@@ -37,14 +37,18 @@ def test_parse_vary_values_and_errors():
     assert parse_vary("ib_bandwidth=x0.5,100").values == ("x0.5", "100")
     assert parse_vary("fsdp=true,off").values == (True, False)
     assert parse_vary("dp=auto,2").values == ("auto", 2)
-    for bad in ("foo=1", "tp=", "tp=0", "tp=two", "ib_bandwidth=fast", "recompute=some",
-                "fsdp=maybe"):
+    for bad in ("foo=1", "tp=", "tp=0", "tp=two", "ib_bandwidth=fast", "ib_bandwidth=xinf",
+                "fsdp=maybe", "async_tp=false"):
         with pytest.raises(UsageError):
             parse_vary(bad)
     with pytest.raises(topologies.TopologyError):
         parse_vary("gpu=h900")
     with pytest.raises(UsageError):
         parse_all(["tp=1", "tp=2"])
+    # a choice's meaning is the plan's to check (with a plan file's message), not the parser's
+    assert parse_vary("recompute=some").values == ("some",)
+    with pytest.raises(WorkloadError, match="^recompute: got 'some'"):
+        _points(["recompute=none,some"])
 
 
 def test_apply_cluster_and_plan():

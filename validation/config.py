@@ -157,9 +157,6 @@ def check_expressible(plan: Plan, dtype: str) -> None:
         raise ValidationError("training.dtype", "fp8", "bf16 (fp8 training needs torchao float8)")
     if dtype not in RUN_DTYPES:
         raise ValidationError("--dtype", dtype, ", ".join(RUN_DTYPES))
-    if plan.async_tp:
-        raise ValidationError("overlap.async_tp", True,
-                              "false (async TP needs torch.compile and symmetric memory)")
     if plan.recompute == "selective_op":
         raise ValidationError("recompute", plan.recompute,
                               "none, selective or full (op-level checkpointing is not built "

@@ -1,5 +1,10 @@
 """The plan file (docs/design.md, "Plan file"): parsed into frozen dataclasses, validated.
 
+A plan is valid by construction: Training, Pipeline and Plan check their own fields in
+__post_init__, which also runs under `dataclasses.replace`, so a plan built by the parser,
+by `whatif --vary`, by the search or by a study passes the same checks with the same
+messages. The parser checks only the JSON's shape (objects, known keys, required keys,
+lists). Checks that relate a plan to a world size and a model run in `resolve`.
 Every error names the field, the value and what is allowed (WorkloadError).
 """
 from __future__ import annotations
@@ -12,12 +17,15 @@ from types import MappingProxyType
 from typing import Any, Mapping
 
 from .errors import WorkloadError
+from .fields import (check_bool, check_choice, check_int, check_number, check_optional_name,
+                     is_int)
 from .kernels import KERNEL_MODES, OPTIMIZERS
 from .models import ModelSpec, load_model
 
 PROJECTIONS = ("wq", "wk", "wv", "wo", "w1", "w3", "w2")
-# 1D Megatron-style strategies, then the 2D/2.5D/3D tensor-parallel layouts of seed 004
-# (workloads/tp_grid.py): a plan uses one grid strategy for every projection or none.
+# 1D Megatron-style strategies, then the 2D/2.5D/3D tensor-parallel layouts (Xu et al.
+# 2021 arXiv:2104.05343, Wang et al. 2021 arXiv:2105.14500, Bian et al. 2021
+# arXiv:2105.14450; workloads/tp_grid.py): a plan uses one grid strategy for every projection or none.
 # STRATEGIES: the per-projection (1D) ones, which may be mixed freely (search enumerates
 # them); ALL_STRATEGIES: everything a plan file accepts.
 STRATEGIES = ("col", "row", "seq", "replicate")
@@ -31,6 +39,7 @@ DTYPES = ("bf16", "fp8", "fp32")
 # op-level selective checkpointing (every other matmul and attention kept); full: the layer.
 RECOMPUTE = ("none", "selective", "selective_op", "full")
 MAX_LOAD_IMBALANCE = 64.0
+ZERO_STAGES = (0, 1, 2, 3)   # ZeRO (Rajbhandari et al. 2020): none, optimizer, +grads, +params
 # flash: FlashAttention (scores never stored, recomputed inside the backward);
 # eager: the s x s scores are materialised and kept for the backward.
 ATTENTION_IMPLS = ("flash", "eager")
@@ -58,6 +67,11 @@ class Training:
     micro_batch: int        # sequences per micro-batch per DP rank
     seq_len: int
     dtype: str = "bf16"
+
+    def __post_init__(self) -> None:
+        for name in ("global_batch", "micro_batch", "seq_len"):
+            check_int(getattr(self, name), f"training.{name}")
+        check_choice(self.dtype, "training.dtype", DTYPES)
 
     @property
     def tokens(self) -> int:
@@ -93,6 +107,16 @@ class Pipeline:
     virtual_stages: int = 1
     layer_split: tuple[int, ...] | None = None
 
+    def __post_init__(self) -> None:
+        check_choice(self.schedule, "pipeline.schedule", SCHEDULES)
+        check_int(self.virtual_stages, "pipeline.virtual_stages")
+        split = self.layer_split
+        if split is not None and (not isinstance(split, tuple) or not all(
+                isinstance(n, int) and not isinstance(n, bool) and n >= 0 for n in split)):
+            raise WorkloadError("pipeline.layer_split",
+                                list(split) if isinstance(split, tuple) else split,
+                                "a list of non-negative integers")
+
 
 @dataclass(frozen=True)
 class Plan:
@@ -114,7 +138,8 @@ class Plan:
     optimizer: str = "fused"        # Adam step: fused | foreach | for_loop (workloads/kernels.py)
     pipeline: Pipeline = field(default_factory=Pipeline)
     fsdp_prefetch: bool = True
-    async_tp: bool = False
+    # No async_tp field: asynchronous TP is not modelled, so a plan may not ask for it
+    # (the parser accepts "overlap": {"async_tp": false}, the default, and rejects true).
     collective_algorithm: str | None = None   # "collectives": {"algorithm": ..., "protocol": ...}
     collective_protocol: str | None = None
     topology: str | None = None
@@ -122,6 +147,44 @@ class Plan:
     load_imbalance: float = 1.0     # moe.load_imbalance: hottest EP rank's tokens / mean
     tp_depth: int = 1               # tensor_parallel.depth: the d of 2.5D (Tesseract)
     source: Mapping[str, Any] = field(default_factory=dict, compare=False, repr=False)
+
+    def __post_init__(self) -> None:
+        """Every single-field check (combinations of fields are checked by `resolve`)."""
+        for name, where in (("fsdp", "fsdp.enabled"),
+                            ("reshard_after_forward", "fsdp.reshard_after_forward"),
+                            ("sequence_parallel", "sharding.sequence_parallel"),
+                            ("fsdp_prefetch", "overlap.fsdp_prefetch")):
+            check_bool(getattr(self, name), where)
+        if not is_int(self.zero_stage) or self.zero_stage not in ZERO_STAGES:
+            raise WorkloadError("zero_stage", self.zero_stage, "0, 1, 2 or 3")
+        for name, allowed in (("recompute", RECOMPUTE), ("attention", ATTENTION_IMPLS),
+                              ("kernels", KERNEL_MODES), ("optimizer", OPTIMIZERS)):
+            check_choice(getattr(self, name), name, allowed)
+        check_choice(self.cp_mode, "context_parallel.mode", CP_MODES)
+        # Bounded: far beyond this the hottest rank would hold more tokens than the batch has.
+        check_number(self.load_imbalance, "moe.load_imbalance", 1.0, MAX_LOAD_IMBALANCE,
+                     f"a number in [1, {MAX_LOAD_IMBALANCE:g}] (1: balanced)")
+        check_int(self.tp_depth, "tensor_parallel.depth")
+        for name, key in (("collective_algorithm", "algorithm"),
+                          ("collective_protocol", "protocol")):
+            # the names themselves are checked by the simulator, which owns them
+            check_optional_name(getattr(self, name), f"collectives.{key}",
+                                "a name (see --algorithm)")
+        check_optional_name(self.topology, "topology", "a topology name or path")
+        self._check_sharding()
+
+    def _check_sharding(self) -> None:
+        """Strategies are known; layer overrides name layers the model has."""
+        for p, strategy in self.sharding.items():
+            check_choice(p, "sharding", PROJECTIONS)
+            check_choice(strategy, f"sharding.{p}", ALL_STRATEGIES)
+        for first, last, override in self.layer_overrides:
+            key = f"{first}" if first == last else f"{first}-{last}"
+            if not 0 <= first <= last < self.model.num_layers:
+                raise WorkloadError(f"layers.{key}", key,
+                                    f"first <= last < num_layers ({self.model.num_layers})")
+            for p, strategy in override.items():
+                check_choice(strategy, f"layers.{key}.{p}", ALL_STRATEGIES)
 
     def strategies(self, layer: int) -> Mapping[str, str]:
         """Per-projection strategy of one layer, overrides applied."""
@@ -188,25 +251,19 @@ def _obj(raw: Any, where: str) -> dict:
     return raw
 
 
+def _required(raw: dict, key: str, where: str) -> Any:
+    """A key the plan must have (its value is checked by the type it goes into)."""
+    if raw.get(key) is None:
+        raise WorkloadError(f"{where}.{key}", None, "an integer >= 1 (required)")
+    return raw[key]
+
+
 def _int(raw: dict, key: str, where: str, default: int | None = None, minimum: int = 1) -> int:
     value = raw.get(key, default)
     if value is None:
         raise WorkloadError(f"{where}.{key}", None, f"an integer >= {minimum} (required)")
     if not isinstance(value, int) or isinstance(value, bool) or value < minimum:
         raise WorkloadError(f"{where}.{key}", value, f"an integer >= {minimum}")
-    return value
-
-
-def _bool(raw: dict, key: str, where: str, default: bool) -> bool:
-    value = raw.get(key, default)
-    if not isinstance(value, bool):
-        raise WorkloadError(f"{where}.{key}", value, "true or false")
-    return value
-
-
-def _choice(value: Any, where: str, allowed: tuple[str, ...]) -> str:
-    if value not in allowed:
-        raise WorkloadError(where, value, ", ".join(allowed))
     return value
 
 
@@ -217,12 +274,11 @@ def _known_keys(raw: dict, where: str, allowed: tuple[str, ...]) -> None:
                                 "keys " + ", ".join(allowed))
 
 
-def _strategies(raw: dict, where: str, allow_sp: bool) -> tuple[dict[str, str], bool | None]:
+def _strategies(raw: dict, where: str, allow_sp: bool) -> dict[str, str]:
+    """The projections' strategies (checked by Plan)."""
     keys = PROJECTIONS + (("sequence_parallel",) if allow_sp else ())
     _known_keys(raw, where, keys)
-    out = {p: _choice(raw[p], f"{where}.{p}", ALL_STRATEGIES) for p in PROJECTIONS if p in raw}
-    sp = _bool(raw, "sequence_parallel", where, False) if "sequence_parallel" in raw else None
-    return out, sp
+    return {p: raw[p] for p in PROJECTIONS if p in raw}
 
 
 _RANGE = re.compile(r"^(\d+)(?:-(\d+))?$")
@@ -235,10 +291,10 @@ def _layer_overrides(raw: dict, num_layers: int) -> tuple:
         if not match:
             raise WorkloadError(f"layers.{key}", key, "a layer range like \"0-15\" or \"7\"")
         first, last = int(match[1]), int(match[2] or match[1])
-        if first > last or last >= num_layers:
+        if first > last or last >= num_layers:   # checked here to name the key as written
             raise WorkloadError(f"layers.{key}", key,
                                 f"first <= last < num_layers ({num_layers})")
-        strategies, _ = _strategies(_obj(value, f"layers.{key}"), f"layers.{key}", False)
+        strategies = _strategies(_obj(value, f"layers.{key}"), f"layers.{key}", False)
         out.append((first, last, MappingProxyType(strategies)))
     return tuple(sorted(out, key=lambda t: t[0]))
 
@@ -256,13 +312,11 @@ def _mesh(raw: dict) -> Mesh:
 def _pipeline(raw: dict) -> Pipeline:
     _known_keys(raw, "pipeline", ("schedule", "virtual_stages", "layer_split"))
     split = raw.get("layer_split")
-    if split is not None:
-        if not isinstance(split, list) or not all(isinstance(n, int) and not isinstance(n, bool)
-                                                  and n >= 0 for n in split):
-            raise WorkloadError("pipeline.layer_split", split, "a list of non-negative integers")
+    if isinstance(split, list):
         split = tuple(split)
-    return Pipeline(_choice(raw.get("schedule", "1f1b"), "pipeline.schedule", SCHEDULES),
-                    _int(raw, "virtual_stages", "pipeline", 1), split)
+    elif split is not None:
+        raise WorkloadError("pipeline.layer_split", split, "a list of non-negative integers")
+    return Pipeline(raw.get("schedule", "1f1b"), raw.get("virtual_stages", 1), split)
 
 
 TOP_KEYS = ("name", "model", "training", "mesh", "fsdp", "zero_stage", "sharding", "layers",
@@ -272,28 +326,21 @@ TOP_KEYS = ("name", "model", "training", "mesh", "fsdp", "zero_stage", "sharding
 
 
 def _extensions(raw: dict) -> dict:
-    """context_parallel.mode, moe.load_imbalance and tensor_parallel.depth."""
+    """context_parallel.mode, moe.load_imbalance, tensor_parallel.depth and collectives
+    (the values are checked by Plan)."""
     cp = _obj(raw.get("context_parallel"), "context_parallel")
     _known_keys(cp, "context_parallel", ("mode",))
     moe = _obj(raw.get("moe"), "moe")
     _known_keys(moe, "moe", ("load_imbalance",))
     imbalance = moe.get("load_imbalance", 1.0)
-    # Bounded: far beyond this the hottest rank would hold more tokens than the batch has.
-    if (isinstance(imbalance, bool) or not isinstance(imbalance, (int, float))
-            or not 1 <= imbalance <= MAX_LOAD_IMBALANCE):
-        raise WorkloadError("moe.load_imbalance", imbalance,
-                            f"a number in [1, {MAX_LOAD_IMBALANCE:g}] (1: balanced)")
+    if isinstance(imbalance, int) and not isinstance(imbalance, bool):
+        imbalance = float(imbalance)
     tp = _obj(raw.get("tensor_parallel"), "tensor_parallel")
     _known_keys(tp, "tensor_parallel", ("depth",))
-    # Forced NCCL algorithm/protocol: names are checked by the simulator, which owns them.
     coll = _obj(raw.get("collectives"), "collectives")
     _known_keys(coll, "collectives", ("algorithm", "protocol"))
-    for key in ("algorithm", "protocol"):
-        if key in coll and not isinstance(coll[key], str):
-            raise WorkloadError(f"collectives.{key}", coll[key], "a name (see --algorithm)")
-    return {"cp_mode": _choice(cp.get("mode", "ring"), "context_parallel.mode", CP_MODES),
-            "load_imbalance": float(imbalance),
-            "tp_depth": _int(tp, "depth", "tensor_parallel", 1),
+    return {"cp_mode": cp.get("mode", "ring"), "load_imbalance": imbalance,
+            "tp_depth": tp.get("depth", 1),
             "collective_algorithm": coll.get("algorithm"),
             "collective_protocol": coll.get("protocol")}
 
@@ -307,37 +354,43 @@ def plan_from_dict(raw: Any, base_dir: Path | None = None, default_name: str = "
     model = load_model(raw["model"], base_dir)
     tr = _obj(raw.get("training"), "training")
     _known_keys(tr, "training", ("global_batch", "micro_batch", "seq_len", "dtype"))
-    training = Training(_int(tr, "global_batch", "training"), _int(tr, "micro_batch", "training", 1),
-                        _int(tr, "seq_len", "training"),
-                        _choice(tr.get("dtype", "bf16"), "training.dtype", DTYPES))
+    training = Training(_required(tr, "global_batch", "training"), tr.get("micro_batch", 1),
+                        _required(tr, "seq_len", "training"), tr.get("dtype", "bf16"))
     fsdp = _obj(raw.get("fsdp"), "fsdp")
     _known_keys(fsdp, "fsdp", ("enabled", "reshard_after_forward"))
     sharding_raw = _obj(raw.get("sharding"), "sharding")
-    strategies, sp = _strategies(sharding_raw, "sharding", True)
+    strategies = _strategies(sharding_raw, "sharding", True)
     overlap = _obj(raw.get("overlap"), "overlap")
     _known_keys(overlap, "overlap", ("fsdp_prefetch", "async_tp"))
-    zero = _int(raw, "zero_stage", "", 0, minimum=0) if "zero_stage" in raw else 0
-    if zero > 3:
-        raise WorkloadError("zero_stage", zero, "0, 1, 2 or 3")
-    topo = raw.get("topology")
-    if topo is not None and not isinstance(topo, str):
-        raise WorkloadError("topology", topo, "a topology name or path")
+    _reject_async_tp(overlap)
     return Plan(
         name=str(raw.get("name", default_name)), model=model, training=training,
         mesh=_mesh(_obj(raw.get("mesh"), "mesh")),
-        fsdp=_bool(fsdp, "enabled", "fsdp", False),
-        reshard_after_forward=_bool(fsdp, "reshard_after_forward", "fsdp", True),
-        zero_stage=zero, sharding=MappingProxyType({**MEGATRON, **strategies}),
-        sequence_parallel=bool(sp), layer_overrides=_layer_overrides(
-            _obj(raw.get("layers"), "layers"), model.num_layers),
-        recompute=_choice(raw.get("recompute", "none"), "recompute", RECOMPUTE),
-        attention=_choice(raw.get("attention", "flash"), "attention", ATTENTION_IMPLS),
-        kernels=_choice(raw.get("kernels", "fused"), "kernels", KERNEL_MODES),
-        optimizer=_choice(raw.get("optimizer", "fused"), "optimizer", OPTIMIZERS),
+        fsdp=fsdp.get("enabled", False),
+        reshard_after_forward=fsdp.get("reshard_after_forward", True),
+        zero_stage=raw.get("zero_stage", 0), sharding=MappingProxyType({**MEGATRON, **strategies}),
+        sequence_parallel=sharding_raw.get("sequence_parallel", False),
+        layer_overrides=_layer_overrides(_obj(raw.get("layers"), "layers"), model.num_layers),
+        recompute=raw.get("recompute", "none"), attention=raw.get("attention", "flash"),
+        kernels=raw.get("kernels", "fused"), optimizer=raw.get("optimizer", "fused"),
         pipeline=_pipeline(_obj(raw.get("pipeline"), "pipeline")),
-        fsdp_prefetch=_bool(overlap, "fsdp_prefetch", "overlap", True),
-        async_tp=_bool(overlap, "async_tp", "overlap", False), topology=topo,
+        fsdp_prefetch=overlap.get("fsdp_prefetch", True), topology=raw.get("topology"),
         source=MappingProxyType(dict(raw)), **_extensions(raw))
+
+
+def _reject_async_tp(overlap: dict) -> None:
+    """`overlap.async_tp`: false (the default, what is simulated) or absent.
+
+    Asynchronous TP (the TP all-gather and reduce-scatter decomposed and overlapped with
+    the matmuls, as torchtitan's `enable_async_tensor_parallel`) is not modelled: every
+    TP collective is simulated as a separate, blocking operation. A plan asking for it
+    would silently get the synchronous step time, so it is refused.
+    """
+    value = overlap.get("async_tp", False)
+    if value is not False:
+        raise WorkloadError("overlap.async_tp", value, "false (asynchronous tensor "
+                            "parallelism is not modelled yet: TP collectives are simulated "
+                            "as blocking)")
 
 
 def reject_json_constant(name: str):

@@ -14,11 +14,11 @@ import sys
 
 from ..cli import EXIT_INTERNAL
 from ..errors import UsageError
-from ..whatif import (ENGINES, PARAMS, plot, render, run_points, to_table, write_table)
-from ..whatif.engines import drop_checkpoint
-from ..whatif.points import plan_source, study_points, topology_source
+from ..output import print_json
+from ..whatif import ENGINES, PARAMS, plot, render, whatif
+from ..whatif.points import plan_source
 from ..whatif.variations import parse_all
-from .common import add_common, print_json
+from .common import add_common
 
 
 def register(sub) -> None:
@@ -51,30 +51,21 @@ def register(sub) -> None:
 
 
 def handle(args: argparse.Namespace) -> int:
-    """Build the points, run them, write and print the table."""
+    """Check the flags, run the study through the library (simulator.whatif.whatif),
+    plot and print the table."""
     if args.workers is not None and args.workers < 1:
         raise UsageError("--workers", args.workers, "an integer >= 1")
     if args.address and args.engine != "ray":
         raise UsageError("--address", args.address, "only with --engine ray")
     if args.output and not args.output.endswith(".parquet"):
         raise UsageError("--output", args.output, "a path ending in .parquet")
-    variations = parse_all(args.vary)
+    varied = [v.name for v in parse_all(args.vary)]
     raw = plan_source(args.plan)
-    topos = args.topo or ([raw["topology"]] if raw.get("topology") else [])
-    if not topos:
-        raise UsageError("--topo", None, "a topology name or file (the plan names none)")
     options = {"full": args.full, "algorithm": args.algorithm, "protocol": args.protocol,
                "flow_sharing": not args.no_flow_sharing}
-    points = study_points(raw, [topology_source(t) for t in topos], variations,
-                          args.fault, options)
-    rows = run_points(points, args.engine, args.workers, args.address, args.output,
-                      args.resume, progress=not args.no_progress)
-    varied = [v.name for v in variations]
-    if args.output:
-        write_table(to_table(rows, varied), args.output,
-                    {"whatif": {"plan": raw.get("name"), "topos": topos, "vary": args.vary,
-                                "faults": args.fault, "options": options}})
-        drop_checkpoint(args.output)
+    rows = whatif(raw, args.topo, args.vary, args.fault, options, engine=args.engine,
+                  workers=args.workers, address=args.address, output=args.output,
+                  resume=args.resume, progress=not args.no_progress)
     if args.plot:
         title = f"{raw.get('name', 'plan')}: step time per point"
         if args.fault:

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from ..errors import UsageError
 from .engines import ENGINES, checkpoint_path, drop_checkpoint, run_points
 from .points import evaluate, plan_source, study_points, topology_source
 from .table import plot, render, to_table, write_table
@@ -24,17 +25,26 @@ def whatif(plan: str | dict, topos: list[str], vary: list[str] | None = None,
            progress: bool = False) -> list[dict[str, Any]]:
     """Run a study and return its rows (point order); with `output`, also the Parquet.
 
-    plan: a plan path, bundled name or raw plan object; topos: preset names or files;
-    vary: `NAME=V1,V2` strings; faults: `--fault` strings (every rank is then simulated).
+    plan: a plan path, bundled name or raw plan object; topos: preset names or files
+    (empty: the plan's own topology); vary: `NAME=V1,V2` strings; faults: `--fault`
+    strings (every rank is then simulated); options: full, algorithm, protocol,
+    flow_sharing. Bad input of any kind raises an InputError before any point runs.
+    `python -m simulator whatif` is this function plus the plot and the printed table.
     """
     variations = parse_all(vary)
-    points = study_points(plan_source(plan), [topology_source(t) for t in topos],
-                          variations, list(faults or []), dict(options or {}))
+    raw = plan_source(plan)
+    topos = list(topos) or ([raw["topology"]] if raw.get("topology") else [])
+    if not topos:
+        raise UsageError("--topo", None, "a topology name or file (the plan names none)")
+    options = dict(options or {})
+    points = study_points(raw, [topology_source(t) for t in topos], variations,
+                          list(faults or []), options)
     rows = run_points(points, engine, workers, address, output, resume, progress)
     if output:
         write_table(to_table(rows, [v.name for v in variations]), output,
-                    {"whatif": {"topos": topos, "vary": list(vary or []),
-                                "faults": list(faults or [])}})
+                    {"whatif": {"plan": raw.get("name"), "topos": topos,
+                                "vary": list(vary or []), "faults": list(faults or []),
+                                "options": options}})
         drop_checkpoint(output)
     return rows
 

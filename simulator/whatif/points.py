@@ -18,16 +18,16 @@ from pathlib import Path
 from typing import Any
 
 import topologies
-from topologies import TopologyError
+from inputs import InputError
 from topologies.faults import apply_faults, parse_fault
 from workloads import Plan, WorkloadError, find_plan, plan_from_dict
+from workloads.plan import reject_json_constant
 from workloads.models import PRESETS as MODEL_PRESETS
 
 from ..api import simulate
-from ..errors import UsageError
 from ..engine import SimOptions
 from ..network import CommOptions
-from .variations import Variation, apply_cluster, apply_plan
+from .variations import CLUSTER_PARAMS, Variation, apply_cluster, apply_plan
 
 PointSpec = dict[str, Any]
 LEAD_COLUMNS = ("point", "topo", "fault", "status", "error")
@@ -40,7 +40,7 @@ def plan_source(ref: str | dict) -> dict:
     else:
         path = find_plan(ref)
         try:
-            raw = json.loads(path.read_text())
+            raw = json.loads(path.read_text(), parse_constant=reject_json_constant)
         except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
             raise WorkloadError("plan", str(path), f"a readable JSON file ({exc})") from None
         base = path.parent
@@ -66,11 +66,34 @@ def topology_source(ref: str) -> dict:
     return {"ref": ref, "text": None}
 
 
+def check_values(plan_raw: dict, topos: list[dict], variations: list[Variation]) -> None:
+    """Apply each varied value alone to the base plan, or to every topology's cluster.
+
+    A value that no plan or cluster can take (zero_stage=5, recompute=bogus, an absurd
+    bandwidth) raises here, before anything runs, with the message a bad plan file or
+    topology gets; values that are bad only in combination (tp=16 on an 8-GPU node) pass
+    and become invalid rows of the points where they are.
+    """
+    plan = _plan(plan_raw)
+    for variation in variations:
+        for value in variation.values:
+            params = {variation.name: value}
+            if variation.name in CLUSTER_PARAMS:
+                for topo in topos:
+                    apply_cluster(_cluster(topo), params)
+            else:
+                apply_plan(plan, params)
+
+
 def study_points(plan_raw: dict, topos: list[dict], variations: list[Variation],
                  faults: list[str], options: dict[str, Any]) -> list[PointSpec]:
-    """The cross product topologies x variations, in a fixed order (point = index)."""
+    """The cross product topologies x variations, in a fixed order (point = index).
+
+    Bad fault syntax and varied values no plan can take raise an InputError first.
+    """
     for fault in faults:
         parse_fault(fault)   # syntax errors exit 2 before anything runs
+    check_values(plan_raw, topos, variations)
     names = [v.name for v in variations]
     points = []
     for topo in topos:
@@ -125,7 +148,8 @@ def flatten(summary: dict[str, Any]) -> dict[str, Any]:
 
 
 def evaluate(spec: PointSpec) -> dict[str, Any]:
-    """Simulate one point; a WorkloadError/TopologyError becomes an `invalid` row."""
+    """Simulate one point; an InputError (the plan's, topology's or a fault's) becomes an
+    `invalid` row carrying its one-line message."""
     params = spec["params"]
     row: dict[str, Any] = {"point": spec["point"], "topo": spec["topo"]["ref"],
                            "fault": ";".join(spec["faults"]) or None, **params}
@@ -139,7 +163,7 @@ def evaluate(spec: PointSpec) -> dict[str, Any]:
                                               protocol=opts.get("protocol"),
                                               flow_sharing=opts.get("flow_sharing", True)))
         summary = simulate(plan, topo, options).summary
-    except (WorkloadError, TopologyError, UsageError) as exc:
+    except InputError as exc:
         row.update(status="invalid", error=str(exc))
         return row
     except Exception as exc:   # keep the study going; the row says what broke

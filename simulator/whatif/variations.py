@@ -5,12 +5,19 @@ Cluster parameters change the ClusterSpec before it is built (topologies.presets
   ib_bandwidth      per-NIC network bandwidth: xF (a factor) or GB/s per direction
   nvlink_bandwidth  per-GPU NVLink bandwidth: xF or GB/s per direction
   nodes             number of NVLink domains (DGX nodes, NVL72 racks)
-Plan parameters change the Plan with dataclasses.replace (validated by workloads.resolve
-when the point is simulated, so a bad combination becomes an invalid row):
+Plan parameters change the Plan with dataclasses.replace:
   tp, pp, dp (or auto), cp, micro_batch, global_batch, seq_len, zero_stage   integers
   recompute, attention, dtype, schedule                                      choices
-  fsdp, sequence_parallel, async_tp, fsdp_prefetch                           true/false
-Values are checked when parsed; a bad one is a UsageError (exit 2).
+  fsdp, sequence_parallel, fsdp_prefetch                                     true/false
+Three layers of checks, all exit 2 with one line:
+  * parsing (here): the syntax of a value (an integer, true/false, xF), a UsageError;
+  * each value applied alone to the base plan and every topology before the sweep
+    (whatif.points.check_values): the plan types check their fields in __post_init__, so
+    a value no plan can take (zero_stage=5, recompute=bogus) gets the very message a bad
+    plan file gets (a WorkloadError);
+  * at each point, `workloads.resolve` checks the combination against the world size; a
+    combination invalid only there (tp=16 on one 8-GPU node) becomes an `invalid` row.
+Bandwidths are bounded (BANDWIDTH_FACTORS, BANDWIDTH_GBPS; see there why).
 """
 from __future__ import annotations
 
@@ -28,11 +35,23 @@ MESH_PARAMS = ("tp", "pp", "dp", "cp")
 TRAINING_INTS = ("micro_batch", "global_batch", "seq_len")
 CHOICES = {"recompute": RECOMPUTE, "attention": ATTENTION_IMPLS, "dtype": DTYPES,
            "schedule": SCHEDULES}
-BOOLS = ("fsdp", "sequence_parallel", "async_tp", "fsdp_prefetch")
+BOOLS = ("fsdp", "sequence_parallel", "fsdp_prefetch")
 PLAN_PARAMS = MESH_PARAMS + TRAINING_INTS + ("zero_stage",) + tuple(CHOICES) + BOOLS
 PARAMS = CLUSTER_PARAMS + PLAN_PARAMS
 _TRUE, _FALSE = ("true", "on", "yes", "1"), ("false", "off", "no", "0")
 GB = 1e9
+# A bandwidth factor xF may scale a link by at most two orders of magnitude either way,
+# and an absolute rate lies between 0.1 GB/s and 10 TB/s per direction. From any bundled
+# link (a 400 Gb/s NIC at 50 GB/s, NVLink 4 at 450 GB/s, NVLink 5 at 900 GB/s per
+# direction) that spans everything from 1 Gb Ethernet to several times the fastest link
+# NVIDIA has announced. Beyond it the collective model (NCCL's per-protocol bandwidths and
+# latencies, fit to real links) means nothing, and extreme values (x1e-300, inf) turn
+# transfer times into overflow or zero.
+BANDWIDTH_FACTORS = (0.01, 100.0)
+BANDWIDTH_GBPS = (0.1, 10_000.0)
+BANDWIDTH_ALLOWED = (f"xF with F in [{BANDWIDTH_FACTORS[0]:g}, {BANDWIDTH_FACTORS[1]:g}] (a "
+                     f"factor, e.g. x2) or GB/s per direction in [{BANDWIDTH_GBPS[0]:g}, "
+                     f"{BANDWIDTH_GBPS[1]:g}] (e.g. 100)")
 
 
 @dataclass(frozen=True)
@@ -43,33 +62,40 @@ class Variation:
     values: tuple[Any, ...]
 
 
+def bandwidth(name: str, raw: str) -> tuple[bool, float]:
+    """(is a factor, number) of a bandwidth value; UsageError outside the bounds."""
+    text = raw[1:] if raw.startswith("x") else raw
+    low, high = BANDWIDTH_FACTORS if raw.startswith("x") else BANDWIDTH_GBPS
+    try:
+        number = float(text)
+    except ValueError:
+        number = float("nan")
+    if not low <= number <= high:   # NaN and inf fail too
+        raise UsageError(f"--vary {name}", raw, BANDWIDTH_ALLOWED)
+    return raw.startswith("x"), number
+
+
 def _value(name: str, raw: str) -> Any:
-    """Parse and check one value of a parameter."""
+    """Parse one value of a parameter (the plan types check what it means)."""
     raw = raw.strip()
     flag = f"--vary {name}"
     if name == "gpu":
         device(raw)   # TopologyError (exit 2) names the known GPUs
         return raw.lower()
     if name in ("ib_bandwidth", "nvlink_bandwidth"):
-        text = raw[1:] if raw.startswith("x") else raw
-        try:
-            ok = float(text) > 0
-        except ValueError:
-            ok = False
-        if not ok:
-            raise UsageError(flag, raw, "xF (a factor, e.g. x2) or GB/s per direction (e.g. 100)")
+        bandwidth(name, raw)
         return raw
     if name == "dp" and raw == "auto":
         return "auto"
-    if name in MESH_PARAMS + TRAINING_INTS + ("nodes", "zero_stage"):
-        minimum = 0 if name == "zero_stage" else 1
-        if not raw.isdigit() or int(raw) < minimum:
-            extra = " or auto" if name == "dp" else ""
-            raise UsageError(flag, raw, f"integers >= {minimum}{extra}")
+    if name in MESH_PARAMS + ("nodes",):   # degrees and node counts: at least 1
+        if not raw.isdigit() or int(raw) < 1:
+            raise UsageError(flag, raw, "integers >= 1" + (" or auto" if name == "dp" else ""))
         return int(raw)
-    if name in CHOICES:
-        if raw not in CHOICES[name]:
-            raise UsageError(flag, raw, ", ".join(CHOICES[name]))
+    if name in TRAINING_INTS + ("zero_stage",):   # range checked by the plan types
+        if not raw.lstrip("-").isdigit():
+            raise UsageError(flag, raw, "integers")
+        return int(raw)
+    if name in CHOICES:   # checked by the plan types, with the plan file's message
         return raw
     if raw.lower() in _TRUE + _FALSE:
         return raw.lower() in _TRUE
@@ -101,9 +127,11 @@ def parse_all(texts: list[str] | None) -> list[Variation]:
 
 
 # ---------------------------------------------------------------------------- applying
-def _bandwidth(raw: str, current_Bps: float) -> float:
-    """New bandwidth (B/s) from xF or an absolute GB/s."""
-    return current_Bps * float(raw[1:]) if raw.startswith("x") else float(raw) * GB
+def _bandwidth(name: str, raw: str, current_Bps: float) -> float:
+    """New bandwidth (B/s) from xF or an absolute GB/s (bounds checked again: the params
+    of a point may come from a caller other than parse_vary)."""
+    factor, number = bandwidth(name, raw)
+    return current_Bps * number if factor else number * GB
 
 
 def apply_cluster(spec: ClusterSpec, params: dict[str, Any]) -> ClusterSpec:
@@ -112,13 +140,13 @@ def apply_cluster(spec: ClusterSpec, params: dict[str, Any]) -> ClusterSpec:
         spec = replace(spec, gpu=device(params["gpu"]))
     if "nvlink_bandwidth" in params:
         gpu = spec.gpu
-        raw = _bandwidth(params["nvlink_bandwidth"], gpu.nvlink_Bps)
+        raw = _bandwidth("nvlink_bandwidth", params["nvlink_bandwidth"], gpu.nvlink_Bps)
         scale = raw / gpu.nvlink_Bps
         spec = replace(spec, gpu=replace(gpu, nvlink_Bps=raw,
                                          nccl_nvlink_link_Bps=gpu.nccl_nvlink_link_Bps * scale))
     if "ib_bandwidth" in params and spec.fabric is not None:
         fab = spec.fabric
-        raw = _bandwidth(params["ib_bandwidth"], fab.nic_Bps)
+        raw = _bandwidth("ib_bandwidth", params["ib_bandwidth"], fab.nic_Bps)
         spec = replace(spec, fabric=replace(fab, nic_Bps=raw,
                                             nic_nccl_Bps=fab.nic_nccl_Bps * raw / fab.nic_Bps))
     if "nodes" in params and params["nodes"] != spec.num_domains:
@@ -127,7 +155,10 @@ def apply_cluster(spec: ClusterSpec, params: dict[str, Any]) -> ClusterSpec:
 
 
 def apply_plan(plan: Plan, params: dict[str, Any]) -> Plan:
-    """The Plan with the plan parameters of a point applied (validated later by resolve)."""
+    """The Plan with the plan parameters of a point applied.
+
+    Each field is checked as the new Plan is built (WorkloadError); the combination with
+    the world size is checked later, by resolve."""
     mesh = {k: (0 if params[k] == "auto" else params[k]) for k in MESH_PARAMS if k in params}
     if mesh:
         plan = plan.with_mesh(replace(plan.mesh, **mesh))
@@ -135,7 +166,7 @@ def apply_plan(plan: Plan, params: dict[str, Any]) -> Plan:
     if training:
         plan = replace(plan, training=replace(plan.training, **training))
     simple = {k: params[k] for k in ("zero_stage", "recompute", "attention", "fsdp",
-                                     "sequence_parallel", "async_tp", "fsdp_prefetch")
+                                     "sequence_parallel", "fsdp_prefetch")
               if k in params}
     if simple:
         plan = replace(plan, **simple)
@@ -149,5 +180,6 @@ def label(params: dict[str, Any]) -> str:
     return " ".join(f"{k}={v}" for k, v in params.items())
 
 
-__all__ = ["CLUSTER_PARAMS", "PARAMS", "PLAN_PARAMS", "Variation",
-           "apply_cluster", "apply_plan", "label", "parse_all", "parse_vary"]
+__all__ = ["BANDWIDTH_FACTORS", "BANDWIDTH_GBPS", "CLUSTER_PARAMS", "PARAMS", "PLAN_PARAMS",
+           "Variation", "apply_cluster", "apply_plan", "bandwidth", "label", "parse_all",
+           "parse_vary"]

@@ -1,0 +1,47 @@
+"""Checks of single plan fields, shared by the plan types' __post_init__ (workloads/plan.py).
+
+Each raises a WorkloadError naming the field, the value and what is allowed, in the same
+words whether the value came from a plan file, `whatif --vary` or `dataclasses.replace`.
+"""
+from __future__ import annotations
+
+import math
+from typing import Any
+
+from .errors import WorkloadError
+
+
+def is_int(value: Any) -> bool:
+    """A true integer (JSON's true/false are bools, not integers)."""
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def check_int(value: Any, field: str, minimum: int = 1) -> None:
+    """An integer >= minimum."""
+    if not is_int(value) or value < minimum:
+        raise WorkloadError(field, value, f"an integer >= {minimum}")
+
+
+def check_bool(value: Any, field: str) -> None:
+    """true or false."""
+    if not isinstance(value, bool):
+        raise WorkloadError(field, value, "true or false")
+
+
+def check_choice(value: Any, field: str, allowed: tuple[str, ...]) -> None:
+    """One of a fixed set of names."""
+    if not isinstance(value, str) or value not in allowed:
+        raise WorkloadError(field, value, ", ".join(allowed))
+
+
+def check_number(value: Any, field: str, low: float, high: float, allowed: str) -> None:
+    """A finite number in [low, high]."""
+    if (isinstance(value, bool) or not isinstance(value, (int, float))
+            or not math.isfinite(value) or not low <= value <= high):
+        raise WorkloadError(field, value, allowed)
+
+
+def check_optional_name(value: Any, field: str, allowed: str) -> None:
+    """None or a string."""
+    if value is not None and not isinstance(value, str):
+        raise WorkloadError(field, value, allowed)
