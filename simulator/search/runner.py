@@ -5,9 +5,10 @@ Stages (every count is reported):
   1. enumerate the space, fold equivalent points (space.enumerate_space);
   2. drop infeasible candidates, counting reasons (divisibility, lowering, memory);
   3. contexts (everything but the per-projection strategies) in order of their compute
-     lower bound; each is screened with a few strategy archetypes (Megatron, seed 000's
-     hybrid, all-sequence, all-column) by two reduced simulations; a context whose lower
-     bound exceeds the best screened time by more than `slack` stops the scan;
+     lower bound; each is screened with a few strategy archetypes (Megatron, the
+     adaptive-sharding study's hybrid, all-sequence, all-column) by two reduced
+     simulations; a context whose lower bound exceeds the best screened time by more
+     than `slack` stops the scan;
   4. for the best contexts, block-coordinate descent over the strategies: the attention
      block (attention-in, wo) and the MLP block (mlp-in, w2) meet only at the residual
      stream, whose layout sequence parallelism fixes, so each block is searched
@@ -35,7 +36,7 @@ from .space import GROUPS, Candidate, SearchSpace, enumerate_space
 
 ARCHETYPES = (
     {"attn_in": "col", "wo": "row", "mlp_in": "col", "w2": "row"},   # Megatron
-    {"attn_in": "col", "wo": "seq", "mlp_in": "col", "w2": "row"},   # seed 000, 8B
+    {"attn_in": "col", "wo": "seq", "mlp_in": "col", "w2": "row"},   # adaptive-sharding study, 8B
     {"attn_in": "seq", "wo": "seq", "mlp_in": "seq", "w2": "seq"},
     {"attn_in": "col", "wo": "col", "mlp_in": "col", "w2": "col"},
 )

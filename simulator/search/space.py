@@ -13,7 +13,7 @@ from typing import Any, Iterator
 from workloads import ModelSpec
 from workloads.plan import MEGATRON, PROJECTIONS, RECOMPUTE, STRATEGIES
 
-# Projection groups the default search assigns one strategy to (seed 000's table rows).
+# Projection groups the default search assigns one strategy to (the adaptive-sharding study's table rows).
 GROUPS: dict[str, tuple[str, ...]] = {
     "attn_in": ("wq", "wk", "wv"), "wo": ("wo",), "mlp_in": ("w1", "w3"), "w2": ("w2",)}
 GRANULARITIES = ("group", "projection", "megatron")

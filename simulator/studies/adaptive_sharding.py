@@ -1,37 +1,41 @@
-"""Seed 000's study: per-projection strategies for Llama 3 8B and 70B at batch 2 x seq 8192
-on a (DP, TP = 8) mesh of DGX H100 nodes, chosen by the search, next to the seed's table.
+"""The adaptive-sharding study ("Adaptive Sharding: Sequence-Parallel vs Column-Parallel",
+an auto-sharding solver with an NCCL cost model): per-projection strategies for Llama 3 8B
+and 70B at batch 2 x seq 8192 on a (DP, TP = 8) mesh of DGX H100 nodes, chosen by the
+search, next to the study's published table.
 
-Setting (seed 000: "batch_size=2, seqlen=8192, giving M = 16,384 tokens per DP rank"):
+Setting (the study: "batch_size=2, seqlen=8192, giving M = 16,384 tokens per DP rank"):
 micro-batch 2, one micro-batch per DP rank, TP 8 inside each node, FSDP across nodes,
-sequence parallelism on (the seed's residual add "expects S(0)S(1)", i.e. a
+sequence parallelism on (the study's residual add "expects S(0)S(1)", i.e. a
 sequence-sharded residual), no recompute. Default topology dgx-h100x4 (DP 4 over
 InfiniBand), so the P(sum)P(sum) weight-gradient reductions of `seq` cross the network
-as they would in the seed's multi-node jobs; `--topo dgx-h100` gives DP 1.
+as they would in the study's multi-node jobs; `--topo dgx-h100` gives DP 1.
 
-The seed names its strategies from the weight's point of view; this maps them to the
+The study names its strategies from the weight's point of view; this maps them to the
 lowering's names explicitly:
   "Col-par" for wq/wk/wv, w1/w3 -> col (weight split on the output dim, input replicated)
   "Row-par (TP)" for w2          -> row (weight split on the input dim, partial output)
-  "Col-par" for wo and w2 (70B)  -> row: the seed says col-par wo produces S(0)P(sum),
+  "Col-par" for wo and w2 (70B)  -> row: the study says col-par wo produces S(0)P(sum),
       "requiring a costly all-reduce before the add", which is a partial-sum output,
       i.e. Megatron's row-parallel wo ("converges to standard Megatron-style TP")
   "Seq-par" for wo                -> seq (activation sequence-sharded, weight gathered)
+In the JSON output, "seed" (kept for compatibility) is the study's published choice.
 """
 from __future__ import annotations
 
 import argparse
-import json
 from typing import Any
 
 import topologies
 from workloads import load_model, plan_from_dict
 
 from ..api import simulate
+from ..errors import UsageError
+from ..output import print_json, write_text_atomic
 from ..search import Search, SearchSpace
-from ..output import write_text_atomic
 
 NAME = "adaptive-sharding"
-HELP = "seed 000: per-projection col/seq/row choices for Llama 3 8B and 70B (TP 8)"
+HELP = ("the adaptive-sharding study: per-projection col/seq/row choices for Llama 3 8B "
+        "and 70B (TP 8)")
 ROWS = (("wq", ("wq",)), ("wk, wv", ("wk", "wv")), ("wo", ("wo",)), ("w1, w3", ("w1", "w3")),
         ("w2", ("w2",)))
 SEED = {
@@ -46,8 +50,8 @@ SEED_WORDS = {
     "llama3-70b": {"wq": "Col-par", "wk, wv": "Col-par", "wo": "Col-par", "w1, w3": "Col-par",
                    "w2": "Row-par (TP)"},
 }
-MAPPING_NOTE = ("seed names mapped to ours: Col-par -> col for wq/wk/wv/w1/w3; Col-par for wo "
-                "(70B) -> row, since the seed says it yields S(0)P(sum) (Megatron's row-parallel "
+MAPPING_NOTE = ("the study's names mapped to ours: Col-par -> col for wq/wk/wv/w1/w3; Col-par for wo "
+                "(70B) -> row, since the study says it yields S(0)P(sum) (Megatron's row-parallel "
                 "wo); Row-par -> row; Seq-par -> seq")
 
 
@@ -68,8 +72,7 @@ def _plan(model: str, topo: str, dp: int, strategies: dict[str, str]) -> dict[st
 
 
 def study_model(model_name: str, topo_ref: str, strategies: tuple[str, ...]) -> dict[str, Any]:
-    """Search the per-projection strategies of one model; simulate the seed's choice too."""
-    from ..errors import UsageError
+    """Search the per-projection strategies of one model; simulate the study's choice too."""
     topology = topologies.build(topo_ref)
     if topology.world_size % 8:
         raise UsageError("--topo", topo_ref, "a topology of 8-GPU nodes (TP = 8)")
@@ -78,7 +81,7 @@ def study_model(model_name: str, topo_ref: str, strategies: tuple[str, ...]) -> 
     space = SearchSpace(tp=(8,), pp=(1,), micro_batch=(2,), recompute=("none",),
                         fsdp=(dp > 1,), sequence_parallel=(True,), strategies=strategies,
                         granularity="projection")
-    # The seed compares speed, not memory: no budget (the output says whether each fits).
+    # The study compares speed, not memory: no budget (the output says whether each fits).
     result = Search(model, model_name, topology, topo_ref, 2 * dp, 8192, space=space,
                     budget_bytes=float("inf"), top_k=3).run()
     chosen = result.best.candidate.strategies
@@ -100,7 +103,7 @@ def study_model(model_name: str, topo_ref: str, strategies: tuple[str, ...]) -> 
 
 
 def render(out: dict[str, Any]) -> str:
-    """Per model: the seed's table and ours side by side, with M/N and step times."""
+    """Per model: the study's table and ours side by side, with M/N and step times."""
     lines = []
     for name, r in out.items():
         model = load_model(name)
@@ -108,7 +111,7 @@ def render(out: dict[str, Any]) -> str:
         m = r["tokens_per_dp_rank"]
         lines.append(f"{name} on {r['topology']} (dp {r['mesh']['dp']} x tp 8), micro-batch 2 x "
                      f"seq 8192: M = {m:,} tokens per DP rank")
-        lines.append(f"  {'layer':<8}{'N':>8}{'M/N':>7}  {'seed 000':<14}{'seed (ours)':<13}"
+        lines.append(f"  {'layer':<8}{'N':>8}{'M/N':>7}  {'study':<14}{'(our names)':<13}"
                      f"{'chosen':<8}")
         for label, projs in ROWS:
             n = shapes[projs[0]][1]
@@ -120,21 +123,21 @@ def render(out: dict[str, Any]) -> str:
             mark = "" if seed == chosen else "  <- differs"
             lines.append(f"  {label:<8}{n:>8,}{m / n:>7.2f}  {words:<14}{seed:<13}{chosen:<8}{mark}")
         same = r["seed"] == r["chosen"]
-        lines.append(f"  step time: chosen {r['chosen_step_time_s']:.4f} s, seed's choice "
+        lines.append(f"  step time: chosen {r['chosen_step_time_s']:.4f} s, the study's choice "
                      f"{r['seed_step_time_s']:.4f} s" + (" (same plan)" if same else
                      f" ({100 * (r['seed_step_time_s'] / r['chosen_step_time_s'] - 1):+.2f} % "
-                     "for the seed's)"))
+                     "for the study's)"))
         if not r["chosen_fits_in_memory"]:
             lines.append(f"  note: at this batch the plan needs "
                          f"{r['chosen_peak_memory_bytes'] / 1e9:.0f} GB per GPU, more than an "
-                         "H100 holds (the seed compares speed only)")
+                         "H100 holds (the study compares speed only)")
         lines.append("")
     lines.append(MAPPING_NOTE)
     return "\n".join(lines)
 
 
 def plot(out: dict[str, Any], path: str) -> None:
-    """Bars: step time of the chosen plan and of the seed's, per model."""
+    """Bars: step time of the chosen plan and of the study's, per model."""
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
@@ -144,12 +147,12 @@ def plot(out: dict[str, Any], path: str) -> None:
     fig, ax = plt.subplots(figsize=(6, 3.5))
     xs = range(len(names))
     ax.bar([x - 0.2 for x in xs], [out[n]["seed_step_time_s"] for n in names], 0.4,
-           label="seed 000's choice")
+           label="the study's choice")
     ax.bar([x + 0.2 for x in xs], [out[n]["chosen_step_time_s"] for n in names], 0.4,
            label="search's choice")
     ax.set_xticks(list(xs), names)
     ax.set_ylabel("simulated step time (s)")
-    ax.set_title("Adaptive sharding (seed 000), TP 8, batch 2 x 8192")
+    ax.set_title("Adaptive sharding, TP 8, batch 2 x 8192")
     ax.legend()
     fig.tight_layout()
     save_figure(fig, path)
@@ -158,7 +161,6 @@ def plot(out: dict[str, Any], path: str) -> None:
 
 def run(args: argparse.Namespace) -> int:
     """Run the study for each model; print the table or JSON; write the plot."""
-    from ..errors import UsageError
     from workloads.plan import STRATEGIES
     strategies = tuple(s.strip() for s in args.strategies.split(","))
     if not strategies or any(s not in STRATEGIES for s in strategies):
@@ -166,7 +168,7 @@ def run(args: argparse.Namespace) -> int:
     out = {name: study_model(name, args.topo, strategies)
            for name in (n.strip() for n in args.models.split(","))}
     if args.json:
-        print(json.dumps(out, indent=2, sort_keys=True))
+        print_json(out)
     else:
         print(render(out))
     if args.plot:

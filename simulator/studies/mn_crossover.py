@@ -1,26 +1,30 @@
-"""Seed 000's M vs N crossover: bytes one GPU reads for a linear [K, N] under column- and
-sequence-parallel sharding, against M/N (M tokens per DP rank), with the crossover at M = N.
+"""The M vs N crossover of the adaptive-sharding study ("Adaptive Sharding:
+Sequence-Parallel vs Column-Parallel"): bytes one GPU reads for a linear [K, N] under
+column- and sequence-parallel sharding, against M/N (M tokens per DP rank), with the
+crossover at M = N.
 
-Closed form (seed 000): col reads M*K + K*N/T elements, seq reads M*K/T + K*N; they are
-equal at M = N. Alongside, the simulator's own numbers for the same GEMM: the HBM bytes
-and the roofline kernel time of the forward GEMM task the lowering emits
-(workloads.layer_graph.LayerGraph.linear_cost, simulator.compute.compute_time_s); those
-bytes also count the output write, which the seed leaves out, so their crossover can sit
-slightly off M = N.
+Closed form (the study's): col reads M*K + K*N/T elements (the whole activation, a 1/T
+slice of the weight), seq reads M*K/T + K*N (a 1/T slice of the activation, the whole
+weight); they are equal at M = N. Alongside, the simulator's own numbers for the same
+GEMM: the HBM bytes and the roofline kernel time of the forward GEMM task the lowering
+emits (workloads.layer_graph.LayerGraph.linear_cost, simulator.compute.compute_time_s);
+those bytes also count the output write, which the closed form leaves out, so their
+crossover can sit slightly off M = N.
 """
 from __future__ import annotations
 
 import argparse
-import json
 
 import topologies
 from workloads.layer_graph import LayerGraph, LayerShape
 from workloads.program import COMPUTE, GEMM, Task
 
 from ..compute import compute_time_s
+from ..errors import UsageError
+from ..output import print_json
 
 NAME = "mn-crossover"
-HELP = "seed 000: bytes read per GPU for one linear, col vs seq, against M/N"
+HELP = "adaptive-sharding study: bytes read per GPU for one linear, col vs seq, against M/N"
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -32,7 +36,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def closed_form_bytes(m: int, k: int, n: int, t: int, bytes_per: int = 2) -> tuple[float, float]:
-    """Seed 000's bytes read per GPU: (col, seq)."""
+    """The closed-form bytes read per GPU: (col, seq)."""
     return (m * k + k * n / t) * bytes_per, (m * k / t + k * n) * bytes_per
 
 
@@ -93,15 +97,14 @@ def plot(rows, k: int, n: int, t: int, path: str) -> None:
 
 def run(args: argparse.Namespace) -> int:
     """Print the sweep (or JSON), write the plot."""
-    from ..errors import UsageError
     for flag, value in (("--k", args.k), ("--n", args.n), ("--tp", args.tp)):
         if value < 1:
             raise UsageError(flag, value, "a positive integer")
     device = topologies.build(args.topo).device(0)
     rows = sweep(args.k, args.n, args.tp, device)
     if args.json:
-        print(json.dumps({"k": args.k, "n": args.n, "tp": args.tp, "crossover_m": args.n,
-                          "rows": rows}, indent=2, sort_keys=True))
+        print_json({"k": args.k, "n": args.n, "tp": args.tp, "crossover_m": args.n,
+                    "rows": rows})
     else:
         print(f"one linear [K={args.k}, N={args.n}], T = {args.tp}; crossover at M = N = {args.n}")
         print(f"{'M':>8}{'M/N':>8}{'col read':>12}{'seq read':>12}{'cheaper':>9}"
@@ -110,7 +113,7 @@ def run(args: argparse.Namespace) -> int:
             print(f"{r['m']:>8}{r['m_over_n']:>8.3f}{r['col_read_bytes'] / 1e6:>9.1f} MB"
                   f"{r['seq_read_bytes'] / 1e6:>9.1f} MB{r['cheaper']:>9}"
                   f"{r['col_kernel_s'] * 1e6:>9.1f} us{r['seq_kernel_s'] * 1e6:>9.1f} us")
-        print("read = seed 000's closed form; kernel = the simulator's roofline of the lowered "
+        print("read = the closed form (M K + K N / T vs M K / T + K N); kernel = the simulator's roofline of the lowered "
               "forward GEMM")
     if args.plot:
         plot(rows, args.k, args.n, args.tp, args.plot)

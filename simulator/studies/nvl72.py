@@ -15,6 +15,7 @@ import argparse
 from workloads import MODEL_PRESETS
 
 from ..errors import UsageError
+from ..output import print_json
 from ..whatif.engines import run_points
 from ..whatif.points import study_points, topology_source
 from ..whatif.variations import Variation
@@ -28,7 +29,8 @@ ASSUMPTIONS = (
     "GB200 figures are NOT measured: per-GPU peaks are NVIDIA's NVL72 rack datasheet / 72 "
     "(2.5 PFLOP/s BF16 dense, 186 GB HBM3e at 8 TB/s); NVLink5 is NCCL's planning rate "
     "(18 links x 40.1 GB/s) and nvlsEfficiency 0.74 (tuning.cc); no nccl-tests on NVL72 "
-    "were available to calibrate against (cost-models.md section 6).",
+    "were available to calibrate against; for a 72-rank domain NCCL's ring latency grows "
+    "with the ranks (tuning.cc: base + 2(n-1) x per-hop latency) while NVLS's does not.",
     "NVL72 scale-out: one 400 Gb/s NIC per GPU (typical, verify per deployment).",
     "DGX H100: 8 x H100 SXM (989 TFLOP/s BF16, 80 GB) per node on NVSwitch, 8 x 400 Gb/s "
     "NDR rail-optimised; NCCL-measured rates (370 GB/s NVLink busbw, 48 GB/s per NIC).",
@@ -106,7 +108,6 @@ def plot(table: list[dict], path: str) -> None:
 
 def run(args: argparse.Namespace) -> int:
     """Print the assumptions and the table (or JSON), write the plot."""
-    from ..output import print_json
     table = rows(args)
     keep = ("model", "topo", "tp", "status", "error", "step_time_s", "compute_s",
             "exposed_comm_s", "bubble_s", "peak_memory_bytes", "memory_capacity_bytes",

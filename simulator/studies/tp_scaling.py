@@ -1,14 +1,18 @@
-"""`study tp-scaling`: seed 002's workshop, one Llama 3 layer's compute against its four
-tensor-parallel all-reduces as t grows, over NVLink and over a 400 Gb/s network.
+"""`study tp-scaling`: the tensor-parallel scaling analysis ("Splitting Every Layer", a
+workshop on Megatron-LM tensor parallelism, Shoeybi et al. 2019): one Llama 3 layer's
+compute against its four tensor-parallel all-reduces as t grows, over NVLink and over a
+400 Gb/s network. Its published figures: 134.2 MB per all-reduce for Llama 3 70B on 8192
+tokens; the four all-reduces take 20 % of the layer's compute at t = 8 over NVLink, 161 %
+over the network, 330 % at t = 64 over NVLink.
 
-Two models side by side:
+Two models side by side (rows "model": "seed" and "model": "simulator"):
 
-* seed: the workshop's own arithmetic. Compute 6 x (parameters per layer) x tokens / t at
+* seed: the analysis's own arithmetic. Compute 6 x (parameters per layer) x tokens / t at
   45 % of H100 BF16 peak (989 TFLOP/s); four ring all-reduces of 2 x tokens x d bytes
   (BF16 activations) among t devices, each taking
   2(t-1) x step latency + 2(t-1)/t x S / link bandwidth, at 450 GB/s (NVLink) or
   50 GB/s (400 Gb/s); model states 16 bytes/param / t. The step latency, 5 us, is what
-  the seed's figures imply (20 %, 161 %, 330 %); NCCL's tuning.cc Simple ring would give
+  the published figures imply (20 %, 161 %, 330 %); NCCL's tuning.cc Simple ring would give
   3.4 us per NVLink step and 14 us per network step plus an 8.4 us base.
 * simulator: the same layer lowered by workloads (Megatron col/row, no sequence
   parallelism: two all-reduces forward, two backward) and replayed by the engine with the
@@ -32,15 +36,17 @@ from workloads.plan import Mesh, Plan, Training, resolve
 
 from ..api import simulate
 from ..errors import UsageError
+from ..output import print_json
 
 NAME = "tp-scaling"
-HELP = "seed 002: one Llama 3 layer's compute vs its TP all-reduces, NVLink vs network"
+HELP = ("the tensor-parallel scaling analysis: one Llama 3 layer's compute vs its TP "
+        "all-reduces, NVLink vs network")
 
 TOKENS = 8192
 H100_BF16_PEAK_FLOPS = 989e12        # NVIDIA H100 SXM datasheet, dense BF16
-SEED_EFFICIENCY = 0.45               # seed 002: "at 45% of H100 peak"
-SEED_LINK_BPS = {"nvlink": 450e9, "network": 50e9}   # seed 002: 450 GB/s, 400 Gb/s
-SEED_STEP_LATENCY_S = 5e-6           # per ring step; implied by the seed's figures
+SEED_EFFICIENCY = 0.45               # the analysis: "at 45% of H100 peak"
+SEED_LINK_BPS = {"nvlink": 450e9, "network": 50e9}   # the analysis: 450 GB/s, 400 Gb/s
+SEED_STEP_LATENCY_S = 5e-6           # per ring step; implied by its published figures
 ALLREDUCES_PER_LAYER = 4             # two forward, two backward (Megatron-LM)
 STATE_BYTES_PER_PARAM = 16           # bf16 params + grads, fp32 master + Adam moments
 DEFAULT_TS = (1, 2, 4, 8, 16, 32, 64)
@@ -50,19 +56,20 @@ LINKS = ("nvlink", "network")
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """Flags of the study."""
     parser.add_argument("--model", default="llama3-70b", choices=sorted(MODEL_PRESETS),
-                        help="model preset (default llama3-70b, the seed's)")
+                        help="model preset (default llama3-70b, the analysis's)")
     parser.add_argument("--tokens", type=int, default=TOKENS, help="tokens (one sequence)")
     parser.add_argument("--tp", default=",".join(map(str, DEFAULT_TS)),
                         help="tensor-parallel degrees, comma-separated")
     parser.add_argument("--big-domain", choices=("nvl72", "h100"), default="nvl72",
                         help="NVLink domain for t > 8 in the simulator rows: a GB200 NVL72 "
                              "rack, or a hypothetical H100 NVSwitch domain of t GPUs")
-    parser.add_argument("--seed-only", action="store_true", help="only the seed's arithmetic")
+    parser.add_argument("--seed-only", action="store_true",
+                        help="only the analysis's own arithmetic")
 
 
-# ------------------------------------------------------------------------ the seed's model
+# ------------------------------------------------------------ the analysis's own model
 def seed_row(model: ModelSpec, t: int, link: str, tokens: int = TOKENS) -> dict:
-    """One row of the seed's arithmetic."""
+    """One row of the analysis's arithmetic ("model": "seed")."""
     size = 2 * tokens * model.hidden_size                  # BF16 activations, bytes
     compute = 6 * model.layer_params() * tokens / t / (SEED_EFFICIENCY * H100_BF16_PEAK_FLOPS)
     steps = 2 * (t - 1)
@@ -71,7 +78,7 @@ def seed_row(model: ModelSpec, t: int, link: str, tokens: int = TOKENS) -> dict:
     return {"t": t, "link": link, "model": "seed", "allreduce_bytes": size,
             "compute_s": compute, "comm_s": comm, "comm_over_compute": comm / compute,
             "state_bytes_per_device": STATE_BYTES_PER_PARAM * model.total_params() / t,
-            "topology": f"seed {link} {SEED_LINK_BPS[link] / 1e9:g} GB/s", "gpu": "h100"}
+            "topology": f"analysis {link} {SEED_LINK_BPS[link] / 1e9:g} GB/s", "gpu": "h100"}
 
 
 # ------------------------------------------------------------------- the simulator's model
@@ -134,7 +141,7 @@ def simulator_row(model: ModelSpec, t: int, link: str, tokens: int = TOKENS,
 
 def rows(model_name: str = "llama3-70b", ts=DEFAULT_TS, tokens: int = TOKENS,
          simulator: bool = True, big_domain: str = "nvl72") -> list[dict]:
-    """Every row: t x link x model, seed first."""
+    """Every row: t x link x model, the analysis's arithmetic first."""
     model = MODEL_PRESETS[model_name]
     out = [seed_row(model, t, link, tokens) for link in LINKS for t in ts]
     if simulator:
@@ -171,7 +178,8 @@ def plot(table: list[dict], model: ModelSpec, path: str) -> None:
             pts = [(r["t"], 100 * r["comm_over_compute"]) for r in table
                    if r["link"] == link and r["model"] == kind and r["t"] > 1 and "error" not in r]
             if pts:
-                left.plot(*zip(*pts), style, color=color, label=f"{link}, {kind}")
+                name = "analysis" if kind == "seed" else kind
+                left.plot(*zip(*pts), style, color=color, label=f"{link}, {name}")
     left.axhline(100, color="#999999", lw=0.8)
     left.set_xscale("log", base=2)
     left.set_yscale("log")
@@ -195,7 +203,6 @@ def plot(table: list[dict], model: ModelSpec, path: str) -> None:
 
 def run(args: argparse.Namespace) -> int:
     """Print the table (or JSON) and write the plot."""
-    from ..output import print_json
     if args.tokens < 1:
         raise UsageError("--tokens", args.tokens, "an integer >= 1")
     ts = _parse_ts(args.tp)
