@@ -28,9 +28,10 @@ import argparse
 from dataclasses import replace
 
 import topologies
+from inputs import InputError
 from topologies import ClusterSpec
 from topologies.builders import NDR_400G
-from workloads import MODEL_PRESETS, ModelSpec, WorkloadError
+from workloads import MODEL_PRESETS, ModelSpec
 from workloads.memory import peak_memory
 from workloads.plan import Mesh, Plan, Training, resolve
 
@@ -106,7 +107,7 @@ def cluster(t: int, link: str, big_domain: str) -> ClusterSpec:
         return replace(topologies.cluster_spec("dgx-h100"), name=f"h100 NVSwitch x{t} "
                        "(hypothetical)", domain_size=t, fabric=None)
     if t > 72:
-        raise WorkloadError("--tp", t, "at most 72 on an NVL72 rack")
+        raise UsageError("--tp", t, "at most 72 on an NVL72 rack (or --big-domain h100)")
     return replace(topologies.cluster_spec("nvl72"), name=f"nvl72 ({t} GPUs)",
                    domain_size=t, fabric=None)
 
@@ -149,7 +150,7 @@ def rows(model_name: str = "llama3-70b", ts=DEFAULT_TS, tokens: int = TOKENS,
             for t in ts:
                 try:
                     out.append(simulator_row(model, t, link, tokens, big_domain))
-                except WorkloadError as exc:
+                except InputError as exc:   # the plan or the flag: an error row
                     out.append({"t": t, "link": link, "model": "simulator", "error": str(exc)})
     return out
 
