@@ -25,7 +25,8 @@ from .models import ModelSpec, load_model
 PROJECTIONS = ("wq", "wk", "wv", "wo", "w1", "w3", "w2")
 # 1D Megatron-style strategies, then the 2D/2.5D/3D tensor-parallel layouts (Xu et al.
 # 2021 arXiv:2104.05343, Wang et al. 2021 arXiv:2105.14500, Bian et al. 2021
-# arXiv:2105.14450; workloads/tp_grid.py): a plan uses one grid strategy for every projection or none.
+# arXiv:2105.14450; workloads/tp_grid.py): a plan uses one grid strategy for every
+# projection or none.
 # STRATEGIES: the per-projection (1D) ones, which may be mixed freely (search enumerates
 # them); ALL_STRATEGIES: everything a plan file accepts.
 STRATEGIES = ("col", "row", "seq", "replicate")
@@ -111,8 +112,8 @@ class Pipeline:
         check_choice(self.schedule, "pipeline.schedule", SCHEDULES)
         check_int(self.virtual_stages, "pipeline.virtual_stages")
         split = self.layer_split
-        if split is not None and (not isinstance(split, tuple) or not all(
-                isinstance(n, int) and not isinstance(n, bool) and n >= 0 for n in split)):
+        if split is not None and (not isinstance(split, tuple)
+                                  or not all(is_int(n) and n >= 0 for n in split)):
             raise WorkloadError("pipeline.layer_split",
                                 list(split) if isinstance(split, tuple) else split,
                                 "a list of non-negative integers")

@@ -50,9 +50,9 @@ SEED_WORDS = {
     "llama3-70b": {"wq": "Col-par", "wk, wv": "Col-par", "wo": "Col-par", "w1, w3": "Col-par",
                    "w2": "Row-par (TP)"},
 }
-MAPPING_NOTE = ("the study's names mapped to ours: Col-par -> col for wq/wk/wv/w1/w3; Col-par for wo "
-                "(70B) -> row, since the study says it yields S(0)P(sum) (Megatron's row-parallel "
-                "wo); Row-par -> row; Seq-par -> seq")
+MAPPING_NOTE = ("the study's names mapped to ours: Col-par -> col for wq/wk/wv/w1/w3; "
+                "Col-par for wo (70B) -> row, since the study says it yields S(0)P(sum) "
+                "(Megatron's row-parallel wo); Row-par -> row; Seq-par -> seq")
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:

@@ -113,8 +113,8 @@ def run(args: argparse.Namespace) -> int:
             print(f"{r['m']:>8}{r['m_over_n']:>8.3f}{r['col_read_bytes'] / 1e6:>9.1f} MB"
                   f"{r['seq_read_bytes'] / 1e6:>9.1f} MB{r['cheaper']:>9}"
                   f"{r['col_kernel_s'] * 1e6:>9.1f} us{r['seq_kernel_s'] * 1e6:>9.1f} us")
-        print("read = the closed form (M K + K N / T vs M K / T + K N); kernel = the simulator's roofline of the lowered "
-              "forward GEMM")
+        print("read = the closed form (M K + K N / T vs M K / T + K N); kernel = the "
+              "simulator's roofline of the lowered forward GEMM")
     if args.plot:
         plot(rows, args.k, args.n, args.tp, args.plot)
     return 0
