@@ -17,7 +17,6 @@ from topologies import build
 from workloads import plan_from_dict
 from workloads.kernels import ADAM_STEP, EAGER, elementwise_cost
 
-
 from conftest import small_plan
 
 # Ops that only re-describe a tensor (no kernel, no traffic).
