@@ -6,7 +6,8 @@ the collectives with numpy. The properties: the collective `collective(src, dst)
 really turns the src layout into the dst layout; the collective the backward uses is its
 adjoint (all-gather <-> reduce-scatter, all-reduce <-> identity or all-reduce, all-to-all
 <-> all-to-all), as DTensor's redistribute backward does; `collective_bytes` is the
-nccl-tests size, conserving the tensor's bytes across ranks.
+nccl-tests size, conserving the tensor's bytes across ranks; and the GEMM FLOPs of a
+sharded projection, summed over the TP ranks, are the unsharded FLOPs.
 """
 from __future__ import annotations
 
@@ -15,6 +16,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from workloads.layer_graph import LayerGraph, LayerShape
 from workloads.layouts import (H, LAYOUTS, P, R, S, collective, collective_bytes,
                                grad_layout_needed, local_fraction)
 
@@ -148,3 +150,24 @@ def test_collective_bytes_conserve_the_tensor(op, full_bytes, t):
         # partial input: t shards of local_fraction each.
         assert size == full_bytes
         assert t * local_fraction(H, t) * full_bytes == pytest.approx(size)
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.sampled_from(["col", "row", "seq", "replicate"]), st.sampled_from([1, 2, 4, 8]),
+       st.integers(1, 64), st.integers(1, 64), st.integers(1, 64))
+def test_sharded_gemm_flops_add_up_to_the_unsharded(strategy, t, rows, k, n):
+    # Over the t ranks of a TP group, a sharded projection does the unsharded work exactly
+    # once; a replicated one does it on every rank.
+    tokens, in_features, out_features = rows * t, k * t, n * t
+
+    def flops_per_rank(tp: int) -> float:
+        g = LayerGraph(LayerShape(tokens=tokens, seq_len=tokens, tp=tp, heads=t, kv_heads=t,
+                                  head_dim=1, act_bytes=2, gemm_bytes=2))
+        x = g.input("R", in_features)
+        node = g.linear("w", x, strategy, out_features)
+        return g.linear_cost(node)[0]
+
+    unsharded = 2.0 * tokens * in_features * out_features
+    assert flops_per_rank(1) == unsharded
+    copies = t if strategy == "replicate" else 1
+    assert t * flops_per_rank(t) == pytest.approx(copies * unsharded, rel=1e-12)
