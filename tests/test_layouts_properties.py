@@ -39,8 +39,8 @@ def run(op: str | None, pieces: list[np.ndarray], src: str, dst: str) -> list[np
     """Perform a collective (None: a local slice) on per-rank pieces, numpy reference."""
     t = len(pieces)
     axis = {S: 0, H: 1}
-    if op is None:          # R -> R, S or H: each rank keeps its slice
-        return pieces if dst == R else np.split(pieces[0], t, axis=axis[dst])
+    if op is None:          # no change, or R -> S or H: each rank keeps its slice
+        return pieces if src == dst else np.split(pieces[0], t, axis=axis[dst])
     if op == "all_gather":
         whole = np.concatenate(pieces, axis=axis[src])
         return [whole.copy() for _ in range(t)]
