@@ -1,6 +1,6 @@
 """`python -m benchmarks [--only SUBSTRING] [--repeat N] [-o results.json]`.
 
-Each case runs in a fresh process pinned to one core (the targets of issue 8 are for one
+Each case runs in a fresh process pinned to one core (the targets in cases.py are for one
 core of a 2-core machine); the table reports the median wall time over repeats.
 """
 from __future__ import annotations

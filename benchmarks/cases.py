@@ -1,4 +1,5 @@
-"""The benchmark cases of issue 8, and running one of them in this process."""
+"""The benchmark cases (each with its wall-time target), and running one of them in this
+process."""
 from __future__ import annotations
 
 import resource

@@ -4,7 +4,7 @@
 
 Prints the wall time of every stage, the counts, the top 5 by full simulation with the
 reduced-simulation estimate's error on each, and (--validate) the bilinear estimate's
-error on a few more candidates against full simulations. Target (issue 6): < 2 minutes.
+error on a few more candidates against full simulations. Target: < 2 minutes.
 Not a timed test: numbers depend on the machine.
 """
 from __future__ import annotations

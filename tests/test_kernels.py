@@ -7,18 +7,17 @@ op would run in an eager training step.
 from __future__ import annotations
 
 import pytest
+import torch
+import torch.nn.functional as F
+from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils._pytree import tree_flatten
 
-torch = pytest.importorskip("torch")
-import torch.nn.functional as F  # noqa: E402
-from torch.utils._python_dispatch import TorchDispatchMode  # noqa: E402
-from torch.utils._pytree import tree_flatten  # noqa: E402
+from simulator import simulate
+from topologies import build
+from workloads import plan_from_dict
+from workloads.kernels import ADAM_STEP, EAGER, elementwise_cost
 
-from simulator import simulate  # noqa: E402
-from topologies import build  # noqa: E402
-from workloads import plan_from_dict  # noqa: E402
-from workloads.kernels import ADAM_STEP, EAGER, elementwise_cost  # noqa: E402
-
-from conftest import small_plan  # noqa: E402
+from conftest import small_plan
 
 # Ops that only re-describe a tensor (no kernel, no traffic).
 VIEW_OPS = {"view", "_unsafe_view", "reshape", "expand", "t", "transpose", "permute",

@@ -1,5 +1,6 @@
-"""The analytic memory model against its published sources (seed 002, Korthikanti et al.,
-the ZeRO paper, seed 004) and its plan-level rules."""
+"""The analytic memory model against its published sources (the tensor-parallel scaling
+analysis, Korthikanti et al., the ZeRO paper, the 3D tensor-parallel designs of Bian et al.
+2021, arXiv:2105.14450) and its plan-level rules."""
 import pyarrow as pa
 import pyarrow.compute  # noqa: F401 (pa.compute)
 import pytest
@@ -21,9 +22,10 @@ def _plan(world, **over):
     return resolve(plan_from_dict(raw), world)
 
 
-# ------------------------------------------------------------------------ seed 002
-def test_seed_002_llama3_405b_model_states_at_t8():
-    # Seed 002: 16 bytes/param / t, Llama 3 405B at t = 8 -> 811.7 GB (decimal) per device.
+# ---------------------------------------------- the tensor-parallel scaling analysis
+def test_llama3_405b_model_states_at_t8():
+    # 16 bytes/param (ZeRO, arXiv:1910.02054 section 3.1) / t: Llama 3 405B at t = 8 ->
+    # 811.7 GB (decimal) per device, the analysis's figure (docs/references.md, section 9).
     gb = model_state_bytes_per_device(PRESETS["llama3-405b"], 8) / 1e9
     assert gb == pytest.approx(811.7, abs=0.05)
 
@@ -196,7 +198,7 @@ def test_flash_attention_stores_no_scores():
     assert flash["selective"] < eager.activations_bytes
 
 
-# ------------------------------------------------------------------------ seed 004
+# ----------------------- the 3D tensor-parallel designs (Bian et al. 2021, arXiv:2105.14450)
 def test_3d_tensor_parallel_activation_fractions():
     assert activation_fraction_3d(8, 1) == 1 / 8
     assert activation_fraction_3d(8, 2) == pytest.approx(8 ** (-2 / 3))

@@ -1,4 +1,4 @@
-"""Property tests (hypothesis) of the collective and network model (issue 3)."""
+"""Property tests (hypothesis) of the collective and network model."""
 import numpy as np
 import pytest
 from hypothesis import given, settings, strategies as st

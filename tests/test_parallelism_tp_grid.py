@@ -1,7 +1,8 @@
-"""2D, 2.5D and 3D tensor parallelism (seed 004; Optimus arXiv:2104.05343; Tesseract
+"""2D, 2.5D and 3D tensor parallelism (Optimus arXiv:2104.05343; Tesseract
 arXiv:2105.14500; 3D arXiv:2105.14450): collective tallies and bytes against closed forms.
 
-Seed 004, with activation checkpointing, per linear layer: design 1 (all-gather input,
+The 3D tensor-parallel designs (docs/references.md, section 10), with activation
+checkpointing, per linear layer: design 1 (all-gather input,
 reduce-scatter output) 2 x all-gather + reduce-scatter on A and 2 x reduce-scatter +
 all-gather on C; design 2 (all-reduce output) 3 x all-reduce; activation memory 1/N
 against 1/N^(2/3).

@@ -27,8 +27,9 @@ NVLINK_LATENCY_S = 0.5e-6
 PCIE_LATENCY_S = 0.5e-6
 # Assumption: one InfiniBand hop (cable + switch port, NDR switch ~130-230 ns) ~0.6 us.
 IB_HOP_LATENCY_S = 0.6e-6
-# PCIe Gen5 x16 through the DGX H100 PCIe switch: 64 GB/s per direction
-# (cost-models.md 5.4; 128 GB/s bidir [NV-H100]).
+# PCIe Gen5 x16 through the DGX H100 PCIe switch a GPU shares with its NIC: 32 GT/s x 16
+# lanes, about 64 GB/s per direction [PCI Express 5.0 specification; 128 GB/s bidir in
+# NV-H100; the GPU-NIC pairing: NVIDIA DGX H100 User Guide, section 1.2.3].
 PCIE_GEN5_BPS = 64 * GB
 # Quantum-2 QM9700 has 64 NDR ports: in a two-level rail-optimised fat tree a leaf uses
 # 32 down to nodes and 32 up to spines [NVIDIA DGX SuperPOD H100 RA, 32 nodes per SU].
@@ -48,7 +49,8 @@ class FabricSpec:
 
 
 # 400 Gb/s NDR: 50 GB/s per direction raw; "For NDR @ 400Gbps you should see 46-48GB/s
-# per NIC" (NVIDIA, nccl-tests #290); NCCL sm90 inter-node speed array tops at 48.
+# per NIC" (NVIDIA/nccl-tests issue 290); NCCL's sm90 inter-node speed array
+# (src/graph/search.cc) tops at 48.
 NDR_400G = FabricSpec(nics_per_domain=8, nic_Bps=50 * GB, nic_nccl_Bps=48 * GB)
 # 200 Gb/s HDR on DGX A100 (8 x ConnectX-6): 25 GB/s raw; assumption: same 96 %.
 HDR_200G = FabricSpec(nics_per_domain=8, nic_Bps=25 * GB, nic_nccl_Bps=24 * GB)

@@ -59,8 +59,8 @@ def _dgx(gpu: str, fabric: FabricSpec, title: str,
 
 def _nvl72(racks: int) -> ClusterSpec:
     # GB200 NVL72: 72 GPUs in one NVLink5 domain [NVIDIA GB200 NVL72 datasheet]; scale-out
-    # through one 400 Gb/s ConnectX-7 per GPU (cost-models.md 4.2: "typically", an
-    # assumption to check per deployment).
+    # through one 400 Gb/s ConnectX-7 per GPU (typical GB200 deployments; an assumption
+    # to check per deployment: docs/references.md, section 4.3).
     fabric = FabricSpec(nics_per_domain=72, nic_Bps=NDR_400G.nic_Bps,
                         nic_nccl_Bps=NDR_400G.nic_nccl_Bps)
     name = "nvl72" if racks == 1 else f"nvl72x{racks}"

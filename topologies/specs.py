@@ -1,7 +1,7 @@
 """Device specifications of the GPUs the simulator knows, each constant with its source.
 
 Units: FLOP/s, bytes, bytes/s, seconds. Peak FLOP/s are dense (no 2:4 sparsity).
-Sources are abbreviated; shared/reference/cost-models.md section 4 has them in full:
+Sources are abbreviated here; docs/references.md, section 4, has them in full:
   [NV-H100]  NVIDIA H100 Tensor Core GPU datasheet (SXM5 column; dense = sparse / 2)
   [NV-H200]  NVIDIA H200 product page / datasheet (SXM column)
   [NV-B200]  NVIDIA DGX B200 / HGX B200 datasheet (1000 W B200)
@@ -25,7 +25,7 @@ TB = 1e12
 class DeviceProfile:
     """How close a device gets to its peaks; calibration (validation/) can replace it.
 
-    Defaults are from published measurements (cost-models.md section 4.4) and are
+    Defaults are from published measurements (docs/references.md, section 5) and are
     marked where they are assumptions.
     """
 
@@ -40,7 +40,8 @@ class DeviceProfile:
     # forward (hdim 128, causal, long sequences) on H100, ~35 % of BF16 peak (Shah et al.
     # 2024, FlashAttention-3, arXiv:2407.08608, Figure 5); FA3 reaches ~60-75 %.
     attention_efficiency: float = 0.35
-    # Copy kernels reach ~3.0-3.1 of 3.35 TB/s on H100 (cost-models.md 4.4): 0.9.
+    # Copy kernels reach ~3.0-3.1 of 3.35 TB/s on H100 [stas00/ml-engineering,
+    # compute/accelerator/README.md]: 0.9.
     memory_efficiency: float = 0.9
     # Kernel launch + tail per op. autoparallel floors every op at 7 us; an eager
     # PyTorch launch is ~4-10 us. Assumption: 5 us.

@@ -32,7 +32,8 @@ BACKENDS = ("gloo", "nccl")
 # Block layouts the harness builds (per transformer block, attention and MLP separately):
 #   local     : no tensor parallelism (tp == 1); FSDP/DDP over dp only
 #   tp        : Megatron column/row parallel (ColwiseParallel in, RowwiseParallel out)
-#   tp_seqout : attention wq/wk/wv column-parallel, wo sequence-parallel (seed 000 hybrid):
+#   tp_seqout : attention wq/wk/wv column-parallel, wo sequence-parallel (the adaptive-
+#               sharding study's Llama 3 8B choice, docs/references.md section 8):
 #               head-sharded output -> all-to-all -> sequence-sharded -> replicated wo
 #   seq       : every projection sequence-parallel: activations sharded on the sequence
 #               over tp, weights gathered over dp x tp by FSDP, all-to-all around attention

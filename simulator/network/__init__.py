@@ -1,4 +1,4 @@
-"""Collectives as NCCL runs them, on links that concurrent transfers share (issue 3).
+"""Collectives as NCCL runs them, on links that concurrent transfers share.
 
   * `CollectiveModel`: closed-form plans (NCCL tuner over ring/tree/NVLS/NVLS_tree and
     LL/LL128/Simple), each with its flows on the topology's links.

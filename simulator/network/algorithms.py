@@ -5,11 +5,12 @@ of the collective's size S (nccl-tests convention: all-gather output, reduce-sca
 input, all-reduce buffer, all-to-all per-rank buffer), and their completion time per
 byte of S on idle links. A plan scales it by S and the protocol's wire overhead.
 
-Decompositions (cost-models.md sections 3 and 5):
+Decompositions (NCCL's algorithms, src/graph/tuning.cc; docs/references.md, sections 1
+and 7):
   * ring: NCCL builds one ring per channel; inside a domain a channel visits the group's
     GPUs over NVLink, then leaves for the next domain. Channel c starts each domain's
     segment at the domain's c-th member, so its inter-domain edge lands on that member's
-    rail: with ppn members per domain, ppn channels use ppn different NICs (section 5.1).
+    rail: with ppn members per domain, ppn channels use ppn different NICs.
     Every ring edge carries bus_factor x S in total over the channels.
   * tree: a chain inside each domain plus NCCL's double binary tree between domains
     (ncclGetDtree), one tree per half of the data; each edge carries its share up
@@ -17,11 +18,11 @@ Decompositions (cost-models.md sections 3 and 5):
   * nvls: in-switch reduction on one NVSwitch domain: each GPU pushes S into the switch
     (multimem.ld_reduce reads every slice: S up, S/n down) and the reduced slices are
     multicast back (S/n up, S down): (n+1)/n x S each way, at NCCL's nvlsEfficiency
-    (section 5.3).
+    (NVLink SHARP).
   * nvls_tree: nvls inside each domain, and a double binary tree between domains on 1/ppn
     of the data per rail, all pipelined.
   * hierarchical: ring reduce-scatter inside each domain, ring all-reduce across domains
-    on S/ppn per rail, ring all-gather inside (section 5.2), all pipelined. Not an NCCL
+    on S/ppn per rail, ring all-gather inside, all pipelined. Not an NCCL
     algorithm (NCCL's form of it is nvls_tree): only used when forced.
   * p2p: all-to-all sends S/n from every rank to every other rank (PXN routes), send_recv
     one flow.

@@ -21,7 +21,7 @@ from .fluid import Flow
 OPS = ("all_reduce", "all_gather", "reduce_scatter", "all_to_all", "broadcast", "reduce",
        "send_recv")
 ALGORITHMS = ("ring", "tree", "nvls", "nvls_tree", "hierarchical")
-# NVLS and NVLS_Tree run Simple only [tuning.cc; cost-models.md 3.1]. NCCL's p2p path
+# NVLS and NVLS_Tree run Simple only [tuning.cc]. NCCL's p2p path
 # uses LL below NCCL_P2P_LL_THRESHOLD and Simple above (no LL128).
 _PROTOCOLS = {"nvls": ("Simple",), "nvls_tree": ("Simple",), "p2p": ("LL", "Simple")}
 _ALL_PROTOCOLS = ("LL", "LL128", "Simple")
@@ -180,7 +180,7 @@ class CollectiveModel:
 
     @staticmethod
     def _latency_s(shape: GroupShape, op: str, algo: str, proto: str, size: float) -> float:
-        """NCCL tuning.cc latency of (algorithm, protocol) on this group [cost-models 3.4]."""
+        """NCCL tuning.cc latency of (algorithm, protocol) on this group (references 1.3)."""
         n, nodes, ppn = shape.n, shape.num_domains, shape.ppn
         multi = nodes > 1
         lat_algo = "ring" if algo in ("p2p", "hierarchical") else algo

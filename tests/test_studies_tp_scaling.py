@@ -1,4 +1,5 @@
-"""Seed 002 (tp-scaling workshop) figures, and the nvl72 study's shape."""
+"""The tensor-parallel scaling analysis (`study tp-scaling`): its arithmetic checked by hand
+and against the simulator, and the nvl72 study's shape."""
 from __future__ import annotations
 
 import json
@@ -15,16 +16,46 @@ KEYS = {"t", "link", "model", "allreduce_bytes", "compute_s", "comm_s", "comm_ov
         "state_bytes_per_device"}
 
 
-def test_allreduce_is_134_2_MB_exactly():
-    # seed 002: "each all-reduce moves 134.2 MB" = 2 x 8192 tokens x 8192 (d) bytes
-    assert seed_row(LLAMA70, 8, "nvlink")["allreduce_bytes"] == 2 * 8192 * 8192 == 134_217_728
-    assert f"{134_217_728 / 1e6:.1f}" == "134.2"
+# Llama 3 70B by hand: d 8192, 64 heads and 8 KV heads of 128, FFN 28672.
+#   wq, wo: 8192 x 8192 each; wk, wv: 8192 x 1024 each; w1, w2, w3: 8192 x 28672 each;
+#   two RMSNorm weights of 8192.
+LLAMA70_LAYER_PARAMS = 2 * 8192 * 8192 + 2 * 8192 * 1024 + 3 * 8192 * 28672 + 2 * 8192
+
+
+def test_allreduce_moves_two_bytes_per_activation():
+    # The analysis's "each all-reduce moves 134.2 MB": 8192 tokens x d 8192 in BF16.
+    row = seed_row(LLAMA70, 8, "nvlink")
+    assert row["allreduce_bytes"] == 2 * 8192 * 8192
+    assert f"{row['allreduce_bytes'] / 1e6:.1f}" == "134.2"
+    # It scales with the tokens and not with t.
+    assert seed_row(LLAMA70, 8, "nvlink", tokens=4096)["allreduce_bytes"] == 8192 * 8192
+    assert seed_row(LLAMA70, 64, "network")["allreduce_bytes"] == row["allreduce_bytes"]
+
+
+@pytest.mark.parametrize("t, link, link_Bps", [(4, "network", 50e9), (16, "nvlink", 450e9)])
+def test_seed_row_arithmetic_by_hand(t, link, link_Bps):
+    tokens = 8192
+    compute_s = 6 * LLAMA70_LAYER_PARAMS * tokens / t / (0.45 * 989e12)
+    size_bytes = 2 * tokens * 8192
+    # Ring all-reduce: 2(t-1) steps of 5 us, each moving 1/t of the buffer; four per layer.
+    one_s = 2 * (t - 1) * 5e-6 + 2 * (t - 1) / t * size_bytes / link_Bps
+    row = seed_row(LLAMA70, t, link, tokens)
+    assert row["compute_s"] == pytest.approx(compute_s, rel=1e-12)
+    assert row["comm_s"] == pytest.approx(4 * one_s, rel=1e-12)
+    assert row["comm_over_compute"] == pytest.approx(4 * one_s / compute_s, rel=1e-12)
+
+
+def test_one_device_has_no_communication():
+    row = seed_row(LLAMA70, 1, "network")
+    assert row["comm_s"] == row["comm_over_compute"] == 0.0
+    assert row["compute_s"] == pytest.approx(8 * seed_row(LLAMA70, 8, "network")["compute_s"])
 
 
 @pytest.mark.parametrize("t, link, percent", [(8, "nvlink", 20), (8, "network", 161),
                                               (64, "nvlink", 330)])
 def test_seed_comm_over_compute(t, link, percent):
-    # seed 002: 20 % at t = 8 over NVLink, 161 % over the network, 330 % at t = 64
+    # The analysis's figures: 20 % at t = 8 over NVLink, 161 % over the network, 330 % at
+    # t = 64 over NVLink.
     assert 100 * seed_row(LLAMA70, t, link)["comm_over_compute"] == pytest.approx(percent, abs=1.5)
 
 
@@ -41,7 +72,7 @@ def test_simulator_rows_side_by_side():
     assert sim[(8, "nvlink")]["topology"].startswith("dgx-h100")
     assert sim[(16, "nvlink")]["gpu"] == "gb200"
     # Over the network the all-reduces cost more than the compute at t = 8, over NVLink
-    # far less; the simulator agrees with the seed within a factor of 1.5 there.
+    # far less; the simulator agrees with the analysis within a factor of 1.5 there.
     assert sim[(8, "network")]["comm_over_compute"] > 1 > 5 * sim[(8, "nvlink")]["comm_over_compute"]
     for link in ("nvlink", "network"):
         seed = seed_row(LLAMA70, 8, link)["comm_over_compute"]
