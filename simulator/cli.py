@@ -2,7 +2,8 @@
 
 Exit codes: 0 success, 2 bad input (any inputs.InputError: one line on stderr naming
 field, value and what is allowed), 3 `--strict-memory` and the plan does not fit,
-1 internal error. Only simulator/__main__.py and simulator/commands/ import this module.
+1 internal error (the codes live in simulator/errors.py). Only simulator/__main__.py
+imports this module.
 """
 from __future__ import annotations
 
@@ -15,9 +16,7 @@ from typing import Callable, Sequence
 
 from inputs import InputError
 
-from .errors import UsageError
-
-EXIT_BAD_INPUT, EXIT_INTERNAL, EXIT_DOES_NOT_FIT = 2, 1, 3
+from .errors import EXIT_BAD_INPUT, EXIT_INTERNAL, UsageError
 
 
 class OneLineParser(argparse.ArgumentParser):

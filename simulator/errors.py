@@ -21,3 +21,8 @@ class OutputError(InputError):
 
     def __reduce__(self):
         return (OutputError, (self.path, self.reason))
+
+
+# Exit statuses of `python -m simulator` (README, "Exit codes"): the CLI and the commands
+# share them from here, so that no command imports the CLI module that imports them.
+EXIT_INTERNAL, EXIT_BAD_INPUT, EXIT_DOES_NOT_FIT = 1, 2, 3

@@ -8,7 +8,7 @@ from dataclasses import replace
 from topologies.faults import apply_faults, parse_fault
 
 from ..api import simulate
-from ..cli import EXIT_DOES_NOT_FIT
+from ..errors import EXIT_DOES_NOT_FIT
 from ..output import write_text_atomic
 from ..trace import chrome_trace, write_parquet
 from .common import (add_common, fmt_bytes, fmt_time, plan_and_topology, print_json,

@@ -12,7 +12,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from ..cli import EXIT_INTERNAL
+from ..errors import EXIT_INTERNAL
 from ..errors import UsageError
 from ..output import print_json
 from ..whatif import ENGINES, PARAMS, plot, render, whatif
