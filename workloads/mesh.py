@@ -15,7 +15,8 @@ Virtual sub-dimensions vary one "digit" (stride, size) of their parent's index:
         as in torchtitan, so it adds no ranks
   edp   the dp indices with the same position inside their EP block (expert data
         parallelism, dp / ep of them)
-  tpx, tpy, tpz  the axes of a 2D / 2.5D / 3D TP grid, tp index = z*x*y + y*x + x
+  tpx, tpy, tpz  the axes of a 2D / 2.5D / 3D TP grid of axis sizes X, Y, Z: the
+        rank at grid point (x, y, z) has tp index x + X (y + Y z)
         (2D: Xu et al. 2021, arXiv:2104.05343; 2.5D: Wang et al. 2021, arXiv:2105.14500;
         3D: Bian et al. 2021, arXiv:2105.14450); a 1D TP plan has tpx = tp, tpy = tpz = 1
 
