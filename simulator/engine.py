@@ -206,20 +206,20 @@ class Engine:
     def _point_to_point(self, rank: int, task: Task) -> Iterator:
         """A send (transfer, then wake the receiver) or a receive (wait for the sender).
 
-        The peer is `task.peer` steps along the task's mesh dimension, wrapping around (a
-        ring for context parallelism; pipeline programs never step past the ends). In
+        The peer is `task.peer` steps along the task's mesh dimension, wrapping around
+        (ParallelDims.peer: a ring for context parallelism; pipeline programs never step
+        past the ends, except interleaved chunks from the last stage to the first). In
         rank-class mode a peer that is not simulated is a twin of a simulated rank doing
         the same send at the same moment, so a receive from it completes with this rank's
         own matching send.
         """
-        dim = task.group[0]
-        step = task.peer if task.stream.endswith("send") else -task.peer
-        peer = self.mesh.peer(rank, dim, step)
         if task.stream.endswith("recv"):
             # Waiting for the sender is idle time, not communication: the row starts
             # when the transfer began (the event's value).
             began = yield self._p2p_event(task.tag, rank)
             return "p2p", began
+        dim = task.group[0]
+        peer = self.mesh.peer(rank, dim, task.peer)
         began = self.env.now
         twins = () if self.options.full else self._twin_groups(rank, (dim,), peer=task.peer)
         event = self.comm.collective("send_recv", (rank, peer), task.bytes, twins)

@@ -34,7 +34,7 @@ def uses_seq(plan) -> bool:
 
 
 def check_resolved(plan) -> None:
-    """Every world-size and model check of a plan whose mesh.dp is a number.
+    """Every degree and model check of a plan whose mesh.dp is a number.
 
     The sharding layout comes first (a grid strategy mixed with others is no TP degree's
     fault), then the mesh's own degree checks, then how the model fits the mesh.
