@@ -233,8 +233,9 @@ def saved_layer_bytes(plan: Plan, layer: int, recompute: str | None = None) -> f
     if plan.attention == "flash" and recompute == "none":
         recompute = "selective"
     if plan.grid_strategy is not None:
-        # Seed 004: every saved tensor is a grid block, 1/N (design 1, 2D, 2.5D) or
-        # 1/N^(2/3) (3D design 2) of the unsharded layer's.
+        # Every saved tensor is a grid block, 1/N (2D, 2.5D, 3D design 1) or 1/N^(2/3)
+        # (3D design 2) of the unsharded layer's (the 3D tensor-parallel designs, Bian
+        # et al. 2021, arXiv:2105.14450).
         return activation_scale(plan) * plan.parallel_dims.grid.resid_fraction * \
             activation_bytes_per_layer(m, s, b, 1, False, recompute, kv_seq_len=tr.seq_len)
     return activation_scale(plan) * activation_bytes_per_layer(
