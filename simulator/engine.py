@@ -56,8 +56,9 @@ class Engine:
         self.env = simpy.Environment()
         self.comm = CommModel(self.env, topology, options.comm)
         self.dtype = program.plan.training.dtype
-        self.ranks = (list(range(program.world_size)) if options.full else
-                      [program.representative(s) for s in range(len(program.stages))])
+        self.mesh = program.plan.parallel_dims
+        self.ranks = (list(range(self.mesh.world_size)) if options.full else
+                      [self.mesh.representative(s) for s in range(len(program.stages))])
         self._p2p: dict[tuple, simpy.Event] = {}
         self._rendezvous: dict[tuple, list] = {}
         self._twins: dict[tuple, tuple] = {}
@@ -74,7 +75,7 @@ class Engine:
     def run(self) -> None:
         """Simulate the step to completion."""
         for rank in self.ranks:
-            stage = self.program.stage_of(rank)
+            stage = self.mesh.stage_of(rank)
             device = self.topology.device(rank)
             streams, watched = self._stage_streams(
                 stage, serial=not device.profile.concurrent_collectives)
@@ -205,22 +206,20 @@ class Engine:
     def _point_to_point(self, rank: int, task: Task) -> Iterator:
         """A send (transfer, then wake the receiver) or a receive (wait for the sender).
 
-        The peer is `task.peer` steps along the task's mesh dimension, wrapping around (a
-        ring for context parallelism; pipeline programs never step past the ends). In
+        The peer is `task.peer` steps along the task's mesh dimension, wrapping around
+        (ParallelDims.peer: a ring for context parallelism; pipeline programs never step
+        past the ends, except interleaved chunks from the last stage to the first). In
         rank-class mode a peer that is not simulated is a twin of a simulated rank doing
         the same send at the same moment, so a receive from it completes with this rank's
         own matching send.
         """
-        dim = task.group[0]
-        coords = self.program.coords(rank)
-        size = self.program.plan.mesh.size(dim)
-        step = task.peer if task.stream.endswith("send") else -task.peer
-        peer = self.program.rank_of({**coords, dim: (coords[dim] + step) % size})
         if task.stream.endswith("recv"):
             # Waiting for the sender is idle time, not communication: the row starts
             # when the transfer began (the event's value).
             began = yield self._p2p_event(task.tag, rank)
             return "p2p", began
+        dim = task.group[0]
+        peer = self.mesh.peer(rank, dim, task.peer)
         began = self.env.now
         twins = () if self.options.full else self._twin_groups(rank, (dim,), peer=task.peer)
         event = self.comm.collective("send_recv", (rank, peer), task.bytes, twins)
@@ -238,7 +237,7 @@ class Engine:
     def _group(self, rank: int, dims: tuple[str, ...]) -> tuple[int, ...]:
         key = (rank, dims)
         if key not in self._groups:
-            self._groups[key] = self.program.group_ranks(rank, dims)
+            self._groups[key] = self.mesh.group_ranks(rank, dims)
         return self._groups[key]
 
     def _twin_groups(self, rank: int, dims: tuple[str, ...], peer: int = 0) -> tuple:
@@ -250,18 +249,13 @@ class Engine:
         key = (rank, dims, peer)
         if key in self._twins:
             return self._twins[key]
-        prog = self.program
-        stage = prog.stage_of(rank)
         own = self._group(rank, dims)
         seen, twins = set(own), []
-        for member in self._stage_ranks(stage):
+        for member in self.mesh.stage_ranks(self.mesh.stage_of(rank)):
             if member in seen:
                 continue
             if peer:
-                c = prog.coords(member)
-                dim = dims[0]
-                size = prog.plan.mesh.size(dim)
-                twins.append((member, prog.rank_of({**c, dim: (c[dim] + peer) % size})))
+                twins.append((member, self.mesh.peer(member, dims[0], peer)))
                 seen.add(member)
             else:
                 group = self._group(member, dims)
@@ -270,19 +264,13 @@ class Engine:
         self._twins[key] = tuple(twins)
         return self._twins[key]
 
-    def _stage_ranks(self, stage: int) -> list[int]:
-        """Every rank of a pipeline stage (pp is the outermost mesh dim)."""
-        per_stage = self.program.world_size // len(self.program.stages)
-        return list(range(stage * per_stage, (stage + 1) * per_stage))
-
     def _group_name(self, rank: int, task: Task) -> str:
         if task.kind == COMPUTE:
             return ""
         if task.op == "send_recv":
             dim = task.group[0]
-            here = self.program.coords(rank)[dim]
-            size = self.program.plan.mesh.size(dim)
-            there = (here + task.peer) % size
+            here = self.mesh.index(rank, dim)
+            there = self.mesh.index(self.mesh.peer(rank, dim, task.peer), dim)
             src, dst = (here, there) if task.stream.endswith("send") else (there, here)
             return f"{dim}:{src}->{dst}"
         return ",".join(task.group)

@@ -57,7 +57,7 @@ def memory_column(program: Program, trace: pa.Table) -> pa.Array:
     bounds = list(starts[1:]) + [trace.num_rows]
     static_by_stage: dict[int, float] = {}
     for rank, lo, hi in zip(ranks, starts, bounds):
-        stage = program.stage_of(int(rank))
+        stage = plan.parallel_dims.stage_of(int(rank))
         if stage not in static_by_stage:
             b = memory_breakdown(plan, stage)
             static_by_stage[stage] = (b.params_bytes + b.grads_bytes + b.optimizer_bytes

@@ -83,7 +83,7 @@ def test_gradients_reduce_over_dp_and_cp():
     prog = _program(fsdp={"enabled": True})
     reduces = [t for t in prog.stages[0] if t.label.startswith("grad.reduce.")]
     assert reduces and {t.group for t in reduces} == {("dp", "cp")}
-    assert {len(prog.group_ranks(0, ("dp", "cp")))} == {CP * DP}
+    assert {len(prog.plan.parallel_dims.group_ranks(0, ("dp", "cp")))} == {CP * DP}
 
 
 def test_cp_rank_flops_sum_to_the_unsharded_model():

@@ -59,10 +59,11 @@ def test_deepseek_v3_preset_matches_the_report_within_the_mla_assumption():
 def test_ep_groups_are_blocks_of_consecutive_dp_ranks():
     prog = _program(ep=4)
     # tp = cp = pp = 1: rank = dp index. EP blocks {0..3}, {4..7}; edp: same slot.
-    assert prog.group_ranks(0, ("ep",)) == (0, 1, 2, 3)
-    assert prog.group_ranks(6, ("ep",)) == (4, 5, 6, 7)
-    assert prog.group_ranks(1, ("edp",)) == (1, 5)
-    tp = _program(ep=2, world=8, mesh={"tp": 2})        # dp 4, tp innermost
+    mesh = prog.plan.parallel_dims
+    assert mesh.group_ranks(0, ("ep",)) == (0, 1, 2, 3)
+    assert mesh.group_ranks(6, ("ep",)) == (4, 5, 6, 7)
+    assert mesh.group_ranks(1, ("edp",)) == (1, 5)
+    tp = _program(ep=2, world=8, mesh={"tp": 2}).plan.parallel_dims   # dp 4, tp innermost
     assert tp.group_ranks(0, ("ep",)) == (0, 2) and tp.group_ranks(0, ("edp",)) == (0, 4)
 
 
@@ -91,7 +92,7 @@ def test_expert_gradients_reduce_over_dp_over_ep():
     by_group = {t.group: t.bytes for t in reduces}
     experts = (E // 4) * 3 * D * F                       # local experts x SwiGLU matrices
     assert by_group[("edp",)] == experts * 4              # fp32 gradient reduction
-    assert prog.plan.dim_size("edp") == 2
+    assert prog.plan.parallel_dims.size("edp") == 2
     assert set(by_group) == {("dp",), ("edp",)}
     assert {t.op for t in reduces} == {"all_reduce"}
 

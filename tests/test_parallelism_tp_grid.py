@@ -77,8 +77,9 @@ def test_3d_collective_bytes():
     groups = {t.label.split(".")[1]: t.group for t in prog.stages[0]
               if t.layer == 1 and t.label.startswith("tp3d.") and t.phase == "forward"}
     assert groups == {"A": ("tpy",), "C": ("tpx",), "W": ("tpz",)}
-    assert len(prog.group_ranks(0, ("tpx",))) == len(prog.group_ranks(0, ("tpz",))) == q
-    assert prog.group_ranks(0, ("tpz",)) == (0, 4) and prog.group_ranks(0, ("tpy",)) == (0, 2)
+    mesh = prog.plan.parallel_dims
+    assert len(mesh.group_ranks(0, ("tpx",))) == len(mesh.group_ranks(0, ("tpz",))) == q
+    assert mesh.group_ranks(0, ("tpz",)) == (0, 4) and mesh.group_ranks(0, ("tpy",)) == (0, 2)
 
 
 def test_activation_memory_1_over_n_against_1_over_n_two_thirds():

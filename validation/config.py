@@ -146,10 +146,10 @@ def block_layouts(plan: Plan) -> tuple[tuple[str, str], ...]:
 
 def check_expressible(plan: Plan, dtype: str) -> None:
     """Reject what the torch harness cannot run, naming the field and the allowed values."""
-    m = plan.mesh
+    mesh = plan.parallel_dims
     for dim in ("pp", "cp", "ep"):
-        if m.size(dim) != 1:
-            raise ValidationError(f"mesh.{dim}", m.size(dim),
+        if mesh.size(dim) != 1:
+            raise ValidationError(f"mesh.{dim}", mesh.size(dim),
                                   "1 (the harness runs DP/FSDP x TP meshes; no pipeline, "
                                   "context or expert parallelism)")
     if plan.model.num_experts:

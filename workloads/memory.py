@@ -27,7 +27,6 @@ count is exactly sbh(34 + 5as/h); tests/test_memory.py checks it.
 """
 from __future__ import annotations
 
-import math
 from dataclasses import asdict, dataclass
 from typing import Sequence
 
@@ -124,7 +123,7 @@ def _stage_units(plan: Plan, stage: int, ranges: Sequence[range]) -> list[tuple[
         for unit in keys:
             groups = unit_param_groups(plan, unit)
             units.append((sum(groups.values()),
-                          sum(p / math.prod(plan.dim_size(d) for d in dims)
+                          sum(p / plan.parallel_dims.group_size(dims)
                               for dims, p in groups.items())))
     return units
 
@@ -234,10 +233,10 @@ def saved_layer_bytes(plan: Plan, layer: int, recompute: str | None = None) -> f
     if plan.attention == "flash" and recompute == "none":
         recompute = "selective"
     if plan.grid_strategy is not None:
-        from .tp_grid import grid_split
-        # Seed 004: every saved tensor is a grid block, 1/N (design 1, 2D, 2.5D) or
-        # 1/N^(2/3) (3D design 2) of the unsharded layer's.
-        return activation_scale(plan) * grid_split(plan).resid_fraction * \
+        # Every saved tensor is a grid block, 1/N (2D, 2.5D, 3D design 1) or 1/N^(2/3)
+        # (3D design 2) of the unsharded layer's (the 3D tensor-parallel designs, Bian
+        # et al. 2021, arXiv:2105.14450).
+        return activation_scale(plan) * plan.parallel_dims.grid.resid_fraction * \
             activation_bytes_per_layer(m, s, b, 1, False, recompute, kv_seq_len=tr.seq_len)
     return activation_scale(plan) * activation_bytes_per_layer(
         m, s, b, tp, sp, recompute, kv_seq_len=tr.seq_len, moe=m.is_moe_layer(layer),

@@ -21,8 +21,9 @@ tokens are all-gathered over TP under sequence parallelism before the dispatch, 
 expert outputs (partial over TP) are reduced once after the combine.
 
 EP is a sub-dimension of dp: the ranks with dp indices in one block of ep consecutive
-values form an EP group (Program.group_ranks "ep"). Expert weights are replicated over the
-other dp x cp / ep ranks ("edp" x "cp"), where their gradients are reduced.
+values form an EP group (the mesh's virtual dim "ep", workloads/mesh.py). Expert weights
+are replicated over the other dp x cp / ep ranks ("edp" x "cp"), where their gradients
+are reduced.
 """
 from __future__ import annotations
 

@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 import re
 from dataclasses import dataclass, field, replace
+from functools import cached_property
 from pathlib import Path
 from types import MappingProxyType
 from typing import Any, Mapping
@@ -20,7 +21,9 @@ from .errors import WorkloadError
 from .fields import (check_bool, check_choice, check_int, check_number, check_optional_name,
                      is_int)
 from .kernels import KERNEL_MODES, OPTIMIZERS
+from .mesh import Mesh, ParallelDims
 from .models import ModelSpec, load_model
+from .plan_checks import check_resolved
 
 PROJECTIONS = ("wq", "wk", "wv", "wo", "w1", "w3", "w2")
 # 1D Megatron-style strategies, then the 2D/2.5D/3D tensor-parallel layouts (Xu et al.
@@ -45,13 +48,6 @@ ZERO_STAGES = (0, 1, 2, 3)   # ZeRO (Rajbhandari et al. 2020): none, optimizer, 
 # eager: the s x s scores are materialised and kept for the backward.
 ATTENTION_IMPLS = ("flash", "eager")
 SCHEDULES = ("gpipe", "1f1b", "interleaved")
-MESH_DIMS = ("pp", "dp", "cp", "tp")  # outermost first; tp ranks are contiguous
-# Sub-dimensions of a mesh dim ("virtual" dims a task's group may name), as
-# (parent, stride, size) digits of the parent's index (Plan.dim_layout):
-#   ep   expert parallelism: blocks of ep consecutive dp indices
-#   edp  the expert-data-parallel dim orthogonal to ep inside dp (dp / ep)
-#   tpx, tpy, tpz  the axes of a 2D / 2.5D / 3D TP grid, tp index = z q q + y q + x
-VIRTUAL_DIMS = ("ep", "edp", "tpx", "tpy", "tpz")
 BUNDLED_DIR = Path(__file__).parent / "plans"
 
 # Megatron-LM defaults (Shoeybi et al. 2019): attention in and MLP in column-parallel,
@@ -78,26 +74,6 @@ class Training:
     def tokens(self) -> int:
         """Tokens per optimizer step."""
         return self.global_batch * self.seq_len
-
-
-@dataclass(frozen=True)
-class Mesh:
-    """Parallel degrees; `dp` may be 0 meaning "auto" until resolved for a world size."""
-
-    pp: int = 1
-    dp: int = 0
-    cp: int = 1
-    tp: int = 1
-    ep: int = 1
-
-    @property
-    def world_size(self) -> int:
-        """Product of the degrees (ep folds into dp, as in torchtitan)."""
-        return self.pp * self.dp * self.cp * self.tp
-
-    def size(self, dim: str) -> int:
-        """Degree of one mesh dimension by name."""
-        return getattr(self, dim)
 
 
 @dataclass(frozen=True)
@@ -206,37 +182,10 @@ class Plan:
         used = {s for st in layers for s in st.values() if s in GRID_STRATEGIES}
         return used.pop() if len(used) == 1 else (None if not used else "mixed")
 
-    @property
-    def tp_grid(self) -> tuple[int, int, int]:
-        """(x, y, z) axis sizes of the TP grid: q x q (2D), q x q x d (2.5D), q x q x q (3D)."""
-        tp, mode = self.mesh.tp, self.grid_strategy
-        if mode in ("tp3d_gather", "tp3d_allreduce"):
-            q = round(tp ** (1 / 3))
-            return (q, q, q)
-        if mode in ("tp2d", "tp2.5d"):
-            d = self.tp_depth if mode == "tp2.5d" else 1
-            q = round((tp // d) ** 0.5)
-            return (q, q, d)
-        return (tp, 1, 1)
-
-    def dim_layout(self, dim: str) -> tuple[str, int, int]:
-        """(parent mesh dim, stride, size) of a mesh dim or a virtual sub-dimension."""
-        mesh = self.mesh
-        if dim in MESH_DIMS:
-            return dim, 1, mesh.size(dim)
-        if dim == "ep":
-            return "dp", 1, mesh.ep
-        if dim == "edp":
-            return "dp", mesh.ep, mesh.dp // mesh.ep
-        x, y, z = self.tp_grid
-        layouts = {"tpx": ("tp", 1, x), "tpy": ("tp", x, y), "tpz": ("tp", x * y, z)}
-        if dim not in layouts:
-            raise ValueError(f"unknown mesh dim {dim!r}")
-        return layouts[dim]
-
-    def dim_size(self, dim: str) -> int:
-        """Ranks along a mesh dim or virtual sub-dimension."""
-        return self.dim_layout(dim)[2]
+    @cached_property
+    def parallel_dims(self) -> ParallelDims:
+        """The mesh geometry of this resolved plan: ranks, groups, peers (workloads/mesh.py)."""
+        return ParallelDims.from_plan(self)
 
     def with_mesh(self, mesh: Mesh) -> "Plan":
         """A copy of this plan with another mesh (resolved and validated later)."""
@@ -432,20 +381,10 @@ def bundled_plans() -> list[str]:
 def resolve(plan: Plan, world_size: int) -> Plan:
     """The plan with `dp: auto` filled in and every degree checked against the model.
 
-    Each check names the factor that fails, as torchtitan's ParallelDims does
-    (workloads/plan_checks.py).
+    Each check names the factor that fails, as torchtitan's ParallelDims does: the world
+    size (Mesh.resolved), then the sharding layout, the mesh's own degrees
+    (ParallelDims) and how the model fits them (workloads/plan_checks.py).
     """
-    from .plan_checks import check_resolved  # local: plan_checks reads Plan attributes
-    mesh = plan.mesh
-    others = mesh.pp * mesh.cp * mesh.tp
-    if mesh.dp == 0:
-        if world_size % others:
-            raise WorkloadError("mesh", f"pp*cp*tp={others}",
-                                f"a divisor of the topology's {world_size} GPUs")
-        mesh = replace(mesh, dp=world_size // others)
-    if mesh.world_size != world_size:
-        raise WorkloadError("mesh", f"pp*dp*cp*tp={mesh.world_size}",
-                            f"the topology's GPU count ({world_size})")
-    resolved = replace(plan, mesh=mesh)
+    resolved = replace(plan, mesh=plan.mesh.resolved(world_size))
     check_resolved(resolved)
     return resolved

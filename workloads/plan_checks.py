@@ -1,17 +1,20 @@
-"""Checks of a plan against its world size and model (called by plan.resolve).
+"""Checks of a resolved plan against its model (called by plan.resolve).
 
 Every failure is a WorkloadError naming the field, the value and what is allowed, so the
 CLI prints one line and exits 2. The rules and their sources:
 
+- The degrees themselves (each >= 1, ep divides dp, a TP grid's shape) are checked by
+  the mesh (workloads/mesh.py), which these checks ask for every size.
 - TP divides heads, KV heads, FFN and hidden sizes (Megatron-LM's column/row split).
 - CP divides the sequence; ring attention with causal load balancing cuts the sequence
   into 2 cp chunks (Megatron-LM / Llama 3, arXiv:2407.21783 section 3.3.2), so 2 cp must
   divide it; Ulysses (Jacobs et al. 2023, arXiv:2309.14509) moves heads over CP, so
   cp must divide the heads and KV heads of a TP rank.
-- EP divides the routed experts and is a sub-dimension of dp (blocks of ep dp ranks).
-- A 2D/2.5D/3D TP grid needs a square / d x square / cube TP degree (seed 004, Xu et al.
-  2021 arXiv:2104.05343, Wang et al. 2021 arXiv:2105.14500, Bian et al. 2021
-  arXiv:2105.14450) and splits the micro-batch over its token axes.
+- EP divides the routed experts (the mesh checks that it divides dp).
+- A 2D/2.5D/3D TP grid (Xu et al. 2021 arXiv:2104.05343, Wang et al. 2021
+  arXiv:2105.14500, Bian et al. 2021 arXiv:2105.14450) uses one strategy for every
+  projection and splits the micro-batch over its token axes; the mesh checks that the
+  TP degree is a square / d x square / cube.
 - Pipeline: pp x virtual_stages chunks of at least one layer each; a layer split adds up.
 """
 from __future__ import annotations
@@ -31,23 +34,30 @@ def uses_seq(plan) -> bool:
 
 
 def check_resolved(plan) -> None:
-    """Every world-size and model check of a plan whose mesh.dp is a number."""
-    m, mesh, tr = plan.model, plan.mesh, plan.training
+    """Every degree and model check of a plan whose mesh.dp is a number.
+
+    The sharding layout comes first (a grid strategy mixed with others is no TP degree's
+    fault), then the mesh's own degree checks, then how the model fits the mesh.
+    """
+    m, tr = plan.model, plan.training
+    if plan.grid_strategy is not None:
+        check_grid_layout(plan)
+    dims = plan.parallel_dims
     if plan.grid_strategy is None:
-        _divides(m.num_heads, mesh.tp, "mesh.tp", "num_attention_heads")
-        _divides(m.num_kv_heads, mesh.tp, "mesh.tp", "num_key_value_heads")
-        _divides(m.ffn_size, mesh.tp, "mesh.tp", "intermediate_size")
-        _divides(m.hidden_size, mesh.tp, "mesh.tp", "hidden_size")
-        _divides(tr.seq_len, mesh.tp * mesh.cp if plan.sequence_parallel or uses_seq(plan)
-                 else mesh.cp, "mesh.tp*cp" if plan.sequence_parallel else "mesh.cp", "seq_len")
+        _divides(m.num_heads, dims.tp, "mesh.tp", "num_attention_heads")
+        _divides(m.num_kv_heads, dims.tp, "mesh.tp", "num_key_value_heads")
+        _divides(m.ffn_size, dims.tp, "mesh.tp", "intermediate_size")
+        _divides(m.hidden_size, dims.tp, "mesh.tp", "hidden_size")
+        _divides(tr.seq_len, dims.tp * dims.cp if plan.sequence_parallel or uses_seq(plan)
+                 else dims.cp, "mesh.tp*cp" if plan.sequence_parallel else "mesh.cp", "seq_len")
     else:
         check_grid(plan)
-        _divides(tr.seq_len, mesh.cp, "mesh.cp", "seq_len")
+        _divides(tr.seq_len, dims.cp, "mesh.cp", "seq_len")
     check_context_parallel(plan)
     check_experts(plan)
-    if tr.global_batch % (mesh.dp * tr.micro_batch):
+    if tr.global_batch % (dims.dp * tr.micro_batch):
         raise WorkloadError("training.global_batch", tr.global_batch,
-                            f"a multiple of dp*micro_batch ({mesh.dp}*{tr.micro_batch})")
+                            f"a multiple of dp*micro_batch ({dims.dp}*{tr.micro_batch})")
     check_pipeline(plan)
     if plan.fsdp and plan.zero_stage not in (0, 3):
         raise WorkloadError("zero_stage", plan.zero_stage, "0 or 3 when fsdp.enabled (FSDP is ZeRO-3)")
@@ -55,7 +65,7 @@ def check_resolved(plan) -> None:
 
 def check_context_parallel(plan) -> None:
     """CP divides the sequence (2 cp chunks for ring), or the heads for Ulysses."""
-    m, cp, tp = plan.model, plan.mesh.cp, plan.mesh.tp
+    m, cp, tp = plan.model, plan.parallel_dims.cp, plan.parallel_dims.tp
     if cp == 1:
         return
     seq = plan.training.seq_len
@@ -71,21 +81,18 @@ def check_context_parallel(plan) -> None:
 
 
 def check_experts(plan) -> None:
-    """EP divides the routed experts and dp; no EP for dense models."""
-    m, mesh = plan.model, plan.mesh
-    if mesh.ep == 1:
+    """EP divides the routed experts; no EP for dense models (the mesh checks ep | dp)."""
+    m, ep = plan.model, plan.parallel_dims.ep
+    if ep == 1:
         return
     if not m.num_experts:
-        raise WorkloadError("mesh.ep", mesh.ep, f"1 for a dense model ({m.name} has no experts)")
-    _divides(m.num_experts, mesh.ep, "mesh.ep", "num_experts")
-    if mesh.dp % mesh.ep:
-        raise WorkloadError("mesh.ep", mesh.ep, f"a divisor of dp ({mesh.dp}): expert "
-                            "parallelism splits the data-parallel ranks into EP groups")
+        raise WorkloadError("mesh.ep", ep, f"1 for a dense model ({m.name} has no experts)")
+    _divides(m.num_experts, ep, "mesh.ep", "num_experts")
 
 
-def check_grid(plan) -> None:
-    """2D / 2.5D / 3D TP: one grid strategy, a square or cube degree, divisible shapes."""
-    mode, tp, m, tr = plan.grid_strategy, plan.mesh.tp, plan.model, plan.training
+def check_grid_layout(plan) -> None:
+    """2D / 2.5D / 3D TP: one grid strategy for every projection, and what it excludes."""
+    mode = plan.grid_strategy
     if mode == "mixed":
         raise WorkloadError("sharding", "several grid strategies",
                             "one of tp2d, tp2.5d, tp3d_gather, tp3d_allreduce for every projection")
@@ -100,18 +107,15 @@ def check_grid(plan) -> None:
     if plan.sequence_parallel:
         raise WorkloadError("sharding.sequence_parallel", True,
                             f"false with {mode} (the grid shards activations itself)")
-    x, y, z = plan.tp_grid
-    if x * y * z != tp:
-        shape = {"tp2d": "a square q*q", "tp2.5d": f"d*q*q with d = {plan.tp_depth}",
-                 "tp3d_gather": "a cube q*q*q", "tp3d_allreduce": "a cube q*q*q"}[mode]
-        raise WorkloadError("mesh.tp", tp, f"{shape} for {mode}")
-    if plan.mesh.cp > 1 or plan.model.num_experts:
+
+
+def check_grid(plan) -> None:
+    """2D / 2.5D / 3D TP on a valid grid: dense model, no CP, divisible shapes."""
+    mode, m, tr, dims = plan.grid_strategy, plan.model, plan.training, plan.parallel_dims
+    if dims.cp > 1 or m.num_experts:
         raise WorkloadError("sharding", mode, "col/row/seq strategies: this version lowers "
                             "2D/2.5D/3D tensor parallelism for dense models without CP")
-    if mode == "tp2.5d" and plan.tp_depth < 1:
-        raise WorkloadError("tensor_parallel.depth", plan.tp_depth, "an integer >= 1")
-    from .tp_grid import grid_split
-    split = grid_split(plan)
+    split = dims.grid
     if tr.micro_batch % split.token_split:
         raise WorkloadError("training.micro_batch", tr.micro_batch,
                             f"a multiple of {split.token_split} ({mode} splits the micro-batch "
@@ -119,27 +123,27 @@ def check_grid(plan) -> None:
     for value, name in ((m.num_heads, "num_attention_heads"),
                         (m.num_kv_heads, "num_key_value_heads"),
                         (m.hidden_size, "hidden_size"), (m.ffn_size, "intermediate_size")):
-        _divides(value, x, "mesh.tp", f"{name} over the grid's feature axis of {x}")
+        _divides(value, split.x, "mesh.tp", f"{name} over the grid's feature axis of {split.x}")
 
 
 def check_pipeline(plan) -> None:
     """pp x v chunks of at least one layer, except that the first chunk may hold only the
     embedding and the last only the output layer and loss (Llama 3's split,
     arXiv:2407.21783 section 3.3.2); layer_split has pp x v entries adding up."""
-    layers, pipe, mesh = plan.model.num_layers, plan.pipeline, plan.mesh
-    chunks = mesh.pp * pipe.virtual_stages
+    layers, pipe, dims = plan.model.num_layers, plan.pipeline, plan.parallel_dims
+    chunks = dims.pp * pipe.virtual_stages
     if chunks > layers + 2:
-        raise WorkloadError("mesh.pp", mesh.pp,
+        raise WorkloadError("mesh.pp", dims.pp,
                             f"pp*virtual_stages <= num_layers + 2 ({layers + 2}): a pipeline "
                             "chunk needs at least one layer (the first and last may hold "
                             "only the embedding and the output layer)")
     if pipe.schedule != "interleaved" and pipe.virtual_stages != 1:
         raise WorkloadError("pipeline.virtual_stages", pipe.virtual_stages,
                             "1 unless schedule is interleaved")
-    micro = plan.training.global_batch // (mesh.dp * plan.training.micro_batch)
-    if pipe.schedule == "interleaved" and pipe.virtual_stages > 1 and micro % mesh.pp:
+    micro = plan.training.global_batch // (dims.dp * plan.training.micro_batch)
+    if pipe.schedule == "interleaved" and pipe.virtual_stages > 1 and micro % dims.pp:
         raise WorkloadError("training.global_batch", plan.training.global_batch,
-                            f"micro-batches ({micro}) a multiple of pp ({mesh.pp}) for interleaved")
+                            f"micro-batches ({micro}) a multiple of pp ({dims.pp}) for interleaved")
     if pipe.layer_split is not None:
         if len(pipe.layer_split) != chunks:
             raise WorkloadError("pipeline.layer_split", list(pipe.layer_split),

@@ -10,7 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Iterator
 
-from .plan import MESH_DIMS, Plan
+from .plan import Plan
 
 COMPUTE = "compute"
 COMM = "comm"
@@ -39,7 +39,8 @@ class Task:
     op_class: str = ""              # gemm | attention | memory (compute only)
     gemm_mnk: tuple[int, int, int] = (0, 0, 0)
     group: tuple[str, ...] = ()     # mesh dims a collective spans
-    peer: int = 0                   # send_recv: +1 next stage, -1 previous stage
+    peer: int = 0                   # send_recv: steps along group[0] to the peer
+                                    # (ParallelDims.peer): +1 next stage, -1 previous
     tag: tuple = ()                 # send_recv: matching key shared by sender and receiver
     label: str = ""                 # what it is for, e.g. "wq.input", "grad.w2"
     kernels: int = 1                # kernel launches it stands for (eager: several)
@@ -48,7 +49,8 @@ class Task:
 
 @dataclass
 class Program:
-    """Per-stage task lists of one training step, plus the mesh to map ranks."""
+    """Per-stage task lists of one training step; ranks, groups and peers come from the
+    plan's mesh (plan.parallel_dims, workloads/mesh.py)."""
 
     plan: Plan                      # resolved: plan.mesh.dp is a number
     stages: list[list[Task]]
@@ -58,51 +60,7 @@ class Program:
     @property
     def world_size(self) -> int:
         """GPUs the program runs on."""
-        return self.plan.mesh.world_size
-
-    def coords(self, rank: int) -> dict[str, int]:
-        """Mesh coordinates of a rank (tp innermost, pp outermost)."""
-        out: dict[str, int] = {}
-        for dim in reversed(MESH_DIMS):
-            size = self.plan.mesh.size(dim)
-            out[dim] = rank % size
-            rank //= size
-        return out
-
-    def rank_of(self, coords: dict[str, int]) -> int:
-        """Rank of mesh coordinates."""
-        rank = 0
-        for dim in MESH_DIMS:
-            rank = rank * self.plan.mesh.size(dim) + coords[dim]
-        return rank
-
-    def stage_of(self, rank: int) -> int:
-        """Pipeline stage (rank class) of a rank."""
-        return self.coords(rank)["pp"]
-
-    def group_ranks(self, rank: int, dims: tuple[str, ...]) -> tuple[int, ...]:
-        """Ranks that differ from `rank` only along `dims`, in rank order.
-
-        A dim is a mesh dim (pp, dp, cp, tp) or a virtual sub-dimension of one
-        (Plan.dim_layout): "ep" (blocks of ep consecutive dp indices: an expert-parallel
-        group), "edp" (the dp indices with the same position inside their EP block: the
-        expert-data-parallel group), "tpx"/"tpy"/"tpz" (the axes of a 2D/2.5D/3D TP grid).
-        A virtual dim varies one digit (stride, size) of its parent's index.
-        """
-        members = [self.coords(rank)]
-        for dim in dims:
-            parent, stride, size = self.plan.dim_layout(dim)
-            grown = []
-            for c in members:
-                index = c[parent]
-                digit = (index // stride) % size
-                grown.extend({**c, parent: index + (v - digit) * stride} for v in range(size))
-            members = grown
-        return tuple(sorted({self.rank_of(c) for c in members}))
-
-    def representative(self, stage: int) -> int:
-        """The rank simulated for a stage in rank-class mode (dp = cp = tp = 0)."""
-        return self.rank_of({"pp": stage, "dp": 0, "cp": 0, "tp": 0})
+        return self.plan.parallel_dims.world_size
 
     def tasks(self) -> Iterator[Task]:
         """Every task of every stage."""

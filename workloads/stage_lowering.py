@@ -7,8 +7,6 @@ interleaved chunks); a transfer is matched by its tag (what, sending chunk, micr
 """
 from __future__ import annotations
 
-import math
-
 from .checkpointing import op_checkpoint_saved
 from .kernels import adam_step_cost
 from .layer_graph import LayerGraph, LayerShape, TaskSink
@@ -61,7 +59,7 @@ class StageLowering:
                               op_class=MEMORY, label="wait", **self._ctx(unit, mb)),)
 
     def _group_size(self, dims) -> int:
-        return math.prod(self.plan.dim_size(d) for d in dims)
+        return self.plan.parallel_dims.group_size(dims)
 
     def _param_groups(self, unit) -> dict[tuple[str, ...], float]:
         return unit_param_groups(self.plan, unit)
@@ -155,8 +153,7 @@ class StageLowering:
         if self.plan.sequence_parallel:
             size /= sh.tp
         elif self.plan.grid_strategy is not None:
-            from .tp_grid import grid_split
-            size *= grid_split(self.plan).resid_fraction
+            size *= self.plan.parallel_dims.grid.resid_fraction
         src = chunk if kind == "send" else chunk + peer
         return self.sink.add(kind=COMM, stream=f"pp_{kind}", op="send_recv", phase=phase,
                              deps=tuple(deps), bytes=size, group=("pp",), peer=peer,

@@ -1,6 +1,7 @@
 """2D, 2.5D and 3D tensor-parallel transformer layers (seed 004; Colossal-AI).
 
-The TP group of N ranks is a grid with axes tpx (stride 1), tpy and tpz (Plan.dim_layout).
+The TP group of N ranks is a grid with axes tpx (stride 1), tpy and tpz (the mesh's
+GridSplit and ParallelDims.layout, workloads/mesh.py).
 Activations [M tokens, K features] and weights [K, N] are split over the grid; every
 projection of every layer uses one strategy (wq/wk/wv fused into one "wqkv" GEMM and
 w1/w3 into "w13", as Colossal-AI's fused query_key_value and gated MLP).
@@ -39,47 +40,12 @@ all-gathered over TP (and the reverse in backward). Grid TP is not combined with
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 from .layer_graph import causal_attention_flops
+from .mesh import grid_split
 from .precision import precision
 from .program import ATTENTION, COMM, COMPUTE, GEMM, MEMORY
 
 NORM_STAT_BYTES = 4   # one fp32 statistic per token (RMSNorm: sum of squares)
-
-
-@dataclass(frozen=True)
-class GridSplit:
-    """How a grid strategy splits a layer's tensors over the TP grid."""
-
-    mode: str
-    q: int                     # SUMMA / cube edge
-    depth: int                 # 2.5D depth d (1 otherwise)
-    token_split: int           # ways a stored activation's tokens are split
-    feature_split: int         # ways its features are split
-    weight_split: int          # ways a weight is split (2.5D: q x q, replicated over d)
-    token_axes: tuple[str, ...]
-    feature_axis: str = "tpx"
-
-    @property
-    def resid_fraction(self) -> float:
-        """Fraction of an activation a rank stores (seed 004: 1/N or 1/N^(2/3))."""
-        return 1.0 / (self.token_split * self.feature_split)
-
-
-def grid_split(plan) -> GridSplit:
-    """The GridSplit of a plan's grid strategy."""
-    mode = plan.grid_strategy
-    x, y, z = plan.tp_grid
-    if mode == "tp2d":
-        return GridSplit(mode, x, 1, y, x, x * y, ("tpy",))
-    if mode == "tp2.5d":
-        return GridSplit(mode, x, z, y * z, x, x * y, ("tpy", "tpz"))
-    if mode == "tp3d_gather":
-        return GridSplit(mode, x, 1, y * z, x, x * y * z, ("tpy", "tpz"))
-    if mode == "tp3d_allreduce":
-        return GridSplit(mode, x, 1, z, x, x * y * z, ("tpz",))
-    raise ValueError(f"not a grid strategy: {mode!r}")
 
 
 def grid_linears(model) -> list[tuple[str, int, int]]:
