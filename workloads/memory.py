@@ -31,10 +31,13 @@ import math
 from dataclasses import asdict, dataclass
 from typing import Sequence
 
+from .checkpointing import op_checkpoint_features
 from .models import ModelSpec
+from .params import unit_param_groups
 from .plan import Plan
-from .lowering import EMBED, HEAD, stage_layers, unit_param_groups
 from .precision import precision
+from .schedules import chunk_units, stage_layers
+from .tp_grid import grid_split
 
 BF16_BYTES = 2
 PARAM_BYTES_PER_PARAM = 2        # bf16 working copy (ZeRO paper section 3.1)
@@ -113,14 +116,12 @@ def micro_batches_in_flight(plan: Plan, stage: int = 0) -> float:
 def _stage_units(plan: Plan, stage: int, ranges: Sequence[range]) -> list[tuple[float, float]]:
     """(gathered, sharded) parameters per FSDP unit of the stage: embedding, layers, output.
 
-    Gathered: what one rank computes with (lowering.unit_param_groups); sharded: each group
+    Gathered: what one rank computes with (params.unit_param_groups); sharded: each group
     divided over the ranks its gradients reduce over, which ZeRO/FSDP shard it over
     (col/row weights over dp; seq weights over dp x tp; routed experts over dp / ep).
     """
     units = []
-    for c in range(stage, len(ranges), plan.mesh.pp):
-        keys = ([EMBED] if c == 0 else []) + list(ranges[c]) + \
-            ([HEAD] if c == len(ranges) - 1 else [])
+    for keys in chunk_units(plan, stage, tuple(ranges)):
         for unit in keys:
             groups = unit_param_groups(plan, unit)
             units.append((sum(groups.values()),
@@ -191,7 +192,6 @@ def activation_bytes_per_layer(model: ModelSpec, seq_len: int, micro_batch: int,
     if recompute == "full":
         return BF16_BYTES * model.hidden_size * sb / sp_div
     if recompute == "selective_op" and not moe:
-        from .checkpointing import op_checkpoint_features
         return BF16_BYTES * sb * op_checkpoint_features(model, tp, sp_div)
     if recompute == "selective_op":
         recompute = "selective"   # assumption: MoE layers keep what selective keeps
@@ -234,7 +234,6 @@ def saved_layer_bytes(plan: Plan, layer: int, recompute: str | None = None) -> f
     if plan.attention == "flash" and recompute == "none":
         recompute = "selective"
     if plan.grid_strategy is not None:
-        from .tp_grid import grid_split
         # Seed 004: every saved tensor is a grid block, 1/N (design 1, 2D, 2.5D) or
         # 1/N^(2/3) (3D design 2) of the unsharded layer's.
         return activation_scale(plan) * grid_split(plan).resid_fraction * \
@@ -254,7 +253,7 @@ def memory_breakdown(plan: Plan, stage: int = 0,
     """Peak memory of a rank of pipeline stage `stage` for a resolved plan (mesh.dp set).
 
     layer_ranges: the layers of each pipeline chunk (pp x virtual_stages ranges, chunk c on
-    stage c % pp), e.g. the lowering's split; default `lowering.stage_layers(plan)`.
+    stage c % pp), e.g. the lowering's split; default `schedules.stage_layers(plan)`.
 
     peak = params + grads + optimizer + activations + buffers: every term is live at the start
     of the last warm-up micro-batch's backward once gradients accumulate (m > 1); summing is

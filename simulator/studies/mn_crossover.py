@@ -14,7 +14,8 @@ import argparse
 import json
 
 import topologies
-from workloads.layer_graph import LayerGraph, LayerShape
+from workloads.layer_builder import LayerShape
+from workloads.layer_graph import LayerGraph
 from workloads.program import COMPUTE, GEMM, Task
 
 from ..compute import compute_time_s
