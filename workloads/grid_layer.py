@@ -145,9 +145,8 @@ class GridLayer:
         if g.mode == "tp3d_gather":
             x = self._comm("all_gather", ("tpy",), rows * k_in / q * self.act_bytes, (x,), phase,
                            self._label("A", name))
-        c = self._gemm(name, (rows, n_out / q, k_in / q), (*self._cast(rows * k_in / q, (x,),
-                                                                       phase, name), w),
-                       phase, f"{name}.{phase[:3]}")
+        a = self._cast(rows * k_in / q, (x,), phase, name)
+        c = self._gemm(name, (rows, n_out / q, k_in / q), (*a, w), phase, f"{name}.{phase[:3]}")
         op = "reduce_scatter" if g.mode == "tp3d_gather" else "all_reduce"
         return self._comm(op, ("tpx",), rows * n_out / q * self.act_bytes, (c,), phase,
                           self._label("C", name))
