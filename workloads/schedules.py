@@ -1,4 +1,9 @@
-"""Pipeline schedules: the order in which a stage runs forward and backward micro-batches.
+"""Pipeline schedules: which units each stage holds and the order in which it runs forward
+and backward micro-batches.
+
+The layers form pp x virtual_stages chunks (stage_layers); a stage holds chunks stage,
+stage + pp, ..., the first chunk also the embedding and the last the output layer
+(chunk_units: what the lowering builds and the memory model counts).
 
 GPipe (Huang et al. 2019, arXiv:1811.06965): all forwards, then all backwards.
 1F1B (PipeDream-Flush, Narayanan et al. 2021, arXiv:2104.04473 section 2.2): stage s of p
