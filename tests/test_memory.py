@@ -6,7 +6,7 @@ import pyarrow.compute  # noqa: F401 (pa.compute)
 import pytest
 
 from workloads import plan_from_dict, resolve
-from workloads.lowering import stage_layers
+from workloads.schedules import stage_layers
 from workloads.memory import (activation_bytes_per_layer, activation_fraction_3d,
                               memory_breakdown, micro_batches_in_flight,
                               model_state_bytes_per_device, output_layer_activation_bytes,

@@ -13,7 +13,8 @@ from collections import Counter
 import pytest
 
 from workloads import plan_from_dict, resolve
-from workloads.lowering import lower, model_flops
+from workloads.lowering import lower
+from workloads.params import model_flops
 from workloads.models import PRESETS
 
 from conftest import simulated, small_plan

@@ -83,7 +83,7 @@ def test_op_level_checkpoint_memory_is_what_the_policy_keeps_under_tp_and_sp():
     # (Megatron TP 4 with sequence parallelism): the block input and the reduce-scatter
     # outputs sequence-sharded, column-parallel outputs 1/tp, w2's partial sum whole.
     from workloads.checkpointing import op_checkpoint_features, op_checkpoint_saved
-    from workloads.lowering import build_layer, layer_shape
+    from workloads.layers import build_layer, layer_shape
 
     tp = 4
     plan = resolve(plan_from_dict(small_plan(mesh={"tp": tp}, training={"global_batch": 2},

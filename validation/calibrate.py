@@ -11,7 +11,8 @@ cores the same way), each with `threads` intra-op threads:
   elementwise kernels that allocate their outputs (add, mul, SiLU, RMSNorm) over that
   copy bandwidth set memory_efficiency (memory-bound ops of a training step are those);
 * attention: causal SDPA forward + backward, FLOPs counted as the simulator does
-  (workloads/layer_graph.py): forward 4 B H S^2 hd / 2, backward 2.5 x forward (flash);
+  (workloads/attention.py AttentionCost, flash): forward 4 B H S^2 hd / 2, backward 2.5 x
+  forward;
 * launch overhead: a tiny matmul's wall time;
 * overlap: matmul throughput while an all-gather runs in the background, over alone;
 * on CPU, the host overhead of a DTensor redistribution beyond its collective and copy
@@ -33,6 +34,8 @@ import statistics
 import time
 
 import torch
+
+from workloads.attention import AttentionCost
 
 from .errors import ValidationError
 from .host_overheads import collective_skew, redistribute_overhead
@@ -231,14 +234,17 @@ def _worker(rank: int, world: int, backend: str, port: int, out_path: str, threa
     eltwise_Bps = _bench_elementwise(device, dtype, sync, barrier)
     mem = torch.tensor([2 * src.numel() * 4 / copy_s, eltwise_Bps], dtype=torch.float64)
     dist.all_reduce(mem, op=dist.ReduceOp.MIN)
-    q = torch.randn(4, 8, 512, 64, device=device, dtype=dtype, requires_grad=True)
+    batch, heads, seq, head_dim = 4, 8, 512, 64
+    q = torch.randn(batch, heads, seq, head_dim, device=device, dtype=dtype, requires_grad=True)
     k, v = torch.randn_like(q, requires_grad=True), torch.randn_like(q, requires_grad=True)
     def attention() -> None:
         F.scaled_dot_product_attention(q, k, v, is_causal=True).sum().backward()
     barrier()
     # median of 5 samples: a slow patch of a shared host may spoil two of them
     attn_s = statistics.median(timed(attention, 0.1, 5, sync))
-    attn_flops = 3.5 * (4 * 4 * 8 * 512 * 512 * 64 * 0.5)
+    attn = AttentionCost(queries=batch * seq, keys=seq, heads=heads, kv_heads=heads,
+                         head_dim=head_dim, act_bytes=dtype.itemsize, flash=True)
+    attn_flops = attn.flops("forward") + attn.flops("backward")
     tiny = torch.randn(8, 8, device=device, dtype=dtype)
     launch_s = statistics.median(timed(lambda: tiny @ tiny, 0.02, 5, sync))
     marks.append(("copy_attention_launch", time.perf_counter()))

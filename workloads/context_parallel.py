@@ -25,40 +25,127 @@ All-to-all (DeepSpeed-Ulysses, Jacobs et al. 2023, arXiv:2309.14509): all-to-all
 attention runs locally, and one all-to-all turns the output back: 4 all-to-alls forward
 and 4 backward (dO in; dQ, dK, dV out), each of a rank's local tensor.
 
-Sizes: a K+V block is tokens_local x 2 kv_heads/tp x head_dim x 2 bytes; an all-to-all's
-nccl-tests size is the per-rank buffer (the local tensor).
+Sizes (workloads/attention.py AttentionCost): a K+V block is tokens_local x 2 kv_heads/tp x
+head_dim x 2 bytes; an all-to-all's nccl-tests size is the per-rank buffer (the local
+tensor). The attention compute tasks are workloads/attention.py's.
 """
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
-from .program import ATTENTION, COMM, COMPUTE, MEMORY
-
-if TYPE_CHECKING:  # pragma: no cover
-    from .layer_graph import LayerGraph, TaskSink
+from .attention import AttentionCost, attention_task
+from .layer_builder import BuildOptions, TaskSink
+from .program import COMM, COMPUTE, MEMORY
 
 # KV blocks and dK/dV partials on separate stream pairs, so a dK/dV transfer never holds
 # up the next KV block (NCCL: separate communicators).
 RING_SEND, RING_RECV, CP_STREAM = "cp_send", "cp_recv", "cp"
 GRAD_SEND, GRAD_RECV = "cp_grad_send", "cp_grad_recv"
+CP_MODES = ("ring", "all_gather", "all_to_all")
 
 
-def kv_block_bytes(graph: "LayerGraph") -> float:
-    """Bytes of one rank's K and V block (local tokens, its TP share of the KV heads)."""
-    sh = graph.shape
-    return 2.0 * sh.tokens * sh.kv_heads / sh.tp * sh.head_dim * sh.act_bytes
+class ContextParallelAttention:
+    """The attention core of one layer across a CP group of `cp` ranks (a layer builder:
+    workloads/layer_builder.py)."""
+
+    def __init__(self, cost: AttentionCost, options: BuildOptions, cp: int, mode: str):
+        if mode not in CP_MODES:
+            raise ValueError(f"context-parallel mode must be one of {CP_MODES}, got {mode!r}")
+        self.cost, self.options, self.cp, self.mode = cost, options, cp, mode
+        self.wgrad_tasks: dict[str, int] = {}     # no weights
+        self._output = -1
+
+    @property
+    def output_task(self) -> int:
+        """The forward's last task (after emit_forward)."""
+        return self._output
+
+    def emit_forward(self, sink: TaskSink, ctx: dict, input_dep: tuple[int, ...],
+                     phase: str = "forward", saved: frozenset[int] = frozenset()) -> int:
+        """Forward (or recomputed forward) of the attention core under CP; `input_dep`
+        holds the q, k and v tasks. Returns its last task."""
+        emit = {"all_gather": self._all_gather_forward, "all_to_all": self._ulysses_forward,
+                "ring": self._ring_forward}[self.mode]
+        self._output = emit(sink, ctx, tuple(input_dep), phase)
+        return self._output
+
+    def emit_backward(self, sink: TaskSink, ctx: dict, grad_dep: int) -> int:
+        """Backward of the attention core under CP (after selective recompute's forward,
+        if asked); returns the task that has dQ, dK and dV."""
+        ready = grad_dep
+        if self.options.recompute_attention:
+            ready = self.emit_forward(sink, ctx, (ready,), "recompute")
+        emit = {"all_gather": self._all_gather_backward, "all_to_all": self._ulysses_backward,
+                "ring": self._ring_backward}[self.mode]
+        return emit(sink, ctx, ready)
+
+    # ---- all-gather (Llama 3) ------------------------------------------------------
+    def _all_gather_forward(self, sink, ctx, deps, phase) -> int:
+        kv = sink.add(kind=COMM, stream=CP_STREAM, op="all_gather", phase=phase,
+                      deps=tuple(d for d in deps if d >= 0),
+                      bytes=self.cp * self.cost.kv_block_bytes, group=("cp",),
+                      label="cp.all_gather.kv", **ctx)
+        return attention_task(sink, ctx, self.cost, phase, (kv,))
+
+    def _all_gather_backward(self, sink, ctx, ready) -> int:
+        core = attention_task(sink, ctx, self.cost, "backward", (ready,))
+        dkv = sink.add(kind=COMM, stream=CP_STREAM, op="reduce_scatter", phase="backward",
+                       deps=(core,), bytes=self.cp * self.cost.kv_block_bytes, group=("cp",),
+                       label="cp.reduce_scatter.dkv", **ctx)
+        return _join(sink, ctx, (core, dkv), "backward", "cp.all_gather.dq_dkv")
+
+    # ---- all-to-all (DeepSpeed-Ulysses) --------------------------------------------
+    def _ulysses_forward(self, sink, ctx, deps, phase) -> int:
+        c = self.cost
+        if len(deps) == 1:   # a recompute starts q, k and v from one task
+            deps = deps * 3
+        moved = [_a2a(sink, ctx, size, (d,), phase, f"cp.a2a.{name}")
+                 for name, size, d in zip(("q", "k", "v"), (c.q_bytes, c.kv_bytes, c.kv_bytes),
+                                          deps)]
+        core = attention_task(sink, ctx, c, phase, moved)
+        return _a2a(sink, ctx, c.q_bytes, (core,), phase, "cp.a2a.out")
+
+    def _ulysses_backward(self, sink, ctx, ready) -> int:
+        c = self.cost
+        d_out = _a2a(sink, ctx, c.q_bytes, (ready,), "backward", "cp.a2a.grad_out")
+        core = attention_task(sink, ctx, c, "backward", (d_out,))
+        back = [_a2a(sink, ctx, size, (core,), "backward", f"cp.a2a.grad_{name}")
+                for name, size in (("q", c.q_bytes), ("k", c.kv_bytes), ("v", c.kv_bytes))]
+        return _join(sink, ctx, back, "backward", "cp.a2a.grads")
+
+    # ---- ring ----------------------------------------------------------------------
+    def _ring_forward(self, sink, ctx, deps, phase) -> int:
+        key = (ctx["layer"], ctx["microbatch"], phase)
+        block = _join(sink, ctx, deps, phase, "cp.ring.start")
+        compute = -1
+        for step in range(self.cp):
+            if step < self.cp - 1:
+                nxt = _send_recv(sink, ctx, ("cp.kv",) + key + (step,),
+                                 self.cost.kv_block_bytes, (block,), phase, "cp.ring.kv")
+            compute = attention_task(sink, ctx, self.cost, phase, (block, compute),
+                                     f"attention.fwd.{step}", parts=self.cp)
+            if step < self.cp - 1:
+                block = nxt
+        return compute
+
+    def _ring_backward(self, sink, ctx, ready) -> int:
+        key = (ctx["layer"], ctx["microbatch"], "backward")
+        block, compute, dkv = ready, -1, -1
+        for step in range(self.cp):
+            if step < self.cp - 1:
+                nxt = _send_recv(sink, ctx, ("cp.kv",) + key + (step,),
+                                 self.cost.kv_block_bytes, (block,), "backward", "cp.ring.kv")
+            compute = attention_task(sink, ctx, self.cost, "backward", (block, compute),
+                                     f"attention.bwd.{step}", parts=self.cp)
+            # The dK/dV partial of this block, with this rank's share added, moves on
+            # (after the last step it returns to the block's owner).
+            dkv = _send_recv(sink, ctx, ("cp.dkv",) + key + (step,), self.cost.kv_block_bytes,
+                             tuple(d for d in (compute, dkv) if d >= 0), "backward",
+                             "cp.ring.dkv", (GRAD_SEND, GRAD_RECV))
+            if step < self.cp - 1:
+                block = nxt
+        return _join(sink, ctx, (compute, dkv), "backward", "cp.ring.grads")
 
 
-def _q_bytes(graph: "LayerGraph") -> float:
-    sh = graph.shape
-    return sh.tokens * sh.heads / sh.tp * sh.head_dim * sh.act_bytes
-
-
-def _kv_bytes(graph: "LayerGraph") -> float:
-    return kv_block_bytes(graph) / 2
-
-
-def _send_recv(sink: "TaskSink", ctx: dict, tag: tuple, size: float, deps, phase: str,
+def _send_recv(sink: TaskSink, ctx: dict, tag: tuple, size: float, deps, phase: str,
                label: str, streams: tuple[str, str] = (RING_SEND, RING_RECV)) -> int:
     """A send to the next CP rank and the matching receive from the previous one; returns
     the receive (which completes when the block has arrived)."""
@@ -68,7 +155,7 @@ def _send_recv(sink: "TaskSink", ctx: dict, tag: tuple, size: float, deps, phase
                     bytes=size, group=("cp",), peer=-1, tag=tag, label=f"{label}.recv", **ctx)
 
 
-def _join(sink: "TaskSink", ctx: dict, deps, phase: str, label: str) -> int:
+def _join(sink: TaskSink, ctx: dict, deps, phase: str, label: str) -> int:
     deps = tuple(d for d in deps if d >= 0)
     if len(deps) == 1:
         return deps[0]
@@ -76,89 +163,6 @@ def _join(sink: "TaskSink", ctx: dict, deps, phase: str, label: str) -> int:
                     op_class=MEMORY, label=label, **ctx)
 
 
-def attention_forward(graph: "LayerGraph", sink: "TaskSink", ctx: dict, deps, phase: str) -> int:
-    """Forward (or recomputed forward) of the attention core under CP; returns its last task."""
-    sh = graph.shape
-    key = (ctx["layer"], ctx["microbatch"], phase)
-    if sh.cp_mode == "all_gather":
-        kv = sink.add(kind=COMM, stream=CP_STREAM, op="all_gather", phase=phase,
-                      deps=tuple(d for d in deps if d >= 0), bytes=sh.cp * kv_block_bytes(graph),
-                      group=("cp",), label="cp.all_gather.kv", **ctx)
-        return sink.add(kind=COMPUTE, stream="compute", op="attention", phase=phase,
-                        deps=(kv,), flops=graph.attention_flops(), bytes=graph.attention_bytes(),
-                        op_class=ATTENTION, label="attention.fwd", **ctx)
-    if sh.cp_mode == "all_to_all":
-        moved = [_a2a(sink, ctx, size, (d,), phase, f"cp.a2a.{name}")
-                 for name, size, d in zip(("q", "k", "v"),
-                                          (_q_bytes(graph), _kv_bytes(graph), _kv_bytes(graph)),
-                                          deps)]
-        core = sink.add(kind=COMPUTE, stream="compute", op="attention", phase=phase,
-                        deps=tuple(moved), flops=graph.attention_flops(),
-                        bytes=graph.attention_bytes(), op_class=ATTENTION,
-                        label="attention.fwd", **ctx)
-        return _a2a(sink, ctx, _q_bytes(graph), (core,), phase, "cp.a2a.out")
-    block = _join(sink, ctx, deps, phase, "cp.ring.start")
-    compute = -1
-    for step in range(sh.cp):
-        if step < sh.cp - 1:
-            nxt = _send_recv(sink, ctx, ("cp.kv",) + key + (step,), kv_block_bytes(graph),
-                             (block,), phase, "cp.ring.kv")
-        compute = sink.add(kind=COMPUTE, stream="compute", op="attention", phase=phase,
-                           deps=tuple(d for d in (block, compute) if d >= 0),
-                           flops=graph.attention_flops() / sh.cp,
-                           bytes=graph.attention_bytes(), op_class=ATTENTION,
-                           label=f"attention.fwd.{step}", **ctx)
-        if step < sh.cp - 1:
-            block = nxt
-    return compute
-
-
-def attention_backward(graph: "LayerGraph", sink: "TaskSink", ctx: dict, ready: int) -> int:
-    """Backward of the attention core under CP; returns the task that has dQ, dK and dV."""
-    sh = graph.shape
-    factor = 2.5 if graph.flash_attention else 2.0   # see LayerGraph._emit_backward_node
-    if graph.recompute_attention:
-        ready = attention_forward(graph, sink, ctx, (ready,), "recompute")
-    if sh.cp_mode == "all_gather":
-        core = sink.add(kind=COMPUTE, stream="compute", op="attention", phase="backward",
-                        deps=(ready,), flops=factor * graph.attention_flops(),
-                        bytes=2.0 * graph.attention_bytes(), op_class=ATTENTION,
-                        label="attention.bwd", **ctx)
-        dkv = sink.add(kind=COMM, stream=CP_STREAM, op="reduce_scatter", phase="backward",
-                       deps=(core,), bytes=sh.cp * kv_block_bytes(graph), group=("cp",),
-                       label="cp.reduce_scatter.dkv", **ctx)
-        return _join(sink, ctx, (core, dkv), "backward", "cp.all_gather.dq_dkv")
-    if sh.cp_mode == "all_to_all":
-        d_out = _a2a(sink, ctx, _q_bytes(graph), (ready,), "backward", "cp.a2a.grad_out")
-        core = sink.add(kind=COMPUTE, stream="compute", op="attention", phase="backward",
-                        deps=(d_out,), flops=factor * graph.attention_flops(),
-                        bytes=2.0 * graph.attention_bytes(), op_class=ATTENTION,
-                        label="attention.bwd", **ctx)
-        back = [_a2a(sink, ctx, size, (core,), "backward", f"cp.a2a.grad_{name}")
-                for name, size in (("q", _q_bytes(graph)), ("k", _kv_bytes(graph)),
-                                   ("v", _kv_bytes(graph)))]
-        return _join(sink, ctx, back, "backward", "cp.a2a.grads")
-    key = (ctx["layer"], ctx["microbatch"], "backward")
-    block, compute, dkv = ready, -1, -1
-    for step in range(sh.cp):
-        if step < sh.cp - 1:
-            nxt = _send_recv(sink, ctx, ("cp.kv",) + key + (step,), kv_block_bytes(graph),
-                             (block,), "backward", "cp.ring.kv")
-        compute = sink.add(kind=COMPUTE, stream="compute", op="attention", phase="backward",
-                           deps=tuple(d for d in (block, compute) if d >= 0),
-                           flops=factor * graph.attention_flops() / sh.cp,
-                           bytes=2.0 * graph.attention_bytes(), op_class=ATTENTION,
-                           label=f"attention.bwd.{step}", **ctx)
-        # The dK/dV partial of this block, with this rank's share added, moves on (after
-        # the last step it returns to the block's owner).
-        dkv = _send_recv(sink, ctx, ("cp.dkv",) + key + (step,), kv_block_bytes(graph),
-                         tuple(d for d in (compute, dkv) if d >= 0), "backward", "cp.ring.dkv",
-                         (GRAD_SEND, GRAD_RECV))
-        if step < sh.cp - 1:
-            block = nxt
-    return _join(sink, ctx, (compute, dkv), "backward", "cp.ring.grads")
-
-
-def _a2a(sink: "TaskSink", ctx: dict, size: float, deps, phase: str, label: str) -> int:
+def _a2a(sink: TaskSink, ctx: dict, size: float, deps, phase: str, label: str) -> int:
     return sink.add(kind=COMM, stream=CP_STREAM, op="all_to_all", phase=phase,
                     deps=tuple(deps), bytes=size, group=("cp",), label=label, **ctx)

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 KERNEL_MODES = ("fused", "eager")
 
-# Which kernel family each elementwise node of the layer graph is (workloads/lowering.py).
+# Which kernel family each elementwise node of the layer graph is (workloads/layers.py).
 KERNEL_OF_OP = {"attention_norm": "norm", "ffn_norm": "norm", "final_norm": "norm",
                 "rope": "rope", "rope_k": "rope", "swiglu": "swiglu", "shared_swiglu": "swiglu",
                 "gelu": "gelu", "shared_gelu": "gelu", "residual_add": "add",
@@ -49,6 +49,27 @@ FUSED_BACKWARD_FACTOR = 1.5
 NO_BACKWARD_KERNEL = frozenset({"add"})
 
 
+def eager_cost(op: str, act_bytes: int, phase: str) -> tuple[float, int] | None:
+    """(passes over the op's tensor, kernel launches) of an op as PyTorch eager runs it in
+    `phase` ("forward"/"backward"), or None when it has no eager decomposition of its own
+    (it then runs as one kernel in either mode)."""
+    kernel = KERNEL_OF_OP.get(op)
+    if kernel is None:
+        return None
+    fwd, bwd, fwd_kernels, bwd_kernels = EAGER[2 if act_bytes < 4 else 4][kernel]
+    return (bwd, bwd_kernels) if phase == "backward" else (fwd, fwd_kernels)
+
+
+def fused_cost(op: str, fused_forward: float, phase: str) -> tuple[float, int]:
+    """(passes, kernel launches) of an op as one fused kernel whose forward reads and
+    writes `fused_forward` tensors, in `phase`."""
+    if phase != "backward":
+        return fused_forward, 1
+    if KERNEL_OF_OP.get(op) in NO_BACKWARD_KERNEL:
+        return 0.0, 0
+    return fused_forward * FUSED_BACKWARD_FACTOR, 1
+
+
 def elementwise_cost(op: str, mode: str, act_bytes: int, fused_forward: float,
                      phase: str) -> tuple[float, int]:
     """(passes over the op's tensor, kernel launches) in `phase` ("forward"/"backward").
@@ -56,16 +77,8 @@ def elementwise_cost(op: str, mode: str, act_bytes: int, fused_forward: float,
     `fused_forward` is the op's fused forward passes (tensors read + written), used for
     fused kernels and for ops that have no eager decomposition of their own.
     """
-    kernel = KERNEL_OF_OP.get(op)
-    backward = phase == "backward"
-    if mode == "eager" and kernel is not None:
-        fwd, bwd, fwd_kernels, bwd_kernels = EAGER[2 if act_bytes < 4 else 4][kernel]
-        return (bwd, bwd_kernels) if backward else (fwd, fwd_kernels)
-    if not backward:
-        return fused_forward, 1
-    if kernel in NO_BACKWARD_KERNEL:
-        return 0.0, 0
-    return fused_forward * FUSED_BACKWARD_FACTOR, 1
+    eager = eager_cost(op, act_bytes, phase) if mode == "eager" else None
+    return eager if eager is not None else fused_cost(op, fused_forward, phase)
 
 
 # FP8 GEMMs take FP8 operands: each activation operand (a projection's input in forward,
@@ -76,7 +89,7 @@ def elementwise_cost(op: str, mode: str, act_bytes: int, fused_forward: float,
 # QKV would cast once); torchao's dynamic scaling adds an amax pass that torch.compile fuses
 # into the producer; weight casts are left out (Transformer Engine caches the FP8 weights
 # across micro-batches; torchtitan casts the FSDP shard, 1/dp of them, with its FP8
-# all-gather). The output layer stays in bf16 (workloads/lowering.py build_head).
+# all-gather). The output layer stays in bf16 (workloads/layers.py build_head).
 FP8_CAST_BYTES_PER_ELEMENT = 4.0
 
 # The Adam step (a plan's "optimizer": torch.optim's implementations), memory-bound, per

@@ -11,9 +11,14 @@ partial gradients in backward, as DTensor does.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from .kernels import FP8_CAST_BYTES_PER_ELEMENT, elementwise_cost
+
+from .attention import AttentionCost, LocalAttention
+from .context_parallel import ContextParallelAttention
+from .kernels import fused_cost
+from .layer_builder import BuildOptions, LayerBuilder, LayerShape, TaskSink, fp8_cast_task, \
+    memory_task
 from .layouts import STRATEGY_LAYOUTS, collective, collective_bytes, grad_layout_needed
-from .program import ATTENTION, COMM, COMPUTE, GEMM, MEMORY, RELAYOUT, Task
+from .program import COMM, COMPUTE, GEMM, MEMORY, RELAYOUT
 
 
 @dataclass
@@ -35,66 +40,26 @@ class Node:
     bf16: bool = False             # linear only: stays a bf16 GEMM under FP8 training
 
 
-class TaskSink:
-    """Appends tasks with sequential ids; shared by all lowering steps of one stage."""
-
-    def __init__(self) -> None:
-        self.tasks: list[Task] = []
-
-    def add(self, **fields) -> int:
-        """Append a task and return its id."""
-        task = Task(id=len(self.tasks), **fields)
-        self.tasks.append(task)
-        return task.id
-
-
-@dataclass(frozen=True)
-class LayerShape:
-    """Per-rank sizes of one micro-batch through one layer."""
-
-    tokens: int            # tokens of this micro-batch on this rank before TP (b * s / cp)
-    seq_len: int           # full sequence (keys seen by attention)
-    tp: int
-    heads: int
-    kv_heads: int
-    head_dim: int
-    act_bytes: int         # bytes per activation element (bf16: 2)
-    gemm_bytes: int        # bytes per GEMM operand element (bf16: 2, fp8: 1)
-    cp: int = 1            # context-parallel degree (workloads/context_parallel.py)
-    cp_mode: str = "ring"  # ring | all_gather | all_to_all
-
-    def rows(self, layout: str) -> float:
-        """Local token rows of a tensor in a layout."""
-        return self.tokens / self.tp if layout == "S" else self.tokens
-
-    def cols(self, layout: str, features: int) -> float:
-        """Local feature columns of a tensor in a layout."""
-        return features / self.tp if layout == "H" else features
-
-
-def causal_attention_flops(queries: float, keys: float, head_dim: int, heads: float) -> float:
-    """Forward FLOPs of causal attention: QK^T and PV, 2 * s_q * s_k * d each per head,
-    halved by the causal mask (the convention of Megatron-LM's and FlashAttention's
-    causal FLOP counts). `queries` counts query tokens over the batch."""
-    return 4.0 * queries * keys * head_dim * heads * 0.5
+def attention_core(shape: LayerShape, options: BuildOptions) -> LayerBuilder:
+    """The attention core of a 1D tensor-parallel layer: local to the rank, or across its
+    context-parallel group."""
+    cost = AttentionCost.of_layer(shape, options.flash_attention)
+    if shape.cp > 1:
+        return ContextParallelAttention(cost, options, shape.cp, shape.cp_mode)
+    return LocalAttention(cost, options)
 
 
 class LayerGraph:
-    """Build one layer's forward graph, then emit forward and backward tasks."""
+    """Build one layer's forward graph, then emit forward and backward tasks (a layer
+    builder: workloads/layer_builder.py)."""
 
-    def __init__(self, shape: LayerShape):
-        self.shape = shape
+    def __init__(self, shape: LayerShape, options: BuildOptions = BuildOptions()):
+        self.shape, self.options = shape, options
         self.nodes: list[Node] = []
         self._redistributed: dict[tuple[int, str], Node] = {}
         self.wgrad_tasks: dict[str, int] = {}      # projection -> wgrad task (backward)
         self._ep_grad_layouts: dict[int, str] = {}  # all-to-all node -> its gradient's layout
-        # Selective recompute (Korthikanti et al. 2022, arXiv:2205.05198 section 5):
-        # the attention core's forward runs again just before its backward.
-        self.recompute_attention = False
-        # FlashAttention recomputes the scores inside its backward instead.
-        self.flash_attention = True
-        # How memory-bound ops run: fused kernels or PyTorch eager (workloads/kernels.py).
-        self.kernel_mode = "fused"
+        self._attention: LayerBuilder | None = None  # the attention core's builder
 
     # ---- graph building ----------------------------------------------------------
     def _node(self, **fields) -> Node:
@@ -148,7 +113,8 @@ class LayerGraph:
                           inputs=[x], rows_scale=rows_scale)
 
     def attention(self, q: Node, k: Node, v: Node) -> Node:
-        """Head-parallel causal attention core (flash-attention style)."""
+        """Head-parallel causal attention core (workloads/attention.py)."""
+        self._attention = attention_core(self.shape, self.options)
         ins = [self.to_layout(t, "H") for t in (q, k, v)]
         return self._node(kind="attention", name="attention", layout="H" if self.shape.tp > 1 else "R",
                           features=q.features, inputs=ins)
@@ -168,25 +134,16 @@ class LayerGraph:
             return flops, nbytes, (int(m / node.experts), int(n), int(k))
         return flops, (m * k + k * n + m * n) * operand, (int(m), int(n), int(k))
 
-    def attention_flops(self) -> float:
-        """Forward FLOPs of this rank's causal attention (its heads, its tokens)."""
-        sh = self.shape
-        return causal_attention_flops(sh.tokens, sh.seq_len, sh.head_dim, sh.heads / sh.tp)
-
-    def attention_bytes(self) -> float:
-        """HBM traffic of a flash-attention forward: read q, k, v, write o (and lse)."""
-        sh = self.shape
-        q = sh.tokens * sh.heads / sh.tp * sh.head_dim
-        kv = 2 * sh.tokens * sh.kv_heads / sh.tp * sh.head_dim
-        return (2 * q + kv) * sh.act_bytes
-
-    def elementwise_cost(self, node: Node, phase: str = "forward") -> tuple[float, int]:
-        """(HBM bytes, kernel launches) of a memory-bound op in forward or backward."""
+    def elementwise_task(self, sink: TaskSink, ctx: dict, node: Node, phase: str,
+                         deps) -> int:
+        """The task of a memory-bound op in forward (or recompute) or backward."""
         sh = self.shape
         local = sh.rows(node.layout) * sh.cols(node.layout, node.features) * sh.act_bytes
-        passes, kernels = elementwise_cost(node.name, self.kernel_mode, sh.act_bytes,
-                                           node.rw[0] + node.rw[1], phase)
-        return local * node.rows_scale * passes, kernels
+        backward = "backward" if phase == "backward" else "forward"
+        fused = fused_cost(node.name, node.rw[0] + node.rw[1], backward)
+        return memory_task(sink, ctx, self.options, sh.act_bytes, node.name, phase, deps,
+                           local * node.rows_scale, fused,
+                           f"{node.name}.{'bwd' if backward == 'backward' else 'fwd'}")
 
     # ---- emission ---------------------------------------------------------------------
     @property
@@ -224,31 +181,20 @@ class LayerGraph:
                             gemm_dtype=self._gemm_dtype(node), label=f"{node.name}.fwd", **ctx)
         if node.kind == "ep_a2a":
             return self._ep_a2a(sink, ctx, node, deps, phase, f"moe.{node.name}")
-        if node.kind == "attention" and sh.cp > 1:
-            from .context_parallel import attention_forward
-            return attention_forward(self, sink, ctx, deps, phase)
         if node.kind == "attention":
-            return sink.add(kind=COMPUTE, stream="compute", op="attention", phase=phase,
-                            deps=deps, flops=self.attention_flops(),
-                            bytes=self.attention_bytes(), op_class=ATTENTION,
-                            label="attention.fwd", **ctx)
-        nbytes, kernels = self.elementwise_cost(node)
-        return sink.add(kind=COMPUTE, stream="compute", op=node.name, phase=phase, deps=deps,
-                        bytes=nbytes, op_class=MEMORY, kernels=kernels,
-                        label=f"{node.name}.fwd", **ctx)
+            return self._attention.emit_forward(sink, ctx, deps, phase)
+        return self.elementwise_task(sink, ctx, node, phase, deps)
 
     def _gemm_dtype(self, node: Node) -> str:
-        return "bf16" if node.bf16 and self.shape.gemm_bytes == 1 else ""
+        return "bf16" if node.bf16 and self.shape.fp8 else ""
 
     def _fp8_cast(self, sink: TaskSink, ctx: dict, node: Node, elements: float, deps,
                   phase: str, name: str) -> tuple[int, ...]:
         """Under FP8 GEMMs, the cast (and transpose) of an activation operand before the
-        GEMM (workloads/kernels.py); returns the GEMM's dependencies."""
-        if self.shape.gemm_bytes != 1 or node.bf16:
+        GEMM, except for the linears that stay in bf16; returns the GEMM's dependencies."""
+        if node.bf16:
             return tuple(deps)
-        return (sink.add(kind=COMPUTE, stream="compute", op="fp8_cast", phase=phase,
-                         deps=tuple(deps), bytes=elements * FP8_CAST_BYTES_PER_ELEMENT,
-                         op_class=MEMORY, label=f"{name}.fp8_cast", **ctx),)
+        return fp8_cast_task(sink, ctx, self.shape, elements, deps, phase, name)
 
     def _ep_a2a(self, sink: TaskSink, ctx: dict, node: Node, deps, phase: str, label: str) -> int:
         """All-to-all over EP of the node's rows; size: this rank's send buffer (the most
@@ -271,8 +217,8 @@ class LayerGraph:
         # Activations are [batch, sequence, features]: the sequence (S) and feature (H)
         # shards are not dim 0, so DTensor chunks and concatenates around the collective,
         # one read and one write of the local tensor (autoparallel's redistribute cost:
-        # non-dim-0 gather/scatter and Shard->Shard add compute_read_write_time(2 x bytes);
-        # cost-models.md section 1.1).
+        # non-dim-0 gather/scatter and Shard->Shard add compute_read_write_time(2 x bytes):
+        # meta-pytorch/autoparallel, autoparallel/cost_models/collective_runtime_estimation.py).
         copy = {"all_gather": 2 * full, "reduce_scatter": 2 * full,
                 "all_to_all": 2 * full / sh.tp}.get(op, 0.0)
         deps = tuple(deps)
@@ -363,31 +309,10 @@ class LayerGraph:
         if node.kind == "ep_a2a":
             task = self._ep_a2a(sink, ctx, node, (ready,), "backward", f"grad.moe.{node.name}")
             return [(node.inputs[0], (task, self._ep_grad_layouts[node.id]))]
-        if node.kind == "attention" and self.shape.cp > 1:
-            from .context_parallel import attention_backward
-            task = attention_backward(self, sink, ctx, ready)
-            return [(x, (task, "R" if tp1 else "H")) for x in node.inputs]
         if node.kind == "attention":
-            if self.recompute_attention:
-                ready = sink.add(kind=COMPUTE, stream="compute", op="attention",
-                                 phase="recompute", deps=(ready,), flops=self.attention_flops(),
-                                 bytes=self.attention_bytes(), op_class=ATTENTION,
-                                 label="attention.recompute", **ctx)
-            # Backward of attention: dV, dP, dQ, dK GEMMs = 2x forward FLOPs; flash
-            # attention also recomputes S = QK^T: 5 GEMMs = 2.5x forward (Dao 2023,
-            # FlashAttention-2, arXiv:2307.08691, Algorithm 2).
-            factor = 2.5 if self.flash_attention else 2.0
-            task = sink.add(kind=COMPUTE, stream="compute", op="attention", phase="backward",
-                            deps=(ready,), flops=factor * self.attention_flops(),
-                            # reads q, k, v, o, dO and writes dq, dk, dv: about twice
-                            # the forward's traffic (FlashAttention-2, Algorithm 2)
-                            bytes=2.0 * self.attention_bytes(), op_class=ATTENTION,
-                            label="attention.bwd", **ctx)
+            task = self._attention.emit_backward(sink, ctx, ready)
             return [(x, (task, "R" if tp1 else "H")) for x in node.inputs]
-        nbytes, kernels = self.elementwise_cost(node, "backward")
-        task = sink.add(kind=COMPUTE, stream="compute", op=node.name, phase="backward",
-                        deps=(ready,), bytes=nbytes, op_class=MEMORY, kernels=kernels,
-                        label=f"{node.name}.bwd", **ctx)
+        task = self.elementwise_task(sink, ctx, node, "backward", (ready,))
         # A partial-sum output's gradient is whole (R) on every rank, and so is its input's.
         return [(x, (task, grad_layout_needed(node.layout) if not tp1 else node.layout))
                 for x in node.inputs]

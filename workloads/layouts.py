@@ -6,7 +6,8 @@ An activation [tokens, features] on the TP group is one of:
   H  feature-sharded       rank i holds features (or heads) i/t      (Shard(-1))
   P  partial sum           every rank holds a full-shape addend      (Partial("sum"))
 
-Seed 000 and DTensor's redistribute rules give the collective for each change:
+DTensor's redistribute rules (as the adaptive-sharding study applies them) give the
+collective for each change:
 S->R all-gather, H->R all-gather, P->R all-reduce, P->S / P->H reduce-scatter,
 S<->H all-to-all; R->S and R->H are local slices; nothing turns into P.
 """

@@ -5,16 +5,18 @@ Sources, one per rule:
 - Model states, mixed-precision Adam: 2 bytes bf16 parameters + 2 bytes bf16 gradients + 12 bytes
   optimizer states (fp32 master copy, momentum, variance) = 16 bytes per parameter; ZeRO stage 1
   shards the 12, stage 2 also the 2 of the gradients, stage 3 (= FSDP) also the 2 of the
-  parameters (Rajbhandari et al., arXiv:1910.02054, section 3.1 and Figure 1). Seed 002 counts
-  16 bytes/param / t for Llama 3 405B at t = 8: 811.7 GB per device.
+  parameters (Rajbhandari et al., arXiv:1910.02054, section 3.1 and Figure 1). The
+  tensor-parallel scaling analysis counts 16 bytes/param / t for Llama 3 405B at t = 8:
+  811.7 GB per device.
 - Activations saved per layer: Korthikanti et al., "Reducing Activation Recomputation in Large
   Transformer Models", arXiv:2205.05198, section 4.1 (per-tensor count), Table 2 (per parallelism
   and recompute mode), section 4.2.3 (pipeline in-flight micro-batches), section 4.3 (output
   layer: 4sbh/t (1 + v/h)).
 - Pipeline split: Llama 3 (arXiv:2407.21783, section 3.3.2) drops one layer from the first and
   the last stage (126 layers on 16 stages); the balanced default does the same.
-- 3D tensor parallelism (seed 004): activations 1/N for the all-gather/reduce-scatter design and
-  1/N^(2/3) for the all-reduce design.
+- 3D tensor parallelism, the 3D tensor-parallel designs (Bian et al. 2021, arXiv:2105.14450):
+  activations 1/N for the all-gather/reduce-scatter design and 1/N^(2/3) for the all-reduce
+  design.
 
 Generalisation of Korthikanti section 4.1 beyond GPT (MHA, 4h GeLU MLP, dropout): the saved
 tensors are counted one by one from the model's real widths (`_layer_tensors`), so GQA stores
@@ -30,10 +32,12 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass
 from typing import Sequence
 
+from .checkpointing import op_checkpoint_features
 from .models import ModelSpec
+from .params import unit_param_groups
 from .plan import Plan
-from .lowering import EMBED, HEAD, stage_layers, unit_param_groups
 from .precision import precision
+from .schedules import chunk_units, stage_layers
 
 BF16_BYTES = 2
 PARAM_BYTES_PER_PARAM = 2        # bf16 working copy (ZeRO paper section 3.1)
@@ -66,14 +70,16 @@ class MemoryBreakdown:
 def model_state_bytes_per_device(model: ModelSpec, t: int = 1) -> float:
     """Mixed-precision Adam model states per device when every parameter is split over t.
 
-    16 bytes/param (ZeRO paper, arXiv:1910.02054 section 3.1) x params / t; seed 002: Llama 3
-    405B at t = 8 gives 811.7 GB (decimal) per device.
+    16 bytes/param (ZeRO paper, arXiv:1910.02054 section 3.1) x params / t; the
+    tensor-parallel scaling analysis: Llama 3 405B at t = 8 gives 811.7 GB (decimal) per
+    device.
     """
     return MODEL_STATE_BYTES_PER_PARAM * model.total_params() / t
 
 
 def activation_fraction_3d(n: int, design: int = 1) -> float:
-    """Activation memory of a 3D tensor-parallel linear layer, relative to one device (seed 004).
+    """Activation memory of a 3D tensor-parallel linear layer, relative to one device (the
+    3D tensor-parallel designs, Bian et al. 2021, arXiv:2105.14450).
 
     Design 1 (all-gather the input, reduce-scatter the output): 1/N. Design 2 (all-reduce the
     output): 1/N^(2/3). N must be a cube q^3 (a q x q x q device cube).
@@ -112,14 +118,12 @@ def micro_batches_in_flight(plan: Plan, stage: int = 0) -> float:
 def _stage_units(plan: Plan, stage: int, ranges: Sequence[range]) -> list[tuple[float, float]]:
     """(gathered, sharded) parameters per FSDP unit of the stage: embedding, layers, output.
 
-    Gathered: what one rank computes with (lowering.unit_param_groups); sharded: each group
+    Gathered: what one rank computes with (params.unit_param_groups); sharded: each group
     divided over the ranks its gradients reduce over, which ZeRO/FSDP shard it over
     (col/row weights over dp; seq weights over dp x tp; routed experts over dp / ep).
     """
     units = []
-    for c in range(stage, len(ranges), plan.mesh.pp):
-        keys = ([EMBED] if c == 0 else []) + list(ranges[c]) + \
-            ([HEAD] if c == len(ranges) - 1 else [])
+    for keys in chunk_units(plan, stage, tuple(ranges)):
         for unit in keys:
             groups = unit_param_groups(plan, unit)
             units.append((sum(groups.values()),
@@ -190,7 +194,6 @@ def activation_bytes_per_layer(model: ModelSpec, seq_len: int, micro_batch: int,
     if recompute == "full":
         return BF16_BYTES * model.hidden_size * sb / sp_div
     if recompute == "selective_op" and not moe:
-        from .checkpointing import op_checkpoint_features
         return BF16_BYTES * sb * op_checkpoint_features(model, tp, sp_div)
     if recompute == "selective_op":
         recompute = "selective"   # assumption: MoE layers keep what selective keeps
@@ -253,7 +256,7 @@ def memory_breakdown(plan: Plan, stage: int = 0,
     """Peak memory of a rank of pipeline stage `stage` for a resolved plan (mesh.dp set).
 
     layer_ranges: the layers of each pipeline chunk (pp x virtual_stages ranges, chunk c on
-    stage c % pp), e.g. the lowering's split; default `lowering.stage_layers(plan)`.
+    stage c % pp), e.g. the lowering's split; default `schedules.stage_layers(plan)`.
 
     peak = params + grads + optimizer + activations + buffers: every term is live at the start
     of the last warm-up micro-batch's backward once gradients accumulate (m > 1); summing is

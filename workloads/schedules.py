@@ -1,4 +1,9 @@
-"""Pipeline schedules: the order in which a stage runs forward and backward micro-batches.
+"""Pipeline schedules: which units each stage holds and the order in which it runs forward
+and backward micro-batches.
+
+The layers form pp x virtual_stages chunks (stage_layers); a stage holds chunks stage,
+stage + pp, ..., the first chunk also the embedding and the last the output layer
+(chunk_units: what the lowering builds and the memory model counts).
 
 GPipe (Huang et al. 2019, arXiv:1811.06965): all forwards, then all backwards.
 1F1B (PipeDream-Flush, Narayanan et al. 2021, arXiv:2104.04473 section 2.2): stage s of p
@@ -83,3 +88,31 @@ def stage_layer_ranges(num_layers: int, chunks: int,
         out.append(range(start, start + n))
         start += n
     return tuple(out)
+
+
+# The units of a pipeline chunk besides its layers: the input embedding (first chunk) and
+# the final norm, output layer and loss (last chunk).
+EMBED, HEAD = "embedding", "head"
+
+
+def stage_layers(plan) -> tuple[range, ...]:
+    """The layers of each pipeline chunk, pp x virtual_stages of them, chunk c on stage
+    c % pp (the Llama 3 split unless the plan gives one)."""
+    return stage_layer_ranges(plan.model.num_layers, plan.mesh.pp * plan.pipeline.virtual_stages,
+                              plan.pipeline.layer_split)
+
+
+def chunk_units(plan, stage: int, ranges: tuple[range, ...] | None = None) -> list[list]:
+    """The units (EMBED, layer indices, HEAD) of each chunk stage `stage` holds: chunks
+    stage, stage + pp, ... of `ranges` (default stage_layers(plan)), each in model order."""
+    ranges = stage_layers(plan) if ranges is None else ranges
+    last = len(ranges) - 1
+    out = []
+    for chunk in range(stage, len(ranges), plan.mesh.pp):
+        units: list = list(ranges[chunk])
+        if chunk == 0:
+            units.insert(0, EMBED)
+        if chunk == last:
+            units.append(HEAD)
+        out.append(units)
+    return out

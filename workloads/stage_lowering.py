@@ -9,13 +9,13 @@ from __future__ import annotations
 
 from .checkpointing import op_checkpoint_saved
 from .kernels import adam_step_cost
-from .layer_graph import LayerGraph, LayerShape, TaskSink
-from .lowering import EMBED, HEAD, build_embedding, build_head, build_layer, unit_param_groups
+from .layer_builder import BuildOptions, LayerBuilder, LayerShape, TaskSink
+from .layers import unit_builder
+from .params import unit_param_groups
 from .precision import precision
 from .plan import Plan
 from .program import COMM, COMPUTE, MEMORY, Task
-from .schedules import stage_order
-
+from .schedules import EMBED, HEAD, chunk_units, stage_order
 
 
 class StageLowering:
@@ -26,14 +26,9 @@ class StageLowering:
         self.pp = plan.mesh.pp
         self.last_chunk = len(layers) - 1
         self.sink = TaskSink()
-        self.chunk_units: list[list] = []       # local chunk -> its units, in model order
-        for chunk in range(stage, len(layers), self.pp):
-            units: list = list(layers[chunk])
-            if chunk == 0:
-                units.insert(0, EMBED)
-            if chunk == self.last_chunk:
-                units.append(HEAD)
-            self.chunk_units.append(units)
+        self.options = BuildOptions.from_plan(plan)
+        # local chunk -> its units, in model order
+        self.chunk_units: list[list] = chunk_units(plan, stage, layers)
         self.units = [u for units in self.chunk_units for u in units]
         self.fsdp = plan.fsdp or plan.zero_stage == 3
         self.precision = precision(plan.training.dtype)
@@ -42,7 +37,7 @@ class StageLowering:
         # once per step (stage.py: backward_maybe_with_nosync, perform_reduce_grad).
         self.sync_last_only = self.fsdp and plan.mesh.pp > 1
         self.unsharded: set = set()             # FSDP units whose parameters are gathered
-        self.graphs: dict[tuple, LayerGraph] = {}
+        self.graphs: dict[tuple, LayerBuilder] = {}
         self.pass_ends: list[int] = []          # unit end tasks of the current pass
         self.reductions: list[int] = []
         self.last_backward = -1
@@ -64,22 +59,8 @@ class StageLowering:
     def _param_groups(self, unit) -> dict[tuple[str, ...], float]:
         return unit_param_groups(self.plan, unit)
 
-    def _graph(self, unit) -> LayerGraph:
-        if unit == EMBED:
-            return build_embedding(self.plan, self.shape)
-        if unit == HEAD:
-            return build_head(self.plan, self.shape)
-        if self.plan.grid_strategy is not None:
-            from .tp_grid import GridLayer
-            g = GridLayer(self.plan, unit, self.shape)
-        else:
-            g = build_layer(self.plan, unit, self.shape)
-        g.flash_attention = self.plan.attention == "flash"
-        g.kernel_mode = self.plan.kernels
-        # With flash attention the scores are already recomputed in its backward, so
-        # selective recompute has nothing left to do.
-        g.recompute_attention = self.plan.recompute == "selective" and not g.flash_attention
-        return g
+    def _graph(self, unit) -> LayerBuilder:
+        return unit_builder(self.plan, unit, self.shape, self.options)
 
     # ---- FSDP / ZeRO / DDP --------------------------------------------------------------
     def _gather(self, unit, index: int, mb: int, phase: str) -> list[int]:
@@ -189,8 +170,9 @@ class StageLowering:
             ctx = self._ctx(unit, mb)
             deps = self._join([grad, *gathers], unit, mb, "backward")
             if self.plan.recompute in ("full", "selective_op") and isinstance(unit, int):
+                # the whole layer reruns (its options ask for no separate attention
+                # recompute: that is selective recompute's alone)
                 graph = self._graph(unit)
-                graph.recompute_attention = False
                 # op-level checkpointing reruns only what it did not keep (1D TP only)
                 kept = ({"saved": op_checkpoint_saved(graph)}
                         if self.plan.recompute == "selective_op" else {})

@@ -15,7 +15,8 @@ from typing import Any
 
 from topologies import Topology
 from workloads import Plan, WorkloadError, plan_from_dict, resolve
-from workloads.lowering import lower, stage_layers
+from workloads.lowering import lower
+from workloads.schedules import stage_layers
 from workloads.memory import peak_memory
 from workloads.program import COMPUTE
 

@@ -16,7 +16,8 @@ from __future__ import annotations
 import argparse
 
 import topologies
-from workloads.layer_graph import LayerGraph, LayerShape
+from workloads.layer_builder import LayerShape
+from workloads.layer_graph import LayerGraph
 from workloads.program import COMPUTE, GEMM, Task
 
 from ..compute import compute_time_s

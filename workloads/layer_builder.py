@@ -1,0 +1,135 @@
+"""The layer-builder contract and what every builder shares.
+
+A layer builder turns one unit of the model (a transformer layer, the embedding, the
+output layer, or the attention core inside a layer) into tasks of a stage's list. Three
+builders implement the contract: the 1D tensor-parallel LayerGraph
+(workloads/layer_graph.py), the 2D/2.5D/3D tensor-parallel GridLayer
+(workloads/grid_layer.py) and the attention cores (workloads/attention.py, and
+workloads/context_parallel.py across a context-parallel group).
+
+What a builder needs besides the layer's sizes (LayerShape) comes in one BuildOptions,
+made once from the plan; every builder prices its memory-bound ops and its FP8 casts
+through `memory_task` and `fp8_cast_task` below, so `"kernels"` and the training dtype
+mean the same in all of them.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Protocol
+
+from .kernels import FP8_CAST_BYTES_PER_ELEMENT, eager_cost
+from .program import COMPUTE, MEMORY, Task
+
+
+class TaskSink:
+    """Appends tasks with sequential ids; shared by all lowering steps of one stage."""
+
+    def __init__(self) -> None:
+        self.tasks: list[Task] = []
+
+    def add(self, **fields) -> int:
+        """Append a task and return its id."""
+        task = Task(id=len(self.tasks), **fields)
+        self.tasks.append(task)
+        return task.id
+
+
+@dataclass(frozen=True)
+class LayerShape:
+    """Per-rank sizes of one micro-batch through one layer."""
+
+    tokens: int            # tokens of this micro-batch on this rank before TP (b * s / cp)
+    seq_len: int           # full sequence (keys seen by attention)
+    tp: int
+    heads: int
+    kv_heads: int
+    head_dim: int
+    act_bytes: int         # bytes per activation element (bf16: 2)
+    gemm_bytes: int        # bytes per GEMM operand element (bf16: 2, fp8: 1)
+    cp: int = 1            # context-parallel degree (workloads/context_parallel.py)
+    cp_mode: str = "ring"  # ring | all_gather | all_to_all
+
+    @property
+    def fp8(self) -> bool:
+        """GEMMs take FP8 operands (training dtype fp8)."""
+        return self.gemm_bytes == 1
+
+    def rows(self, layout: str) -> float:
+        """Local token rows of a tensor in a layout."""
+        return self.tokens / self.tp if layout == "S" else self.tokens
+
+    def cols(self, layout: str, features: int) -> float:
+        """Local feature columns of a tensor in a layout."""
+        return features / self.tp if layout == "H" else features
+
+
+@dataclass(frozen=True)
+class BuildOptions:
+    """How a plan asks its layers to run, beyond their sizes: one per plan."""
+
+    # FlashAttention (scores never materialised, recomputed in its backward) or the
+    # eager s x s attention of PyTorch's math path (workloads/attention.py).
+    flash_attention: bool = True
+    # How memory-bound ops run: "fused" kernels or PyTorch "eager" (workloads/kernels.py).
+    kernels: str = "fused"
+    # Selective recompute (Korthikanti et al. 2022, arXiv:2205.05198 section 5): the
+    # attention core's forward runs again just before its backward.
+    recompute_attention: bool = False
+
+    @classmethod
+    def from_plan(cls, plan) -> "BuildOptions":
+        """The options a resolved plan asks for."""
+        flash = plan.attention == "flash"
+        # With flash attention the scores are already recomputed in its backward, so
+        # selective recompute has nothing left to do.
+        return cls(flash_attention=flash, kernels=plan.kernels,
+                   recompute_attention=plan.recompute == "selective" and not flash)
+
+
+class LayerBuilder(Protocol):
+    """What the stage lowering asks of one unit's builder.
+
+    emit_forward appends the unit's forward (phase "forward", or "recompute" when the
+    backward rebuilds it) after the tasks in `input_dep` and returns the task that
+    produces its output; emit_backward appends its backward after `grad_dep` and returns
+    the task that produces its input's gradient. After the backward, `wgrad_tasks` maps
+    each weight to the task that finished its gradient (the gradient reductions wait for
+    them); after the forward, `output_task` is the forward's last task.
+    """
+
+    wgrad_tasks: dict[str, int]
+
+    @property
+    def output_task(self) -> int: ...
+
+    def emit_forward(self, sink: TaskSink, ctx: dict, input_dep: tuple[int, ...],
+                     phase: str = "forward", saved: frozenset[int] = frozenset()) -> int: ...
+
+    def emit_backward(self, sink: TaskSink, ctx: dict, grad_dep: int) -> int: ...
+
+
+def memory_task(sink: TaskSink, ctx: dict, options: BuildOptions, act_bytes: int, op: str,
+                phase: str, deps, tensor_bytes: float, fused: tuple[float, int],
+                label: str, tensors: int = 1) -> int:
+    """A memory-bound op: `fused` is (passes over its tensor, kernel launches) as one fused
+    kernel, the builder's own count; under eager kernels an op with an eager decomposition
+    (workloads/kernels.py EAGER) costs that instead, once per tensor it runs on (`tensors`:
+    eager PyTorch applies RoPE to q and k separately). `tensor_bytes` is the local tensor's
+    bytes, all tensors together."""
+    eager = eager_cost(op, act_bytes, phase) if options.kernels == "eager" else None
+    passes, kernels = fused if eager is None else (eager[0], eager[1] * tensors)
+    return sink.add(kind=COMPUTE, stream="compute", op=op, phase=phase, deps=tuple(deps),
+                    bytes=tensor_bytes * passes, op_class=MEMORY, kernels=kernels,
+                    label=label, **ctx)
+
+
+def fp8_cast_task(sink: TaskSink, ctx: dict, shape: LayerShape, elements: float, deps,
+                  phase: str, label: str) -> tuple[int, ...]:
+    """Under FP8 GEMMs, the cast (and transpose) of `elements` of an activation operand
+    before a GEMM (workloads/kernels.py FP8_CAST_BYTES_PER_ELEMENT); returns the GEMM's
+    dependencies (unchanged for bf16 and fp32 GEMMs)."""
+    if not shape.fp8:
+        return tuple(deps)
+    return (sink.add(kind=COMPUTE, stream="compute", op="fp8_cast", phase=phase,
+                     deps=tuple(deps), bytes=elements * FP8_CAST_BYTES_PER_ELEMENT,
+                     op_class=MEMORY, label=f"{label}.fp8_cast", **ctx),)

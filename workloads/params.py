@@ -1,0 +1,80 @@
+"""Parameter and FLOP accounting: what one rank holds of each unit, and the model FLOPs.
+
+A unit is a layer index, the embedding (EMBED) or the output layer with the final norm
+(HEAD). Its parameters are grouped by the mesh dims their gradients reduce over, which is
+also what ZeRO/FSDP shard them over.
+"""
+from __future__ import annotations
+
+from .attention import causal_attention_flops
+from .moe import moe_param_groups
+from .plan import Plan
+from .schedules import EMBED, HEAD
+from .tp_grid import grid_param_groups
+
+
+def weight_dp_dims(plan: Plan) -> tuple[str, ...]:
+    """The dims a replicated weight's gradient reduces over: DP, and CP when there is one
+    (every CP rank sees other tokens of the same sequence)."""
+    return ("dp", "cp") if plan.mesh.cp > 1 else ("dp",)
+
+
+def layer_param_groups(plan: Plan, layer: int) -> dict[tuple[str, ...], float]:
+    """Parameters one rank holds for a layer, by the mesh dims their gradients reduce over.
+
+    col/row weights are sharded over TP, their gradients S(0) over TP: reduced over DP
+    only. seq weights are whole on every TP rank and see a slice of the sequence, so
+    their gradients are P(sum)P(sum): reduced over DP and TP (DTensor's sharding
+    propagation for a matmul whose input is sharded on the contracted token dim, as the
+    adaptive-sharding study notes). Norm weights under sequence parallelism are partial
+    over TP too.
+    """
+    m, tp = plan.model, plan.mesh.tp
+    dp_dims = weight_dp_dims(plan)
+    if plan.grid_strategy is not None:
+        return grid_param_groups(plan, layer, dp_dims)
+    both = dp_dims + ("tp",) if tp > 1 else dp_dims
+    groups: dict[tuple[str, ...], float] = {}
+    moe = m.is_moe_layer(layer)
+    if moe:
+        groups.update(moe_param_groups(plan, layer, dp_dims))
+    for name, (fan_in, fan_out) in m.projection_shapes().items():
+        if moe and name in m.mlp_matrices:
+            continue
+        strategy = plan.strategies(layer)[name]
+        params = fan_in * fan_out / (tp if strategy in ("col", "row") else 1)
+        key = both if strategy == "seq" else dp_dims
+        groups[key] = groups.get(key, 0.0) + params
+    norm_key = both if plan.sequence_parallel else dp_dims
+    groups[norm_key] = groups.get(norm_key, 0.0) + 2 * m.hidden_size
+    return groups
+
+
+def unit_param_groups(plan: Plan, unit) -> dict[tuple[str, ...], float]:
+    """Parameters one rank computes with for an FSDP unit (a layer index, EMBED or HEAD),
+    by the mesh dims their gradients reduce over (and ZeRO/FSDP shards them over)."""
+    m, tp = plan.model, plan.mesh.tp
+    dp_dims = weight_dp_dims(plan)
+    if unit == EMBED:
+        return {dp_dims: m.vocab_size * m.hidden_size / tp}        # vocab-parallel
+    if unit == HEAD:
+        # A tied output layer still needs its own (vocab-parallel) copy on the last
+        # stage when the first stage is elsewhere (Megatron); on one stage it is the
+        # embedding. Plus the final norm.
+        tied = m.tie_word_embeddings and plan.mesh.pp == 1
+        return {dp_dims: (0 if tied else m.vocab_size * m.hidden_size / tp) + m.hidden_size}
+    return layer_param_groups(plan, unit)
+
+
+def model_flops(plan: Plan) -> float:
+    """Model FLOPs of one step: 6 x tokens x matmul params (output layer included, input
+    embedding excluded; Kaplan et al. 2020 / Narayanan et al. 2021 eq. 3 convention) plus
+    causal attention 3 x forward (forward + 2x backward). Recompute is not counted (MFU,
+    not HFU; Chowdhery et al. 2022, appendix B)."""
+    m, tr = plan.model, plan.training
+    tokens = tr.global_batch * tr.seq_len
+    layers = (m.num_layers * m.layer_matmul_params() if not m.num_experts else
+              sum(m.active_matmul_params_at(i) for i in range(m.num_layers)))
+    matmul = layers + m.vocab_size * m.hidden_size   # MoE: active (routed top-k) params
+    attention_fwd = causal_attention_flops(tokens, tr.seq_len, m.head_dim, m.num_heads)
+    return 6.0 * tokens * matmul + 3.0 * m.num_layers * attention_fwd
