@@ -8,7 +8,7 @@ import pytest
 
 from simulator.cli import main
 from simulator.studies import registry
-from simulator.studies.tp_scaling import rows, seed_row
+from simulator.studies.tp_scaling import rows, analysis_row
 from workloads import MODEL_PRESETS
 
 LLAMA70 = MODEL_PRESETS["llama3-70b"]
@@ -24,43 +24,43 @@ LLAMA70_LAYER_PARAMS = 2 * 8192 * 8192 + 2 * 8192 * 1024 + 3 * 8192 * 28672 + 2 
 
 def test_allreduce_moves_two_bytes_per_activation():
     # The analysis's "each all-reduce moves 134.2 MB": 8192 tokens x d 8192 in BF16.
-    row = seed_row(LLAMA70, 8, "nvlink")
+    row = analysis_row(LLAMA70, 8, "nvlink")
     assert row["allreduce_bytes"] == 2 * 8192 * 8192
     assert f"{row['allreduce_bytes'] / 1e6:.1f}" == "134.2"
     # It scales with the tokens and not with t.
-    assert seed_row(LLAMA70, 8, "nvlink", tokens=4096)["allreduce_bytes"] == 8192 * 8192
-    assert seed_row(LLAMA70, 64, "network")["allreduce_bytes"] == row["allreduce_bytes"]
+    assert analysis_row(LLAMA70, 8, "nvlink", tokens=4096)["allreduce_bytes"] == 8192 * 8192
+    assert analysis_row(LLAMA70, 64, "network")["allreduce_bytes"] == row["allreduce_bytes"]
 
 
 @pytest.mark.parametrize("t, link, link_Bps", [(4, "network", 50e9), (16, "nvlink", 450e9)])
-def test_seed_row_arithmetic_by_hand(t, link, link_Bps):
+def test_analysis_row_arithmetic_by_hand(t, link, link_Bps):
     tokens = 8192
     compute_s = 6 * LLAMA70_LAYER_PARAMS * tokens / t / (0.45 * 989e12)
     size_bytes = 2 * tokens * 8192
     # Ring all-reduce: 2(t-1) steps of 5 us, each moving 1/t of the buffer; four per layer.
     one_s = 2 * (t - 1) * 5e-6 + 2 * (t - 1) / t * size_bytes / link_Bps
-    row = seed_row(LLAMA70, t, link, tokens)
+    row = analysis_row(LLAMA70, t, link, tokens)
     assert row["compute_s"] == pytest.approx(compute_s, rel=1e-12)
     assert row["comm_s"] == pytest.approx(4 * one_s, rel=1e-12)
     assert row["comm_over_compute"] == pytest.approx(4 * one_s / compute_s, rel=1e-12)
 
 
 def test_one_device_has_no_communication():
-    row = seed_row(LLAMA70, 1, "network")
+    row = analysis_row(LLAMA70, 1, "network")
     assert row["comm_s"] == row["comm_over_compute"] == 0.0
-    assert row["compute_s"] == pytest.approx(8 * seed_row(LLAMA70, 8, "network")["compute_s"])
+    assert row["compute_s"] == pytest.approx(8 * analysis_row(LLAMA70, 8, "network")["compute_s"])
 
 
 @pytest.mark.parametrize("t, link, percent", [(8, "nvlink", 20), (8, "network", 161),
                                               (64, "nvlink", 330)])
-def test_seed_comm_over_compute(t, link, percent):
+def test_analysis_comm_over_compute(t, link, percent):
     # The analysis's figures: 20 % at t = 8 over NVLink, 161 % over the network, 330 % at
     # t = 64 over NVLink.
-    assert 100 * seed_row(LLAMA70, t, link)["comm_over_compute"] == pytest.approx(percent, abs=1.5)
+    assert 100 * analysis_row(LLAMA70, t, link)["comm_over_compute"] == pytest.approx(percent, abs=1.5)
 
 
 def test_405b_states_at_t8_are_811_7_GB():
-    row = seed_row(MODEL_PRESETS["llama3-405b"], 8, "nvlink")
+    row = analysis_row(MODEL_PRESETS["llama3-405b"], 8, "nvlink")
     assert f"{row['state_bytes_per_device'] / 1e9:.1f}" == "811.7"
 
 
@@ -75,17 +75,17 @@ def test_simulator_rows_side_by_side():
     # far less; the simulator agrees with the analysis within a factor of 1.5 there.
     assert sim[(8, "network")]["comm_over_compute"] > 1 > 5 * sim[(8, "nvlink")]["comm_over_compute"]
     for link in ("nvlink", "network"):
-        seed = seed_row(LLAMA70, 8, link)["comm_over_compute"]
-        assert seed / 1.5 < sim[(8, link)]["comm_over_compute"] < seed * 1.5
+        analysis = analysis_row(LLAMA70, 8, link)["comm_over_compute"]
+        assert analysis / 1.5 < sim[(8, link)]["comm_over_compute"] < analysis * 1.5
     assert sim[(2, "network")]["comm_over_compute"] < sim[(16, "network")]["comm_over_compute"]
 
 
 def test_tp_scaling_cli_json_and_plot(tmp_path, capsys):
     assert {"tp-scaling", "nvl72"} <= set(registry())
     png = tmp_path / "tp.png"
-    assert main(["study", "tp-scaling", "--json", "--seed-only", "--plot", str(png)]) == 0
+    assert main(["study", "tp-scaling", "--json", "--analysis-only", "--plot", str(png)]) == 0
     out = json.loads(capsys.readouterr().out)
-    assert all(KEYS <= set(r) and r["model"] == "seed" for r in out)
+    assert all(KEYS <= set(r) and r["model"] == "analysis" for r in out)
     assert {r["link"] for r in out} == {"nvlink", "network"}
     assert png.read_bytes()[:4] == b"\x89PNG"
     assert main(["study", "tp-scaling", "--tp", "0"]) == 2

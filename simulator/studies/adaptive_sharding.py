@@ -18,7 +18,7 @@ lowering's names explicitly:
       "requiring a costly all-reduce before the add", which is a partial-sum output,
       i.e. Megatron's row-parallel wo ("converges to standard Megatron-style TP")
   "Seq-par" for wo                -> seq (activation sequence-sharded, weight gathered)
-In the JSON output, "seed" (kept for compatibility) is the study's published choice.
+In the JSON output, "published" is the study's published choice.
 """
 from __future__ import annotations
 
@@ -38,13 +38,13 @@ HELP = ("the adaptive-sharding study: per-projection col/seq/row choices for Lla
         "and 70B (TP 8)")
 ROWS = (("wq", ("wq",)), ("wk, wv", ("wk", "wv")), ("wo", ("wo",)), ("w1, w3", ("w1", "w3")),
         ("w2", ("w2",)))
-SEED = {
+PUBLISHED = {
     "llama3-8b": {"wq": "col", "wk": "col", "wv": "col", "wo": "seq", "w1": "col", "w3": "col",
                   "w2": "row"},
     "llama3-70b": {"wq": "col", "wk": "col", "wv": "col", "wo": "row", "w1": "col", "w3": "col",
                    "w2": "row"},
 }
-SEED_WORDS = {
+PUBLISHED_WORDS = {
     "llama3-8b": {"wq": "Col-par", "wk, wv": "Col-par", "wo": "Seq-par", "w1, w3": "Col-par",
                   "w2": "Row-par (TP)"},
     "llama3-70b": {"wq": "Col-par", "wk, wv": "Col-par", "wo": "Col-par", "w1, w3": "Col-par",
@@ -85,17 +85,17 @@ def study_model(model_name: str, topo_ref: str, strategies: tuple[str, ...]) -> 
     result = Search(model, model_name, topology, topo_ref, 2 * dp, 8192, space=space,
                     budget_bytes=float("inf"), top_k=3).run()
     chosen = result.best.candidate.strategies
-    seed = SEED.get(model_name)
-    seed_s = seed_fits = None
-    if seed is not None:
-        summary = simulate(plan_from_dict(_plan(model_name, topo_ref, dp, seed)),
+    published = PUBLISHED.get(model_name)
+    published_s = published_fits = None
+    if published is not None:
+        summary = simulate(plan_from_dict(_plan(model_name, topo_ref, dp, published)),
                            topology).summary
-        seed_s, seed_fits = summary["step_time_s"], summary["fits_in_memory"]
-    return {"chosen": chosen, "seed": seed, "chosen_step_time_s": result.best.step_time_s,
-            "seed_step_time_s": seed_s, "tokens_per_dp_rank": 2 * 8192,
+        published_s, published_fits = summary["step_time_s"], summary["fits_in_memory"]
+    return {"chosen": chosen, "published": published, "chosen_step_time_s": result.best.step_time_s,
+            "published_step_time_s": published_s, "tokens_per_dp_rank": 2 * 8192,
             "chosen_fits_in_memory": result.best.summary["fits_in_memory"],
             "chosen_peak_memory_bytes": result.best.summary["peak_memory_bytes"],
-            "seed_fits_in_memory": seed_fits,
+            "published_fits_in_memory": published_fits,
             "mesh": {"dp": dp, "tp": 8}, "topology": topology.name,
             "runner_up": [{"strategies": r.candidate.strategies, "step_time_s": r.step_time_s}
                           for r in result.top[1:]],
@@ -115,17 +115,17 @@ def render(out: dict[str, Any]) -> str:
                      f"{'chosen':<8}")
         for label, projs in ROWS:
             n = shapes[projs[0]][1]
-            words = SEED_WORDS.get(name, {}).get(label, "-")
-            seed = (r["seed"] or {}).get(projs[0], "-")
+            words = PUBLISHED_WORDS.get(name, {}).get(label, "-")
+            published = (r["published"] or {}).get(projs[0], "-")
             chosen = r["chosen"][projs[0]]
             if any(r["chosen"][p] != chosen for p in projs):
                 chosen = "/".join(r["chosen"][p] for p in projs)
-            mark = "" if seed == chosen else "  <- differs"
-            lines.append(f"  {label:<8}{n:>8,}{m / n:>7.2f}  {words:<14}{seed:<13}{chosen:<8}{mark}")
-        same = r["seed"] == r["chosen"]
+            mark = "" if published == chosen else "  <- differs"
+            lines.append(f"  {label:<8}{n:>8,}{m / n:>7.2f}  {words:<14}{published:<13}{chosen:<8}{mark}")
+        same = r["published"] == r["chosen"]
         lines.append(f"  step time: chosen {r['chosen_step_time_s']:.4f} s, the study's choice "
-                     f"{r['seed_step_time_s']:.4f} s" + (" (same plan)" if same else
-                     f" ({100 * (r['seed_step_time_s'] / r['chosen_step_time_s'] - 1):+.2f} % "
+                     f"{r['published_step_time_s']:.4f} s" + (" (same plan)" if same else
+                     f" ({100 * (r['published_step_time_s'] / r['chosen_step_time_s'] - 1):+.2f} % "
                      "for the study's)"))
         if not r["chosen_fits_in_memory"]:
             lines.append(f"  note: at this batch the plan needs "
@@ -146,7 +146,7 @@ def plot(out: dict[str, Any], path: str) -> None:
     names = list(out)
     fig, ax = plt.subplots(figsize=(6, 3.5))
     xs = range(len(names))
-    ax.bar([x - 0.2 for x in xs], [out[n]["seed_step_time_s"] for n in names], 0.4,
+    ax.bar([x - 0.2 for x in xs], [out[n]["published_step_time_s"] for n in names], 0.4,
            label="the study's choice")
     ax.bar([x + 0.2 for x in xs], [out[n]["chosen_step_time_s"] for n in names], 0.4,
            label="search's choice")
@@ -176,4 +176,4 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
-__all__ = ["NAME", "HELP", "SEED", "add_arguments", "run", "study_model", "write_text_atomic"]
+__all__ = ["NAME", "HELP", "PUBLISHED", "add_arguments", "run", "study_model", "write_text_atomic"]

@@ -5,9 +5,9 @@ compute against its four tensor-parallel all-reduces as t grows, over NVLink and
 tokens; the four all-reduces take 20 % of the layer's compute at t = 8 over NVLink, 161 %
 over the network, 330 % at t = 64 over NVLink.
 
-Two models side by side (rows "model": "seed" and "model": "simulator"):
+Two models side by side (rows "model": "analysis" and "model": "simulator"):
 
-* seed: the analysis's own arithmetic. Compute 6 x (parameters per layer) x tokens / t at
+* analysis: the analysis's own arithmetic. Compute 6 x (parameters per layer) x tokens / t at
   45 % of H100 BF16 peak (989 TFLOP/s); four ring all-reduces of 2 x tokens x d bytes
   (BF16 activations) among t devices, each taking
   2(t-1) x step latency + 2(t-1)/t x S / link bandwidth, at 450 GB/s (NVLink) or
@@ -45,9 +45,9 @@ HELP = ("the tensor-parallel scaling analysis: one Llama 3 layer's compute vs it
 
 TOKENS = 8192
 H100_BF16_PEAK_FLOPS = 989e12        # NVIDIA H100 SXM datasheet, dense BF16
-SEED_EFFICIENCY = 0.45               # the analysis: "at 45% of H100 peak"
-SEED_LINK_BPS = {"nvlink": 450e9, "network": 50e9}   # the analysis: 450 GB/s, 400 Gb/s
-SEED_STEP_LATENCY_S = 5e-6           # per ring step; implied by its published figures
+ANALYSIS_EFFICIENCY = 0.45               # the analysis: "at 45% of H100 peak"
+ANALYSIS_LINK_BPS = {"nvlink": 450e9, "network": 50e9}   # the analysis: 450 GB/s, 400 Gb/s
+ANALYSIS_STEP_LATENCY_S = 5e-6           # per ring step; implied by its published figures
 ALLREDUCES_PER_LAYER = 4             # two forward, two backward (Megatron-LM)
 STATE_BYTES_PER_PARAM = 16           # bf16 params + grads, fp32 master + Adam moments
 DEFAULT_TS = (1, 2, 4, 8, 16, 32, 64)
@@ -64,22 +64,22 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--big-domain", choices=("nvl72", "h100"), default="nvl72",
                         help="NVLink domain for t > 8 in the simulator rows: a GB200 NVL72 "
                              "rack, or a hypothetical H100 NVSwitch domain of t GPUs")
-    parser.add_argument("--seed-only", action="store_true",
+    parser.add_argument("--analysis-only", action="store_true",
                         help="only the analysis's own arithmetic")
 
 
 # ------------------------------------------------------------ the analysis's own model
-def seed_row(model: ModelSpec, t: int, link: str, tokens: int = TOKENS) -> dict:
-    """One row of the analysis's arithmetic ("model": "seed")."""
+def analysis_row(model: ModelSpec, t: int, link: str, tokens: int = TOKENS) -> dict:
+    """One row of the analysis's arithmetic ("model": "analysis")."""
     size = 2 * tokens * model.hidden_size                  # BF16 activations, bytes
-    compute = 6 * model.layer_params() * tokens / t / (SEED_EFFICIENCY * H100_BF16_PEAK_FLOPS)
+    compute = 6 * model.layer_params() * tokens / t / (ANALYSIS_EFFICIENCY * H100_BF16_PEAK_FLOPS)
     steps = 2 * (t - 1)
-    one = steps * SEED_STEP_LATENCY_S + (steps / t) * size / SEED_LINK_BPS[link] if t > 1 else 0.0
+    one = steps * ANALYSIS_STEP_LATENCY_S + (steps / t) * size / ANALYSIS_LINK_BPS[link] if t > 1 else 0.0
     comm = ALLREDUCES_PER_LAYER * one
-    return {"t": t, "link": link, "model": "seed", "allreduce_bytes": size,
+    return {"t": t, "link": link, "model": "analysis", "allreduce_bytes": size,
             "compute_s": compute, "comm_s": comm, "comm_over_compute": comm / compute,
             "state_bytes_per_device": STATE_BYTES_PER_PARAM * model.total_params() / t,
-            "topology": f"analysis {link} {SEED_LINK_BPS[link] / 1e9:g} GB/s", "gpu": "h100"}
+            "topology": f"analysis {link} {ANALYSIS_LINK_BPS[link] / 1e9:g} GB/s", "gpu": "h100"}
 
 
 # ------------------------------------------------------------------- the simulator's model
@@ -144,7 +144,7 @@ def rows(model_name: str = "llama3-70b", ts=DEFAULT_TS, tokens: int = TOKENS,
          simulator: bool = True, big_domain: str = "nvl72") -> list[dict]:
     """Every row: t x link x model, the analysis's arithmetic first."""
     model = MODEL_PRESETS[model_name]
-    out = [seed_row(model, t, link, tokens) for link in LINKS for t in ts]
+    out = [analysis_row(model, t, link, tokens) for link in LINKS for t in ts]
     if simulator:
         for link in LINKS:
             for t in ts:
@@ -175,12 +175,11 @@ def plot(table: list[dict], model: ModelSpec, path: str) -> None:
 
     fig, (left, right) = plt.subplots(1, 2, figsize=(12, 4.5))
     for link, color in (("nvlink", "#4c72b0"), ("network", "#dd8452")):
-        for kind, style in (("seed", "-o"), ("simulator", "--s")):
+        for kind, style in (("analysis", "-o"), ("simulator", "--s")):
             pts = [(r["t"], 100 * r["comm_over_compute"]) for r in table
                    if r["link"] == link and r["model"] == kind and r["t"] > 1 and "error" not in r]
             if pts:
-                name = "analysis" if kind == "seed" else kind
-                left.plot(*zip(*pts), style, color=color, label=f"{link}, {name}")
+                left.plot(*zip(*pts), style, color=color, label=f"{link}, {kind}")
     left.axhline(100, color="#999999", lw=0.8)
     left.set_xscale("log", base=2)
     left.set_yscale("log")
@@ -188,9 +187,9 @@ def plot(table: list[dict], model: ModelSpec, path: str) -> None:
     left.set_ylabel("4 all-reduces / layer compute (%)")
     left.set_title(f"one {model.name} layer, {TOKENS} tokens")
     left.legend(fontsize=8)
-    seed = [(r["t"], r["state_bytes_per_device"] / 1e9) for r in table
-            if r["model"] == "seed" and r["link"] == "nvlink"]
-    right.plot(*zip(*seed), "-o", color="#55a868", label=f"{model.name} states")
+    states = [(r["t"], r["state_bytes_per_device"] / 1e9) for r in table
+              if r["model"] == "analysis" and r["link"] == "nvlink"]
+    right.plot(*zip(*states), "-o", color="#55a868", label=f"{model.name} states")
     right.axhline(80, color="#c44e52", lw=0.8, label="H100 HBM (80 GB)")
     right.set_xscale("log", base=2)
     right.set_yscale("log")
@@ -207,7 +206,7 @@ def run(args: argparse.Namespace) -> int:
     if args.tokens < 1:
         raise UsageError("--tokens", args.tokens, "an integer >= 1")
     ts = _parse_ts(args.tp)
-    table = rows(args.model, ts, args.tokens, not args.seed_only, args.big_domain)
+    table = rows(args.model, ts, args.tokens, not args.analysis_only, args.big_domain)
     if args.plot:
         plot(table, MODEL_PRESETS[args.model], args.plot)
     if args.json:

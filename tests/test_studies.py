@@ -19,17 +19,17 @@ def test_adaptive_sharding_json_structure(tmp_path, capsys):
     assert code == 0, err
     data = json.loads(out)
     r = data["llama3-8b"]
-    assert set(r["chosen"]) == PROJ and set(r["seed"]) == PROJ
-    assert r["seed"] == {"wq": "col", "wk": "col", "wv": "col", "wo": "seq", "w1": "col",
+    assert set(r["chosen"]) == PROJ and set(r["published"]) == PROJ
+    assert r["published"] == {"wq": "col", "wk": "col", "wv": "col", "wo": "seq", "w1": "col",
                          "w3": "col", "w2": "row"}
     # the search's choice is at least as fast as the study's (both fully simulated)
-    assert r["chosen_step_time_s"] <= r["seed_step_time_s"]
+    assert r["chosen_step_time_s"] <= r["published_step_time_s"]
     assert png.stat().st_size > 0
 
 
-def test_adaptive_sharding_maps_the_seed_names(capsys):
-    from simulator.studies.adaptive_sharding import MAPPING_NOTE, SEED
-    assert SEED["llama3-70b"]["wo"] == "row"     # the study's "Col-par" wo = Megatron row
+def test_adaptive_sharding_maps_the_study_names(capsys):
+    from simulator.studies.adaptive_sharding import MAPPING_NOTE, PUBLISHED
+    assert PUBLISHED["llama3-70b"]["wo"] == "row"     # the study's "Col-par" wo = Megatron row
     assert "S(0)P(sum)" in MAPPING_NOTE
 
 
