@@ -16,10 +16,15 @@ from .errors import OutputError
 
 
 def print_json(obj: Any) -> None:
-    """Stable JSON on stdout (sorted keys, two-space indent)."""
-    # allow_nan=False: a non-finite number is an error, never invalid JSON on stdout.
-    json.dump(obj, sys.stdout, indent=2, sort_keys=True, default=float, allow_nan=False)
-    sys.stdout.write("\n")
+    """Stable, valid JSON on stdout (sorted keys, two-space indent).
+
+    A non-finite number is printed as null and named on stderr (simulator.jsonsafe
+    says why); the text is built whole before it is written, so an error never leaves
+    half a document on stdout."""
+    from .jsonsafe import dumps_finite, warn_replaced
+    text, replaced = dumps_finite(obj, indent=2, sort_keys=True)
+    warn_replaced(replaced, sys.stderr)
+    sys.stdout.write(text + "\n")
 
 
 def _umask() -> int:

@@ -26,6 +26,7 @@ from workloads.models import PRESETS as MODEL_PRESETS
 
 from ..api import simulate
 from ..engine import SimOptions
+from ..jsonsafe import dumps_finite
 from ..network import CommOptions
 from .variations import CLUSTER_PARAMS, Variation, apply_cluster, apply_plan
 
@@ -172,8 +173,9 @@ def evaluate(spec: PointSpec) -> dict[str, Any]:
     row.update(status="ok", error=None)
     for key, value in flatten(summary).items():
         row.setdefault(key, value)
-    # JSON round trip: a row read back from a checkpoint is then bit-identical.
-    return json.loads(json.dumps(row, default=float))
+    # JSON round trip: a row read back from a checkpoint is then bit-identical. A summary
+    # number that is not finite (a ratio over a zero time) has no value: null.
+    return json.loads(dumps_finite(row)[0])
 
 
 def evaluate_many(specs: list[PointSpec]) -> list[dict[str, Any]]:
