@@ -92,7 +92,7 @@ class Checkpoint:
                 row = json.loads(line, parse_constant=_reject_constant)
                 problem = row_problem(row, points)
             except (ValueError, RecursionError) as exc:   # JSONDecodeError is a ValueError
-                problem = f"a whole JSON line ({exc})"
+                problem = f"valid JSON with finite numbers ({exc})"
             if problem is None and row["point"] in rows:
                 problem = f"each point once (point {row['point']} is repeated)"
             if problem is not None:
