@@ -109,6 +109,33 @@ def test_a_row_finished_before_the_signal_is_kept():
     assert not any(w.process.is_alive() for w in pool.workers)
 
 
+def test_a_point_that_kills_its_worker_is_an_error_row_and_the_study_goes_on():
+    """Worker B is stopped holding point 1 and then killed (as the kernel kills a process
+    out of memory): point 1 becomes an `error` row, a new worker runs the rest."""
+    points = _points(["tp=1,2,4,8", "micro_batch=1,2"])
+    rows: dict[int, dict] = {}
+
+    def record(row):
+        rows[row["point"]] = row
+        if len(rows) == 1:
+            os.kill(pool.workers[1].process.pid, signal.SIGKILL)
+
+    with StopSignals() as stop:
+        pool = LocalPool(2, stop, record)
+        start = pool.start
+
+        def start_and_stop_one():
+            start()
+            os.kill(pool.workers[1].process.pid, signal.SIGSTOP)
+        pool.start = start_and_stop_one
+        pool.run(points)
+    assert sorted(rows) == list(range(len(points)))
+    assert rows[1]["status"] == "error" and "SIGKILL" in rows[1]["error"]
+    assert rows[1]["tp"] == 1 and rows[1]["micro_batch"] == 2 and rows[1]["topo"] == "dgx-h100"
+    assert all(r["status"] in ("ok", "invalid") for p, r in rows.items() if p != 1)
+    assert not any(w.process.is_alive() for w in pool.workers)
+
+
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc")
 def test_killed_at_random_moments_then_resumed_gives_the_uninterrupted_table(tmp_path):
     plan = tmp_path / "plan.json"

@@ -148,12 +148,22 @@ def flatten(summary: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
+def lead_row(spec: PointSpec) -> dict[str, Any]:
+    """The columns every row of a point has: point, topo, fault and its parameters."""
+    return {"point": spec["point"], "topo": spec["topo"]["ref"],
+            "fault": ";".join(spec["faults"]) or None, **spec["params"]}
+
+
+def error_row(spec: PointSpec, error: str) -> dict[str, Any]:
+    """The row of a point whose simulation broke outside `evaluate` (its worker died)."""
+    return {**lead_row(spec), "status": "error", "error": error}
+
+
 def evaluate(spec: PointSpec) -> dict[str, Any]:
     """Simulate one point; an InputError (the plan's, topology's or a fault's) becomes an
     `invalid` row carrying its one-line message."""
+    row = lead_row(spec)
     params = spec["params"]
-    row: dict[str, Any] = {"point": spec["point"], "topo": spec["topo"]["ref"],
-                           "fault": ";".join(spec["faults"]) or None, **params}
     opts = spec["options"]
     try:
         cluster = apply_cluster(_cluster(spec["topo"]), params)

@@ -12,6 +12,8 @@ of concurrent.futures, because of what an interruption must do:
 * Keep every finished point. A worker blocks SIGTERM while it sends a row, so a row it
   has started to send arrives whole; the main process reads every pipe to its end before
   it returns, and records what it finds, even when the signal came first.
+* Survive a worker's death. A point that kills its worker (out of memory) becomes an
+  `error` row, like a point whose simulation raised, and a new worker takes its place.
 * Never outlive the main process. Workers ask Linux to SIGKILL them when their parent
   dies (prctl PR_SET_PDEATHSIG), and on every system a watchdog thread in each worker
   exits when the parent process id changes (the parent is gone; checked every
@@ -29,17 +31,13 @@ import time
 from multiprocessing.connection import Connection, wait
 from typing import Any, Callable, Iterator
 
-from .points import PointSpec, evaluate
+from .points import PointSpec, error_row, evaluate
 from .signals import (STOP_SIGNALS, StopSignals, SweepInterrupted, block_stop_signals,
                       unblock_stop_signals)
 
 PARENT_POLL_S = 0.25     # how often a worker checks that its parent is alive
 DRAIN_TIMEOUT_S = 5.0    # after SIGTERM: how long rows in flight may take to arrive
 PR_SET_PDEATHSIG = 1     # from <linux/prctl.h>
-
-
-class WorkerDied(RuntimeError):
-    """A worker process ended without a reply (killed from outside, out of memory)."""
 
 
 # ----------------------------------------------------------------------- in the worker
@@ -95,21 +93,29 @@ class _Worker:
                                    name="whatif-worker", daemon=True)
         self.process.start()
         child.close()
-        self.point: int | None = None   # the point it is simulating
+        self.spec: PointSpec | None = None   # the point it is simulating
+
+    @property
+    def point(self) -> int | None:
+        """The index of the point it is simulating (None: idle)."""
+        return None if self.spec is None else self.spec["point"]
 
     def give(self, spec: PointSpec | None) -> None:
-        self.point = None if spec is None else spec["point"]
+        self.spec = spec
         self.conn.send(spec)
 
-    def died(self) -> Exception:
-        """What to raise when its pipe closed with a point outstanding."""
+    def death_row(self) -> dict[str, Any]:
+        """Its pipe closed with a point outstanding: the point's `error` row, or
+        SweepInterrupted when a stop signal sent to the group ended it."""
         self.process.join(1.0)
         code = self.process.exitcode
         if code is not None and -code in STOP_SIGNALS + (signal.SIGHUP,):
             # stopped from outside with the group (kill -TERM -PGID): an interruption
-            return SweepInterrupted(-code)
-        return WorkerDied(f"a whatif worker process (pid {self.process.pid}) ended with exit "
-                          f"status {code} while simulating point {self.point}")
+            raise SweepInterrupted(-code)
+        reason = f"signal {signal.Signals(-code).name}" if code and code < 0 else \
+            f"exit status {code}"
+        return error_row(self.spec, f"WorkerDied: its worker process ended ({reason}; "
+                                    "out of memory?)")
 
 
 class LocalPool:
@@ -121,42 +127,71 @@ class LocalPool:
         self.workers: list[_Worker] = []
 
     def start(self) -> None:
-        """Start the workers with SIGINT and SIGTERM blocked, so that no signal reaches
-        one before it has set its handlers (pending signals come after)."""
+        """Start the workers."""
+        self.workers.extend(self._spawn(self.size))
+
+    @staticmethod
+    def _spawn(count: int) -> list[_Worker]:
+        """Workers started with SIGINT and SIGTERM blocked, so that no signal reaches one
+        before it has set its handlers (pending signals come after)."""
         ctx = multiprocessing.get_context("spawn")
+        started: list[_Worker] = []
         block_stop_signals()
         try:
-            for _ in range(self.size):
-                self.workers.append(_Worker(ctx))
+            for _ in range(count):
+                started.append(_Worker(ctx))
         finally:
             unblock_stop_signals()
+        return started
 
     def run(self, points: list[PointSpec]) -> None:
         """Simulate every point; on any exception stop the workers, keeping their rows."""
         todo: Iterator[PointSpec] = iter(points)
         try:
             self.start()
-            for worker in self.workers:
-                worker.give(next(todo, None))
+            for worker in list(self.workers):
+                self._give(worker, next(todo, None))
             busy = {w.conn: w for w in self.workers if w.point is not None}
             while busy:
                 for conn in wait(list(busy)):
                     with self.stop.held():
-                        worker = busy[conn]
+                        worker = busy.pop(conn)
                         try:
                             row = conn.recv()
-                        except (EOFError, OSError):
-                            raise worker.died() from None
+                        except (EOFError, OSError):   # a point the worker could not survive
+                            row, worker = worker.death_row(), self._replace(worker)
                         self.record(row)
-                        worker.give(next(todo, None))
-                        if worker.point is None:
-                            del busy[conn]
+                        worker = self._give(worker, next(todo, None))
+                        if worker.point is not None:
+                            busy[worker.conn] = worker
         except BaseException:
             self.stop.hold_forever()
             self._stop_now()
             raise
         finally:
             self._reap()
+
+    def _give(self, worker: _Worker, spec: PointSpec | None) -> _Worker:
+        """Hand a point (None: stop) to a worker, or to a new one if it has died."""
+        try:
+            worker.give(spec)
+        except OSError:   # its pipe is closed: it died between two points
+            if spec is None:
+                worker.spec = None
+                return worker
+            worker = self._replace(worker)
+            worker.give(spec)
+        return worker
+
+    def _replace(self, dead: _Worker) -> _Worker:
+        """A new worker in the place of one that died (the study goes on)."""
+        if dead.process.is_alive():   # closed its pipe yet still there: make sure
+            dead.process.kill()
+        dead.process.join()
+        dead.conn.close()
+        fresh = self._spawn(1)[0]
+        self.workers[self.workers.index(dead)] = fresh
+        return fresh
 
     def _stop_now(self) -> None:
         """SIGTERM every worker, then record the rows already on their way."""
