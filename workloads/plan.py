@@ -19,7 +19,7 @@ from typing import Any, Mapping
 from inputs import load_json_file
 
 from .errors import WorkloadError
-from .fields import (check_bool, check_choice, check_int, check_number, check_optional_name,
+from .fields import (MAX_INT, check_bool, check_choice, check_int, check_number, check_optional_name,
                      is_int)
 from .kernels import KERNEL_MODES, OPTIMIZERS
 from .mesh import Mesh, ParallelDims
@@ -213,8 +213,8 @@ def _int(raw: dict, key: str, where: str, default: int | None = None, minimum: i
     value = raw.get(key, default)
     if value is None:
         raise WorkloadError(f"{where}.{key}", None, f"an integer >= {minimum} (required)")
-    if not isinstance(value, int) or isinstance(value, bool) or value < minimum:
-        raise WorkloadError(f"{where}.{key}", value, f"an integer >= {minimum}")
+    if not isinstance(value, int) or isinstance(value, bool) or not minimum <= value <= MAX_INT:
+        raise WorkloadError(f"{where}.{key}", value, f"an integer >= {minimum} and <= {MAX_INT:,}")
     return value
 
 
