@@ -23,7 +23,7 @@ import sys
 from ..errors import EXIT_INTERNAL
 from ..errors import UsageError
 from ..output import print_json
-from ..whatif import ENGINES, PARAMS, SweepInterrupted, check_output, plot, render, whatif
+from ..whatif import ENGINES, PARAMS, SweepInterrupted, plot, render, whatif
 from ..whatif.points import plan_source
 from ..whatif.variations import parse_all
 from .common import add_common
@@ -69,8 +69,6 @@ def handle(args: argparse.Namespace) -> int:
         raise UsageError("--output", args.output, "a path ending in .parquet")
     varied = [v.name for v in parse_all(args.vary)]
     raw = plan_source(args.plan)
-    if args.plot:
-        check_output(args.plot)
     options = {"full": args.full, "algorithm": args.algorithm, "protocol": args.protocol,
                "flow_sharing": not args.no_flow_sharing}
     try:

@@ -14,11 +14,12 @@ from __future__ import annotations
 from typing import Any
 
 from ..errors import UsageError
+from ..output import output_kind
 from .checkpoint import checkpoint_path
 from .engines import ENGINES, drop_checkpoint, run_points
 from .points import evaluate, plan_source, study_points, topology_source
 from .signals import StopSignals, SweepInterrupted
-from .table import check_output, plot, render, to_table, write_table
+from .table import plot, render, to_table, write_table
 from .variations import PARAMS, Variation, parse_all, parse_vary
 
 
@@ -46,8 +47,8 @@ def whatif(plan: str | dict, topos: list[str], vary: list[str] | None = None,
     points = study_points(raw, [topology_source(t) for t in topos], variations,
                           list(faults or []), options)
     if output:   # refused now, not after the sweep
-        check_output(output)
-        check_output(checkpoint_path(output))
+        output_kind(output, "output", create_parents=True)
+        output_kind(checkpoint_path(output), "output", create_parents=True)
     resumed = bool(output and resume and checkpoint_path(output).exists())
     with StopSignals():
         rows = run_points(points, engine, workers, address, output, resume, progress)
@@ -77,6 +78,5 @@ def _write(rows: list[dict[str, Any]], variations: list[Variation], output: str,
     drop_checkpoint(output)
 
 
-__all__ = ["ENGINES", "PARAMS", "SweepInterrupted", "Variation", "check_output",
-           "checkpoint_path", "evaluate", "parse_all", "parse_vary", "plot", "render",
+__all__ = ["ENGINES", "PARAMS", "SweepInterrupted", "Variation", "checkpoint_path", "evaluate", "parse_all", "parse_vary", "plot", "render",
            "run_points", "study_points", "to_table", "whatif", "write_table"]

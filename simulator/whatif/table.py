@@ -1,13 +1,11 @@
 """A study's rows as a table: Parquet (atomic), a stacked-bar PNG and a terminal table."""
 from __future__ import annotations
 
-import os
 from pathlib import Path
 from typing import Any
 
 import pyarrow as pa
 
-from ..errors import OutputError
 from ..trace import write_parquet
 from .points import LEAD_COLUMNS
 
@@ -35,24 +33,6 @@ def to_table(rows: list[dict[str, Any]], varied: list[str]) -> pa.Table:
     if not rows:
         return pa.table({n: pa.array([], pa.string()) for n in names})
     return pa.table(arrays)
-
-
-def check_output(path: str | Path) -> None:
-    """Refuse (OutputError, exit 2) a path a study could not write, before it runs: a
-    folder, something other than a regular file, or a place in a folder that cannot be
-    written or created."""
-    path = Path(path)
-    if path.is_dir():
-        raise OutputError(path, "it is a folder")
-    if path.exists() and not path.is_file():
-        raise OutputError(path, "it is not a regular file")
-    parent = path.parent
-    while not parent.exists():   # missing folders are created: their nearest ancestor counts
-        parent = parent.parent
-    if not parent.is_dir():
-        raise OutputError(path, f"{parent} is not a folder")
-    if not os.access(parent, os.W_OK | os.X_OK):
-        raise OutputError(path, f"{parent} is not writable")
 
 
 def write_table(table: pa.Table, path: str | Path, metadata: dict[str, Any]) -> None:
