@@ -37,6 +37,8 @@ def whatif(plan: str | dict, topos: list[str], vary: list[str] | None = None,
     InputError before any point runs. SIGINT or SIGTERM raise SweepInterrupted (a
     KeyboardInterrupt) once the finished points are in the checkpoint.
     `python -m simulator whatif` is this function plus the plot and the printed table.
+    Local workers are spawned processes (simulator.whatif.pool): a script that calls this
+    with several workers needs the usual `if __name__ == "__main__":` guard.
     """
     variations = parse_all(vary)
     raw = plan_source(plan)

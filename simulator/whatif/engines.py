@@ -8,10 +8,12 @@ order whatever order the workers finish in.
 Interruptions (simulator.whatif.signals, simulator.whatif.pool): SIGINT or SIGTERM stops
 the study within a fraction of a second, records every point already finished and
 raises SweepInterrupted (a KeyboardInterrupt); the checkpoint then stays, to be resumed.
-With the Ray engine the same holds for the driver: rows of batches that have returned
-are kept, pending tasks are cancelled; a batch cut short by the stop runs again on
-resume. Ray's own processes belong to Ray: a local instance started here ends with the
-driver, a remote cluster cleans up the tasks of a driver that died.
+With the Ray engine the same holds for the driver (exit 130 or 143; a local Ray instance
+takes a few seconds to shut down): rows of batches that have returned are kept, pending
+tasks are cancelled; a batch cut short by the stop runs again on resume. Ray's own
+processes belong to Ray: a local instance started here ends with the driver, a remote
+cluster cleans up the tasks of a driver that died. An address whose port does not answer
+fails within RAY_CONNECT_TIMEOUT_S (exit 2) instead of ray.init's minutes of retries.
 """
 from __future__ import annotations
 
@@ -90,6 +92,7 @@ def _ray(points: list[PointSpec], workers: int, address: str | None,
     ray = _import_ray()
     if not ray.is_initialized():
         ray.init(address=address, ignore_reinit_error=True, log_to_driver=False)
+        stop.reclaim()
     cpus = int(ray.cluster_resources().get("CPU", 1))
     # Batches amortise the per-task overhead: about 4 batches per CPU.
     size = max(1, math.ceil(len(points) / (4 * max(cpus, workers or 1))))

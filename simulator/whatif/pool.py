@@ -1,9 +1,10 @@
 """The local engine: worker processes that stop at once and never outlive the study.
 
-Each worker is a `spawn`ed process with a pipe to the main process; the main process
-sends it one point at a time and records each row as it comes back (simulator.whatif.
-engines passes the recorder, which appends to the checkpoint). A pool of our own instead
-of concurrent.futures, because of what an interruption must do:
+Each worker is a `spawn`ed process (not forked: a fork copies whatever threads and locks
+the caller holds, and spawn behaves the same on every system) with a pipe to the main
+process, which sends it one point at a time and records each row as it comes back
+(simulator.whatif.engines passes the recorder, which appends to the checkpoint). A pool
+of our own instead of concurrent.futures, because of what an interruption must do:
 
 * Stop promptly. On SIGINT or SIGTERM the main process stops handing out points and
   sends SIGTERM to every worker; a point being simulated is abandoned (it runs again on

@@ -71,6 +71,12 @@ class StopSignals:
                 self._previous[signum] = signal.signal(signum, self._handle)
         return self
 
+    def reclaim(self) -> None:
+        """Take the signals back from a library that set its own handler meanwhile
+        (ray.init makes SIGTERM call sys.exit, which would lose the checkpoint)."""
+        for signum in self._previous:
+            signal.signal(signum, self._handle)
+
     def __exit__(self, *exc) -> None:
         for signum, handler in self._previous.items():
             signal.signal(signum, handler)
