@@ -9,6 +9,7 @@ import pyarrow.compute as pc
 
 from topologies import Topology
 from workloads import Plan, WorkloadError, resolve
+from workloads.budget import MAX_TASKS, check_work
 from workloads.lowering import lower
 from workloads.memory import peak_memory
 from workloads.program import Program
@@ -60,10 +61,16 @@ def _with_plan_collectives(options: SimOptions, plan: Plan) -> SimOptions:
     return replace(options, comm=comm)
 
 
-def simulate(plan: Plan, topology: Topology, options: SimOptions | None = None) -> Result:
-    """Lower a plan for a topology's world size and replay one training step."""
+def simulate(plan: Plan, topology: Topology, options: SimOptions | None = None,
+             max_tasks: int = MAX_TASKS) -> Result:
+    """Lower a plan for a topology's world size and replay one training step.
+
+    The work is estimated first (workloads/budget.py): past `max_tasks` simulated tasks,
+    a WorkloadError, before anything is built.
+    """
     options = _with_plan_collectives(options or SimOptions(), plan)
     plan = resolve(plan, topology.world_size)
+    check_work(plan, topology.world_size if options.full else plan.mesh.pp, max_tasks)
     program = lower(plan)
     engine = Engine(program, topology, options)
     engine.run()

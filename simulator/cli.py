@@ -2,12 +2,13 @@
 
 Exit codes: 0 success, 2 bad input (any inputs.InputError: one line on stderr naming
 field, value and what is allowed), 3 `--strict-memory` and the plan does not fit,
-1 internal error (the codes live in simulator/errors.py). Only simulator/__main__.py
+4 an output could not be written (a full disk: one line), 1 internal error (the codes live in simulator/errors.py). Only simulator/__main__.py
 imports this module.
 """
 from __future__ import annotations
 
 import argparse
+import errno
 import importlib
 import pkgutil
 import sys
@@ -16,7 +17,8 @@ from typing import Callable, Sequence
 
 from inputs import InputError
 
-from .errors import EXIT_BAD_INPUT, EXIT_INTERNAL, UsageError
+from .errors import EXIT_BAD_INPUT, EXIT_INTERNAL, EXIT_WRITE_FAILED, UsageError, WriteError
+from .output import output_kind
 
 
 class OneLineParser(argparse.ArgumentParser):
@@ -30,6 +32,21 @@ class OneLineParser(argparse.ArgumentParser):
 # paths), is an inputs.InputError: one line on stderr, exit 2.
 BAD_INPUT = (InputError,)
 COMMANDS: dict[str, Callable] = {}
+# Options that name an output file, by argparse dest: checked before the work starts
+# (simulator/output.py output_kind), so a run never ends by refusing where to write.
+OUTPUT_OPTIONS = {"output": "--output", "trace": "--trace", "chrome_trace": "--chrome-trace",
+                  "plot": "--plot"}
+# OS errors a write meets that are not the program's fault: disk full, quota, file too
+# large, I/O error (exit status 4, one line).
+WRITE_ERRNOS = frozenset({errno.ENOSPC, errno.EDQUOT, errno.EFBIG, errno.EIO})
+
+
+def check_outputs(args: argparse.Namespace) -> None:
+    """OutputError (exit 2) for any output option naming a path that cannot be written."""
+    for dest, flag in OUTPUT_OPTIONS.items():
+        value = getattr(args, dest, None)
+        if isinstance(value, str):
+            output_kind(value, flag)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -51,10 +68,21 @@ def main(argv: Sequence[str] | None = None) -> int:
     """Run the CLI; returns the exit status."""
     try:
         args = build_parser().parse_args(argv)
-        return int(args.handler(args) or 0)
+        check_outputs(args)
+        status = int(args.handler(args) or 0)
+        sys.stdout.flush()   # a full stdout (> /dev/full) fails here, not at exit
+        return status
     except BAD_INPUT as exc:
         print(f"error: {exc}", file=sys.stderr)
         return EXIT_BAD_INPUT
+    except WriteError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return EXIT_WRITE_FAILED
+    except OSError as exc:
+        if exc.errno not in WRITE_ERRNOS:
+            raise
+        print(f"error: cannot write the output: {exc.strerror}", file=sys.stderr)
+        return EXIT_WRITE_FAILED
     except KeyboardInterrupt:
         print("interrupted", file=sys.stderr)
         return 130

@@ -1,25 +1,37 @@
 """Outputs: files written atomically (temporary file in the same folder, then rename), so
 that a reader never sees a half-written trace, table, plan or plot; and JSON on stdout.
 
+The rules (README, "Outputs"): an output path is checked before the work starts
+(output_kind: a folder, a missing folder, a block device, no permission: exit 2); only
+regular files are replaced by rename (a symbolic link's target is replaced; a character
+device or pipe is written in place); a failed write leaves no file behind; an OS error
+while writing (a full disk) is one line and exit status 4.
+
 Library code (studies, what-if) and the commands both write through here, so neither
 needs the other."""
 from __future__ import annotations
 
 import json
 import os
+import stat
 import sys
 import tempfile
 from pathlib import Path
 from typing import Any, Callable
 
-from .errors import OutputError
+from .errors import OutputError, WriteError
 
 
 def print_json(obj: Any) -> None:
-    """Stable JSON on stdout (sorted keys, two-space indent)."""
-    # allow_nan=False: a non-finite number is an error, never invalid JSON on stdout.
-    json.dump(obj, sys.stdout, indent=2, sort_keys=True, default=float, allow_nan=False)
-    sys.stdout.write("\n")
+    """Stable, valid JSON on stdout (sorted keys, two-space indent).
+
+    A non-finite number is printed as null and named on stderr (simulator.jsonsafe
+    says why); the text is built whole before it is written, so an error never leaves
+    half a document on stdout."""
+    from .jsonsafe import dumps_finite, warn_replaced
+    text, replaced = dumps_finite(obj, indent=2, sort_keys=True)
+    warn_replaced(replaced, sys.stderr)
+    sys.stdout.write(text + "\n")
 
 
 def _umask() -> int:
@@ -28,31 +40,81 @@ def _umask() -> int:
     return mask
 
 
+# What an output path may name: nothing yet (a new file), a regular file (replaced
+# atomically), or a character device or pipe (/dev/null, /dev/stdout, a FIFO: written
+# in place, since renaming a file over a device node would replace the device itself).
+NEW, REGULAR, STREAM = "new", "regular", "stream"
+
+
+def output_kind(path: str | Path, flag: str = "output", create_parents: bool = False) -> str:
+    """How `path` will be written (NEW, REGULAR or STREAM), or OutputError when it cannot
+    be: a folder, a block device or socket, a missing parent folder (unless
+    `create_parents`), no write permission. A symbolic link is followed: its target is
+    what gets written, the link stays. Cheap: checked before any work starts."""
+    target = Path(os.path.realpath(path))
+    try:
+        mode = target.stat().st_mode
+    except FileNotFoundError:
+        mode = None
+    except OSError as exc:
+        raise OutputError(path, exc.strerror or type(exc).__name__, flag) from None
+    if mode is not None:
+        if stat.S_ISDIR(mode):
+            raise OutputError(path, "it is a folder", flag)
+        if stat.S_ISCHR(mode) or stat.S_ISFIFO(mode):
+            if not os.access(target, os.W_OK):
+                raise OutputError(path, "no permission to write it", flag)
+            return STREAM
+        if not stat.S_ISREG(mode):
+            raise OutputError(path, "it is a block device or socket, not a file", flag)
+    folder = target.parent
+    while create_parents and not folder.exists() and folder != folder.parent:
+        folder = folder.parent
+    if not folder.is_dir():
+        raise OutputError(path, f"its folder {folder} does not exist", flag)
+    if not os.access(folder, os.W_OK | os.X_OK):
+        raise OutputError(path, f"no permission to write in {folder}", flag)
+    return NEW if mode is None else REGULAR
+
+
 def atomic_write(path: str | Path, write: Callable[[str], None]) -> None:
     """Call `write(tmp_path)`, then rename the temporary file onto `path`.
 
-    Missing parent folders are created; the file gets the usual permissions (0666 less
-    the umask; mkstemp alone would leave 0600).
+    Only a regular file (or a new one) is replaced so: a symbolic link's target is
+    replaced, the link kept; a character device or pipe (/dev/null) is written directly,
+    never renamed over. Missing parent folders are created; the file gets the usual
+    permissions (0666 less the umask; mkstemp alone would leave 0600). On any failure the
+    temporary file is removed (no partial file survives) and an OS error (a full disk)
+    becomes a WriteError (one line, exit status 4).
     """
-    path = Path(path)
-    if path.is_dir():
-        raise OutputError(path, "it is a folder")
+    kind = output_kind(path, create_parents=True)
+    target = Path(os.path.realpath(path))
+    if kind == STREAM:
+        _guarded(path, lambda: write(str(target)))
+        return
     try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
+        target.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.", dir=target.parent)
     except OSError as exc:
         raise OutputError(path, exc.strerror or type(exc).__name__) from None
     os.close(fd)
     try:
-        write(tmp)
+        _guarded(path, lambda: write(tmp))
         os.chmod(tmp, 0o666 & ~_umask())
-        os.replace(tmp, path)
+        _guarded(path, lambda: os.replace(tmp, target))
     except BaseException:
         if os.path.exists(tmp):
             os.unlink(tmp)
         raise
 
 
+def _guarded(path: str | Path, action: Callable[[], None]) -> None:
+    """Run a write; an OSError (ENOSPC, EIO, EDQUOT) becomes a one-line WriteError."""
+    try:
+        action()
+    except OSError as exc:
+        reason = exc.strerror or str(exc) or type(exc).__name__
+        raise WriteError(path, reason) from None
 def write_text_atomic(path: str | Path, text: str) -> None:
     """Write a text file atomically."""
     def write(tmp: str) -> None:

@@ -36,6 +36,11 @@ _SYNTAX = ("straggler:gpu=R,slowdown=F | link-down:nic=nodeD/R | link-down:link=
            "degraded:link=NAME|NODE|CLASS,factor=F | gpu:ranks=A-B,type=NAME")
 
 
+# The arguments each kind takes; any other (`foo=3`) is an error, not ignored.
+FAULT_KEYS = {"straggler": ("gpu", "slowdown"), "link-down": ("nic", "link"),
+              "degraded": ("link", "factor"), "gpu": ("ranks", "type")}
+
+
 @dataclass(frozen=True)
 class Fault:
     """One parsed fault: its kind and its key=value arguments (as strings)."""
@@ -57,12 +62,16 @@ def parse_fault(text: str) -> Fault:
     kind, _, rest = text.partition(":")
     if kind not in KINDS or not rest:
         raise TopologyError("fault", text, _SYNTAX)
-    args = []
+    args: list[tuple[str, str]] = []
     for part in rest.split(","):
         key, eq, value = part.partition("=")
+        key, value = key.strip(), value.strip()
         if not eq or not key or not value:
             raise TopologyError("fault", text, _SYNTAX)
-        args.append((key.strip(), value.strip()))
+        if key not in FAULT_KEYS[kind] or key in dict(args):
+            raise TopologyError(f"fault {text}: {key}", value,
+                                f"each of {', '.join(FAULT_KEYS[kind])} at most once")
+        args.append((key, value))
     fault = Fault(kind, tuple(args), text)
     # Numbers are checked here, before any point runs: a bad value is a bad flag.
     for key in {"straggler": ("slowdown",), "degraded": ("factor",)}.get(kind, ()):

@@ -5,13 +5,14 @@ change the ClusterSpec (another GPU, twice the NIC bandwidth) and build again.
 """
 from __future__ import annotations
 
-import json
 import math
 import os
 import re
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, Callable
+
+from inputs import load_json_file
 
 from .builders import HDR_200G, NDR_400G, FabricSpec, build_cluster
 from .errors import TopologyError
@@ -33,8 +34,10 @@ class ClusterSpec:
     description: str = ""
     measured: tuple = ()  # ((op, group_size, MeasuredCollective), ...)
 
-    def build(self) -> Topology:
-        """The Topology this spec describes."""
+    def build(self, max_gpus: int | None = None) -> Topology:
+        """The Topology this spec describes; TopologyError past `max_gpus` GPUs (default
+        MAX_GPUS: a what-if may have grown the spec since it was read)."""
+        check_gpu_count(self, MAX_GPUS if max_gpus is None else max_gpus)
         devices = [self.gpu] * (self.num_domains * self.domain_size)
         topo = build_cluster(self.name, devices, self.domain_size, self.fabric,
                              self.description)
@@ -84,7 +87,11 @@ FAMILIES: dict[str, Callable[[int], ClusterSpec]] = {
     "nvl72": _nvl72,
 }
 _NAME = re.compile(r"^(?P<family>[a-z0-9-]+?)(?:x(?P<n>\d+))?$")
-MAX_GPUS = 1 << 20
+# Largest cluster a topology may have unless asked for more (`--max-gpus`): 131,072 GPUs,
+# past the largest published training clusters (about 100,000 H100s in 2024) and 8 x the
+# 16,384-GPU Llama 3 405B job. Its graph takes about 7 s and 0.7 GB to build (measured
+# on dgx-h100x16384); a million GPUs would take about 6 GB, checked before any of it.
+MAX_GPUS = 1 << 17
 
 
 def preset_names() -> list[str]:
@@ -92,27 +99,44 @@ def preset_names() -> list[str]:
     return [n for fam in FAMILIES for n in (fam, f"{fam}xN")]
 
 
-def cluster_spec(name_or_path: str) -> ClusterSpec:
-    """Parse a preset name or a topology JSON file into a ClusterSpec."""
+def check_gpu_count(spec: "ClusterSpec", max_gpus: int = MAX_GPUS) -> None:
+    """TopologyError when a cluster has more GPUs than `max_gpus` (before any graph)."""
+    gpus = spec.num_domains * spec.domain_size
+    if gpus > max_gpus:
+        raise TopologyError("topology", f"{spec.name} ({gpus:,} GPUs)",
+                            f"at most {max_gpus:,} GPUs (--max-gpus raises the limit)")
+
+
+def cluster_spec(name_or_path: str, max_gpus: int = MAX_GPUS) -> ClusterSpec:
+    """Parse a preset name or a topology JSON file into a ClusterSpec of at most
+    `max_gpus` GPUs."""
+    if not isinstance(name_or_path, str):
+        raise TopologyError("topology", name_or_path, "a preset name or a JSON file path")
     if name_or_path.endswith(".json") or os.sep in name_or_path:
         path = Path(name_or_path)
         if not path.is_file():
             raise TopologyError("topology", name_or_path,
                                 "a preset (" + ", ".join(preset_names()) + ") or a JSON file")
-        return load_file(path)
-    match = _NAME.match(name_or_path.lower())
-    if not match or match["family"] not in FAMILIES:
-        raise TopologyError("topology", name_or_path,
-                            ", ".join(preset_names()) + ", or a topology JSON file")
-    count = int(match["n"]) if match["n"] else 1
-    if count < 1 or count * 8 > MAX_GPUS:
-        raise TopologyError("topology", name_or_path, f"a domain count between 1 and {MAX_GPUS // 8}")
-    return FAMILIES[match["family"]](count)
+        spec = load_file(path)
+    else:
+        match = _NAME.match(name_or_path.lower())
+        if not match or match["family"] not in FAMILIES:
+            raise TopologyError("topology", name_or_path,
+                                ", ".join(preset_names()) + ", or a topology JSON file")
+        count = int(match["n"]) if match["n"] else 1
+        if count < 1:
+            raise TopologyError("topology", name_or_path, "a domain count of at least 1")
+        if count > max_gpus:   # before building even the spec
+            raise TopologyError("topology", name_or_path,
+                                f"at most {max_gpus:,} GPUs (--max-gpus raises the limit)")
+        spec = FAMILIES[match["family"]](count)
+    check_gpu_count(spec, max_gpus)
+    return spec
 
 
-def build(name_or_path: str) -> Topology:
-    """A Topology from a preset name or a topology JSON file."""
-    return cluster_spec(name_or_path).build()
+def build(name_or_path: str, max_gpus: int = MAX_GPUS) -> Topology:
+    """A Topology from a preset name or a topology JSON file (at most `max_gpus` GPUs)."""
+    return cluster_spec(name_or_path, max_gpus).build(max_gpus)
 
 
 # ---------------------------------------------------------------------------- files
@@ -151,12 +175,48 @@ _PROFILE_RANGES = {
 _PROFILE_FLAGS = frozenset({"concurrent_collectives"})
 
 
+def _known_keys(raw: dict, where: str, allowed: tuple[str, ...]) -> None:
+    """A key the file format does not have is an error, not silently ignored."""
+    for key in raw:
+        if key not in allowed:
+            raise TopologyError(f"{where}.{key}", raw[key], "keys " + ", ".join(allowed))
+
+
+def _text(raw: dict, key: str, where: str, default: str) -> str:
+    """A string field (a name, a description)."""
+    value = raw.get(key, default)
+    if not isinstance(value, str) or len(value) > 1000:
+        raise TopologyError(f"{where}.{key}", value, "a string of at most 1000 characters")
+    return value
+
+
+def _flag(raw: dict, key: str, where: str, default: bool) -> bool:
+    """A JSON boolean (the string "no" is not false)."""
+    value = raw.get(key, default)
+    if not isinstance(value, bool):
+        raise TopologyError(f"{where}.{key}", value, "true or false")
+    return value
+
+
+_GPU_KEYS = ("base", "name", "bf16_tflops", "fp32_tflops", "fp8_tflops", "hbm_gb",
+             "hbm_GBps", "nvlink_GBps", "nvlink_nccl_GBps", "nvlink_links", "nvls",
+             "sm_count", "profile")
+# Upper bounds of a file's counts: far past any real part (an H100 has 18 NVLinks and
+# 132 SMs, a B200 148), low enough that no count makes the model allocate without end.
+MAX_LINKS, MAX_SMS = 1024, 1 << 16
+# Any count of domains or GPUs a file gives (the GPU total is checked against --max-gpus).
+MAX_COUNT = 1 << 30
+
+
 def _gpu(raw: Any) -> DeviceSpec:
     if isinstance(raw, str):
         return device(raw)
     if not isinstance(raw, dict):
         raise TopologyError("gpu", raw, "a GPU name or an object")
-    base = device(raw["base"]) if isinstance(raw.get("base"), str) else None
+    _known_keys(raw, "gpu", _GPU_KEYS)
+    if "base" in raw and not isinstance(raw["base"], str):
+        raise TopologyError("gpu.base", raw["base"], "a GPU name")
+    base = device(raw["base"]) if "base" in raw else None
     def num(key: str, fallback: float | None) -> float:
         return _number(raw, key, "gpu", default=fallback)
     tflops = 1e12
@@ -170,15 +230,16 @@ def _gpu(raw: Any) -> DeviceSpec:
     if "fp8_tflops" in raw or fp8_default:   # no FP8 unless the file or the base has it
         peaks["fp8"] = num("fp8_tflops", fp8_default) * tflops
     spec = DeviceSpec(
-        name=str(raw.get("name", base.name if base else "custom")),
+        name=_text(raw, "name", "gpu", base.name if base else "custom"),
         peak_flops=peaks,
         hbm_bytes=num("hbm_gb", base and base.hbm_bytes / GB) * GB,
         hbm_Bps=num("hbm_GBps", base and base.hbm_Bps / GB) * GB,
         nvlink_Bps=num("nvlink_GBps", base and base.nvlink_Bps / GB) * GB,
         nvlink_links=_number(raw, "nvlink_links", "gpu", base.nvlink_links if base else 1,
-                             integer=True),
-        nccl_nvlink_link_Bps=0.0, nvls=bool(raw.get("nvls", base.nvls if base else False)),
-        sm_count=_number(raw, "sm_count", "gpu", base.sm_count if base else 1, integer=True))
+                             integer=True, maximum=MAX_LINKS),
+        nccl_nvlink_link_Bps=0.0, nvls=_flag(raw, "nvls", "gpu", base.nvls if base else False),
+        sm_count=_number(raw, "sm_count", "gpu", base.sm_count if base else 1, integer=True,
+                         maximum=MAX_SMS))
     nccl_total = num("nvlink_nccl_GBps",
                      base.nccl_nvlink_Bps / GB if base else spec.nvlink_Bps / GB) * GB
     spec = replace(spec, nccl_nvlink_link_Bps=nccl_total / spec.nvlink_links)
@@ -206,12 +267,16 @@ def _fabric(raw: Any) -> FabricSpec | None:
         return None
     if not isinstance(raw, dict):
         raise TopologyError("network", raw, "an object with nics_per_domain, nic_GBps")
+    _known_keys(raw, "network", ("nics_per_domain", "nic_GBps", "nic_nccl_GBps",
+                                 "domains_per_leaf", "spine_taper"))
     nic = _number(raw, "nic_GBps", "network") * GB
     return FabricSpec(
-        nics_per_domain=_number(raw, "nics_per_domain", "network", integer=True),
+        nics_per_domain=_number(raw, "nics_per_domain", "network", integer=True,
+                                maximum=MAX_LINKS),
         nic_Bps=nic,
         nic_nccl_Bps=_number(raw, "nic_nccl_GBps", "network", default=nic / GB * 0.96) * GB,
-        domains_per_leaf=_number(raw, "domains_per_leaf", "network", default=32, integer=True),
+        domains_per_leaf=_number(raw, "domains_per_leaf", "network", default=32, integer=True,
+                                 maximum=MAX_COUNT),
         spine_taper=_number(raw, "spine_taper", "network", default=1.0))
 
 
@@ -228,6 +293,7 @@ def _measured(raw: Any) -> tuple:
             where = f"measured_collectives.{op}.{size}"
             if not str(size).isdigit() or not isinstance(values, dict):
                 raise TopologyError(where, values, "group size -> {latency_us, busbw_GBps}")
+            _known_keys(values, where, ("latency_us", "busbw_GBps", "points"))
             rows.append((op, int(size), MeasuredCollective(
                 _number(values, "latency_us", where, allow_minimum=True) * 1e-6,
                 _number(values, "busbw_GBps", where) * GB,
@@ -251,32 +317,33 @@ def _points(raw: Any, where: str) -> tuple[tuple[float, float], ...]:
     return tuple(out)
 
 
-def _reject_constant(name: str):
-    raise TopologyError("topology", name, "finite JSON numbers (no NaN or Infinity)")
-
-
 def load_file(path: Path) -> ClusterSpec:
     """Read a user topology JSON file (format in docs/design.md)."""
-    try:
-        raw = json.loads(path.read_text(), parse_constant=_reject_constant)
-    except (OSError, UnicodeDecodeError) as exc:
-        raise TopologyError("topology", str(path), f"a readable JSON file ({exc})") from None
-    except json.JSONDecodeError as exc:
-        raise TopologyError("topology", str(path),
-                            f"valid JSON (line {exc.lineno}: {exc.msg})") from None
+    raw = load_json_file(path, "topology", TopologyError)
     if not isinstance(raw, dict):
         raise TopologyError("topology", str(path), "a JSON object")
+    _known_keys(raw, "topology", _FILE_KEYS)
     if "gpu" not in raw:
         raise TopologyError("gpu", None, "a GPU name or an object")
+    # Counts first, bounded, so that no later step sizes anything by an absurd count.
+    domains = _number(raw, "domains", "topology", default=1, integer=True, maximum=MAX_COUNT)
+    size = _number(raw, "gpus_per_domain", "topology", integer=True, maximum=MAX_COUNT)
     gpu = _gpu(raw["gpu"])
-    domains = _number(raw, "domains", "topology", default=1, integer=True)
-    size = _number(raw, "gpus_per_domain", "topology", integer=True)
     fabric = _fabric(raw.get("network"))
     if domains > 1 and fabric is None:
         raise TopologyError("network", None, "an object when domains > 1")
     if fabric and fabric.nics_per_domain > size:
         raise TopologyError("network.nics_per_domain", fabric.nics_per_domain,
                             f"at most gpus_per_domain ({size})")
-    return ClusterSpec(str(raw.get("name", path.stem)), gpu, domains, size, fabric,
-                       str(raw.get("description", f"user topology {path.name}")),
+    if not isinstance(raw.get("calibration", {}), dict):
+        raise TopologyError("topology.calibration", raw["calibration"],
+                            "an object (the record `validation calibrate` writes)")
+    return ClusterSpec(_text(raw, "name", "topology", path.stem), gpu, domains, size, fabric,
+                       _text(raw, "description", "topology", f"user topology {path.name}"),
                        _measured(raw.get("measured_collectives")))
+
+
+# Keys of a topology file (docs/design.md); `calibration` is the record of how
+# `validation calibrate` measured the host, kept for the reader and not simulated.
+_FILE_KEYS = ("name", "description", "gpu", "domains", "gpus_per_domain", "network",
+              "measured_collectives", "calibration")

@@ -1,7 +1,8 @@
 """`python -m validation run|calibrate|compare|references`.
 
 Exit status: 0 success, 2 bad input (one line on stderr naming field, value and allowed
-values; no traceback), 1 internal error.
+values; no traceback; an output path that cannot be written is refused before the work),
+4 an output could not be written (a full disk), 1 internal error.
 """
 from __future__ import annotations
 
@@ -10,6 +11,8 @@ import os
 import sys
 
 from inputs import InputError
+from simulator.errors import EXIT_WRITE_FAILED, WriteError
+from simulator.output import output_kind
 
 from .errors import ValidationError
 
@@ -148,10 +151,15 @@ def main(argv: list[str] | None = None) -> int:
         args = build_parser().parse_args(argv)
         handler = {"run": _run, "calibrate": _calibrate, "compare": _compare,
                    "references": _references}[args.command]
+        if args.command == "calibrate" or (args.command == "run" and len(args.plan) == 1):
+            output_kind(args.output, "-o")   # before minutes of training or benchmarks
         return handler(args)
     except BAD_INPUT as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
+    except WriteError as exc:   # a full disk: one line, the simulator's exit status for it
+        print(f"error: {exc}", file=sys.stderr)
+        return EXIT_WRITE_FAILED
     except KeyboardInterrupt:
         return 130
     except Exception as exc:  # internal error: one line, exit 1 (VALIDATION_DEBUG=1: traceback)

@@ -10,9 +10,12 @@ from __future__ import annotations
 import copy
 import json
 import statistics
+import sys
 from typing import Any
 
 import pyarrow.compute as pc
+
+from simulator.jsonsafe import dumps_finite, warn_replaced
 
 from .errors import ValidationError
 from .io import read_measured
@@ -171,8 +174,10 @@ def format_report(c: dict[str, Any]) -> str:
 def compare_main(measured_path: str, topo_ref: str, as_json: bool) -> int:
     """CLI body of `validation compare`."""
     c = compare_run(measured_path, topo_ref)
+    text, replaced = dumps_finite(c, indent=2) if as_json else (format_report(c), [])
+    warn_replaced(replaced, sys.stderr)   # a NaN is never printed: JSON has none
     try:
-        print(json.dumps(c, indent=2) if as_json else format_report(c))
+        print(text)
     except BrokenPipeError:  # e.g. piped into `head`
         pass
     return 0

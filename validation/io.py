@@ -12,9 +12,12 @@ import os
 from typing import Any, Iterable
 
 import pyarrow as pa
+import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
+from inputs import parse_json
 from simulator.output import atomic_write, write_text_atomic
+from simulator.table_input import FLOAT, INT, TEXT, check_columns
 
 from .errors import ValidationError
 
@@ -62,11 +65,51 @@ def read_measured(path: str | os.PathLike) -> tuple[pa.Table, dict]:
                               "a Parquet file written by `validation run` (no 'validation' "
                               "metadata)")
     try:
-        run = json.loads(meta[b"validation"])
-    except (json.JSONDecodeError, UnicodeDecodeError):
+        run = parse_json(meta[b"validation"].decode(), "--measured metadata", ValidationError)
+    except UnicodeDecodeError:
         raise ValidationError("--measured", str(path), "valid 'validation' JSON metadata") from None
-    missing = [c for c in ("step", "kind", "step_time_s") if c not in table.column_names]
-    if missing or not isinstance(run, dict) or "plan" not in run:
-        raise ValidationError("--measured", str(path),
-                              "columns step, kind, step_time_s and a recorded plan")
+    # Profiler rows carry NaN step times by design; the timed steps' must be numbers.
+    check_columns(table, MEASURED_REQUIRED, MEASURED_OPTIONAL, "--measured", str(path),
+                  ValidationError, nan_ok=("step_time_s",))
+    steps = table.filter(pc.equal(table["kind"], "step"))["step_time_s"]
+    if len(steps) and not pc.all(pc.and_(pc.is_finite(steps), pc.greater(steps, 0))).as_py():
+        raise ValidationError("--measured column step_time_s", f"NaN, infinite or <= 0 in {path}",
+                              "positive finite step times in every step row")
+    _check_run(run, str(path))
     return table, run
+
+
+# The columns `validation compare` reads and their kinds (TRACE_COLUMNS).
+MEASURED_REQUIRED = {"step": INT, "kind": TEXT, "step_time_s": FLOAT}
+MEASURED_OPTIONAL = {"rank": INT, "phase": TEXT, "parent": TEXT, "start_s": FLOAT,
+                     "end_s": FLOAT}
+
+
+def _check_run(run: Any, path: str) -> None:
+    """The run record's fields that compare reads, each of its type."""
+    if not isinstance(run, dict) or not isinstance(run.get("plan"), dict):
+        raise ValidationError("--measured metadata", path, "a recorded run with its plan object")
+    nproc = run.get("nproc")
+    if not isinstance(nproc, int) or isinstance(nproc, bool) or not 1 <= nproc <= 1 << 20:
+        raise ValidationError("--measured metadata.nproc", nproc, "an integer >= 1")
+    for key in ("dtype", "plan_name", "backend"):
+        if key in run and not isinstance(run[key], str):
+            raise ValidationError(f"--measured metadata.{key}", run[key], "a string")
+    probe = run.get("host_probe")
+    if probe is None:
+        return
+    ok = isinstance(probe, dict)
+    if ok:
+        shape, during = probe.get("shape_mnk"), probe.get("flops_per_s_during")
+        numbers = [probe[k] for k in ("flops_per_s_before", "flops_per_s_after") if k in probe]
+        ok = (isinstance(shape, list) and len(shape) == 3
+              and all(isinstance(n, int) and not isinstance(n, bool) and n > 0 for n in shape)
+              and (during is None or isinstance(during, list))
+              and (bool(during) or len(numbers) == 2))
+        if ok:
+            numbers += during or []
+        ok = ok and all(isinstance(x, (int, float)) and not isinstance(x, bool) and x > 0
+                        for x in numbers)
+    if not ok:
+        raise ValidationError("--measured metadata.host_probe", probe,
+                              "shape_mnk (3 positive integers) and positive flops_per_s_* numbers")

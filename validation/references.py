@@ -14,7 +14,6 @@ it does not state is assumed and said so in `notes`) simulated on the matching p
 """
 from __future__ import annotations
 
-import csv
 import json
 import os
 from concurrent.futures import ProcessPoolExecutor
@@ -22,6 +21,7 @@ from multiprocessing import get_context
 from pathlib import Path
 from typing import Any
 
+from .csv_input import read_reference_csv
 from .errors import ValidationError
 
 DEFAULT_CSV = Path(__file__).parent / "references" / "training_runs.csv"
@@ -33,11 +33,7 @@ H100_BF16_PEAK = 989e12  # dense BF16 FLOP/s of H100 SXM (topologies/specs.py)
 
 def load_rows(path: str | Path) -> list[dict[str, str]]:
     """Rows of the reference CSV, checked for the required columns and metrics."""
-    try:
-        with open(path, newline="") as fh:
-            rows = list(csv.DictReader(fh))
-    except OSError as exc:
-        raise ValidationError("--csv", str(path), f"a readable CSV file ({exc})") from None
+    rows = read_reference_csv(path)   # every cell typed (validation/csv_input.py)
     if not rows:
         raise ValidationError("--csv", str(path), "a CSV with at least one row")
     missing = [c for c in REQUIRED if c not in rows[0]]

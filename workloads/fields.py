@@ -16,10 +16,16 @@ def is_int(value: Any) -> bool:
     return isinstance(value, int) and not isinstance(value, bool)
 
 
-def check_int(value: Any, field: str, minimum: int = 1) -> None:
-    """An integer >= minimum."""
-    if not is_int(value) or value < minimum:
-        raise WorkloadError(field, value, f"an integer >= {minimum}")
+# Largest integer a plan field may hold: 2^53, the last of the integers a float (which the
+# cost model multiplies them as) holds exactly; past it sizes stop being exact, and past
+# about 10^308 they stop being numbers at all.
+MAX_INT = 1 << 53
+
+
+def check_int(value: Any, field: str, minimum: int = 1, maximum: int = MAX_INT) -> None:
+    """An integer in [minimum, maximum]."""
+    if not is_int(value) or not minimum <= value <= maximum:
+        raise WorkloadError(field, value, f"an integer >= {minimum} and <= {maximum:,}")
 
 
 def check_bool(value: Any, field: str) -> None:

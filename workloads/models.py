@@ -7,10 +7,11 @@ config.json; DeepSeek-V3 from its technical report (arXiv:2412.19437, section 4.
 """
 from __future__ import annotations
 
-import json
 from dataclasses import asdict, dataclass, fields
 from pathlib import Path
 from typing import Any
+
+from inputs import load_json_file
 
 from .errors import WorkloadError
 
@@ -37,8 +38,8 @@ class ModelSpec:
     first_dense_layers: int = 0       # leading dense layers before the MoE ones
 
     def __post_init__(self) -> None:
-        if (self.head_dim == 0 and isinstance(self.hidden_size, int) and isinstance(self.num_heads, int)
-                and self.num_heads > 0 and self.hidden_size % self.num_heads):
+        _check_types(self)   # before any arithmetic on the fields
+        if self.head_dim == 0 and self.hidden_size % self.num_heads:
             raise WorkloadError("model.num_attention_heads", self.num_heads,
                                 f"a divisor of hidden_size ({self.hidden_size}), or give head_dim")
         if self.head_dim == 0:
@@ -131,17 +132,38 @@ class ModelSpec:
         return asdict(self)
 
 
-def _validate(m: ModelSpec) -> None:
+# Upper bounds of a model's sizes, far past any published model (Llama 3 405B: 126
+# layers, hidden 16,384, FFN 53,248; DeepSeek-V3: 256 experts; vocabularies up to about
+# 256K), low enough that no size makes the lowering or the memory model loop or allocate
+# without end. The work a plan asks for is bounded again by the simulator's task limit.
+MAX_LAYERS = 1 << 16
+MAX_EXPERTS = 1 << 16
+MAX_SIZE = 1 << 26          # hidden, FFN, vocabulary, head sizes and head counts
+_COUNT_LIMITS = {"num_layers": MAX_LAYERS, "num_experts": MAX_EXPERTS,
+                 "experts_per_token": MAX_EXPERTS, "num_shared_experts": MAX_EXPERTS,
+                 "first_dense_layers": MAX_LAYERS}
+_POSITIVE = ("hidden_size", "num_layers", "num_heads", "num_kv_heads", "ffn_size", "vocab_size")
+
+
+def _check_types(m: ModelSpec) -> None:
+    """Every field of its type and in range: integers (not strings, lists or booleans)
+    between 0 (1 for the sizes every layer has) and their limit, a name, a known MLP."""
     for f in fields(m):
         value = getattr(m, f.name)
-        if f.type == "int" and (not isinstance(value, int) or isinstance(value, bool) or value < 0):
-            raise WorkloadError(f"model.{f.name}", value, "a non-negative integer")
-    for key in ("hidden_size", "num_layers", "num_heads", "num_kv_heads", "ffn_size",
-                "vocab_size"):
-        if getattr(m, key) <= 0:
-            raise WorkloadError(f"model.{key}", getattr(m, key), "a positive integer")
+        if f.type != "int":
+            continue
+        limit = _COUNT_LIMITS.get(f.name, MAX_SIZE)
+        low = 1 if f.name in _POSITIVE else 0
+        if not isinstance(value, int) or isinstance(value, bool) or not low <= value <= limit:
+            kind = "a positive integer" if low else "a non-negative integer"
+            raise WorkloadError(f"model.{f.name}", value, f"{kind} <= {limit:,}")
+    if not isinstance(m.name, str):
+        raise WorkloadError("model.name", m.name, "a string")
     if m.mlp not in ("swiglu", "gelu"):
         raise WorkloadError("model.mlp", m.mlp, "swiglu, gelu")
+
+
+def _validate(m: ModelSpec) -> None:
     if m.num_heads % m.num_kv_heads:
         raise WorkloadError("model.num_key_value_heads", m.num_kv_heads,
                             f"a divisor of num_attention_heads ({m.num_heads})")
@@ -200,16 +222,50 @@ _REQUIRED = ("hidden_size", "num_hidden_layers", "num_attention_heads", "interme
              "vocab_size")
 
 
+# Keys of Hugging Face config.json files (Llama, Mistral, Mixtral, Qwen2, GPT-2,
+# DeepSeek-V3) that do not change a training step's work or memory as modelled here:
+# accepted and ignored. Any other unknown key is an error, so that a misspelt size is
+# not silently left at its default. (DeepSeek-V3's Multi-head Latent Attention sizes are
+# among them: MLA is modelled as multi-head attention, see PRESETS.)
+HF_IGNORED_KEYS = frozenset({
+    "_name_or_path", "architectures", "model_type", "torch_dtype", "transformers_version",
+    "auto_map", "bos_token_id", "eos_token_id", "pad_token_id", "hidden_act",
+    "initializer_range", "rms_norm_eps", "layer_norm_eps", "layer_norm_epsilon",
+    "max_position_embeddings", "n_positions", "n_ctx", "rope_theta", "rope_scaling",
+    "use_cache", "attention_bias", "attention_dropout", "mlp_bias", "pretraining_tp",
+    "sliding_window", "use_sliding_window", "max_window_layers", "output_router_logits",
+    "router_aux_loss_coef", "router_jitter_noise", "aux_loss_alpha", "seq_aux",
+    "norm_topk_prob", "scoring_func", "topk_method", "topk_group", "n_group",
+    "routed_scaling_factor", "moe_layer_freq", "ep_size", "num_nextn_predict_layers",
+    "kv_lora_rank", "q_lora_rank", "qk_rope_head_dim", "qk_nope_head_dim", "v_head_dim",
+    "quantization_config", "resid_pdrop", "embd_pdrop", "attn_pdrop",
+    "summary_type", "summary_use_proj", "summary_activation", "summary_proj_to_labels",
+    "summary_first_dropout", "task_specific_params", "activation_function",
+    "scale_attn_weights", "reorder_and_upcast_attn", "scale_attn_by_inverse_layer_idx",
+    "n_inner", "description"})
+
+
 def model_from_dict(raw: dict[str, Any], default_name: str = "custom") -> ModelSpec:
-    """A ModelSpec from HF-style keys (also accepts ModelSpec field names)."""
+    """A ModelSpec from HF-style keys (also accepts ModelSpec field names).
+
+    Unknown keys are rejected (HF_IGNORED_KEYS are the config.json keys that are known and
+    do not matter here); errors name the key as the file writes it.
+    """
     if not isinstance(raw, dict):
         raise WorkloadError("model", raw, "a JSON object with Hugging Face Llama keys")
     by_field = {f.name for f in fields(ModelSpec)}
     values: dict[str, Any] = {}
+    written: dict[str, str] = {}     # ModelSpec field -> the key the file used
     for key, value in raw.items():
         target = _HF_KEYS.get(key, key if key in by_field else None)
-        if target is not None and value is not None:
+        if target is None:
+            if key not in HF_IGNORED_KEYS:
+                raise WorkloadError(f"model.{key}", value, "keys of a Hugging Face config "
+                                    "(" + ", ".join(sorted(_HF_KEYS)) + ") or ModelSpec fields")
+            continue
+        if value is not None:
             values[target] = value
+            written[target] = key
     for key in _REQUIRED:
         if _HF_KEYS[key] not in values:
             raise WorkloadError(f"model.{key}", None, "a positive integer (required)")
@@ -218,11 +274,13 @@ def model_from_dict(raw: dict[str, Any], default_name: str = "custom") -> ModelS
     if "hidden_act" in raw and "mlp" not in raw:
         # HF Llama/Mistral/Qwen use gated SiLU (3 matrices); GPT-style configs use gelu.
         values["mlp"] = "swiglu" if raw.get("model_type") != "gpt2" else "gelu"
-    return ModelSpec(**values)
-
-
-def _reject_constant(name: str):
-    raise WorkloadError("model", name, "finite JSON numbers (no NaN or Infinity)")
+    try:
+        return ModelSpec(**values)
+    except WorkloadError as exc:
+        name = exc.field.removeprefix("model.")
+        if name in written and written[name] != name:
+            raise WorkloadError(f"model.{written[name]}", exc.value, exc.allowed) from None
+        raise
 
 
 def load_model(ref: str | dict, base_dir: Path | None = None) -> ModelSpec:
@@ -238,8 +296,5 @@ def load_model(ref: str | dict, base_dir: Path | None = None) -> ModelSpec:
         path = base_dir / path
     if not path.suffix == ".json" or not path.is_file():
         raise WorkloadError("model", ref, ", ".join(PRESETS) + ", or a model JSON file")
-    try:
-        raw = json.loads(path.read_text(), parse_constant=_reject_constant)
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise WorkloadError("model", str(path), f"a readable JSON file ({exc})") from None
+    raw = load_json_file(path, "model", WorkloadError)
     return model_from_dict(raw, default_name=path.stem)

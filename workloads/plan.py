@@ -9,7 +9,6 @@ Every error names the field, the value and what is allowed (WorkloadError).
 """
 from __future__ import annotations
 
-import json
 import re
 from dataclasses import dataclass, field, replace
 from functools import cached_property
@@ -17,8 +16,10 @@ from pathlib import Path
 from types import MappingProxyType
 from typing import Any, Mapping
 
+from inputs import load_json_file
+
 from .errors import WorkloadError
-from .fields import (check_bool, check_choice, check_int, check_number, check_optional_name,
+from .fields import (MAX_INT, check_bool, check_choice, check_int, check_number, check_optional_name,
                      is_int)
 from .kernels import KERNEL_MODES, OPTIMIZERS
 from .mesh import Mesh, ParallelDims
@@ -212,8 +213,8 @@ def _int(raw: dict, key: str, where: str, default: int | None = None, minimum: i
     value = raw.get(key, default)
     if value is None:
         raise WorkloadError(f"{where}.{key}", None, f"an integer >= {minimum} (required)")
-    if not isinstance(value, int) or isinstance(value, bool) or value < minimum:
-        raise WorkloadError(f"{where}.{key}", value, f"an integer >= {minimum}")
+    if not isinstance(value, int) or isinstance(value, bool) or not minimum <= value <= MAX_INT:
+        raise WorkloadError(f"{where}.{key}", value, f"an integer >= {minimum} and <= {MAX_INT:,}")
     return value
 
 
@@ -363,12 +364,7 @@ def find_plan(ref: str) -> Path:
 def load_plan(ref: str) -> Plan:
     """Read a plan file (or bundled plan name) and validate it."""
     path = find_plan(ref)
-    try:
-        raw = json.loads(path.read_text(), parse_constant=reject_json_constant)
-    except (OSError, UnicodeDecodeError) as exc:
-        raise WorkloadError("plan", str(path), f"a readable JSON file ({exc})") from None
-    except json.JSONDecodeError as exc:
-        raise WorkloadError("plan", str(path), f"valid JSON (line {exc.lineno}: {exc.msg})") from None
+    raw = load_json_file(path, "plan", WorkloadError)
     return plan_from_dict(raw, base_dir=path.parent, default_name=path.stem)
 
 

@@ -9,7 +9,7 @@ from ..network import OPS, CommOptions
 from ..network.report import collective_table, group_ranks, parse_sizes
 from ..errors import UsageError
 from ..network import ALGORITHMS, PROTOCOLS
-from .common import print_json
+from .common import add_limits, print_json
 
 
 def register(sub) -> None:
@@ -23,13 +23,14 @@ def register(sub) -> None:
     p.add_argument("--algorithm", choices=ALGORITHMS, help="force an algorithm")
     p.add_argument("--protocol", choices=PROTOCOLS, help="force a protocol")
     p.add_argument("--json", action="store_true", help="print the rows as JSON")
+    add_limits(p, tasks=False)
     p.add_argument("--debug", action="store_true", help=argparse.SUPPRESS)
     p.set_defaults(handler=handle)
 
 
 def handle(args: argparse.Namespace) -> int:
     """Print the table."""
-    topo = topologies.build(args.topo)
+    topo = topologies.build(args.topo, args.max_gpus)
     try:
         ranks = group_ranks(topo, args.group)
     except ValueError as exc:

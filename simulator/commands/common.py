@@ -5,7 +5,9 @@ import argparse
 
 import topologies
 from topologies import Topology
+from topologies.presets import MAX_GPUS
 from workloads import Plan, load_plan
+from workloads.budget import MAX_TASKS
 
 from ..engine import SimOptions
 from ..errors import UsageError
@@ -26,6 +28,24 @@ def add_common(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--debug", action="store_true", help="tracebacks on internal errors")
 
 
+def add_limits(parser: argparse.ArgumentParser, tasks: bool = True) -> None:
+    """--max-gpus (topology size) and --max-tasks (planned work): the bounds checked
+    before anything is built (README, "Limits")."""
+    parser.add_argument("--max-gpus", type=positive_int, default=MAX_GPUS, metavar="N",
+                        help=f"refuse topologies of more GPUs (default {MAX_GPUS:,})")
+    if tasks:
+        parser.add_argument("--max-tasks", type=positive_int, default=MAX_TASKS, metavar="N",
+                            help=f"refuse plans estimated at more simulated tasks "
+                                 f"(default {MAX_TASKS:,})")
+
+
+def positive_int(text: str) -> int:
+    """argparse type: an integer >= 1 (at most 2^62)."""
+    if not text.strip().isdigit() or not 1 <= int(text) <= 1 << 62:
+        raise argparse.ArgumentTypeError(f"expected an integer >= 1, got {text!r}")
+    return int(text)
+
+
 def sim_options(args: argparse.Namespace) -> SimOptions:
     """SimOptions from the common flags."""
     return SimOptions(full=args.full, comm=CommOptions(
@@ -33,13 +53,14 @@ def sim_options(args: argparse.Namespace) -> SimOptions:
         flow_sharing=not args.no_flow_sharing))
 
 
-def plan_and_topology(plan_ref: str, topo_ref: str | None) -> tuple[Plan, Topology]:
-    """Load a plan; the topology is --topo, else the plan's default."""
+def plan_and_topology(plan_ref: str, topo_ref: str | None,
+                      max_gpus: int = MAX_GPUS) -> tuple[Plan, Topology]:
+    """Load a plan; the topology is --topo, else the plan's default (at most max_gpus)."""
     plan = load_plan(plan_ref)
     ref = topo_ref or plan.topology
     if not ref:
         raise UsageError("--topo", None, "a topology name or file (the plan names none)")
-    return plan, topologies.build(ref)
+    return plan, topologies.build(ref, max_gpus)
 
 
 def fmt_time(seconds: float) -> str:

@@ -6,12 +6,13 @@ import re
 from pathlib import Path
 
 from workloads import WorkloadError, resolve
+from workloads.budget import check_work
 
 from ..api import simulate
 from ..errors import UsageError
 from ..search.report import deltas, render_table
 from ..trace import write_parquet
-from .common import add_common, plan_and_topology, print_json, sim_options
+from .common import add_common, add_limits, plan_and_topology, print_json, sim_options
 
 
 def register(sub) -> None:
@@ -23,6 +24,7 @@ def register(sub) -> None:
     p.add_argument("--trace-dir", metavar="DIR",
                    help="write each plan's Parquet trace here (NN_<plan>.parquet)")
     add_common(p)
+    add_limits(p)
     p.set_defaults(handler=handle)
 
 
@@ -36,17 +38,19 @@ def handle(args: argparse.Namespace) -> int:
         raise UsageError("--plan", args.plan, "at least two plans to compare")
     if args.trace_dir and Path(args.trace_dir).exists() and not Path(args.trace_dir).is_dir():
         raise UsageError("--trace-dir", args.trace_dir, "a directory (or a path to create)")
-    loaded = [plan_and_topology(ref, args.topo) for ref in args.plan]
+    loaded = [plan_and_topology(ref, args.topo, args.max_gpus) for ref in args.plan]
     for ref, (plan, topology) in zip(args.plan, loaded):   # fail before any simulation
         try:
-            resolve(plan, topology.world_size)
+            resolved = resolve(plan, topology.world_size)
+            check_work(resolved, topology.world_size if args.full else resolved.mesh.pp,
+                       args.max_tasks)
         except WorkloadError as exc:
             raise UsageError("--plan", ref, f"a plan that runs on {topology.name} ({exc})") \
                 from None
     options = sim_options(args)
     summaries, traces = [], []
     for i, (plan, topology) in enumerate(loaded):
-        result = simulate(plan, topology, options)
+        result = simulate(plan, topology, options, args.max_tasks)
         summaries.append(result.summary)
         if args.trace_dir:
             path = Path(args.trace_dir) / _trace_name(i, plan.name)

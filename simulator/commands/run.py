@@ -11,7 +11,7 @@ from ..api import simulate
 from ..errors import EXIT_DOES_NOT_FIT
 from ..output import write_text_atomic
 from ..trace import chrome_trace, write_parquet
-from .common import (add_common, fmt_bytes, fmt_time, plan_and_topology, print_json,
+from .common import (add_common, add_limits, fmt_bytes, fmt_time, plan_and_topology, print_json,
                      sim_options)
 
 
@@ -29,18 +29,19 @@ def register(sub) -> None:
     p.add_argument("--strict-memory", action="store_true",
                    help=f"exit {EXIT_DOES_NOT_FIT} when the plan does not fit in memory")
     add_common(p)
+    add_limits(p)
     p.set_defaults(handler=handle)
 
 
 def handle(args: argparse.Namespace) -> int:
     """Simulate and report."""
-    plan, topology = plan_and_topology(args.plan, args.topo)
+    plan, topology = plan_and_topology(args.plan, args.topo, args.max_gpus)
     options = sim_options(args)
     if args.fault:
         # A fault breaks the symmetry rank classes rely on: simulate every rank.
         topology = apply_faults(topology, [parse_fault(f) for f in args.fault])
         options = replace(options, full=True)
-    result = simulate(plan, topology, options)
+    result = simulate(plan, topology, options, args.max_tasks)
     if args.trace:
         write_parquet(result.trace, args.trace, result.metadata())
     if args.chrome_trace:

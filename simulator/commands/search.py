@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
+import sys
 
 import topologies
 from workloads import MODEL_PRESETS, load_model
@@ -95,7 +97,7 @@ def handle(args: argparse.Namespace) -> int:
                         ("--top", args.top)):
         if value < 1:
             raise UsageError(flag, value, "a positive integer")
-    if args.memory_budget is not None and args.memory_budget <= 0:
+    if args.memory_budget is not None and not 0 < args.memory_budget < math.inf:
         raise UsageError("--memory-budget", args.memory_budget, "a positive number of GB")
     if not 0 <= args.slack <= 10:
         raise UsageError("--slack", args.slack, "a fraction between 0 and 10")
@@ -116,16 +118,19 @@ def handle(args: argparse.Namespace) -> int:
         raise UsageError("search", f"{result.counts.get('candidates', 0)} candidates",
                          f"at least one feasible plan (dropped: {reasons or 'none'})")
     if args.output:
-        write_text_atomic(args.output, json.dumps(result.best.plan_dict, indent=2) + "\n")
+        write_text_atomic(args.output,
+                          json.dumps(result.best.plan_dict, indent=2, allow_nan=False) + "\n")
     if args.json:
+        # The JSON is the same on every run; how long this one took goes to stderr.
         print_json(to_json(result, search.budget_bytes))
+        print(f"search took {result.seconds:.1f} s", file=sys.stderr)
     else:
         print(render(result, args, search.budget_bytes))
     return 0
 
 
 def to_json(result, budget_bytes: float) -> dict:
-    """The result as one JSON object."""
+    """The result as one JSON object (no wall-clock time: byte-identical across runs)."""
     errors = result.estimate_errors()
     return {
         "best": result.best.plan_dict,
@@ -133,7 +138,7 @@ def to_json(result, budget_bytes: float) -> dict:
                  "summary": r.summary, "estimate_s": r.estimate_s}
                 for i, r in enumerate(result.top)],
         "counts": result.counts, "dropped": result.dropped, "folded": result.folded,
-        "memory_budget_bytes": budget_bytes, "seconds": result.seconds,
+        "memory_budget_bytes": budget_bytes,
         "max_abs_estimate_error": max(map(abs, errors)) if errors else None,
     }
 

@@ -5,7 +5,7 @@ import argparse
 
 import topologies
 
-from .common import print_json
+from .common import add_limits, print_json
 
 
 def register(sub) -> None:
@@ -13,13 +13,14 @@ def register(sub) -> None:
     p = sub.add_parser("topo", help="describe a topology preset or file")
     p.add_argument("name", help="preset (dgx-h100x4, nvl72, ...) or topology JSON file")
     p.add_argument("--json", action="store_true", help="print one JSON object")
+    add_limits(p, tasks=False)
     p.add_argument("--debug", action="store_true", help=argparse.SUPPRESS)
     p.set_defaults(handler=handle)
 
 
 def handle(args: argparse.Namespace) -> int:
     """Print the description."""
-    topo = topologies.build(args.name)
+    topo = topologies.build(args.name, args.max_gpus)
     d = topo.describe()
     dev = topo.device(0)
     d["device"] = {"name": dev.name, "bf16_tflops": dev.peak("bf16") / 1e12,

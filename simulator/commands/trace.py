@@ -9,7 +9,6 @@ streams as lanes.
 from __future__ import annotations
 
 import argparse
-import json
 from collections import defaultdict
 from pathlib import Path
 from typing import Any
@@ -17,9 +16,11 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from inputs import InputError, parse_json
+
 from ..errors import UsageError
 from ..summary import rank_breakdowns
-from ..trace import COLUMNS
+from ..table_input import FLOAT, INT, TEXT, check_columns, check_order
 from .common import fmt_time, print_json
 
 STREAM_ORDER = ("compute", "tp", "dp_ag", "dp_rs", "pp_send", "pp_recv")
@@ -51,17 +52,24 @@ def read_trace(path: str) -> tuple[pa.Table, dict[str, Any]]:
         table = pq.read_table(path)
     except (pa.ArrowInvalid, OSError) as exc:
         raise UsageError("trace", path, f"a Parquet trace ({exc})") from None
-    missing = [c for c in ("rank", "stream", "kind", "start_s", "end_s") if c not in table.column_names]
-    if missing:
-        raise UsageError("trace", path, f"a simulator trace (columns {', '.join(COLUMNS)}); "
-                         f"missing {', '.join(missing)}")
+    check_columns(table, TRACE_REQUIRED, TRACE_OPTIONAL, "trace", path, UsageError)
+    check_order(table, "start_s", "end_s", "trace", path, UsageError)
     meta = {}
     for key, value in (table.schema.metadata or {}).items():
         try:
-            meta[key.decode()] = json.loads(value)
-        except (UnicodeDecodeError, json.JSONDecodeError):
+            meta[key.decode()] = parse_json(value.decode(), "trace metadata")
+        except (UnicodeDecodeError, InputError):
             continue
+    if not isinstance(meta.get("summary"), dict) or not all(
+            isinstance(meta["summary"].get(k), (int, float)) for k in SUMMARY_TIMES):
+        meta.pop("summary", None)   # a foreign or damaged summary: the rows still tell
     return table, meta
+
+
+# The columns the trace commands read, and their kinds (simulator/trace.py COLUMNS).
+TRACE_REQUIRED = {"rank": INT, "stream": TEXT, "kind": TEXT, "start_s": FLOAT, "end_s": FLOAT}
+TRACE_OPTIONAL = {"phase": TEXT, "op": TEXT, "label": TEXT, "layer": INT, "microbatch": INT}
+SUMMARY_TIMES = ("step_time_s", "compute_s", "exposed_comm_s", "bubble_s")
 
 
 def waits(table: pa.Table) -> dict[str, Any]:
@@ -176,6 +184,7 @@ def handle_plot(args: argparse.Namespace) -> int:
     table, meta = read_trace(args.file)
     ranks = _ranks(args.ranks, sorted(set(table["rank"].to_pylist())))
     cols = table.to_pydict()
+    phases = cols.get("phase") or [""] * table.num_rows   # optional column
     present = set(cols["stream"])
     streams = [s for s in STREAM_ORDER if s in present] + sorted(present - set(STREAM_ORDER))
     lane = {(r, s): i for i, (r, s) in enumerate((r, s) for r in ranks for s in streams)}
@@ -187,7 +196,7 @@ def handle_plot(args: argparse.Namespace) -> int:
     for i in range(table.num_rows):
         key = (cols["rank"][i], cols["stream"][i])
         if key in lane and cols["end_s"][i] > cols["start_s"][i]:
-            c = (colors.get(cols["phase"][i], "#4c72b0") if cols["kind"][i] == "compute"
+            c = (colors.get(phases[i], "#4c72b0") if cols["kind"][i] == "compute"
                  else comm.get(cols["stream"][i], "#999999"))
             bars[key].append((1e3 * cols["start_s"][i],
                               1e3 * (cols["end_s"][i] - cols["start_s"][i]), c))

@@ -6,6 +6,14 @@
 Invalid points (a TP degree the model does not divide, a fault that cuts the job off)
 stay in the table with status `invalid` and the reason. Exit 1 when a point hit an
 internal error (status `error`), after the table is written.
+
+Interruptions: SIGINT (Ctrl-C) or SIGTERM stop the study at once, keep every finished
+point in FILE.parquet.partial.jsonl (the resume checkpoint: `--resume` runs only the
+other points, and the table is then the one an uninterrupted run writes) and exit 130
+(SIGINT) or 143 (SIGTERM). Killing the main process (SIGKILL) takes its worker
+processes with it. Any other failure leaves no checkpoint behind, except one that
+`--resume` started from. `--engine ray --address HOST:PORT` fails (exit 2) when the
+port does not answer within simulator.whatif.engines.RAY_CONNECT_TIMEOUT_S (5 s).
 """
 from __future__ import annotations
 
@@ -15,7 +23,7 @@ import sys
 from ..errors import EXIT_INTERNAL
 from ..errors import UsageError
 from ..output import print_json
-from ..whatif import ENGINES, PARAMS, plot, render, whatif
+from ..whatif import ENGINES, PARAMS, SweepInterrupted, plot, render, whatif
 from ..whatif.points import plan_source
 from ..whatif.variations import parse_all
 from .common import add_common
@@ -63,9 +71,13 @@ def handle(args: argparse.Namespace) -> int:
     raw = plan_source(args.plan)
     options = {"full": args.full, "algorithm": args.algorithm, "protocol": args.protocol,
                "flow_sharing": not args.no_flow_sharing}
-    rows = whatif(raw, args.topo, args.vary, args.fault, options, engine=args.engine,
-                  workers=args.workers, address=args.address, output=args.output,
-                  resume=args.resume, progress=not args.no_progress)
+    try:
+        rows = whatif(raw, args.topo, args.vary, args.fault, options, engine=args.engine,
+                      workers=args.workers, address=args.address, output=args.output,
+                      resume=args.resume, progress=not args.no_progress)
+    except SweepInterrupted as exc:
+        print(exc.message(), file=sys.stderr)
+        return exc.exit_status
     if args.plot:
         title = f"{raw.get('name', 'plan')}: step time per point"
         if args.fault:

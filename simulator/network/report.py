@@ -17,28 +17,40 @@ _SIZE = re.compile(r"^\s*(\d+)\s*([KMGT]?)(?:I?B)?\s*$", re.IGNORECASE)
 # (consecutive ranks) as in plans; unlike plans (pp outermost) dp comes first here, so
 # that "dp=4" on a 4-node cluster means one rank per node.
 MESH_ORDER = ("dp", "pp", "cp", "ep", "tp")
+# Largest message of a table: 1 TiB, 128 x nccl-tests' usual 8 GiB maximum (-e 8G); and
+# at most 64 sizes (1 B to 1 TiB doubling is 41).
+MAX_SIZE_BYTES = 1 << 40
+MAX_SIZES = 64
 
 
 def parse_size(text: str) -> int:
     """'64K' -> 65536; a plain number is bytes."""
     m = _SIZE.match(text)
-    if not m:
+    if not m or len(m[1]) > 20:
         raise ValueError(f"size {text!r}: expected a number with an optional K/M/G/T suffix")
-    return int(m[1]) * _UNITS[m[2].upper()]
+    size = int(m[1]) * _UNITS[m[2].upper()]
+    if not 1 <= size <= MAX_SIZE_BYTES:
+        raise ValueError(f"size {text!r}: expected 1 B to {MAX_SIZE_BYTES >> 40} TiB")
+    return size
 
 
 def parse_sizes(expr: str) -> list[int]:
     """'1K:8G' -> 1K, 2K, 4K, ... 8G (x2 steps, like nccl-tests -f 2); 'A:B:F' steps by
     factor F; a comma list gives those sizes."""
     if "," in expr:
-        return [parse_size(p) for p in expr.split(",") if p.strip()]
+        sizes = [parse_size(p) for p in expr.split(",") if p.strip()]
+        if not 1 <= len(sizes) <= MAX_SIZES:
+            raise ValueError(f"sizes {expr!r}: expected 1 to {MAX_SIZES} sizes")
+        return sizes
     parts = expr.split(":")
     if len(parts) == 1:
         return [parse_size(parts[0])]
     if len(parts) > 3:
         raise ValueError(f"sizes {expr!r}: expected MIN:MAX or MIN:MAX:FACTOR")
     lo, hi = parse_size(parts[0]), parse_size(parts[1])
-    factor = int(parts[2]) if len(parts) == 3 else 2
+    factor = int(parts[2]) if len(parts) == 3 and parts[2].strip().isdigit() else 2
+    if len(parts) == 3 and not parts[2].strip().isdigit():
+        raise ValueError(f"sizes {expr!r}: FACTOR must be an integer >= 2")
     if lo <= 0 or hi < lo or factor < 2:
         raise ValueError(f"sizes {expr!r}: need 0 < MIN <= MAX and FACTOR >= 2")
     sizes, s = [], lo
@@ -61,7 +73,7 @@ def group_ranks(topology, expr: str | int) -> tuple[int, ...]:
     world = topology.world_size
     text = str(expr).strip()
     if text.isdigit():
-        n = int(text)
+        n = int(text) if len(text) <= 20 else 0
         if not 1 <= n <= world:
             raise ValueError(f"group {text}: expected 1..{world} ranks")
         return tuple(range(n))
@@ -69,9 +81,10 @@ def group_ranks(topology, expr: str | int) -> tuple[int, ...]:
     for part in text.split(","):
         key, _, value = part.partition("=")
         key = key.strip().lower()
-        if key not in MESH_ORDER or not value.strip().isdigit() or int(value) < 1:
+        if (key not in MESH_ORDER or key in dims or not value.strip().isdigit()
+                or not 1 <= int(value) <= world):
             raise ValueError(f"group {text!r}: expected a rank count or DIM=N[,DIM=N] with "
-                             f"DIM in {', '.join(MESH_ORDER)}")
+                             f"each DIM once, in {', '.join(MESH_ORDER)}, N in 1..{world}")
         dims[key] = int(value)
     named = next(iter(dims))
     product = 1

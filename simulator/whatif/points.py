@@ -26,6 +26,7 @@ from workloads.models import PRESETS as MODEL_PRESETS
 
 from ..api import simulate
 from ..engine import SimOptions
+from ..jsonsafe import dumps_finite
 from ..network import CommOptions
 from .variations import CLUSTER_PARAMS, Variation, apply_cluster, apply_plan
 
@@ -147,12 +148,22 @@ def flatten(summary: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
+def lead_row(spec: PointSpec) -> dict[str, Any]:
+    """The columns every row of a point has: point, topo, fault and its parameters."""
+    return {"point": spec["point"], "topo": spec["topo"]["ref"],
+            "fault": ";".join(spec["faults"]) or None, **spec["params"]}
+
+
+def error_row(spec: PointSpec, error: str) -> dict[str, Any]:
+    """The row of a point whose simulation broke outside `evaluate` (its worker died)."""
+    return {**lead_row(spec), "status": "error", "error": error}
+
+
 def evaluate(spec: PointSpec) -> dict[str, Any]:
     """Simulate one point; an InputError (the plan's, topology's or a fault's) becomes an
     `invalid` row carrying its one-line message."""
+    row = lead_row(spec)
     params = spec["params"]
-    row: dict[str, Any] = {"point": spec["point"], "topo": spec["topo"]["ref"],
-                           "fault": ";".join(spec["faults"]) or None, **params}
     opts = spec["options"]
     try:
         cluster = apply_cluster(_cluster(spec["topo"]), params)
@@ -172,8 +183,9 @@ def evaluate(spec: PointSpec) -> dict[str, Any]:
     row.update(status="ok", error=None)
     for key, value in flatten(summary).items():
         row.setdefault(key, value)
-    # JSON round trip: a row read back from a checkpoint is then bit-identical.
-    return json.loads(json.dumps(row, default=float))
+    # JSON round trip: a row read back from a checkpoint is then bit-identical. A summary
+    # number that is not finite (a ratio over a zero time) has no value: null.
+    return json.loads(dumps_finite(row)[0])
 
 
 def evaluate_many(specs: list[PointSpec]) -> list[dict[str, Any]]:

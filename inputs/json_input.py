@@ -1,0 +1,97 @@
+"""The one strict JSON reader of every input file (plans, models, topologies, checkpoints).
+
+Python's json module accepts what no input file of this project may hold, and fails on
+some inputs with something other than a one-line error:
+  * NaN, Infinity and -Infinity (not JSON, RFC 8259 section 6): rejected;
+  * a key given twice in one object (RFC 8259 section 4 leaves it to the reader; json
+    keeps the last silently): rejected, so that `{"tp": 8, "tp": 4}` is not a plan with
+    tp 4 by accident;
+  * nesting a few thousand levels deep makes the C scanner raise RecursionError: the
+    depth is measured before parsing and bounded by MAX_DEPTH;
+  * a file of gigabytes would be read whole: bounded by MAX_BYTES.
+Every failure is the caller's InputError subclass (WorkloadError, TopologyError, ...)
+naming the field, so the CLIs print one line and exit 2.
+"""
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+from typing import Any
+
+from .errors import InputError
+
+# The deepest input of the project is a topology's measured collective points
+# (topology > measured_collectives > op > size > points > pair: 6 levels); 64 leaves room
+# and stays far below the interpreter's recursion limit (1,000 frames by default).
+MAX_DEPTH = 64
+# The largest input of the project is a calibrated topology file of a few kilobytes;
+# 64 MiB bounds what one read may take without refusing any real file.
+MAX_BYTES = 64 << 20
+
+_STRING = re.compile(r'"(?:[^"\\]|\\.)*"', re.DOTALL)
+_BRACKET = re.compile(r"[\[\]{}]")
+
+
+def json_depth(text: str) -> int:
+    """The deepest nesting of objects and arrays in a JSON text (strings skipped)."""
+    depth = deepest = 0
+    for match in _BRACKET.finditer(_STRING.sub("", text)):
+        if match.group() in "[{":
+            depth += 1
+            deepest = max(deepest, depth)
+        else:
+            depth -= 1
+    return deepest
+
+
+def parse_json(text: str, field: str, error: type[InputError] = InputError,
+               max_depth: int = MAX_DEPTH) -> Any:
+    """Parse a JSON text strictly (module docstring); errors name `field`."""
+    depth = json_depth(text)
+    if depth > max_depth:
+        raise error(field, f"JSON nested {depth} levels deep",
+                    f"JSON nested at most {max_depth} levels")
+
+    def reject_constant(name: str):
+        raise error(field, name, "finite JSON numbers (no NaN or Infinity)")
+
+    def unique_keys(pairs: list[tuple[str, Any]]) -> dict:
+        out: dict[str, Any] = {}
+        for key, value in pairs:
+            if key in out:
+                raise error(f"{field}.{key}", value, "each key once per object (it is given twice)")
+            out[key] = value
+        return out
+
+    try:
+        return json.loads(text, parse_constant=reject_constant, object_pairs_hook=unique_keys)
+    except json.JSONDecodeError as exc:
+        raise error(field, text[:60] if len(text) < 60 else text[:57] + "...",
+                    f"valid JSON (line {exc.lineno}: {exc.msg})") from None
+    except RecursionError:   # belt and braces: the depth check above should prevent it
+        raise error(field, "deeply nested JSON", f"JSON nested at most {max_depth} levels") from None
+
+
+def load_json_file(path: str | Path, field: str, error: type[InputError] = InputError,
+                   max_depth: int = MAX_DEPTH, max_bytes: int = MAX_BYTES) -> Any:
+    """Read and parse a JSON file strictly; errors name `field` and the path."""
+    path = Path(path)
+    try:
+        size = path.stat().st_size
+        if size > max_bytes:
+            raise error(field, str(path), f"a JSON file of at most {max_bytes >> 20} MiB "
+                                          f"(it has {size:,} bytes)")
+        with open(path, encoding="utf-8") as fh:
+            text = fh.read(max_bytes + 1)
+    except (OSError, UnicodeDecodeError) as exc:
+        reason = exc.strerror if isinstance(exc, OSError) and exc.strerror else type(exc).__name__
+        raise error(field, str(path), f"a readable UTF-8 JSON file ({reason})") from None
+    if len(text) > max_bytes:   # a file that grew, or a device that never ends
+        raise error(field, str(path), f"a JSON file of at most {max_bytes >> 20} MiB")
+    try:
+        return parse_json(text, field, error, max_depth)
+    except InputError as exc:
+        if exc.field == field and str(exc.allowed).startswith("valid JSON"):
+            raise error(field, str(path), exc.allowed) from None
+        raise

@@ -1,0 +1,119 @@
+"""The typed reader of the reference CSV (`validation references --csv`).
+
+csv.DictReader gives every cell as a string, a row with too many cells an extra `None`
+key and a short row `None` values, and accepts any column name; a typo ("gpus" as
+"8x8", a metric value of "nan", a column "tpp") would surface later as an exit-1
+ValueError or as a silently defaulted setting. `read_reference_csv` checks every cell
+against its column's kind where the file is read, and raises a ValidationError naming
+the row, the column, the value and what is allowed. Rows come back as the same
+string-valued dicts (cells stripped), so the code that turns them into plans is unchanged.
+"""
+from __future__ import annotations
+
+import csv
+import math
+from pathlib import Path
+
+from topologies.presets import FAMILIES
+
+from .errors import ValidationError
+
+# Bounds of one reference file: far past the bundled one (17 rows, a few KB).
+MAX_BYTES = 16 << 20
+MAX_ROWS = 10_000
+MAX_INT = 1 << 53
+
+TEXT, INT, NUMBER, BOOL = "text", "integer", "number", "bool"
+# column -> (kind, required, allowed): allowed is (low, high) for numbers, a tuple of
+# names for text choices, None for free text.
+COLUMNS: dict[str, tuple[str, bool, object]] = {
+    "id": (TEXT, False, None), "source": (TEXT, True, None), "hardware": (TEXT, True, None),
+    "topology": (TEXT, False, tuple(FAMILIES)),   # a preset family; N = gpus / 8
+    "gpus": (INT, True, (1, 1 << 20)), "model": (TEXT, True, None),
+    "tp": (INT, True, (1, MAX_INT)), "pp": (INT, True, (1, MAX_INT)),
+    "dp": (INT, True, (1, MAX_INT)), "cp": (INT, False, (1, MAX_INT)),
+    "cp_mode": (TEXT, False, ("ring", "all_gather", "all_to_all")),
+    "global_batch_seqs": (INT, True, (1, MAX_INT)), "seq_len": (INT, True, (1, MAX_INT)),
+    "metric": (TEXT, True, ("tokens_per_s_per_gpu", "tflops_per_gpu", "mfu", "step_time_s")),
+    "value": (NUMBER, True, (0.0, math.inf)),
+    "dtype": (TEXT, False, ("bf16", "fp8", "fp32")),
+    "micro_batch": (INT, False, (1, MAX_INT)), "virtual_stages": (INT, False, (1, MAX_INT)),
+    "fsdp": (BOOL, False, None), "reshard_after_forward": (BOOL, False, None),
+    "zero_stage": (INT, False, (0, 3)), "recompute": (TEXT, False, None),
+    "kernels": (TEXT, False, None), "sequence_parallel": (BOOL, False, None),
+    "notes": (TEXT, False, None),
+}
+
+
+def read_reference_csv(path: str | Path) -> list[dict[str, str]]:
+    """Every row of a reference CSV, each cell checked against COLUMNS."""
+    path = Path(path)
+    try:
+        if path.stat().st_size > MAX_BYTES:
+            raise ValidationError("--csv", str(path), f"a CSV of at most {MAX_BYTES >> 20} MiB")
+        with open(path, newline="", encoding="utf-8") as fh:
+            reader = csv.DictReader(fh)
+            header = reader.fieldnames or []
+            _check_header(header, str(path))
+            rows = []
+            for row in reader:
+                if len(rows) == MAX_ROWS:
+                    raise ValidationError("--csv", str(path), f"at most {MAX_ROWS:,} rows")
+                rows.append(_checked_row(row, len(rows) + 1))
+    except (OSError, UnicodeDecodeError, csv.Error) as exc:
+        reason = exc.strerror if isinstance(exc, OSError) and exc.strerror else str(exc)
+        raise ValidationError("--csv", str(path), f"a readable UTF-8 CSV file ({reason})") from None
+    if not rows:
+        raise ValidationError("--csv", str(path), "a CSV with at least one row")
+    return rows
+
+
+def _check_header(header: list[str], path: str) -> None:
+    missing = [c for c, (_, required, _) in COLUMNS.items() if required and c not in header]
+    unknown = [c for c in header if c not in COLUMNS]
+    repeated = sorted({c for c in header if header.count(c) > 1})
+    if missing or unknown or repeated:
+        what = (f"missing {', '.join(missing)}" if missing else
+                f"unknown column {unknown[0]!r}" if unknown else f"column {repeated[0]!r} twice")
+        raise ValidationError("--csv", path, f"a header of the columns {', '.join(COLUMNS)} "
+                                             f"({what})")
+
+
+def _checked_row(row: dict, number: int) -> dict[str, str]:
+    if None in row:
+        raise ValidationError(f"row {number}", row[None], "as many cells as header columns")
+    out = {}
+    for column, cell in row.items():
+        if cell is None:
+            raise ValidationError(f"row {number}", "a short row", "a cell for every column")
+        out[column] = cell.strip()
+        _check_cell(out[column], column, number)
+    return out
+
+
+def _check_cell(cell: str, column: str, number: int) -> None:
+    kind, required, allowed = COLUMNS[column]
+    where = f"row {number}.{column}"
+    if cell == "":
+        if required:
+            raise ValidationError(where, cell, f"a {kind} (required)")
+        return
+    if kind == INT:
+        low, high = allowed
+        if not cell.isdigit() or len(cell) > 20 or not low <= int(cell) <= high:
+            raise ValidationError(where, cell, f"an integer in [{low}, {high:,}]")
+    elif kind == NUMBER:
+        low, high = allowed
+        try:
+            value = float(cell)
+        except ValueError:
+            value = math.nan
+        if not math.isfinite(value) or not low < value < high:
+            raise ValidationError(where, cell, f"a finite number > {low:g}")
+    elif kind == BOOL:
+        if cell.lower() not in ("true", "false"):
+            raise ValidationError(where, cell, "true or false")
+    elif allowed is not None and cell not in allowed:
+        raise ValidationError(where, cell, ", ".join(allowed))
+    elif len(cell) > 10_000:
+        raise ValidationError(where, cell[:40] + "...", "text of at most 10,000 characters")

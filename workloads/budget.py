@@ -1,0 +1,77 @@
+"""The work a plan asks for, estimated before anything is built, and its limit.
+
+Lowering a plan builds every task of every micro-batch of every layer of a stage, and the
+engine replays them once per simulated rank; a plan with two billion sequences per step or
+a million layers would fill the memory long before it failed. `estimate_tasks` counts what
+the lowering would build by arithmetic alone (layers x micro-batches x tasks per layer
+and micro-batch), and `check_work` refuses a request past the limit with a WorkloadError
+that names the field that makes it large, its value, the estimate and the limit (which
+`--max-tasks` raises).
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from .errors import WorkloadError
+from .schedules import stage_layers
+
+# Tasks one layer adds per micro-batch (forward, backward, recompute, their collectives,
+# copies and waits): at most 100 in every bundled plan (ring context parallelism has the
+# most; Megatron TP about 70, FSDP about 50), measured as tasks per stage / (layers per
+# stage x micro-batches). An estimate's constant, not a bound: plans with eager kernels
+# may build somewhat more.
+TASKS_PER_LAYER_MICROBATCH = 100
+# Per-step tasks of one layer (parameter gathers, gradient reductions, optimizer).
+TASKS_PER_LAYER_STEP = 20
+# Simulated tasks (tasks per rank x simulated ranks) a run may ask for unless raised by
+# --max-tasks: 25 million. Every bundled plan passes, the 16,384-GPU Llama 3 405B job
+# with 1.6e5, and `--full` on the 1,024-GPU Llama 3 70B plan (9.6 million real tasks,
+# 1.8e7 estimated; 6 GB and 2 min, benchmarks/README.md) too.
+MAX_TASKS = 25_000_000
+
+
+@dataclass(frozen=True)
+class WorkEstimate:
+    """What a resolved plan asks the simulator to build and replay."""
+
+    micro_batches: int
+    layers_per_stage: int          # the most loaded stage's layers (embedding, head: +2)
+    tasks_per_rank: int            # estimated tasks of that stage's program
+    simulated_ranks: int
+    simulated_tasks: int           # tasks_per_rank x simulated_ranks
+
+
+def estimate_tasks(plan, simulated_ranks: int) -> WorkEstimate:
+    """Estimate the work of a resolved plan (plan.mesh.dp a number) by arithmetic."""
+    pp = plan.mesh.pp
+    chunks = stage_layers(plan)
+    layers = max(sum(len(r) for r in chunks[s::pp]) for s in range(pp)) + 2
+    micro = plan.training.global_batch // (plan.mesh.dp * plan.training.micro_batch)
+    per_rank = layers * (micro * TASKS_PER_LAYER_MICROBATCH + TASKS_PER_LAYER_STEP)
+    return WorkEstimate(micro, layers, per_rank, simulated_ranks, per_rank * simulated_ranks)
+
+
+def check_work(plan, simulated_ranks: int, max_tasks: int = MAX_TASKS) -> WorkEstimate:
+    """The estimate, or a WorkloadError when it passes `max_tasks`.
+
+    The error names what makes the work large: the global batch when the micro-batches
+    alone exceed the limit, else the model's layers, else the simulated ranks (--full).
+    """
+    est = estimate_tasks(plan, simulated_ranks)
+    if est.simulated_tasks <= max_tasks:
+        return est
+    allowed = (f"a plan of at most {max_tasks:,} simulated tasks (estimated "
+               f"{_short(est.simulated_tasks)}: {est.layers_per_stage:,} layers per stage x "
+               f"{est.micro_batches:,} micro-batches x {est.simulated_ranks:,} simulated "
+               "rank(s); --max-tasks raises the limit)")
+    if est.micro_batches * TASKS_PER_LAYER_MICROBATCH > max_tasks:
+        raise WorkloadError("training.global_batch", plan.training.global_batch, allowed)
+    if est.tasks_per_rank > max_tasks:
+        raise WorkloadError("model.num_hidden_layers", plan.model.num_layers, allowed)
+    raise WorkloadError("simulated ranks", est.simulated_ranks, allowed)
+
+
+def _short(n: int) -> str:
+    """A large count readably: 1.8e+07, or 123,456."""
+    return f"{n:,}" if n < 10**9 else f"{n:.1e}" if n < 1e300 else f"about 10^{int(math.log10(n))}"
