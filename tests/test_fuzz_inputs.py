@@ -14,6 +14,7 @@ import contextlib
 import io
 import json
 import os
+import stat
 import tempfile
 from pathlib import Path
 
@@ -189,22 +190,29 @@ def test_the_named_field_and_value_are_in_the_line(files):
 
 
 # ----------------------------------------------------------------- outputs
-def test_a_device_is_written_in_place_never_renamed_over(files, tmp_path):
-    """/dev/null stays a device; a character device node made here (when this user may)
-    is written in place: /dev/full's (1, 7) gives exit 4, one line, the node kept."""
-    status, _ = holds_contract(["run", "--plan", files["ok_plan"], "--topo", "dgx-h100",
-                                "--chrome-trace", "/dev/null", "--trace", "/dev/null"])
-    assert status == 0 and Path("/dev/null").is_char_device()
-    node = tmp_path / "full"
+def device_node(folder: Path, name: str, minor: int) -> Path:
+    """A character device node like /dev/null (1, 3) or /dev/full (1, 7) made in `folder`
+    when this user may (root); else the system's own, which a user who may not make
+    nodes cannot rename over either: a regression then fails the test, never the host."""
+    node = folder / name
     try:
-        os.mknod(node, 0o666 | 0o020000, os.makedev(1, 7))
-    except (PermissionError, OSError):
-        node = Path("/dev/full")   # read-only check: it is written in place or not at all
-    if node.exists():
-        status, err = holds_contract(["run", "--plan", files["ok_plan"], "--topo", "dgx-h100",
-                                      "--chrome-trace", str(node)], allowed=(4,))
-        assert "No space left" in err and node.is_char_device()
-        assert not [p for p in node.parent.glob(f".{node.name}.*")]
+        os.mknod(node, 0o666 | stat.S_IFCHR, os.makedev(1, minor))
+        return node
+    except OSError:
+        return Path(f"/dev/{name}")
+
+
+def test_a_device_is_written_in_place_never_renamed_over(files, tmp_path):
+    """A null device stays a device after a run writes both traces to it; a full one
+    gives exit 4 and one line, and stays a device with no temporary file beside it."""
+    null, full = device_node(tmp_path, "null", 3), device_node(tmp_path, "full", 7)
+    status, _ = holds_contract(["run", "--plan", files["ok_plan"], "--topo", "dgx-h100",
+                                "--chrome-trace", str(null), "--trace", str(null)])
+    assert status == 0 and null.is_char_device()
+    status, err = holds_contract(["run", "--plan", files["ok_plan"], "--topo", "dgx-h100",
+                                  "--chrome-trace", str(full)], allowed=(4,))
+    assert "No space left" in err and full.is_char_device()
+    assert not list(full.parent.glob(f".{full.name}.*"))
 
 
 def test_a_symbolic_link_keeps_pointing_at_its_replaced_target(files, tmp_path):
