@@ -53,7 +53,7 @@ def output_kind(path: str | Path, flag: str = "output", create_parents: bool = F
     what gets written, the link stays. Cheap: checked before any work starts."""
     target = Path(os.path.realpath(path))
     try:
-        mode = target.stat().st_mode
+        mode = os.stat(path).st_mode   # follows links, /dev/stdout's to a pipe included
     except FileNotFoundError:
         mode = None
     except OSError as exc:
@@ -61,8 +61,11 @@ def output_kind(path: str | Path, flag: str = "output", create_parents: bool = F
     if mode is not None:
         if stat.S_ISDIR(mode):
             raise OutputError(path, "it is a folder", flag)
-        if stat.S_ISCHR(mode) or stat.S_ISFIFO(mode):
-            if not os.access(target, os.W_OK):
+        # /dev/stdout of a shell redirect is a regular file, held open by the shell:
+        # written in place, like every existing path under /dev and /proc.
+        special = str(path).startswith(("/dev/", "/proc/"))
+        if stat.S_ISCHR(mode) or stat.S_ISFIFO(mode) or (special and stat.S_ISREG(mode)):
+            if not os.access(path, os.W_OK):
                 raise OutputError(path, "no permission to write it", flag)
             return STREAM
         if not stat.S_ISREG(mode):
@@ -88,10 +91,10 @@ def atomic_write(path: str | Path, write: Callable[[str], None]) -> None:
     becomes a WriteError (one line, exit status 4).
     """
     kind = output_kind(path, create_parents=True)
-    target = Path(os.path.realpath(path))
-    if kind == STREAM:
-        _guarded(path, lambda: write(str(target)))
+    if kind == STREAM:   # by its own name: /dev/stdout's target may be a pipe's
+        _guarded(path, lambda: write(str(path)))
         return
+    target = Path(os.path.realpath(path))
     try:
         target.parent.mkdir(parents=True, exist_ok=True)
         fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.", dir=target.parent)

@@ -300,6 +300,7 @@ def plan_from_dict(raw: Any, base_dir: Path | None = None, default_name: str = "
     """Parse and validate a plan object (world-size checks come in `resolve`)."""
     raw = _obj(raw, "plan")
     _known_keys(raw, "", TOP_KEYS)
+    check_optional_name(raw.get("name"), "name", "a string")
     if "model" not in raw:
         raise WorkloadError("model", None, "a preset name, a model JSON path or an object")
     model = load_model(raw["model"], base_dir)
