@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import pickle
+import re
 from dataclasses import replace
 
 import pytest
@@ -75,12 +76,55 @@ def test_zero_stage_5_by_replace_names_the_allowed_stages():
             replace(plan_from_dict(small_plan()), zero_stage=bad)
 
 
-def test_async_tp_true_is_refused_false_is_the_default(write_json, capsys):
+def test_async_tp_false_is_the_default_and_true_is_accepted():
     assert plan_from_dict(small_plan(overlap={"async_tp": False})) == plan_from_dict(small_plan())
-    path = write_json("async.json", small_plan(overlap={"async_tp": True}))
-    code, out, err = _cli(capsys, "run", "--topo", "dgx-h100", "--plan", path)
-    assert code == 2 and out == "" and len(err.strip().splitlines()) == 1
-    assert err.startswith("error: overlap.async_tp: got True") and "not modelled" in err
+    assert plan_from_dict(small_plan(overlap={"async_tp": True})).async_tp is True
+
+
+@pytest.mark.parametrize("section,key,bad,field", [
+    ("overlap", "grad_reduce", 1, "overlap.grad_reduce"),
+    ("overlap", "param_gather", "yes", "overlap.param_gather"),
+    ("overlap", "tp_comm", None, "overlap.tp_comm"),
+    ("overlap", "async_tp", 0, "overlap.async_tp"),
+    ("fsdp", "version", 3, "fsdp.version"),
+    ("fsdp", "version", True, "fsdp.version"),
+    ("host_overhead", "per_step_s", -1.0, "host_overhead.per_step_s"),
+    ("host_overhead", "per_kernel_s", float("inf"), "host_overhead.per_kernel_s"),
+])
+def test_framework_vocabulary_bad_values_name_the_field(section, key, bad, field):
+    with pytest.raises(WorkloadError, match=rf"^{re.escape(field)}: got "):
+        plan_from_dict(small_plan(**{section: {key: bad}}))
+
+
+def test_unknown_framework_and_keys_are_refused():
+    with pytest.raises(WorkloadError, match=r"^framework: got 'deepspeed'; allowed: generic, "):
+        plan_from_dict(small_plan(framework="deepspeed"))
+    with pytest.raises(WorkloadError, match=r"^overlap.bogus: "):
+        plan_from_dict(small_plan(overlap={"bogus": True}))
+    with pytest.raises(WorkloadError, match=r"^fsdp.version: got 0; allowed: 1 or 2$"):
+        replace(plan_from_dict(small_plan()), fsdp_version=0)
+
+
+def test_generic_is_todays_defaults_and_profiles_yield_to_the_plan():
+    generic = plan_from_dict(small_plan(framework="generic"))
+    assert generic == plan_from_dict(small_plan())
+    assert (generic.fsdp_version, generic.grad_reduce_overlap, generic.param_gather_overlap,
+            generic.tp_comm_overlap, generic.async_tp, generic.cuda_graphs,
+            generic.host_step_s, generic.host_kernel_s) == (2, False, False, False, False,
+                                                            False, 0.0, 0.0)
+    mcore = plan_from_dict(small_plan(framework="megatron-core"))
+    assert (mcore.zero_stage, mcore.grad_reduce_overlap, mcore.param_gather_overlap,
+            mcore.tp_comm_overlap, mcore.kernels) == (1, True, True, True, "fused")
+    own = plan_from_dict(small_plan(framework="megatron-core", zero_stage=0,
+                                    overlap={"grad_reduce": False}))
+    assert (own.zero_stage, own.grad_reduce_overlap, own.param_gather_overlap) == (0, False, True)
+    titan = plan_from_dict(small_plan(framework="torchtitan"))
+    assert (titan.fsdp, titan.fsdp_version, titan.kernels, titan.recompute,
+            titan.zero_stage) == (True, 2, "eager", "selective_op", 0)
+    assert plan_from_dict(small_plan(framework="torchtitan", kernels="fused")).kernels == "fused"
+    # a plan enabling FSDP under a ZeRO-1 profile gets FSDP's own sharding, not an error
+    assert plan_from_dict(small_plan(framework="megatron-core",
+                                     fsdp={"enabled": True})).zero_stage == 0
 
 
 def test_every_input_error_is_one_type_and_pickles():

@@ -20,6 +20,7 @@ from typing import Any, Mapping
 from .errors import WorkloadError
 from .fields import (check_bool, check_choice, check_int, check_number, check_optional_name,
                      is_int)
+from .frameworks import FRAMEWORKS, framework_defaults
 from .kernels import KERNEL_MODES, OPTIMIZERS
 from .mesh import Mesh, ParallelDims
 from .models import ModelSpec, load_model
@@ -48,6 +49,8 @@ ZERO_STAGES = (0, 1, 2, 3)   # ZeRO (Rajbhandari et al. 2020): none, optimizer, 
 # eager: the s x s scores are materialised and kept for the backward.
 ATTENTION_IMPLS = ("flash", "eager")
 SCHEDULES = ("gpipe", "1f1b", "interleaved")
+FSDP_VERSIONS = (1, 2)   # FSDP1 (FlatParameter per wrapped unit) | FSDP2 (fully_shard)
+MAX_HOST_OVERHEAD_S = 10.0   # bound on host_overhead values: far beyond any real step
 BUNDLED_DIR = Path(__file__).parent / "plans"
 
 # Megatron-LM defaults (Shoeybi et al. 2019): attention in and MLP in column-parallel,
@@ -115,8 +118,16 @@ class Plan:
     optimizer: str = "fused"        # Adam step: fused | foreach | for_loop (workloads/kernels.py)
     pipeline: Pipeline = field(default_factory=Pipeline)
     fsdp_prefetch: bool = True
-    # No async_tp field: asynchronous TP is not modelled, so a plan may not ask for it
-    # (the parser accepts "overlap": {"async_tp": false}, the default, and rejects true).
+    fsdp_version: int = 2           # fsdp.version: 1 FSDP1 (flat parameters) | 2 FSDP2
+    # "overlap" (workloads/frameworks.py has each framework's defaults and their sources)
+    async_tp: bool = False          # torch async TP: micro-pipelined AG-matmul / matmul-RS
+    grad_reduce_overlap: bool = False   # Megatron DDP: bucketed gradient reduce in backward
+    param_gather_overlap: bool = False  # distributed optimizer: param all-gather in forward
+    tp_comm_overlap: bool = False   # Megatron --tp-comm-overlap (TE userbuffers)
+    framework: str = "generic"      # the profile whose defaults the parser applied
+    cuda_graphs: bool = False       # the step is captured: no host cost per kernel launch
+    host_step_s: float = 0.0        # host_overhead.per_step_s: host work per step
+    host_kernel_s: float = 0.0      # host_overhead.per_kernel_s: host issue time per kernel
     collective_algorithm: str | None = None   # "collectives": {"algorithm": ..., "protocol": ...}
     collective_protocol: str | None = None
     topology: str | None = None
@@ -130,8 +141,20 @@ class Plan:
         for name, where in (("fsdp", "fsdp.enabled"),
                             ("reshard_after_forward", "fsdp.reshard_after_forward"),
                             ("sequence_parallel", "sharding.sequence_parallel"),
-                            ("fsdp_prefetch", "overlap.fsdp_prefetch")):
+                            ("fsdp_prefetch", "overlap.fsdp_prefetch"),
+                            ("async_tp", "overlap.async_tp"),
+                            ("grad_reduce_overlap", "overlap.grad_reduce"),
+                            ("param_gather_overlap", "overlap.param_gather"),
+                            ("tp_comm_overlap", "overlap.tp_comm"),
+                            ("cuda_graphs", "cuda_graphs")):
             check_bool(getattr(self, name), where)
+        if not is_int(self.fsdp_version) or self.fsdp_version not in FSDP_VERSIONS:
+            raise WorkloadError("fsdp.version", self.fsdp_version, "1 or 2")
+        check_choice(self.framework, "framework", FRAMEWORKS)
+        for name, where in (("host_step_s", "host_overhead.per_step_s"),
+                            ("host_kernel_s", "host_overhead.per_kernel_s")):
+            check_number(getattr(self, name), where, 0.0, MAX_HOST_OVERHEAD_S,
+                         f"a number of seconds in [0, {MAX_HOST_OVERHEAD_S:g}]")
         if not is_int(self.zero_stage) or self.zero_stage not in ZERO_STAGES:
             raise WorkloadError("zero_stage", self.zero_stage, "0, 1, 2 or 3")
         for name, allowed in (("recompute", RECOMPUTE), ("attention", ATTENTION_IMPLS),
@@ -271,7 +294,7 @@ def _pipeline(raw: dict) -> Pipeline:
 
 TOP_KEYS = ("name", "model", "training", "mesh", "fsdp", "zero_stage", "sharding", "layers",
             "recompute", "attention", "kernels", "optimizer", "pipeline", "overlap", "topology",
-            "description",
+            "description", "framework", "cuda_graphs", "host_overhead",
             "context_parallel", "moe", "tensor_parallel", "collectives")
 
 
@@ -306,41 +329,50 @@ def plan_from_dict(raw: Any, base_dir: Path | None = None, default_name: str = "
     _known_keys(tr, "training", ("global_batch", "micro_batch", "seq_len", "dtype"))
     training = Training(_required(tr, "global_batch", "training"), tr.get("micro_batch", 1),
                         _required(tr, "seq_len", "training"), tr.get("dtype", "bf16"))
-    fsdp = _obj(raw.get("fsdp"), "fsdp")
-    _known_keys(fsdp, "fsdp", ("enabled", "reshard_after_forward"))
     sharding_raw = _obj(raw.get("sharding"), "sharding")
     strategies = _strategies(sharding_raw, "sharding", True)
-    overlap = _obj(raw.get("overlap"), "overlap")
-    _known_keys(overlap, "overlap", ("fsdp_prefetch", "async_tp"))
-    _reject_async_tp(overlap)
     return Plan(
         name=str(raw.get("name", default_name)), model=model, training=training,
         mesh=_mesh(_obj(raw.get("mesh"), "mesh")),
-        fsdp=fsdp.get("enabled", False),
-        reshard_after_forward=fsdp.get("reshard_after_forward", True),
-        zero_stage=raw.get("zero_stage", 0), sharding=MappingProxyType({**MEGATRON, **strategies}),
+        sharding=MappingProxyType({**MEGATRON, **strategies}),
         sequence_parallel=sharding_raw.get("sequence_parallel", False),
         layer_overrides=_layer_overrides(_obj(raw.get("layers"), "layers"), model.num_layers),
-        recompute=raw.get("recompute", "none"), attention=raw.get("attention", "flash"),
-        kernels=raw.get("kernels", "fused"), optimizer=raw.get("optimizer", "fused"),
+        attention=raw.get("attention", "flash"),
         pipeline=_pipeline(_obj(raw.get("pipeline"), "pipeline")),
-        fsdp_prefetch=overlap.get("fsdp_prefetch", True), topology=raw.get("topology"),
-        source=MappingProxyType(dict(raw)), **_extensions(raw))
+        topology=raw.get("topology"),
+        source=MappingProxyType(dict(raw)), **_framework_keys(raw), **_extensions(raw))
 
 
-def _reject_async_tp(overlap: dict) -> None:
-    """`overlap.async_tp`: false (the default, what is simulated) or absent.
+OVERLAP_KEYS = {"fsdp_prefetch": "fsdp_prefetch", "async_tp": "async_tp",
+                "grad_reduce": "grad_reduce_overlap", "param_gather": "param_gather_overlap",
+                "tp_comm": "tp_comm_overlap"}
+FSDP_KEYS = {"enabled": "fsdp", "reshard_after_forward": "reshard_after_forward",
+             "version": "fsdp_version"}
+HOST_KEYS = {"per_step_s": "host_step_s", "per_kernel_s": "host_kernel_s"}
 
-    Asynchronous TP (the TP all-gather and reduce-scatter decomposed and overlapped with
-    the matmuls, as torchtitan's `enable_async_tensor_parallel`) is not modelled: every
-    TP collective is simulated as a separate, blocking operation. A plan asking for it
-    would silently get the synchronous step time, so it is refused.
-    """
-    value = overlap.get("async_tp", False)
-    if value is not False:
-        raise WorkloadError("overlap.async_tp", value, "false (asynchronous tensor "
-                            "parallelism is not modelled yet: TP collectives are simulated "
-                            "as blocking)")
+
+def _framework_keys(raw: dict) -> dict:
+    """The keys a framework profile sets defaults for: the profile's value unless the plan
+    gives one (workloads/frameworks.py). Values are checked by Plan."""
+    framework = raw.get("framework", "generic")
+    check_choice(framework, "framework", FRAMEWORKS)
+    given: dict = {}
+    for section, keys in (("overlap", OVERLAP_KEYS), ("fsdp", FSDP_KEYS),
+                          ("host_overhead", HOST_KEYS)):
+        obj = _obj(raw.get(section), section)
+        _known_keys(obj, section, tuple(keys))
+        given.update({keys[k]: v for k, v in obj.items()})
+    for key in ("zero_stage", "recompute", "kernels", "optimizer", "cuda_graphs"):
+        if key in raw:
+            given[key] = raw[key]
+    values = {**framework_defaults(framework), **given}
+    if values["fsdp"] is True and "zero_stage" not in given:
+        values["zero_stage"] = 0    # FSDP is ZeRO-3 by itself (a profile's ZeRO-1 yields)
+    if isinstance(values["host_step_s"], int) and not isinstance(values["host_step_s"], bool):
+        values["host_step_s"] = float(values["host_step_s"])
+    if isinstance(values["host_kernel_s"], int) and not isinstance(values["host_kernel_s"], bool):
+        values["host_kernel_s"] = float(values["host_kernel_s"])
+    return {"framework": framework, **values}
 
 
 def reject_json_constant(name: str):
