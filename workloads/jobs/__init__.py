@@ -8,7 +8,11 @@ yaml.safe_load, flags through shlex. The key tables (framework key -> plan field
 ignored keys, unmodelled keys) are torchtitan_keys.py and megatron_keys.py.
 """
 from .common import Exported, Imported
+from .files import job_framework, load_job, read_job
 from .findings import JobConfigError
+from .megatron import read_megatron, write_megatron
 from .torchtitan import read_torchtitan, write_torchtitan
 
-__all__ = ["Exported", "Imported", "JobConfigError", "read_torchtitan", "write_torchtitan"]
+__all__ = ["Exported", "Imported", "JobConfigError", "job_framework", "load_job",
+           "read_job", "read_megatron", "read_torchtitan", "write_megatron",
+           "write_torchtitan"]

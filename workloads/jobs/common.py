@@ -55,6 +55,8 @@ def unexpressed(plan: Plan, text_plan: dict[str, Any], framework: str,
         if f.name in NOT_JOB_FIELDS:
             continue
         want, got = getattr(plan, f.name), getattr(back, f.name)
+        if f.name == "model":      # the dimensions; a model's name is not run
+            got = dataclasses.replace(got, name=want.name)
         if want != got:
             why = reasons.get(f.name, f"{framework} has no key for it")
             lines.append(f"not expressible in {framework}: {f.name} = {_show(want)} "

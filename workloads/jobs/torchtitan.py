@@ -56,6 +56,10 @@ REASONS = {
     "load_imbalance": "routing balance depends on the data",
     "collective_algorithm": "NCCL_ALGO is an environment variable",
     "collective_protocol": "NCCL_PROTO is an environment variable",
+    "framework": "a torchtitan config runs under the torchtitan profile",
+    "host_kernel_s": "host time per kernel is the torchtitan profile's (eager Python)",
+    "host_step_s": "host time per step is the torchtitan profile's",
+    "cuda_graphs": "torchtitan's training loop captures no CUDA graphs",
     "grad_reduce_overlap": "a Megatron DDP option", "param_gather_overlap":
     "a Megatron distributed-optimizer option", "tp_comm_overlap": "a Megatron option",
 }
@@ -343,7 +347,7 @@ def write_torchtitan(plan: Plan, world_size: int | None = None) -> Exported:
         "optimizer": {"name": "AdamW", "implementation": {v: k for k, v in
                                                           K.OPTIMIZER_IMPLS.items()}[plan.optimizer]},
         "training": _training_section(plan, dp),
-        "parallelism": _parallelism_section(plan),
+        "parallelism": _parallelism_section(plan, dp),
         "activation_checkpoint": _ac_section(plan.recompute),
         "compile": {"enable": plan.kernels == "fused", "components": ["model", "loss"]},
     }
@@ -378,10 +382,10 @@ def _training_section(plan: Plan, dp: int) -> dict[str, Any]:
             "mixed_precision_param": "float32" if tr.dtype == "fp32" else "bfloat16"}
 
 
-def _parallelism_section(plan: Plan) -> dict[str, Any]:
+def _parallelism_section(plan: Plan, dp: int) -> dict[str, Any]:
     mesh = plan.mesh
     out: dict[str, Any] = {
-        "data_parallel_replicate_degree": 1 if plan.fsdp else (mesh.dp or -1),
+        "data_parallel_replicate_degree": 1 if plan.fsdp else dp,
         "data_parallel_shard_degree": (mesh.dp or -1) if plan.fsdp else 1,
         "fsdp_reshard_after_forward": "always" if plan.reshard_after_forward else "never",
         "tensor_parallel_degree": mesh.tp,
