@@ -38,10 +38,12 @@ class Findings:
         """The notes (warnings included when lenient); raises JobConfigError otherwise."""
         if self.problems and not self.lenient:
             keys = ", ".join(k for k, _, _ in self.problems)
-            detail = "; ".join(f"{k}={v!r}: {why}" for k, v, why in self.problems)
-            raise JobConfigError(keys, detail, f"values the simulator models for "
-                                 f"{self.framework} (--lenient simulates without them)")
-        warnings = [f"warning: not modelled, simulated without it: {k}={v!r} ({why})"
+            values = [v for _, v, _ in self.problems]
+            whys = "; ".join(f"{k}: {why}" for k, _, why in self.problems)
+            raise JobConfigError(keys, values[0] if len(values) == 1 else values,
+                                 f"what the simulator models for {self.framework}, not "
+                                 f"({whys}); --lenient simulates without them")
+        warnings = [f"warning: not modelled, simulated without it: {k} = {v!r} ({why})"
                     for k, v, why in self.problems]
         return self.notes + warnings
 

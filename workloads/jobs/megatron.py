@@ -53,13 +53,14 @@ def read_megatron(text: str, source: str = "args.txt", lenient: bool = False,
     """A Megatron flags file, or a Megatron-Bridge YAML (by suffix .yaml/.yml), as a plan
     object with its notes. `model` replaces the model the flags describe."""
     findings = Findings(K.RELEASE, lenient)
+    names: dict[str, str] = {}
     if Path(source).suffix in (".yaml", ".yml"):
-        flags = parse_bridge_yaml(text, source, findings)
+        flags, names = parse_bridge_yaml(text, source, findings)
     else:
         flags, notes = parse_args_text(text, source)
         findings.notes += notes
-    _classify(flags, findings)
-    get = _Getter(flags)
+    _classify(flags, names, findings)
+    get = _Getter(flags, names)
     ref = model if model is not None else model_ref(_model(get, findings))
     if model is not None:
         findings.ignore("model flags", "the model is given by --model")
@@ -71,34 +72,39 @@ def read_megatron(text: str, source: str = "args.txt", lenient: bool = False,
 class _Getter:
     """Typed access to the flags: switches, integers, strings."""
 
-    def __init__(self, flags: Flags):
-        self.flags = flags
+    def __init__(self, flags: Flags, names: dict[str, str]):
+        self.flags, self.names = flags, names
+
+    def name(self, flag: str) -> str:
+        """The flag as the config wrote it (--flag, or the YAML key)."""
+        return self.names.get(flag, f"--{flag}")
 
     def on(self, flag: str) -> bool:
         value = self.flags.get(flag, False)
         if value not in (True, False):
-            raise JobConfigError(f"--{flag}", value, "no value (a switch)")
+            raise JobConfigError(self.name(flag), value, "no value (a switch)")
         return value
 
     def int(self, flag: str, default: int | None = None, minimum: int = 1) -> int | None:
         value = self.flags.get(flag, default)
-        return None if value is None else need_int(value, f"--{flag}", minimum)
+        return None if value is None else need_int(value, self.name(flag), minimum)
 
     def str(self, flag: str, default: str | None = None) -> Any:
         return self.flags.get(flag, default)
 
 
-def _classify(flags: Flags, findings: Findings) -> None:
+def _classify(flags: Flags, names: dict[str, str], findings: Findings) -> None:
     for flag, value in flags.items():
+        name = names.get(flag, f"--{flag}")
         if flag in K.IGNORED:
-            findings.ignore(f"--{flag}", K.IGNORED[flag])
+            findings.ignore(name, K.IGNORED[flag])
         elif flag not in K.MAPPED and flag not in K.UNMODELLED:
-            findings.problem(f"--{flag}", value, f"not a flag this importer knows (it reads "
+            findings.problem(name, value, f"not a flag this importer knows (it reads "
                              f"{K.RELEASE}'s pretrain_gpt.py flags)")
     for flag, (default, modelled, why) in K.UNMODELLED.items():
         value = _comparable(flags.get(flag, default))
         if value not in modelled:
-            findings.problem(f"--{flag}", value, why)
+            findings.problem(names.get(flag, f"--{flag}"), value, why)
 
 
 def _comparable(value: Any) -> Any:
@@ -158,11 +164,11 @@ def _experts(get: _Getter, experts: int, ffn: int, findings: Findings) -> dict[s
                              f"a multiple of the expert FFN size ({moe_ffn})")
     freq = get.str("moe-layer-freq", 1)
     if str(freq) != "1":     # a Python list expression in Megatron: data here, never run
-        findings.problem("--moe-layer-freq", freq, "a dense/MoE layer pattern (simulated "
+        findings.problem(get.name("moe-layer-freq"), freq, "a dense/MoE layer pattern (simulated "
                          "as every layer MoE)")
     dispatcher = get.str("moe-token-dispatcher-type", "allgather")
     if dispatcher != "alltoall":
-        findings.problem("--moe-token-dispatcher-type", dispatcher,
+        findings.problem(get.name("moe-token-dispatcher-type"), dispatcher,
                          "the simulator models the all-to-all dispatcher")
     return {"num_experts": experts, "experts_per_token": get.int("moe-router-topk", 2),
             "moe_ffn_size": moe_ffn, "num_shared_experts": shared // moe_ffn}
@@ -201,7 +207,7 @@ def _plan(get: _Getter, spec: ModelSpec, ref, findings: Findings) -> dict[str, A
 
 def _dtype(get: _Getter) -> str:
     if get.str("fp8-format") is not None:
-        need_choice(get.str("fp8-format"), "--fp8-format", ("e4m3", "hybrid"))
+        need_choice(get.str("fp8-format"), get.name("fp8-format"), ("e4m3", "hybrid"))
         return "fp8"
     return "bf16" if get.on("bf16") else "fp32"
 
@@ -212,18 +218,18 @@ def _recompute(get: _Getter, spec: ModelSpec, pp: int, findings: Findings) -> st
         granularity = "selective"
     if granularity is None:
         return "none"
-    need_choice(granularity, "--recompute-granularity", ("full", "selective"))
+    need_choice(granularity, get.name("recompute-granularity"), ("full", "selective"))
     if granularity == "selective":
         modules = get.str("recompute-modules", ["core_attn"])
         if (modules if isinstance(modules, list) else [modules]) != ["core_attn"]:
-            findings.problem("--recompute-modules", modules, "recompute of modules other "
+            findings.problem(get.name("recompute-modules"), modules, "recompute of modules other "
                              "than the attention core (simulated as core_attn)")
         return "selective"
     method = get.str("recompute-method")
     layers = get.int("recompute-num-layers", 1)
     per_stage = -(-spec.num_layers // pp)
     if not ((method == "uniform" and layers == 1) or (method == "block" and layers >= per_stage)):
-        findings.problem("--recompute-method", method, f"full recompute of some layers only "
+        findings.problem(get.name("recompute-method"), method, f"full recompute of some layers only "
                          f"(--recompute-num-layers {layers}; simulated as every layer)")
     return "full"
 
@@ -232,7 +238,7 @@ def _cp_mode(get: _Getter, findings: Findings) -> str:
     kinds = get.str("cp-comm-type", ["p2p"])
     kinds = set(kinds if isinstance(kinds, list) else [kinds])
     if len(kinds) > 1 or not kinds <= set(CP_COMM):
-        findings.problem("--cp-comm-type", sorted(kinds), "one of p2p, allgather, a2a for "
+        findings.problem(get.name("cp-comm-type"), sorted(kinds), "one of p2p, allgather, a2a for "
                          "every layer (simulated as p2p)")
         return "ring"
     return CP_COMM[kinds.pop()]

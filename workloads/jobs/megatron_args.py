@@ -14,6 +14,8 @@ from . import megatron_keys as K
 from .findings import Findings, JobConfigError
 
 Flags = dict[str, Any]   # flag without "--" -> True (a switch), a string or a list of strings
+# The activation Megatron-Bridge writes as a callable's class path, with gated_linear_unit.
+BRIDGE_ACTIVATIONS = {"torch.nn.functional.silu": True, "torch.nn.functional.gelu": False}
 
 
 def parse_args_text(text: str, source: str = "args.txt") -> tuple[Flags, list[str]]:
@@ -50,8 +52,9 @@ def parse_args_text(text: str, source: str = "args.txt") -> tuple[Flags, list[st
     return flags, notes
 
 
-def parse_bridge_yaml(text: str, source: str, findings: Findings) -> Flags:
-    """Flags of a Megatron-Bridge ConfigContainer YAML (v0.6.0 shape)."""
+def parse_bridge_yaml(text: str, source: str, findings: Findings) -> tuple[Flags, dict]:
+    """Flags of a Megatron-Bridge ConfigContainer YAML (v0.6.0 shape), and each flag's
+    YAML key (for messages)."""
     import yaml   # PyYAML (pyproject: a dependency for this reader)
     try:
         raw = yaml.safe_load(text)
@@ -65,6 +68,7 @@ def parse_bridge_yaml(text: str, source: str, findings: Findings) -> Flags:
         raise JobConfigError(source, "NeMo 1.x", f"the {K.BRIDGE_RELEASE} YAML shape "
                              "(model, train, ddp, ...); NeMo 1.x configs are not read")
     flags: Flags = {}
+    names: dict[str, str] = {}
     for section, body in raw.items():
         if section in K.BRIDGE_IGNORED:
             findings.ignore(section, K.BRIDGE_IGNORED[section])
@@ -75,24 +79,38 @@ def parse_bridge_yaml(text: str, source: str, findings: Findings) -> Flags:
         elif section == "mixed_precision" and isinstance(body, str):
             _mixed_precision_recipe(body, flags, findings)
         elif isinstance(body, dict):
-            _section(section, body, flags, findings)
+            _section(section, body, flags, names, findings)
         elif body is not None:
             findings.problem(section, body, f"not a section of {K.BRIDGE_RELEASE}'s YAML")
-    return flags
+    return flags, names
 
 
-def _section(section: str, body: dict, flags: Flags, findings: Findings) -> None:
+def _section(section: str, body: dict, flags: Flags, names: dict, findings: Findings) -> None:
     for field, value in body.items():
         key = f"{section}.{field}"
         flag = K.BRIDGE_KEYS.get((section, field))
-        if field in K.BRIDGE_IGNORED:
+        if (section, field) == ("model", "activation_func"):
+            _activation(value, body.get("gated_linear_unit", False), findings)
+        elif field in K.BRIDGE_IGNORED:
             findings.ignore(key, K.BRIDGE_IGNORED[field])
         elif flag is None and section in K.BRIDGE_IGNORED_SECTIONS:
             findings.ignore(key, K.BRIDGE_IGNORED_SECTIONS[section])
         elif flag is None and section not in K.BRIDGE_FLAG_SECTIONS:
             findings.problem(key, value, f"not a section of {K.BRIDGE_RELEASE}'s YAML")
         else:
-            _set_flag(flags, key, flag or field.replace("_", "-"), value)
+            flag = flag or field.replace("_", "-")
+            names[flag.lstrip("!")] = key
+            _set_flag(flags, key, flag, value)
+
+
+def _activation(value: Any, gated: bool, findings: Findings) -> None:
+    """model.activation_func: SiLU with a gated unit (SwiGLU) or GeLU without one."""
+    target = value.get("_target_") if isinstance(value, dict) else value
+    if BRIDGE_ACTIVATIONS.get(target) != bool(gated):
+        findings.problem("model.activation_func", target, "an activation other than SwiGLU "
+                         "(silu, gated) or GeLU")
+    else:
+        findings.ignore("model.activation_func", "the activation gated_linear_unit implies")
 
 
 def _set_flag(flags: Flags, key: str, flag: str, value: Any) -> None:
