@@ -22,6 +22,7 @@ BASE = {"framework": "megatron-core", "model": "llama3-70b",
 
 EXPRESSIBLE = {
     "dist-opt": {},
+    "ddp-buckets": {"ddp": {"bucket_params": 20_000_000}},
     "no-overlap": {"overlap": {"grad_reduce": False, "param_gather": False, "tp_comm": False},
                    "zero_stage": 0, "sharding": {"sequence_parallel": False}},
     "fsdp2": {"fsdp": {"enabled": True}, "zero_stage": 0, "recompute": "full"},

@@ -181,3 +181,11 @@ def test_default_pipeline_split_is_torchtitans():
     # Llama 3 70B: 82 effective layers over 4 stages -> 21, 21, 20, 20 less first and last
     assert plan.pipeline.layer_split == (20, 21, 20, 19)
     assert plan.training.micro_batch == 1 and plan.reshard_after_forward is False
+
+
+def test_async_tp_needs_the_compiled_model_as_torchtitan_does():
+    text = JOB.format(extra="enable_async_tensor_parallel = true")
+    with pytest.raises(JobConfigError, match="compile"):
+        read_torchtitan(text)
+    plan = plan_from_dict(read_torchtitan(text + "\n[compile]\nenable = true\n").plan)
+    assert plan.async_tp and plan.kernels == "fused"

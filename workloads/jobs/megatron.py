@@ -42,6 +42,7 @@ REASONS = {
     "collective_algorithm": "NCCL_ALGO is an environment variable",
     "collective_protocol": "NCCL_PROTO is an environment variable",
     "zero_stage": "Megatron shards optimizer states (--use-distributed-optimizer) only",
+    "grad_bucket": "Megatron's DDP buckets are its default size or --ddp-bucket-size",
     "framework": "a Megatron config runs under the megatron-core profile",
     "host_kernel_s": "host time per kernel is the megatron-core profile's",
     "host_step_s": "host time per step is the megatron-core profile's",
@@ -195,13 +196,16 @@ def _plan(get: _Getter, spec: ModelSpec, ref, findings: Findings) -> dict[str, A
                      else "flash",
         "kernels": "fused", "optimizer": "fused",
         "pipeline": _pipeline(get, spec.num_layers, pp, findings),
+        # torch FSDP2 reduce-scatters each unit as its backward ends (always overlapped)
         "overlap": {"fsdp_prefetch": True, "async_tp": False,
-                    "grad_reduce": get.on("overlap-grad-reduce"),
+                    "grad_reduce": fsdp or get.on("overlap-grad-reduce"),
                     "param_gather": get.on("overlap-param-gather"),
                     "tp_comm": get.on("tp-comm-overlap")},
         "context_parallel": {"mode": _cp_mode(get, findings)},
         "cuda_graphs": get.on("enable-cuda-graph"),
     }
+    if get.int("ddp-bucket-size") is not None and not fsdp:
+        plan["ddp"] = {"bucket_params": get.int("ddp-bucket-size")}
     return plan
 
 
@@ -334,11 +338,13 @@ def _run_flags(plan: Plan) -> list[str]:
     switches = [("--sequence-parallel", plan.sequence_parallel),
                 ("--use-torch-fsdp2", plan.fsdp),
                 ("--use-distributed-optimizer", plan.zero_stage == 1 and not plan.fsdp),
-                ("--overlap-grad-reduce", plan.grad_reduce_overlap),
+                ("--overlap-grad-reduce", plan.grad_reduce_overlap and not plan.fsdp),
                 ("--overlap-param-gather", plan.param_gather_overlap),
                 ("--tp-comm-overlap", plan.tp_comm_overlap),
                 ("--enable-cuda-graph", plan.cuda_graphs)]
     out += [flag for flag, on in switches if on]
+    if isinstance(plan.grad_bucket, int) and not plan.fsdp:
+        out.append(f"--ddp-bucket-size {plan.grad_bucket}")
     if plan.recompute in ("selective", "selective_op"):
         out.append("--recompute-granularity selective")
     elif plan.recompute == "full":

@@ -37,7 +37,7 @@ MAPPED = {
     "sequence-parallel": "sharding.sequence_parallel",
     "use-distributed-optimizer": "zero_stage (1)", "use-torch-fsdp2": "fsdp (version 2)",
     "overlap-grad-reduce": "overlap.grad_reduce", "overlap-param-gather": "overlap.param_gather",
-    "tp-comm-overlap": "overlap.tp_comm",
+    "tp-comm-overlap": "overlap.tp_comm", "ddp-bucket-size": "ddp.bucket_params",
     "recompute-granularity": "recompute (selective | full)",
     "recompute-activations": "recompute (selective)", "recompute-method": "recompute (full)",
     "recompute-num-layers": "recompute (full)", "recompute-modules": "recompute (core_attn)",
@@ -110,6 +110,7 @@ BRIDGE_KEYS = {
     ("model", "num_layers_in_last_pipeline_stage"): "decoder-last-pipeline-num-layers",
     ("model", "enable_cuda_graph"): "enable-cuda-graph",
     ("mixed_precision", "fp8"): "fp8-format",
+    ("ddp", "bucket_size"): "ddp-bucket-size",
     ("dataset", "seq_length"): "seq-length",
     ("dataset", "sequence_length"): "seq-length",
 }

@@ -60,7 +60,9 @@ REASONS = {
     "host_kernel_s": "host time per kernel is the torchtitan profile's (eager Python)",
     "host_step_s": "host time per step is the torchtitan profile's",
     "cuda_graphs": "torchtitan's training loop captures no CUDA graphs",
-    "grad_reduce_overlap": "a Megatron DDP option", "param_gather_overlap":
+    "grad_reduce_overlap": "FSDP2 and DDP reduce gradients during the backward",
+    "grad_bucket": "torchtitan's gradient buckets are not configurable here",
+    "fsdp_version": "torchtitan shards with FSDP2", "param_gather_overlap":
     "a Megatron distributed-optimizer option", "tp_comm_overlap": "a Megatron option",
 }
 
@@ -148,15 +150,30 @@ def _plan(get, spec: ModelSpec, ref, findings: Findings) -> dict[str, Any]:
         "recompute": _recompute(get, findings), "attention": "flash",
         "kernels": _kernels(get), "optimizer": _optimizer(get, findings),
         "pipeline": _pipeline(get, spec.num_layers, pp, findings),
-        "overlap": {"async_tp": need_bool(get("parallelism.enable_async_tensor_parallel"),
-                                          "parallelism.enable_async_tensor_parallel"),
-                    "fsdp_prefetch": True, "grad_reduce": False, "param_gather": False,
-                    "tp_comm": False},
+        # FSDP2 and DDP reduce gradients during the backward (the profile's
+        # overlap.grad_reduce); param_gather and tp_comm are Megatron's.
+        "overlap": {"async_tp": _async_tp(get, tp, findings), "fsdp_prefetch": True,
+                    "param_gather": False, "tp_comm": False},
         "context_parallel": {"mode": K.CP_ROTATE[need_choice(
             get("parallelism.context_parallel_rotate_method"),
             "parallelism.context_parallel_rotate_method", tuple(K.CP_ROTATE))]},
     }
     return plan
+
+
+def _async_tp(get, tp: int, findings: Findings) -> bool:
+    """enable_async_tensor_parallel: acts with TP, and torchtitan requires the model
+    compiled (torchtitan/distributed/tensor_parallel.py, maybe_enable_async_tp)."""
+    key = "parallelism.enable_async_tensor_parallel"
+    if not need_bool(get(key), key):
+        return False
+    if tp == 1:
+        findings.ignore(key, "no tensor parallelism to overlap")
+        return False
+    if _kernels(get) != "fused":
+        raise JobConfigError(key, True, "false unless compile.enable with \"model\" in "
+                             "compile.components (torchtitan requires it for async TP)")
+    return True
 
 
 def _data_parallel(get, cp: int, findings: Findings) -> tuple[int | str, bool]:
