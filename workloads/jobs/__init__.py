@@ -11,7 +11,8 @@ from .common import Exported, Imported
 from .files import job_framework, load_job, read_job
 from .findings import JobConfigError
 from .megatron import read_megatron, write_megatron
-from .torchtitan import read_torchtitan, write_torchtitan
+from .torchtitan import read_torchtitan
+from .torchtitan_export import write_torchtitan
 
 __all__ = ["Exported", "Imported", "JobConfigError", "job_framework", "load_job",
            "read_job", "read_megatron", "read_torchtitan", "write_megatron",
