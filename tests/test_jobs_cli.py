@@ -121,3 +121,22 @@ def test_search_framework_restricts_the_space():
     assert "selective_op" not in for_framework(SearchSpace(recompute=("none", "selective_op",
                                                                       "full")),
                                                "megatron-core").recompute
+
+
+def test_run_reads_megatron_flags_and_bridge_yaml_directly(tmp_path, capsys):
+    flags = tmp_path / "args.txt"
+    code, out, _ = run_cli(capsys, "export", "megatron", "col.json", "-o", str(flags))
+    assert code == 0
+    bridge = tmp_path / "run_config.yaml"
+    bridge.write_text("model:\n  num_layers: 80\n  hidden_size: 8192\n  ffn_hidden_size: 28672\n"
+                      "  num_attention_heads: 64\n  group_query_attention: true\n"
+                      "  num_query_groups: 8\n  padded_vocab_size: 128256\n"
+                      "  gated_linear_unit: true\n  share_embeddings_and_output_weights: false\n"
+                      "  add_bias_linear: false\n  normalization: RMSNorm\n"
+                      "  position_embedding_type: rope\n  hidden_dropout: 0.0\n"
+                      "  attention_dropout: 0.0\n  seq_length: 8192\n"
+                      "  tensor_model_parallel_size: 8\n  sequence_parallel: true\n"
+                      "  bf16: true\n  use_torch_fsdp2: true\n"
+                      "train:\n  micro_batch_size: 1\n  global_batch_size: 32\n")
+    step = {path: _step_s(capsys, str(path), "--topo", "dgx-h100x4") for path in (flags, bridge)}
+    assert step[flags] == step[bridge] > 0
