@@ -218,3 +218,11 @@ def test_bridge_yaml_refusals(tmp_path):
     with pytest.raises(JobConfigError, match="valid YAML"):
         read_megatron(f'model: !!python/object/apply:os.system ["touch {marker}"]\n', "x.yaml")
     assert not marker.exists()
+
+
+def test_flags_of_other_releases_are_refused_even_when_lenient():
+    text = ARGS.format(extra="--checkpoint-activations")
+    with pytest.raises(JobConfigError, match="core_v0.15.0"):
+        read_megatron(text, lenient=True)
+    notes = read_megatron(ARGS.format(extra="--use-mcore-models")).notes
+    assert any(n.startswith("ignored: --use-mcore-models (deprecated") for n in notes)

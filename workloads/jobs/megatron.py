@@ -24,7 +24,7 @@ SWITCHES = {"group-query-attention", "swiglu", "untie-embeddings-and-output-weig
             "recompute-activations", "use-flash-attn", "enable-cuda-graph",
             "disable-bias-linear", "fp16", "fp8-param-gather", "use-megatron-fsdp",
             "use-precision-aware-optimizer", "multi-latent-attention", "moe-grouped-gemm",
-            "cpu-offloading"}
+            "cpu-offloading", "use-legacy-models"}
 CP_COMM = {"p2p": "ring", "allgather": "all_gather", "a2a": "all_to_all"}
 EAGER_ATTENTION = ("unfused", "local")
 REASONS = {
@@ -97,6 +97,9 @@ class _Getter:
 def _classify(flags: Flags, names: dict[str, str], findings: Findings) -> None:
     for flag, value in flags.items():
         name = names.get(flag, f"--{flag}")
+        if flag in K.OLD_FLAGS:
+            raise JobConfigError(name, value, f"flags of {K.RELEASE}; --{flag} is "
+                                 f"{K.OLD_FLAGS[flag]}")
         if flag in K.IGNORED:
             findings.ignore(name, K.IGNORED[flag])
         elif flag not in K.MAPPED and flag not in K.UNMODELLED:

@@ -67,9 +67,23 @@ UNMODELLED = {
     "moe-grouped-gemm": (False, (False,), "grouped expert GEMMs"),
     "cuda-graph-impl": ("none", ("none",), "CUDA graphs by another implementation"),
     "cpu-offloading": (False, (False,), "activation offload to the host"),
+    "use-legacy-models": (False, (False,), "the legacy (non-Core) GPT model"),
+}
+
+# Flags of other releases, refused whatever --lenient says (megatron/training/arguments.py
+# at core_v0.15.0 exits on the first two; the others are Megatron-LM v2.x's).
+OLD_FLAGS = {
+    "checkpoint-activations": "no longer valid (core_v0.15.0 exits: use "
+                              "--recompute-activations or --recompute-granularity)",
+    "model-parallel-size": "no longer valid (core_v0.15.0 exits: use "
+                           "--tensor-model-parallel-size)",
+    "distribute-checkpointed-activations": "Megatron-LM v2.x's (before Megatron-Core)",
+    "DDP-impl": "Megatron-LM v2.x's (before Megatron-Core)",
 }
 
 IGNORED = {
+    "use-mcore-models": "deprecated; core_v0.15.0 ignores it",
+    "no-async-tensor-model-parallel-allreduce": "deprecated; core_v0.15.0 ignores it",
     **{f: "data" for f in ("data-path", "split", "mock-data", "data-cache-path",
                            "dataloader-type", "num-workers", "train-data-path",
                            "valid-data-path", "test-data-path")},
