@@ -229,15 +229,16 @@ def _recompute(get: _Getter, spec: ModelSpec, pp: int, findings: Findings) -> st
     if granularity == "selective":
         modules = get.str("recompute-modules", ["core_attn"])
         if (modules if isinstance(modules, list) else [modules]) != ["core_attn"]:
-            findings.problem(get.name("recompute-modules"), modules, "recompute of modules other "
-                             "than the attention core (simulated as core_attn)")
+            findings.problem(get.name("recompute-modules"), modules, "recompute of modules "
+                             "other than the attention core (simulated as core_attn)")
         return "selective"
     method = get.str("recompute-method")
     layers = get.int("recompute-num-layers", 1)
     per_stage = -(-spec.num_layers // pp)
     if not ((method == "uniform" and layers == 1) or (method == "block" and layers >= per_stage)):
-        findings.problem(get.name("recompute-method"), method, f"full recompute of some layers only "
-                         f"(--recompute-num-layers {layers}; simulated as every layer)")
+        findings.problem(get.name("recompute-method"), method, f"full recompute of some "
+                         f"layers only (--recompute-num-layers {layers}; simulated as every "
+                         f"layer)")
     return "full"
 
 

@@ -15,6 +15,8 @@ from .common import Exported, model_ref, preset_of, unexpressed
 from .findings import JobConfigError
 from .torchtitan import read_torchtitan, weighted_split
 
+IMPLEMENTATIONS = {plan: key for key, plan in K.OPTIMIZER_IMPLS.items()}
+
 # Why a plan field has no torchtitan equivalent (export notes).
 REASONS = {
     "sharding": "torchtitan's TP is Megatron's column/row layout",
@@ -52,8 +54,7 @@ def write_torchtitan(plan: Plan, world_size: int | None = None) -> Exported:
                              "resolve it (torchtitan needs it for DDP and pipelines)")
     sections = {
         "model": _model_section(plan),
-        "optimizer": {"name": "AdamW", "implementation": {v: k for k, v in
-                                                          K.OPTIMIZER_IMPLS.items()}[plan.optimizer]},
+        "optimizer": {"name": "AdamW", "implementation": IMPLEMENTATIONS[plan.optimizer]},
         "training": _training_section(plan, dp),
         "parallelism": _parallelism_section(plan, dp),
         "activation_checkpoint": _ac_section(plan.recompute),
