@@ -9,6 +9,7 @@ import dataclasses
 
 import pytest
 
+from inputs import InputError
 from workloads.jobs import JobConfigError, read_megatron, write_megatron
 from workloads.jobs import megatron_keys as K
 from workloads.jobs.megatron_args import parse_args_text
@@ -226,3 +227,23 @@ def test_flags_of_other_releases_are_refused_even_when_lenient():
         read_megatron(text, lenient=True)
     notes = read_megatron(ARGS.format(extra="--use-mcore-models")).notes
     assert any(n.startswith("ignored: --use-mcore-models (deprecated") for n in notes)
+
+
+ODD_VALUES = (0, -1, 2.5, True, "x", [], [1], [[1]], {"a": 1}, {"_target_": "os.system"})
+
+
+@pytest.mark.parametrize("field", ["num_layers", "ffn_hidden_size", "num_query_groups",
+                                   "kv_channels", "vocab_size", "gated_linear_unit",
+                                   "num_moe_experts", "moe_layer_freq", "fp8", "bf16",
+                                   "virtual_pipeline_model_parallel_size", "sequence_parallel",
+                                   "recompute_granularity", "recompute_modules",
+                                   "cp_comm_type", "activation_func", "attention_backend"])
+def test_a_yaml_value_of_the_wrong_type_is_bad_input_never_a_crash(field):
+    import yaml
+    for value in ODD_VALUES:
+        raw = yaml.safe_load(BRIDGE.format(extra=""))
+        raw["model"][field] = value
+        try:
+            plan_from_dict(read_megatron(yaml.safe_dump(raw), "r.yaml", lenient=True).plan)
+        except InputError:
+            pass

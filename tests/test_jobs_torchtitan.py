@@ -9,9 +9,11 @@ import tomllib
 
 import pytest
 
+from inputs import InputError
 from workloads.jobs import JobConfigError, read_torchtitan, write_torchtitan
 from workloads.jobs import torchtitan_keys as K
 from workloads.jobs.torchtitan import weighted_split
+from workloads.jobs.torchtitan_export import dump_toml
 from workloads.plan import plan_from_dict
 
 BASE = {"framework": "torchtitan", "model": "llama3-8b",
@@ -189,3 +191,19 @@ def test_async_tp_needs_the_compiled_model_as_torchtitan_does():
         read_torchtitan(text)
     plan = plan_from_dict(read_torchtitan(text + "\n[compile]\nenable = true\n").plan)
     assert plan.async_tp and plan.kernels == "fused"
+
+
+ODD_VALUES = (0, -3, 2.5, True, "x", [], [1], ["model"], [[1]])
+
+
+@pytest.mark.parametrize("key", sorted(K.MAPPED) + sorted(K.UNMODELLED))
+def test_a_value_of_the_wrong_type_is_bad_input_never_a_crash(key):
+    section, _, name = key.rpartition(".")
+    for value in ODD_VALUES:
+        sections = {"model": {"name": "llama3", "flavor": "8B"}, "compile": {"enable": True},
+                    "training": {"global_batch_size": 8}}
+        sections.setdefault(section, {})[name] = value
+        try:
+            plan_from_dict(read_torchtitan(dump_toml(sections), lenient=True).plan)
+        except InputError as exc:
+            assert "valid TOML" not in str(exc)

@@ -244,8 +244,8 @@ def _recompute(get: _Getter, spec: ModelSpec, pp: int, findings: Findings) -> st
 
 def _cp_mode(get: _Getter, findings: Findings) -> str:
     kinds = get.str("cp-comm-type", ["p2p"])
-    kinds = set(kinds if isinstance(kinds, list) else [kinds])
-    if len(kinds) > 1 or not kinds <= set(CP_COMM):
+    kinds = {str(k) for k in (kinds if isinstance(kinds, list) else [kinds])}
+    if len(kinds) != 1 or not kinds <= set(CP_COMM):
         findings.problem(get.name("cp-comm-type"), sorted(kinds), "one of p2p, allgather, a2a for "
                          "every layer (simulated as p2p)")
         return "ring"

@@ -106,7 +106,7 @@ def _section(section: str, body: dict, flags: Flags, names: dict, findings: Find
 def _activation(value: Any, gated: bool, findings: Findings) -> None:
     """model.activation_func: SiLU with a gated unit (SwiGLU) or GeLU without one."""
     target = value.get("_target_") if isinstance(value, dict) else value
-    if BRIDGE_ACTIVATIONS.get(target) != bool(gated):
+    if not isinstance(target, str) or BRIDGE_ACTIVATIONS.get(target) != bool(gated):
         findings.problem("model.activation_func", target, "an activation other than SwiGLU "
                          "(silu, gated) or GeLU")
     else:

@@ -103,7 +103,7 @@ def _walk(table: dict, prefix: str, flat: dict, findings: Findings) -> None:
 
 def _flavor(get) -> str:
     key = (get("model.name"), get("model.flavor"))
-    if key not in K.FLAVORS:
+    if not all(isinstance(k, str) for k in key) or key not in K.FLAVORS:
         known = ", ".join(f"{n}/{f}" for n, f in K.FLAVORS)
         raise JobConfigError("model.flavor", "/".join(map(str, key)),
                              f"{known} (or give --model PRESET_OR_FILE)")
@@ -242,7 +242,9 @@ def _recompute(get, findings: Findings) -> str:
 def _kernels(get) -> str:
     enabled = need_bool(get("compile.enable"), "compile.enable")
     components = get("compile.components")
-    return "fused" if enabled and "model" in (components or ()) else "eager"
+    if not isinstance(components, list) or not all(isinstance(c, str) for c in components):
+        raise JobConfigError("compile.components", components, "a list of names")
+    return "fused" if enabled and "model" in components else "eager"
 
 
 def _optimizer(get, findings: Findings) -> str:
@@ -255,6 +257,8 @@ def _optimizer(get, findings: Findings) -> str:
 
 def _pipeline(get, num_layers: int, pp: int, findings: Findings) -> dict[str, Any]:
     name = get("parallelism.pipeline_parallel_schedule")
+    if not isinstance(name, str):
+        raise JobConfigError("parallelism.pipeline_parallel_schedule", name, "a schedule name")
     schedule = K.SCHEDULES.get(name)
     if schedule is None:
         findings.problem("parallelism.pipeline_parallel_schedule", name,

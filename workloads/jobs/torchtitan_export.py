@@ -47,7 +47,7 @@ def write_torchtitan(plan: Plan, world_size: int | None = None) -> Exported:
     `world_size` resolves `mesh.dp: auto` where torchtitan needs the degree (DDP, or a
     pipeline's local batch); FSDP over the leftover ranks is written as -1.
     """
-    mesh, tr = plan.mesh, plan.training
+    mesh = plan.mesh
     dp = mesh.dp or (world_size // (mesh.pp * mesh.cp * mesh.tp) if world_size else 0)
     if not dp and (not plan.fsdp or mesh.pp > 1):
         raise JobConfigError("mesh.dp", "auto", "an explicit degree, or a topology to "
