@@ -37,10 +37,10 @@ def handle(args: argparse.Namespace) -> int:
         exported = write_torchtitan(plan, world)
     else:
         exported = write_megatron(plan)
-    for line in exported.notes:
-        print(line, file=sys.stderr)
     if args.output:
         write_text_atomic(args.output, exported.text)
-    else:
+    for line in exported.notes:
+        print(line, file=sys.stderr)
+    if not args.output:
         sys.stdout.write(exported.text)
     return 0

@@ -49,10 +49,10 @@ def handle(args: argparse.Namespace) -> int:
         plan["topology"] = args.topology
     plan_from_dict(plan)               # the plan file it writes is a valid plan
     text = json.dumps(plan, indent=2) + "\n"
-    for line in imported.notes:
-        print(line, file=sys.stderr)
     if args.output:
         write_text_atomic(args.output, text)
-    else:
+    for line in imported.notes:
+        print(line, file=sys.stderr)
+    if not args.output:
         sys.stdout.write(text)
     return 0

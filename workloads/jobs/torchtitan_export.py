@@ -64,7 +64,12 @@ def write_torchtitan(plan: Plan, world_size: int | None = None) -> Exported:
     ref = model_ref(plan.model)
     flavor = _flavor_of(plan.model)
     back = read_torchtitan(text, lenient=True, model=None if flavor else ref)
-    notes = unexpressed(plan, {**back.plan, "model": ref}, "torchtitan", REASONS)
+    mesh = {**back.plan["mesh"], "dp": mesh.dp or "auto"}     # a resolved dp is noted below
+    notes = unexpressed(plan, {**back.plan, "model": ref, "mesh": mesh}, "torchtitan", REASONS)
+    if not plan.mesh.dp and back.plan["mesh"]["dp"] != "auto":
+        notes.insert(0, f"not expressible in torchtitan: mesh.dp = 'auto' (written as {dp}, "
+                        f"the world size {world_size} over pp x cp x tp: torchtitan needs "
+                        f"the degree for DDP and pipelines)")
     if flavor is None:
         notes.insert(0, f"not expressible in torchtitan: model = {plan.model.name!r} (no "
                         f"torchtitan flavor; import with --model)")
