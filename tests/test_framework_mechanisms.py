@@ -185,3 +185,12 @@ def test_framework_profile_changes_the_program():
     assert m["step_time_s"] != g["step_time_s"]
     titan, t = _run(framework="torchtitan")
     assert _labels(titan, "fsdp.gather") and t["step_time_s"] > _run(fsdp={"enabled": True})[1]["step_time_s"]
+
+
+def test_fused_swiglu_keeps_three_ffn_wide_tensors_eager_four():
+    from workloads.memory import activation_bytes_per_layer
+    from workloads.models import PRESETS
+    m, s = PRESETS["llama3-8b"], 8192
+    eager = activation_bytes_per_layer(m, s, 1, recompute="selective", kernels="eager")
+    fused = activation_bytes_per_layer(m, s, 1, recompute="selective", kernels="fused")
+    assert eager - fused == 2 * m.ffn_size * s      # silu's bf16 output, one per token
