@@ -35,8 +35,9 @@ EAGER_HOST_KERNEL_S = 10e-6
 
 MEGATRON_CORE: Mapping[str, Any] = MappingProxyType({
     # Transformer Engine / Apex fused kernels for norms, RoPE, SwiGLU, cross-entropy
-    # (Megatron-LM megatron/core/transformer: TENorm, fused_apply_rotary_pos_emb,
-    # bias_swiglu_impl, fused vocab-parallel cross-entropy).
+    # (Megatron-LM megatron/core/extensions/transformer_engine.py: TENorm,
+    # fused_apply_rotary_pos_emb; megatron/core/fusions/fused_bias_swiglu.py; the fused
+    # vocab-parallel cross-entropy).
     "kernels": "fused",
     # Apex/TE FusedAdam (megatron/core/optimizer/__init__.py imports FusedAdam as Adam).
     "optimizer": "fused",
@@ -45,16 +46,18 @@ MEGATRON_CORE: Mapping[str, Any] = MappingProxyType({
     # `use_distributed_optimizer=True`; docs/source/api-guide/dist_optimizer.md).
     "zero_stage": 1,
     # Megatron-Bridge's CommOverlapConfig turns on overlap_grad_reduce and
-    # overlap_param_gather with the distributed optimizer at DP > 1, and tp_comm_overlap
-    # in the performance recipes (bridge/training/comm_overlap.py; the flags are
-    # `--overlap-grad-reduce`, `--overlap-param-gather`, `--tp-comm-overlap` of
-    # megatron/training/arguments.py). tp_comm_overlap only acts with TP > 1 and
-    # sequence parallelism, which Transformer Engine's userbuffers require.
+    # overlap_param_gather at DP > 1 with buckets of 128 x 1024 x 1024 parameters
+    # (src/megatron/bridge/training/comm_overlap.py, _get_optimizer_overlap_cfgs), and its
+    # H100 Llama 3 recipes set tp_comm_overlap=True (recipes/llama/h100/llama3.py); it
+    # turns TP overlap off below TP 2 or without sequence parallelism, as the parser does.
+    # (Megatron-LM alone: `--overlap-grad-reduce`, `--overlap-param-gather`,
+    # `--tp-comm-overlap`, buckets of max(40M, 1M x dp): `"ddp": {"bucket_params":
+    # "megatron"}`.)
     "grad_reduce_overlap": True, "param_gather_overlap": True, "tp_comm_overlap": True,
-    # DDP buckets of max(40M, 1M x dp) parameters (workloads/ddp_buckets.py).
-    "grad_bucket": "megatron",
+    "grad_bucket": 128 * 1024 * 1024,
     # TransformerConfig.enable_cuda_graph defaults to False
-    # (megatron/core/transformer/transformer_config.py); recipes that graph set it.
+    # (megatron/core/transformer/transformer_config.py); the H100 Llama 3 recipes set
+    # cuda_graph_impl = "none"; recipes that graph say so.
     "cuda_graphs": False,
     # Megatron's Python issues every kernel eagerly as well (fewer, fused ones).
     "host_kernel_s": EAGER_HOST_KERNEL_S,
