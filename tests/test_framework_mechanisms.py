@@ -211,3 +211,11 @@ def test_fused_swiglu_keeps_three_ffn_wide_tensors_eager_four():
     eager = activation_bytes_per_layer(m, s, 1, recompute="selective", kernels="eager")
     fused = activation_bytes_per_layer(m, s, 1, recompute="selective", kernels="fused")
     assert eager - fused == 2 * m.ffn_size * s      # silu's bf16 output, one per token
+
+
+def test_megatron_core_gradient_buffer_is_fp32():
+    from workloads.memory import memory_breakdown
+    generic = memory_breakdown(resolve(plan_from_dict(small_plan(zero_stage=1)), 8))
+    mcore = memory_breakdown(resolve(plan_from_dict(small_plan(framework="megatron-core")), 8))
+    assert generic.grads_bytes == 2 * STAGE_PARAMS
+    assert mcore.grads_bytes == 4 * STAGE_PARAMS

@@ -39,6 +39,7 @@ from .plan import Plan
 from .precision import precision
 from .schedules import chunk_units, stage_layers
 
+FP32_BYTES = 4
 BF16_BYTES = 2
 PARAM_BYTES_PER_PARAM = 2        # bf16 working copy (ZeRO paper section 3.1)
 GRAD_BYTES_PER_PARAM = 2         # bf16 gradient
@@ -257,6 +258,18 @@ def saved_layer_bytes(plan: Plan, layer: int, recompute: str | None = None) -> f
         load_imbalance=plan.load_imbalance, kernels=plan.kernels)
 
 
+def grad_state_bytes(plan: Plan) -> float:
+    """Bytes per accumulated gradient: the precision's, except Megatron-Core's DDP, whose
+    gradient buffer (main_grad) is fp32 when grad_reduce_in_fp32 is set, as the
+    Megatron-Bridge recipes do (recipes/llama/h100/llama3.py: cfg.ddp.grad_reduce_in_fp32
+    = True; megatron/core/distributed/param_and_grad_buffer.py allocates the buffer in the
+    reduce dtype)."""
+    prec = precision(plan.training.dtype)
+    if plan.framework == "megatron-core" and not plan.fsdp and plan.zero_stage < 3:
+        return max(prec.grad_state_bytes, FP32_BYTES)
+    return prec.grad_state_bytes
+
+
 def activation_scale(plan: Plan) -> float:
     """Korthikanti et al.'s counts assume 16-bit activations; fp32 training doubles them."""
     return precision(plan.training.dtype).act_bytes / BF16_BYTES
@@ -308,7 +321,7 @@ def memory_breakdown(plan: Plan, stage: int = 0,
     params = states(prec.param_state_bytes, zero >= 3)
     # Under pipeline parallelism FSDP accumulates unsharded gradients until the step's
     # single reduce-scatter (torch.distributed.pipelining turns gradient sync off).
-    grads = states(prec.grad_state_bytes, zero >= 2 and not (plan.fsdp and mesh.pp > 1))
+    grads = states(grad_state_bytes(plan), zero >= 2 and not (plan.fsdp and mesh.pp > 1))
     optimizer = states(prec.optimizer_state_bytes, zero >= 1)
 
     # Activations (Korthikanti Table 2 per layer x layers x in-flight micro-batches).
