@@ -115,7 +115,7 @@ def test_generic_is_todays_defaults_and_profiles_yield_to_the_plan():
     mcore = plan_from_dict(small_plan(framework="megatron-core"))
     assert (mcore.zero_stage, mcore.grad_reduce_overlap, mcore.param_gather_overlap,
             mcore.tp_comm_overlap, mcore.kernels, mcore.grad_bucket) == (
-        1, True, True, False, "fused", "megatron")   # no TP: no TP overlap
+        1, True, True, False, "fused", 128 * 1024 * 1024)   # no TP: no TP overlap
     sp = plan_from_dict(small_plan(framework="megatron-core", mesh={"tp": 2},
                                    sharding={"sequence_parallel": True}))
     assert sp.tp_comm_overlap is True
