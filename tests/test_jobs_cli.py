@@ -137,6 +137,7 @@ def test_run_reads_megatron_flags_and_bridge_yaml_directly(tmp_path, capsys):
                       "  attention_dropout: 0.0\n  seq_length: 8192\n"
                       "  tensor_model_parallel_size: 8\n  sequence_parallel: true\n"
                       "  bf16: true\n  use_torch_fsdp2: true\n"
+                      "ddp:\n  grad_reduce_in_fp32: true\n"
                       "train:\n  micro_batch_size: 1\n  global_batch_size: 32\n")
     step = {path: _step_s(capsys, str(path), "--topo", "dgx-h100x4") for path in (flags, bridge)}
     assert step[flags] == step[bridge] > 0

@@ -24,7 +24,7 @@ SWITCHES = {"group-query-attention", "swiglu", "untie-embeddings-and-output-weig
             "recompute-activations", "use-flash-attn", "enable-cuda-graph",
             "disable-bias-linear", "fp16", "fp8-param-gather", "use-megatron-fsdp",
             "use-precision-aware-optimizer", "multi-latent-attention", "moe-grouped-gemm",
-            "cpu-offloading", "use-legacy-models"}
+            "cpu-offloading", "use-legacy-models", "accumulate-allreduce-grads-in-fp32"}
 CP_COMM = {"p2p": "ring", "allgather": "all_gather", "a2a": "all_to_all"}
 EAGER_ATTENTION = ("unfused", "local")
 REASONS = {
@@ -317,7 +317,8 @@ def _model_flags(m: ModelSpec) -> list[str]:
     out += ["--swiglu"] if m.mlp == "swiglu" else []
     out += [] if m.tie_word_embeddings else ["--untie-embeddings-and-output-weights"]
     out += ["--normalization RMSNorm", "--position-embedding-type rope",
-            "--disable-bias-linear", "--hidden-dropout 0", "--attention-dropout 0"]
+            "--disable-bias-linear", "--hidden-dropout 0", "--attention-dropout 0",
+            "--accumulate-allreduce-grads-in-fp32"]
     if m.num_experts:
         out += [f"--num-experts {m.num_experts}", f"--moe-router-topk {m.experts_per_token}",
                 f"--moe-ffn-hidden-size {m.moe_ffn_size}", "--moe-token-dispatcher-type alltoall"]

@@ -68,6 +68,9 @@ UNMODELLED = {
     "cuda-graph-impl": ("none", ("none",), "CUDA graphs by another implementation"),
     "cpu-offloading": (False, (False,), "activation offload to the host"),
     "use-legacy-models": (False, (False,), "the legacy (non-Core) GPT model"),
+    # The megatron-core profile's gradient buffer is fp32, as Megatron-Bridge recipes set
+    # (workloads/memory.py, grad_state_bytes).
+    "accumulate-allreduce-grads-in-fp32": (False, (True,), "a bf16 gradient buffer"),
 }
 
 # Flags of other releases, refused whatever --lenient says (megatron/training/arguments.py
@@ -125,6 +128,7 @@ BRIDGE_KEYS = {
     ("model", "enable_cuda_graph"): "enable-cuda-graph",
     ("mixed_precision", "fp8"): "fp8-format",
     ("ddp", "bucket_size"): "ddp-bucket-size",
+    ("ddp", "grad_reduce_in_fp32"): "accumulate-allreduce-grads-in-fp32",
     ("dataset", "seq_length"): "seq-length",
     ("dataset", "sequence_length"): "seq-length",
 }
