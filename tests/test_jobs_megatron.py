@@ -89,7 +89,8 @@ torchrun --nproc_per_node 8 --nnodes 2 pretrain_gpt.py \
     --num-layers-per-virtual-pipeline-stage 4 \
     --sequence-parallel --use-distributed-optimizer --overlap-grad-reduce \
     --recompute-granularity full --recompute-method uniform --recompute-num-layers 1 \
-    --bf16 --accumulate-allreduce-grads-in-fp32 --lr 3e-4 --data-path "/data/my corpus/text_document" \
+    --bf16 --accumulate-allreduce-grads-in-fp32 \
+    --lr 3e-4 --data-path "/data/my corpus/text_document" \
     --save /ckpt --log-interval 10   # logging
 {extra}
 """
