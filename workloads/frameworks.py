@@ -130,6 +130,8 @@ def framework_values(raw: dict) -> dict:
         if key in raw:
             given[key] = raw[key]
     values = {**framework_defaults(framework), **given}
+    if "fsdp" not in given and given.get("zero_stage") in (1, 2):
+        values["fsdp"] = False      # the plan's ZeRO 1/2 over a profile's FSDP
     if values["fsdp"] is True and "zero_stage" not in given:
         values["zero_stage"] = 0    # FSDP is ZeRO-3 by itself (a profile's ZeRO-1 yields)
     # A profile's overlap default applies only where the mechanism exists: the parameter
