@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import pickle
+import re
 from dataclasses import replace
 
 import pytest
@@ -13,7 +14,7 @@ from simulator.cli import main
 from simulator.errors import OutputError, UsageError
 from topologies import TopologyError
 from validation import ValidationError
-from workloads import WorkloadError, plan_from_dict
+from workloads import WorkloadError, plan_from_dict, resolve
 
 from conftest import small_plan
 
@@ -75,12 +76,80 @@ def test_zero_stage_5_by_replace_names_the_allowed_stages():
             replace(plan_from_dict(small_plan()), zero_stage=bad)
 
 
-def test_async_tp_true_is_refused_false_is_the_default(write_json, capsys):
+def test_async_tp_false_is_the_default_and_true_is_accepted():
     assert plan_from_dict(small_plan(overlap={"async_tp": False})) == plan_from_dict(small_plan())
-    path = write_json("async.json", small_plan(overlap={"async_tp": True}))
-    code, out, err = _cli(capsys, "run", "--topo", "dgx-h100", "--plan", path)
-    assert code == 2 and out == "" and len(err.strip().splitlines()) == 1
-    assert err.startswith("error: overlap.async_tp: got True") and "not modelled" in err
+    assert plan_from_dict(small_plan(overlap={"async_tp": True})).async_tp is True
+
+
+@pytest.mark.parametrize("section,key,bad,field", [
+    ("overlap", "grad_reduce", 1, "overlap.grad_reduce"),
+    ("overlap", "param_gather", "yes", "overlap.param_gather"),
+    ("overlap", "tp_comm", None, "overlap.tp_comm"),
+    ("overlap", "async_tp", 0, "overlap.async_tp"),
+    ("fsdp", "version", 3, "fsdp.version"),
+    ("fsdp", "version", True, "fsdp.version"),
+    ("host_overhead", "per_step_s", -1.0, "host_overhead.per_step_s"),
+    ("host_overhead", "per_kernel_s", float("inf"), "host_overhead.per_kernel_s"),
+])
+def test_framework_vocabulary_bad_values_name_the_field(section, key, bad, field):
+    with pytest.raises(WorkloadError, match=rf"^{re.escape(field)}: got "):
+        plan_from_dict(small_plan(**{section: {key: bad}}))
+
+
+def test_unknown_framework_and_keys_are_refused():
+    with pytest.raises(WorkloadError, match=r"^framework: got 'deepspeed'; allowed: generic, "):
+        plan_from_dict(small_plan(framework="deepspeed"))
+    with pytest.raises(WorkloadError, match=r"^overlap.bogus: "):
+        plan_from_dict(small_plan(overlap={"bogus": True}))
+    with pytest.raises(WorkloadError, match=r"^fsdp.version: got 0; allowed: 1 or 2$"):
+        replace(plan_from_dict(small_plan()), fsdp_version=0)
+
+
+def test_generic_is_todays_defaults_and_profiles_yield_to_the_plan():
+    generic = plan_from_dict(small_plan(framework="generic"))
+    assert generic == plan_from_dict(small_plan())
+    assert (generic.fsdp_version, generic.grad_reduce_overlap, generic.param_gather_overlap,
+            generic.tp_comm_overlap, generic.async_tp, generic.cuda_graphs,
+            generic.host_step_s, generic.host_kernel_s, generic.grad_bucket) == (
+        2, True, False, False, False, False, 0.0, 0.0, "unit")
+    mcore = plan_from_dict(small_plan(framework="megatron-core"))
+    assert (mcore.zero_stage, mcore.grad_reduce_overlap, mcore.param_gather_overlap,
+            mcore.tp_comm_overlap, mcore.kernels, mcore.grad_bucket) == (
+        1, True, True, False, "fused", 128 * 1024 * 1024)   # no TP: no TP overlap
+    sp = plan_from_dict(small_plan(framework="megatron-core", mesh={"tp": 2},
+                                   sharding={"sequence_parallel": True}))
+    assert sp.tp_comm_overlap is True
+    own = plan_from_dict(small_plan(framework="megatron-core", zero_stage=0,
+                                    overlap={"grad_reduce": False}))
+    # without the distributed optimizer there is no parameter all-gather to overlap
+    assert (own.zero_stage, own.grad_reduce_overlap, own.param_gather_overlap) == (0, False, False)
+    titan = plan_from_dict(small_plan(framework="torchtitan"))
+    assert (titan.fsdp, titan.fsdp_version, titan.kernels, titan.recompute,
+            titan.zero_stage) == (True, 2, "eager", "selective_op", 0)
+    assert plan_from_dict(small_plan(framework="torchtitan", kernels="fused")).kernels == "fused"
+    zero1 = plan_from_dict(small_plan(framework="torchtitan", zero_stage=1))
+    assert (zero1.fsdp, zero1.zero_stage) == (False, 1)
+    # a plan enabling FSDP under a ZeRO-1 profile gets FSDP's own sharding, not an error
+    fsdp = plan_from_dict(small_plan(framework="megatron-core", fsdp={"enabled": True}))
+    assert (fsdp.zero_stage, fsdp.param_gather_overlap, fsdp.grad_bucket) == (0, False, "unit")
+
+
+@pytest.mark.parametrize("over,field", [
+    ({"zero_stage": 0, "overlap": {"param_gather": True}}, "overlap.param_gather"),
+    ({"fsdp": {"enabled": True}, "overlap": {"param_gather": True}}, "overlap.param_gather"),
+    ({"overlap": {"tp_comm": True}}, "overlap.tp_comm"),
+    ({"mesh": {"tp": 2}, "overlap": {"async_tp": True}}, "overlap.async_tp"),
+    ({"mesh": {"tp": 2}, "sharding": {"sequence_parallel": True},
+      "overlap": {"async_tp": True, "tp_comm": True}}, "overlap.async_tp"),
+    ({"fsdp": {"enabled": True}, "overlap": {"grad_reduce": False}}, "overlap.grad_reduce"),
+    ({"fsdp": {"enabled": True}, "ddp": {"bucket_params": 1000}}, "ddp.bucket_params"),
+    ({"fsdp": {"version": 1}}, "fsdp.version"),
+    ({"cuda_graphs": True}, "cuda_graphs"),
+])
+def test_framework_keys_only_where_their_mechanism_exists(over, field):
+    plan = plan_from_dict(small_plan(**over))
+    with pytest.raises(WorkloadError, match=rf"^{re.escape(field)}: got "):
+        resolve(plan, 8)
 
 
 def test_every_input_error_is_one_type_and_pickles():

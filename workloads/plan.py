@@ -19,8 +19,10 @@ from typing import Any, Mapping
 from inputs import load_json_file
 
 from .errors import WorkloadError
+from .ddp_buckets import BUCKET_MODES
 from .fields import (MAX_INT, check_bool, check_choice, check_int, check_number, check_optional_name,
-                     is_int)
+                     is_int, json_object as _obj, known_keys as _known_keys)
+from .frameworks import FRAMEWORKS, framework_values
 from .kernels import KERNEL_MODES, OPTIMIZERS
 from .mesh import Mesh, ParallelDims
 from .models import ModelSpec, load_model
@@ -49,6 +51,8 @@ ZERO_STAGES = (0, 1, 2, 3)   # ZeRO (Rajbhandari et al. 2020): none, optimizer, 
 # eager: the s x s scores are materialised and kept for the backward.
 ATTENTION_IMPLS = ("flash", "eager")
 SCHEDULES = ("gpipe", "1f1b", "interleaved")
+FSDP_VERSIONS = (1, 2)   # FSDP1 (FlatParameter per wrapped unit) | FSDP2 (fully_shard)
+MAX_HOST_OVERHEAD_S = 10.0   # bound on host_overhead values: far beyond any real step
 BUNDLED_DIR = Path(__file__).parent / "plans"
 
 # Megatron-LM defaults (Shoeybi et al. 2019): attention in and MLP in column-parallel,
@@ -116,8 +120,17 @@ class Plan:
     optimizer: str = "fused"        # Adam step: fused | foreach | for_loop (workloads/kernels.py)
     pipeline: Pipeline = field(default_factory=Pipeline)
     fsdp_prefetch: bool = True
-    # No async_tp field: asynchronous TP is not modelled, so a plan may not ask for it
-    # (the parser accepts "overlap": {"async_tp": false}, the default, and rejects true).
+    fsdp_version: int = 2           # fsdp.version: 1 FSDP1 (flat parameters) | 2 FSDP2
+    # "overlap" (workloads/frameworks.py has each framework's defaults and their sources)
+    async_tp: bool = False          # torch async TP: micro-pipelined AG-matmul / matmul-RS
+    grad_reduce_overlap: bool = True    # gradients reduced while the backward runs
+    grad_bucket: str | int = "unit"     # ddp.bucket_params: unit | megatron | a count
+    param_gather_overlap: bool = False  # distributed optimizer: param all-gather in forward
+    tp_comm_overlap: bool = False   # Megatron --tp-comm-overlap (TE userbuffers)
+    framework: str = "generic"      # the profile whose defaults the parser applied
+    cuda_graphs: bool = False       # the step is captured: no host cost per kernel launch
+    host_step_s: float = 0.0        # host_overhead.per_step_s: host work per step
+    host_kernel_s: float = 0.0      # host_overhead.per_kernel_s: host issue time per kernel
     collective_algorithm: str | None = None   # "collectives": {"algorithm": ..., "protocol": ...}
     collective_protocol: str | None = None
     topology: str | None = None
@@ -131,8 +144,24 @@ class Plan:
         for name, where in (("fsdp", "fsdp.enabled"),
                             ("reshard_after_forward", "fsdp.reshard_after_forward"),
                             ("sequence_parallel", "sharding.sequence_parallel"),
-                            ("fsdp_prefetch", "overlap.fsdp_prefetch")):
+                            ("fsdp_prefetch", "overlap.fsdp_prefetch"),
+                            ("async_tp", "overlap.async_tp"),
+                            ("grad_reduce_overlap", "overlap.grad_reduce"),
+                            ("param_gather_overlap", "overlap.param_gather"),
+                            ("tp_comm_overlap", "overlap.tp_comm"),
+                            ("cuda_graphs", "cuda_graphs")):
             check_bool(getattr(self, name), where)
+        if not is_int(self.fsdp_version) or self.fsdp_version not in FSDP_VERSIONS:
+            raise WorkloadError("fsdp.version", self.fsdp_version, "1 or 2")
+        check_choice(self.framework, "framework", FRAMEWORKS)
+        if not (self.grad_bucket in BUCKET_MODES
+                or (is_int(self.grad_bucket) and self.grad_bucket >= 1)):
+            raise WorkloadError("ddp.bucket_params", self.grad_bucket,
+                                '"unit", "megatron" or a number of parameters >= 1')
+        for name, where in (("host_step_s", "host_overhead.per_step_s"),
+                            ("host_kernel_s", "host_overhead.per_kernel_s")):
+            check_number(getattr(self, name), where, 0.0, MAX_HOST_OVERHEAD_S,
+                         f"a number of seconds in [0, {MAX_HOST_OVERHEAD_S:g}]")
         if not is_int(self.zero_stage) or self.zero_stage not in ZERO_STAGES:
             raise WorkloadError("zero_stage", self.zero_stage, "0, 1, 2 or 3")
         for name, allowed in (("recompute", RECOMPUTE), ("attention", ATTENTION_IMPLS),
@@ -194,14 +223,6 @@ class Plan:
 
 
 # --------------------------------------------------------------------------- parsing
-def _obj(raw: Any, where: str) -> dict:
-    if raw is None:
-        return {}
-    if not isinstance(raw, dict):
-        raise WorkloadError(where, raw, "a JSON object")
-    return raw
-
-
 def _required(raw: dict, key: str, where: str) -> Any:
     """A key the plan must have (its value is checked by the type it goes into)."""
     if raw.get(key) is None:
@@ -216,13 +237,6 @@ def _int(raw: dict, key: str, where: str, default: int | None = None, minimum: i
     if not isinstance(value, int) or isinstance(value, bool) or not minimum <= value <= MAX_INT:
         raise WorkloadError(f"{where}.{key}", value, f"an integer >= {minimum} and <= {MAX_INT:,}")
     return value
-
-
-def _known_keys(raw: dict, where: str, allowed: tuple[str, ...]) -> None:
-    for key in raw:
-        if key not in allowed:
-            raise WorkloadError(f"{where}.{key}" if where else key, raw[key],
-                                "keys " + ", ".join(allowed))
 
 
 def _strategies(raw: dict, where: str, allow_sp: bool) -> dict[str, str]:
@@ -272,7 +286,7 @@ def _pipeline(raw: dict) -> Pipeline:
 
 TOP_KEYS = ("name", "model", "training", "mesh", "fsdp", "zero_stage", "sharding", "layers",
             "recompute", "attention", "kernels", "optimizer", "pipeline", "overlap", "topology",
-            "description",
+            "description", "framework", "cuda_graphs", "host_overhead", "ddp",
             "context_parallel", "moe", "tensor_parallel", "collectives")
 
 
@@ -308,41 +322,18 @@ def plan_from_dict(raw: Any, base_dir: Path | None = None, default_name: str = "
     _known_keys(tr, "training", ("global_batch", "micro_batch", "seq_len", "dtype"))
     training = Training(_required(tr, "global_batch", "training"), tr.get("micro_batch", 1),
                         _required(tr, "seq_len", "training"), tr.get("dtype", "bf16"))
-    fsdp = _obj(raw.get("fsdp"), "fsdp")
-    _known_keys(fsdp, "fsdp", ("enabled", "reshard_after_forward"))
     sharding_raw = _obj(raw.get("sharding"), "sharding")
     strategies = _strategies(sharding_raw, "sharding", True)
-    overlap = _obj(raw.get("overlap"), "overlap")
-    _known_keys(overlap, "overlap", ("fsdp_prefetch", "async_tp"))
-    _reject_async_tp(overlap)
     return Plan(
         name=str(raw.get("name", default_name)), model=model, training=training,
         mesh=_mesh(_obj(raw.get("mesh"), "mesh")),
-        fsdp=fsdp.get("enabled", False),
-        reshard_after_forward=fsdp.get("reshard_after_forward", True),
-        zero_stage=raw.get("zero_stage", 0), sharding=MappingProxyType({**MEGATRON, **strategies}),
+        sharding=MappingProxyType({**MEGATRON, **strategies}),
         sequence_parallel=sharding_raw.get("sequence_parallel", False),
         layer_overrides=_layer_overrides(_obj(raw.get("layers"), "layers"), model.num_layers),
-        recompute=raw.get("recompute", "none"), attention=raw.get("attention", "flash"),
-        kernels=raw.get("kernels", "fused"), optimizer=raw.get("optimizer", "fused"),
+        attention=raw.get("attention", "flash"),
         pipeline=_pipeline(_obj(raw.get("pipeline"), "pipeline")),
-        fsdp_prefetch=overlap.get("fsdp_prefetch", True), topology=raw.get("topology"),
-        source=MappingProxyType(dict(raw)), **_extensions(raw))
-
-
-def _reject_async_tp(overlap: dict) -> None:
-    """`overlap.async_tp`: false (the default, what is simulated) or absent.
-
-    Asynchronous TP (the TP all-gather and reduce-scatter decomposed and overlapped with
-    the matmuls, as torchtitan's `enable_async_tensor_parallel`) is not modelled: every
-    TP collective is simulated as a separate, blocking operation. A plan asking for it
-    would silently get the synchronous step time, so it is refused.
-    """
-    value = overlap.get("async_tp", False)
-    if value is not False:
-        raise WorkloadError("overlap.async_tp", value, "false (asynchronous tensor "
-                            "parallelism is not modelled yet: TP collectives are simulated "
-                            "as blocking)")
+        topology=raw.get("topology"),
+        source=MappingProxyType(dict(raw)), **framework_values(raw), **_extensions(raw))
 
 
 def reject_json_constant(name: str):

@@ -2,12 +2,15 @@
 from __future__ import annotations
 
 import argparse
+import sys
+from pathlib import Path
 
 import topologies
 from topologies import Topology
 from topologies.presets import MAX_GPUS
 from workloads import Plan, load_plan
 from workloads.budget import MAX_TASKS
+from workloads.jobs import job_framework, load_job
 
 from ..engine import SimOptions
 from ..errors import UsageError
@@ -53,10 +56,22 @@ def sim_options(args: argparse.Namespace) -> SimOptions:
         flow_sharing=not args.no_flow_sharing))
 
 
+def load_any_plan(plan_ref: str) -> Plan:
+    """A plan file, a bundled plan, or a framework job config (a torchtitan .toml, a
+    Megatron-Bridge .yaml, a file of Megatron flags): its notes go to stderr, one a line."""
+    if job_framework(plan_ref) and Path(plan_ref).is_file():
+        plan, notes = load_job(plan_ref)
+        for line in notes:
+            print(line, file=sys.stderr)
+        return plan
+    return load_plan(plan_ref)
+
+
 def plan_and_topology(plan_ref: str, topo_ref: str | None,
                       max_gpus: int = MAX_GPUS) -> tuple[Plan, Topology]:
-    """Load a plan; the topology is --topo, else the plan's default (at most max_gpus)."""
-    plan = load_plan(plan_ref)
+    """Load a plan (or job config); the topology is --topo, else the plan's default (at
+    most max_gpus)."""
+    plan = load_any_plan(plan_ref)
     ref = topo_ref or plan.topology
     if not ref:
         raise UsageError("--topo", None, "a topology name or file (the plan names none)")

@@ -20,7 +20,7 @@ from workloads.plan import DTYPES, RECOMPUTE, STRATEGIES
 from ..errors import UsageError
 from ..search import Search, SearchSpace
 from ..search.report import describe_candidate, render_table
-from ..search.space import GRANULARITIES
+from ..search.space import FRAMEWORK_SPACES, GRANULARITIES, for_framework
 from ..output import write_text_atomic
 from .common import print_json, sim_options
 
@@ -52,6 +52,9 @@ def register(sub) -> None:
     p.add_argument("--granularity", choices=GRANULARITIES, default="group",
                    help="one strategy per projection group (attention-in, wo, mlp-in, w2), "
                         "per projection, or Megatron's only")
+    p.add_argument("--framework", choices=("generic", *FRAMEWORK_SPACES), default="generic",
+                   help="only plans this framework's job config expresses, under its "
+                        "profile (export the best with `export`)")
     p.add_argument("--exhaustive", action="store_true",
                    help="fully simulate every feasible candidate (brute force; slow)")
     p.add_argument("--slack", type=float, default=0.10,
@@ -81,7 +84,15 @@ def _words(flag: str, text: str, allowed: tuple[str, ...]) -> tuple[str, ...]:
 
 
 def space_from_args(args: argparse.Namespace) -> SearchSpace:
-    """The SearchSpace of the command-line flags."""
+    """The SearchSpace of the command-line flags (restricted to --framework's plans)."""
+    space = _space(args)
+    try:
+        return for_framework(space, getattr(args, "framework", "generic"))
+    except ValueError as exc:
+        raise UsageError("--recompute", args.recompute, str(exc)) from None
+
+
+def _space(args: argparse.Namespace) -> SearchSpace:
     return SearchSpace(
         tp=_ints("--tp", args.tp), pp=_ints("--pp", args.pp), cp=_ints("--cp", args.cp),
         micro_batch=_ints("--micro-batch", args.micro_batch),

@@ -6,6 +6,7 @@ A Candidate is a point of the space; `to_plan_dict` turns it into a plan file th
 """
 from __future__ import annotations
 
+import dataclasses
 import itertools
 from dataclasses import dataclass, field
 from typing import Any, Iterator
@@ -37,6 +38,7 @@ class SearchSpace:
     granularity: str = "group"                 # group | projection | megatron
     schedule: str = "1f1b"
     attention: str = "flash"
+    framework: str = "generic"                 # the plans' "framework" (its profile)
 
     def __post_init__(self) -> None:
         if self.granularity not in GRANULARITIES:
@@ -67,6 +69,7 @@ class Candidate:
     dtype: str = field(default="bf16", compare=False)
     schedule: str = field(default="1f1b", compare=False)
     attention: str = field(default="flash", compare=False)
+    framework: str = field(default="generic", compare=False)
 
     @property
     def strategies(self) -> dict[str, str]:
@@ -113,9 +116,34 @@ class Candidate:
             "attention": self.attention,
             "pipeline": {"schedule": self.schedule},
         }
+        if self.framework != "generic":
+            plan["framework"] = self.framework
         if topology:
             plan["topology"] = topology
         return plan
+
+
+# What each framework's config can express (workloads/jobs): one TP layout (Megatron's
+# column/row), the recompute modes it has; torchtitan's TP always shards the norms over
+# the sequence (sequence parallelism), and it shards with FSDP whenever CP is on.
+FRAMEWORK_SPACES = {
+    "torchtitan": {"recompute": ("none", "selective_op", "full"), "sequence_parallel": (True,)},
+    "megatron-core": {"recompute": ("none", "selective", "full")},
+}
+
+
+def for_framework(space: SearchSpace, framework: str) -> SearchSpace:
+    """The part of `space` whose plans `framework`'s job config can express."""
+    if framework == "generic":
+        return space
+    limits = FRAMEWORK_SPACES[framework]
+    recompute = tuple(r for r in space.recompute if r in limits["recompute"])
+    if not recompute:
+        raise ValueError(f"no recompute mode of {space.recompute} is expressible in "
+                         f"{framework} ({', '.join(limits['recompute'])})")
+    return dataclasses.replace(space, framework=framework, granularity="megatron",
+                               recompute=recompute, sequence_parallel=limits.get(
+                                   "sequence_parallel", space.sequence_parallel))
 
 
 def divisors(n: int) -> list[int]:
@@ -196,9 +224,12 @@ def enumerate_space(space: SearchSpace, model: ModelSpec, world_size: int, globa
                 if False in space.fsdp:
                     fold("fsdp needs dp*cp > 1", len(assignments))
                     continue
+            if space.framework == "torchtitan" and cp > 1 and not fsdp:
+                fold("torchtitan shards with FSDP when cp > 1", len(assignments))
+                continue
             for sharding in assignments:
                 c = Candidate(tp, pp, dp, cp, mb, fsdp, rc, sp, sharding, global_batch,
-                              seq_len, dtype, space.schedule, space.attention)
+                              seq_len, dtype, space.schedule, space.attention, space.framework)
                 if c not in seen:
                     seen.add(c)
                     out.append(c)
@@ -214,5 +245,5 @@ def space_size(space: SearchSpace, model: ModelSpec, world_size: int) -> int:
                for tp, _, _, _ in meshes(space, world_size)) if per_mesh else 0
 
 
-__all__ = ["Candidate", "Enumeration", "GROUPS", "SearchSpace", "divisors", "enumerate_space",
-           "meshes", "space_size", "strategy_assignments"]
+__all__ = ["Candidate", "Enumeration", "FRAMEWORK_SPACES", "GROUPS", "SearchSpace", "divisors",
+           "enumerate_space", "for_framework", "meshes", "space_size", "strategy_assignments"]

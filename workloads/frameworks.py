@@ -1,0 +1,152 @@
+"""Training-framework profiles: what `"framework"` in a plan sets by default.
+
+A profile gives the defaults of the plan keys a framework decides for its users (the
+overlap flags, FSDP's version and resharding, kernels, optimizer implementation, ZeRO
+stage, recompute, CUDA graphs, host overhead); a key the plan gives overrides it. Each
+default carries the framework code or documentation it is read from. `generic` sets
+nothing: it is the simulator's behaviour before profiles existed.
+
+The profile is applied when a plan file is parsed (`workloads.plan.plan_from_dict`); the
+Plan then holds the resolved values, so `dataclasses.replace(plan, framework=...)` changes
+the name only, not the defaults already applied.
+"""
+from __future__ import annotations
+
+from types import MappingProxyType
+from typing import Any, Mapping
+
+from .fields import check_choice, is_int, json_object, known_keys
+
+# Plan keys a profile may set (the Plan field names), with the generic default of each:
+# the simulator's behaviour before profiles, where gradients are reduced per unit as
+# soon as the unit's backward has produced them (PyTorch DDP's and FSDP's hooks).
+GENERIC_DEFAULTS: Mapping[str, Any] = MappingProxyType({
+    "fsdp_prefetch": True, "async_tp": False, "grad_reduce_overlap": True,
+    "grad_bucket": "unit",
+    "param_gather_overlap": False, "tp_comm_overlap": False,
+    "fsdp": False, "fsdp_version": 2, "reshard_after_forward": True,
+    "kernels": "fused", "optimizer": "fused", "zero_stage": 0, "recompute": "none",
+    "cuda_graphs": False, "host_step_s": 0.0, "host_kernel_s": 0.0,
+})
+
+# PyTorch eager dispatch costs the host on the order of 10 us per operator (Python, the
+# dispatcher, the CUDA launch; H. He, "Making Deep Learning Go Brrrr From First
+# Principles", 2022, section "Overhead"). Assumption: 10 us per kernel launch issued from
+# Python when the step is not captured in a CUDA graph.
+EAGER_HOST_KERNEL_S = 10e-6
+
+MEGATRON_CORE: Mapping[str, Any] = MappingProxyType({
+    # Transformer Engine / Apex fused kernels for norms, RoPE, SwiGLU, cross-entropy
+    # (Megatron-LM megatron/core/extensions/transformer_engine.py: TENorm,
+    # fused_apply_rotary_pos_emb; megatron/core/fusions/fused_bias_swiglu.py; the fused
+    # vocab-parallel cross-entropy).
+    "kernels": "fused",
+    # Apex/TE FusedAdam (megatron/core/optimizer/__init__.py imports FusedAdam as Adam).
+    "optimizer": "fused",
+    # The distributed optimizer: optimizer states sharded over DP, gradients reduce-
+    # scattered, parameters all-gathered (Megatron-Bridge recipes set
+    # `use_distributed_optimizer=True`; docs/source/api-guide/dist_optimizer.md).
+    "zero_stage": 1,
+    # Megatron-Bridge's CommOverlapConfig turns on overlap_grad_reduce and
+    # overlap_param_gather at DP > 1 with buckets of 128 x 1024 x 1024 parameters
+    # (src/megatron/bridge/training/comm_overlap.py, _get_optimizer_overlap_cfgs), and its
+    # H100 Llama 3 recipes set tp_comm_overlap=True (recipes/llama/h100/llama3.py); it
+    # turns TP overlap off below TP 2 or without sequence parallelism, as the parser does.
+    # (Megatron-LM alone: `--overlap-grad-reduce`, `--overlap-param-gather`,
+    # `--tp-comm-overlap`, buckets of max(40M, 1M x dp): `"ddp": {"bucket_params":
+    # "megatron"}`.)
+    "grad_reduce_overlap": True, "param_gather_overlap": True, "tp_comm_overlap": True,
+    "grad_bucket": 128 * 1024 * 1024,
+    # TransformerConfig.enable_cuda_graph defaults to False
+    # (megatron/core/transformer/transformer_config.py); the H100 Llama 3 recipes set
+    # cuda_graph_impl = "none"; recipes that graph say so.
+    "cuda_graphs": False,
+    # Megatron's Python issues every kernel eagerly as well (fewer, fused ones).
+    "host_kernel_s": EAGER_HOST_KERNEL_S,
+})
+
+TORCHTITAN: Mapping[str, Any] = MappingProxyType({
+    # compile.enable defaults to False: PyTorch eager kernels (torchtitan
+    # torchtitan/config/job_config.py, class Compile).
+    "kernels": "eager",
+    # optimizer.implementation defaults to "fused" (job_config.py, class Optimizer:
+    # Literal["for-loop", "foreach", "fused"] = "fused").
+    "optimizer": "fused",
+    # FSDP2 (fully_shard) over data_parallel_shard_degree = -1, i.e. every DP rank
+    # (job_config.py, class Parallelism); fsdp_reshard_after_forward "default": reshard
+    # unless pipeline parallelism is on (models/llama3/infra/parallelize.py, apply_fsdp).
+    "fsdp": True, "fsdp_version": 2, "reshard_after_forward": True,
+    # The Llama 3 train configs use activation_checkpoint mode "selective" with
+    # selective_ac_option "op" (models/llama3/train_configs/llama3_8b.toml).
+    "recompute": "selective_op",
+    # compile.enable_async_tensor_parallel defaults to False (job_config.py).
+    "async_tp": False,
+    # No CUDA graphs in torchtitan's training loop; eager Python issues each kernel.
+    "cuda_graphs": False, "host_kernel_s": EAGER_HOST_KERNEL_S,
+})
+
+PROFILES: Mapping[str, Mapping[str, Any]] = MappingProxyType({
+    "generic": MappingProxyType({}), "megatron-core": MEGATRON_CORE, "torchtitan": TORCHTITAN,
+})
+FRAMEWORKS = tuple(PROFILES)
+
+
+def framework_defaults(name: str) -> dict[str, Any]:
+    """The Plan field defaults under a framework profile (generic's, overridden by it)."""
+    return {**GENERIC_DEFAULTS, **PROFILES[name]}
+
+
+# ------------------------------------------------------------------ plan-file keys
+# The plan file's keys for the profile's fields: section -> {key: Plan field}.
+OVERLAP_KEYS = {"fsdp_prefetch": "fsdp_prefetch", "async_tp": "async_tp",
+                "grad_reduce": "grad_reduce_overlap", "param_gather": "param_gather_overlap",
+                "tp_comm": "tp_comm_overlap"}
+FSDP_KEYS = {"enabled": "fsdp", "reshard_after_forward": "reshard_after_forward",
+             "version": "fsdp_version"}
+HOST_KEYS = {"per_step_s": "host_step_s", "per_kernel_s": "host_kernel_s"}
+DDP_KEYS = {"bucket_params": "grad_bucket"}
+
+
+def _sharding_sp(raw: dict) -> bool:
+    """Whether a raw plan asks for TP > 1 with sequence parallelism."""
+    mesh, sharding = raw.get("mesh"), raw.get("sharding")
+    tp = mesh.get("tp", 1) if isinstance(mesh, dict) else 1
+    sp = sharding.get("sequence_parallel", False) if isinstance(sharding, dict) else False
+    return is_int(tp) and tp > 1 and sp is True
+
+
+def framework_values(raw: dict) -> dict:
+    """The Plan fields a framework profile sets defaults for, from a raw plan object: the
+    profile's value unless the plan gives one. Values are checked by Plan."""
+    framework = raw.get("framework", "generic")
+    check_choice(framework, "framework", FRAMEWORKS)
+    given: dict = {}
+    for section, keys in (("overlap", OVERLAP_KEYS), ("fsdp", FSDP_KEYS),
+                          ("host_overhead", HOST_KEYS), ("ddp", DDP_KEYS)):
+        obj = json_object(raw.get(section), section)
+        known_keys(obj, section, tuple(keys))
+        given.update({keys[k]: v for k, v in obj.items()})
+    for key in ("zero_stage", "recompute", "kernels", "optimizer", "cuda_graphs"):
+        if key in raw:
+            given[key] = raw[key]
+    values = {**framework_defaults(framework), **given}
+    if "fsdp" not in given and given.get("zero_stage") in (1, 2):
+        values["fsdp"] = False      # the plan's ZeRO 1/2 over a profile's FSDP
+    if values["fsdp"] is True and "zero_stage" not in given:
+        values["zero_stage"] = 0    # FSDP is ZeRO-3 by itself (a profile's ZeRO-1 yields)
+    # A profile's overlap default applies only where the mechanism exists: the parameter
+    # all-gather of ZeRO 1/2, TP communication under sequence parallelism (Megatron asserts
+    # both: arguments.py); the plan's own value is checked against them by resolve.
+    if "param_gather_overlap" not in given and (values["fsdp"] is True
+                                                 or values["zero_stage"] not in (1, 2)):
+        values["param_gather_overlap"] = False
+    if values["fsdp"] is True and "grad_bucket" not in given:
+        values["grad_bucket"] = "unit"    # FSDP reduces per unit; DDP buckets do not apply
+    tp_sp = _sharding_sp(raw)
+    for key in ("tp_comm_overlap", "async_tp"):
+        if key not in given and not tp_sp:
+            values[key] = False
+    for key in ("host_step_s", "host_kernel_s"):   # JSON 0 is a number of seconds too
+        if is_int(values[key]):
+            values[key] = float(values[key])
+    return {"framework": framework, **values}

@@ -1,0 +1,374 @@
+"""Megatron-LM / Megatron-Core job configs in and out: `read_megatron`, `write_megatron`.
+
+Reads a file of pretrain_gpt.py flags (Megatron-LM core_v0.15.0) or a Megatron-Bridge
+v0.6.0 run YAML (megatron_args.py turns either into flags); megatron_keys.py is the table.
+Megatron has no data-parallel flag (the DP size is the world size over TP x PP x CP), so
+an imported plan has `mesh.dp: auto`.
+"""
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from ..models import ModelSpec, load_model
+from ..plan import MEGATRON, Plan
+from ..schedules import stage_layer_ranges
+from . import megatron_keys as K
+from .common import Exported, Imported, model_ref, unexpressed
+from .findings import Findings, JobConfigError, need_choice, need_int
+from .megatron_args import Flags, parse_args_text, parse_bridge_yaml
+
+SWITCHES = {"group-query-attention", "swiglu", "untie-embeddings-and-output-weights", "bf16",
+            "sequence-parallel", "use-distributed-optimizer", "use-torch-fsdp2",
+            "overlap-grad-reduce", "overlap-param-gather", "tp-comm-overlap",
+            "recompute-activations", "use-flash-attn", "enable-cuda-graph",
+            "disable-bias-linear", "fp16", "fp8-param-gather", "use-megatron-fsdp",
+            "use-precision-aware-optimizer", "multi-latent-attention", "moe-grouped-gemm",
+            "cpu-offloading", "use-legacy-models", "accumulate-allreduce-grads-in-fp32"}
+CP_COMM = {"p2p": "ring", "allgather": "all_gather", "a2a": "all_to_all"}
+EAGER_ATTENTION = ("unfused", "local")
+REASONS = {
+    "sharding": "Megatron's TP is the column/row layout",
+    "layer_overrides": "Megatron applies one TP layout to every layer",
+    "fsdp_version": "Megatron runs torch FSDP2 (--use-torch-fsdp2)",
+    "reshard_after_forward": "Megatron's FSDP2 reshards after forward",
+    "kernels": "Megatron runs Transformer Engine's fused kernels",
+    "optimizer": "Megatron's Adam is the fused one",
+    "recompute": "Megatron recomputes the attention core or whole layers",
+    "pipeline": "Megatron runs 1F1B or interleaved 1F1B, with even splits or first/last "
+                "stage layer counts",
+    "async_tp": "torch async TP is torchtitan's (Megatron: --tp-comm-overlap)",
+    "load_imbalance": "routing balance depends on the data",
+    "collective_algorithm": "NCCL_ALGO is an environment variable",
+    "collective_protocol": "NCCL_PROTO is an environment variable",
+    "zero_stage": "Megatron shards optimizer states (--use-distributed-optimizer) only",
+    "grad_bucket": "Megatron's DDP buckets are its default size or --ddp-bucket-size",
+    "framework": "a Megatron config runs under the megatron-core profile",
+    "host_kernel_s": "host time per kernel is the megatron-core profile's",
+    "host_step_s": "host time per step is the megatron-core profile's",
+}
+
+
+def read_megatron(text: str, source: str = "args.txt", lenient: bool = False,
+                  model: str | dict | None = None) -> Imported:
+    """A Megatron flags file, or a Megatron-Bridge YAML (by suffix .yaml/.yml), as a plan
+    object with its notes. `model` replaces the model the flags describe."""
+    findings = Findings(K.RELEASE, lenient)
+    names: dict[str, str] = {}
+    if Path(source).suffix in (".yaml", ".yml"):
+        flags, names = parse_bridge_yaml(text, source, findings)
+    else:
+        flags, notes = parse_args_text(text, source)
+        findings.notes += notes
+    _classify(flags, names, findings)
+    get = _Getter(flags, names)
+    ref = model if model is not None else model_ref(_model(get, findings))
+    if model is not None:
+        findings.ignore("model flags", "the model is given by --model")
+    spec = load_model(ref)
+    plan = _plan(get, spec, ref, findings)
+    return Imported(plan, findings.finish())
+
+
+class _Getter:
+    """Typed access to the flags: switches, integers, strings."""
+
+    def __init__(self, flags: Flags, names: dict[str, str]):
+        self.flags, self.names = flags, names
+
+    def name(self, flag: str) -> str:
+        """The flag as the config wrote it (--flag, or the YAML key)."""
+        return self.names.get(flag, f"--{flag}")
+
+    def on(self, flag: str) -> bool:
+        value = self.flags.get(flag, False)
+        if value not in (True, False):
+            raise JobConfigError(self.name(flag), value, "no value (a switch)")
+        return value
+
+    def int(self, flag: str, default: int | None = None, minimum: int = 1) -> int | None:
+        value = self.flags.get(flag, default)
+        return None if value is None else need_int(value, self.name(flag), minimum)
+
+    def str(self, flag: str, default: str | None = None) -> Any:
+        return self.flags.get(flag, default)
+
+
+def _classify(flags: Flags, names: dict[str, str], findings: Findings) -> None:
+    for flag, value in flags.items():
+        name = names.get(flag, f"--{flag}")
+        if flag in K.OLD_FLAGS:
+            raise JobConfigError(name, value, f"flags of {K.RELEASE}; --{flag} is "
+                                 f"{K.OLD_FLAGS[flag]}")
+        if flag in K.IGNORED:
+            findings.ignore(name, K.IGNORED[flag])
+        elif flag not in K.MAPPED and flag not in K.UNMODELLED:
+            findings.problem(name, value, f"not a flag this importer knows (it reads "
+                             f"{K.RELEASE}'s pretrain_gpt.py flags)")
+    for flag, (default, modelled, why) in K.UNMODELLED.items():
+        value = _comparable(flags.get(flag, default))
+        if value not in modelled:
+            findings.problem(names.get(flag, f"--{flag}"), value, why)
+
+
+def _comparable(value: Any) -> Any:
+    if isinstance(value, str):
+        try:
+            return float(value)
+        except ValueError:
+            return value
+    return value
+
+
+def _model(get: _Getter, findings: Findings) -> ModelSpec:
+    """The model the flags describe (a preset when the dimensions are one)."""
+    layers, hidden = get.int("num-layers"), get.int("hidden-size")
+    heads = get.int("num-attention-heads")
+    if None in (layers, hidden, heads):
+        raise JobConfigError("--num-layers, --hidden-size, --num-attention-heads", None,
+                             "all three (or give --model PRESET_OR_FILE)")
+    swiglu = get.on("swiglu")
+    # Megatron's default FFN width: 4h, or 2/3 of it rounded down to 64 with SwiGLU
+    # (megatron/training/arguments.py, validate_args).
+    ffn = get.int("ffn-hidden-size", int(4 * hidden * 2 / 3 / 64) * 64 if swiglu else 4 * hidden)
+    kv = get.int("num-query-groups", heads) if get.on("group-query-attention") else heads
+    head_dim = get.int("kv-channels", hidden // heads)
+    values: dict[str, Any] = {
+        "name": "megatron-gpt", "hidden_size": hidden, "num_layers": layers,
+        "num_heads": heads, "num_kv_heads": kv, "ffn_size": ffn, "vocab_size": _vocab(get),
+        "mlp": "swiglu" if swiglu else "gelu",
+        "tie_word_embeddings": not get.on("untie-embeddings-and-output-weights"),
+        "head_dim": 0 if head_dim * heads == hidden else head_dim}
+    experts = get.int("num-experts", 0, 0)
+    if experts:
+        values.update(_experts(get, experts, ffn, findings))
+    return ModelSpec(**values)
+
+
+def _vocab(get: _Getter) -> int:
+    padded = get.int("padded-vocab-size")
+    if padded is not None:
+        return padded
+    vocab = get.int("vocab-size")
+    if vocab is None:
+        raise JobConfigError("--vocab-size", None, "--padded-vocab-size or --vocab-size (the "
+                             "tokenizer's size is not read), or give --model")
+    # Megatron pads to a multiple of make-vocab-size-divisible-by x TP
+    # (megatron/training/tokenizer/tokenizer.py, _vocab_size_with_padding).
+    multiple = get.int("make-vocab-size-divisible-by", 128) * get.int(
+        "tensor-model-parallel-size", 1)
+    return -(-vocab // multiple) * multiple
+
+
+def _experts(get: _Getter, experts: int, ffn: int, findings: Findings) -> dict[str, Any]:
+    moe_ffn = get.int("moe-ffn-hidden-size", ffn)
+    shared = get.int("moe-shared-expert-intermediate-size", 0, 0)
+    if shared % moe_ffn:
+        raise JobConfigError("--moe-shared-expert-intermediate-size", shared,
+                             f"a multiple of the expert FFN size ({moe_ffn})")
+    freq = get.str("moe-layer-freq", 1)
+    if str(freq) != "1":     # a Python list expression in Megatron: data here, never run
+        findings.problem(get.name("moe-layer-freq"), freq, "a dense/MoE layer pattern (simulated "
+                         "as every layer MoE)")
+    dispatcher = get.str("moe-token-dispatcher-type", "allgather")
+    if dispatcher != "alltoall":
+        findings.problem(get.name("moe-token-dispatcher-type"), dispatcher,
+                         "the simulator models the all-to-all dispatcher")
+    return {"num_experts": experts, "experts_per_token": get.int("moe-router-topk", 2),
+            "moe_ffn_size": moe_ffn, "num_shared_experts": shared // moe_ffn}
+
+
+def _plan(get: _Getter, spec: ModelSpec, ref, findings: Findings) -> dict[str, Any]:
+    tp, pp = get.int("tensor-model-parallel-size", 1), get.int("pipeline-model-parallel-size", 1)
+    fsdp = get.on("use-torch-fsdp2")
+    for flag in ("seq-length", "micro-batch-size", "global-batch-size"):
+        if get.int(flag) is None:
+            raise JobConfigError(f"--{flag}", None, "an integer >= 1 (required)")
+    plan: dict[str, Any] = {
+        "framework": "megatron-core", "model": ref,
+        "training": {"global_batch": get.int("global-batch-size"),
+                     "micro_batch": get.int("micro-batch-size"),
+                     "seq_len": get.int("seq-length"), "dtype": _dtype(get)},
+        "mesh": {"dp": "auto", "tp": tp, "pp": pp, "cp": get.int("context-parallel-size", 1),
+                 "ep": get.int("expert-model-parallel-size", 1)},
+        "fsdp": {"enabled": fsdp, "reshard_after_forward": True, "version": 2},
+        "zero_stage": 0 if fsdp else int(get.on("use-distributed-optimizer")),
+        "sharding": {**MEGATRON, "sequence_parallel": get.on("sequence-parallel")},
+        "recompute": _recompute(get, spec, pp, findings),
+        "attention": "eager" if str(get.str("attention-backend", "auto")) in EAGER_ATTENTION
+                     else "flash",
+        "kernels": "fused", "optimizer": "fused",
+        "pipeline": _pipeline(get, spec.num_layers, pp, findings),
+        # torch FSDP2 reduce-scatters each unit as its backward ends (always overlapped)
+        "overlap": {"fsdp_prefetch": True, "async_tp": False,
+                    "grad_reduce": fsdp or get.on("overlap-grad-reduce"),
+                    "param_gather": get.on("overlap-param-gather"),
+                    "tp_comm": get.on("tp-comm-overlap")},
+        "context_parallel": {"mode": _cp_mode(get, findings)},
+        "cuda_graphs": get.on("enable-cuda-graph"),
+    }
+    if get.int("ddp-bucket-size") is not None and not fsdp:
+        plan["ddp"] = {"bucket_params": get.int("ddp-bucket-size")}
+    return plan
+
+
+def _dtype(get: _Getter) -> str:
+    if get.str("fp8-format") is not None:
+        need_choice(get.str("fp8-format"), get.name("fp8-format"), ("e4m3", "hybrid"))
+        return "fp8"
+    return "bf16" if get.on("bf16") else "fp32"
+
+
+def _recompute(get: _Getter, spec: ModelSpec, pp: int, findings: Findings) -> str:
+    granularity = get.str("recompute-granularity")
+    if granularity is None and get.on("recompute-activations"):
+        granularity = "selective"
+    if granularity is None:
+        return "none"
+    need_choice(granularity, get.name("recompute-granularity"), ("full", "selective"))
+    if granularity == "selective":
+        modules = get.str("recompute-modules", ["core_attn"])
+        if (modules if isinstance(modules, list) else [modules]) != ["core_attn"]:
+            findings.problem(get.name("recompute-modules"), modules, "recompute of modules "
+                             "other than the attention core (simulated as core_attn)")
+        return "selective"
+    method = get.str("recompute-method")
+    layers = get.int("recompute-num-layers", 1)
+    per_stage = -(-spec.num_layers // pp)
+    if not ((method == "uniform" and layers == 1) or (method == "block" and layers >= per_stage)):
+        findings.problem(get.name("recompute-method"), method, f"full recompute of some "
+                         f"layers only (--recompute-num-layers {layers}; simulated as every "
+                         f"layer)")
+    return "full"
+
+
+def _cp_mode(get: _Getter, findings: Findings) -> str:
+    kinds = get.str("cp-comm-type", ["p2p"])
+    kinds = {str(k) for k in (kinds if isinstance(kinds, list) else [kinds])}
+    if len(kinds) != 1 or not kinds <= set(CP_COMM):
+        findings.problem(get.name("cp-comm-type"), sorted(kinds), "one of p2p, allgather, a2a for "
+                         "every layer (simulated as p2p)")
+        return "ring"
+    return CP_COMM[kinds.pop()]
+
+
+def _pipeline(get: _Getter, num_layers: int, pp: int, findings: Findings) -> dict[str, Any]:
+    per_chunk = get.int("num-layers-per-virtual-pipeline-stage")
+    virtual = get.int("num-virtual-stages-per-pipeline-rank", 1)
+    if per_chunk is not None:
+        if num_layers % (per_chunk * pp):
+            raise JobConfigError("--num-layers-per-virtual-pipeline-stage", per_chunk,
+                                 f"a divisor of num-layers / pp ({num_layers}/{pp})")
+        virtual = num_layers // (per_chunk * pp)
+    out: dict[str, Any] = {"schedule": "interleaved" if virtual > 1 else "1f1b",
+                           "virtual_stages": virtual}
+    first = get.int("decoder-first-pipeline-num-layers", None, 0)
+    last = get.int("decoder-last-pipeline-num-layers", None, 0)
+    if (first is not None or last is not None) and pp > 1:
+        counts = _first_last_split(num_layers, pp * virtual, first, last)
+        if counts != [len(r) for r in stage_layer_ranges(num_layers, pp * virtual)]:
+            out["layer_split"] = counts
+    return out
+
+
+def _first_last_split(num_layers: int, chunks: int, first: int | None,
+                      last: int | None) -> list[int]:
+    """Layers per chunk with given first/last counts and the rest even (Megatron's rule)."""
+    middle = chunks - (first is not None) - (last is not None)
+    rest = num_layers - (first or 0) - (last or 0)
+    if middle <= 0 and rest != 0 or middle > 0 and (rest < 0 or rest % middle):
+        raise JobConfigError("--decoder-first-pipeline-num-layers", first,
+                             f"first/last counts that leave a multiple of the {middle} "
+                             f"other stages of the {num_layers} layers")
+    even = rest // middle if middle > 0 else 0
+    counts = [even] * chunks
+    if first is not None:
+        counts[0] = first
+    if last is not None:
+        counts[-1] = last
+    return counts
+
+
+# ------------------------------------------------------------------------------ export
+def write_megatron(plan: Plan) -> Exported:
+    """The plan as pretrain_gpt.py flags (one per line, backslash-continued), and what
+    the flags cannot express."""
+    flags = _model_flags(plan.model) + _run_flags(plan)
+    text = " \\\n".join(flags) + "\n"
+    ref = model_ref(plan.model)
+    back = read_megatron(text, lenient=True)
+    mesh = {**back.plan["mesh"], "dp": plan.mesh.dp or "auto"}   # noted below
+    notes = unexpressed(plan, {**back.plan, "model": ref, "mesh": mesh}, "Megatron-LM",
+                        REASONS)
+    if plan.mesh.dp:
+        notes.insert(0, f"not expressible in Megatron-LM: mesh.dp = {plan.mesh.dp} (the DP "
+                        "size is the world size over TP x PP x CP, set by the launcher)")
+    return Exported(text, notes)
+
+
+def _model_flags(m: ModelSpec) -> list[str]:
+    out = [f"--num-layers {m.num_layers}", f"--hidden-size {m.hidden_size}",
+           f"--ffn-hidden-size {m.ffn_size}", f"--num-attention-heads {m.num_heads}"]
+    if m.num_kv_heads != m.num_heads:
+        out += ["--group-query-attention", f"--num-query-groups {m.num_kv_heads}"]
+    if m.head_dim * m.num_heads != m.hidden_size:
+        out.append(f"--kv-channels {m.head_dim}")
+    out.append(f"--padded-vocab-size {m.vocab_size}")
+    out += ["--swiglu"] if m.mlp == "swiglu" else []
+    out += [] if m.tie_word_embeddings else ["--untie-embeddings-and-output-weights"]
+    out += ["--normalization RMSNorm", "--position-embedding-type rope",
+            "--disable-bias-linear", "--hidden-dropout 0", "--attention-dropout 0",
+            "--accumulate-allreduce-grads-in-fp32"]
+    if m.num_experts:
+        out += [f"--num-experts {m.num_experts}", f"--moe-router-topk {m.experts_per_token}",
+                f"--moe-ffn-hidden-size {m.moe_ffn_size}", "--moe-token-dispatcher-type alltoall"]
+        if m.num_shared_experts:
+            out.append(f"--moe-shared-expert-intermediate-size "
+                       f"{m.num_shared_experts * m.moe_ffn_size}")
+    return out
+
+
+def _run_flags(plan: Plan) -> list[str]:
+    tr, mesh = plan.training, plan.mesh
+    out = [f"--seq-length {tr.seq_len}", f"--micro-batch-size {tr.micro_batch}",
+           f"--global-batch-size {tr.global_batch}", "--bf16"]
+    if tr.dtype == "fp8":
+        out.append("--fp8-format hybrid")
+    elif tr.dtype == "fp32":
+        out.remove("--bf16")
+    out += [f"--tensor-model-parallel-size {mesh.tp}",
+            f"--pipeline-model-parallel-size {mesh.pp}",
+            f"--context-parallel-size {mesh.cp}", f"--expert-model-parallel-size {mesh.ep}"]
+    out += _pipeline_flags(plan)
+    switches = [("--sequence-parallel", plan.sequence_parallel),
+                ("--use-torch-fsdp2", plan.fsdp),
+                ("--use-distributed-optimizer", plan.zero_stage == 1 and not plan.fsdp),
+                ("--overlap-grad-reduce", plan.grad_reduce_overlap and not plan.fsdp),
+                ("--overlap-param-gather", plan.param_gather_overlap),
+                ("--tp-comm-overlap", plan.tp_comm_overlap),
+                ("--enable-cuda-graph", plan.cuda_graphs)]
+    out += [flag for flag, on in switches if on]
+    if isinstance(plan.grad_bucket, int) and not plan.fsdp:
+        out.append(f"--ddp-bucket-size {plan.grad_bucket}")
+    if plan.recompute in ("selective", "selective_op"):
+        out.append("--recompute-granularity selective")
+    elif plan.recompute == "full":
+        out += ["--recompute-granularity full", "--recompute-method uniform",
+                "--recompute-num-layers 1"]
+    if plan.attention == "eager":
+        out.append("--attention-backend unfused")
+    mode = {v: k for k, v in CP_COMM.items()}[plan.cp_mode]
+    if mesh.cp > 1 or mode != "p2p":
+        out.append(f"--cp-comm-type {mode}")
+    return out
+
+
+def _pipeline_flags(plan: Plan) -> list[str]:
+    virtual, pp = plan.pipeline.virtual_stages, plan.mesh.pp
+    out = [f"--num-virtual-stages-per-pipeline-rank {virtual}"] if virtual > 1 else []
+    counts = [len(r) for r in stage_layer_ranges(plan.model.num_layers, pp * virtual,
+                                                 plan.pipeline.layer_split)]
+    if pp > 1 and len(set(counts)) > 1:
+        out += [f"--decoder-first-pipeline-num-layers {counts[0]}",
+                f"--decoder-last-pipeline-num-layers {counts[-1]}"]
+    return out

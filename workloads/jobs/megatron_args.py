@@ -1,0 +1,138 @@
+"""Megatron job configs as flags: a file of pretrain_gpt.py arguments (shlex) or the YAML a
+Megatron-Bridge run writes out (yaml.safe_load), both turned into one flag -> value map.
+
+Nothing is evaluated: shlex splits words (quoting, comments, backslash line endings), a
+"$VAR" stays the text "$VAR", YAML's safe loader builds only plain data (a `_target_`
+class path is a string, never imported).
+"""
+from __future__ import annotations
+
+import shlex
+from typing import Any
+
+from . import megatron_keys as K
+from .findings import Findings, JobConfigError
+
+Flags = dict[str, Any]   # flag without "--" -> True (a switch), a string or a list of strings
+# The activation Megatron-Bridge writes as a callable's class path, with gated_linear_unit.
+BRIDGE_ACTIVATIONS = {"torch.nn.functional.silu": True, "torch.nn.functional.gelu": False}
+
+
+def parse_args_text(text: str, source: str = "args.txt") -> tuple[Flags, list[str]]:
+    """Flags of a command-line file; the launcher before `*.py` is skipped (a note)."""
+    # A backslash at a line's end continues the command (as in a shell script).
+    joined = text.replace("\\\r\n", " ").replace("\\\n", " ")
+    try:
+        words = shlex.split(joined, comments=True, posix=True)
+    except ValueError as exc:
+        raise JobConfigError(source, "arguments", f"shell-quoted words ({exc})") from None
+    notes = []
+    scripts = [i for i, w in enumerate(words) if w.endswith(".py")]
+    if scripts:
+        notes.append("ignored: " + " ".join(words[:scripts[0] + 1]) + " (the launcher and "
+                     "script; the world size comes from the topology)")
+        words = words[scripts[0] + 1:]
+    flags: Flags = {}
+    current = None
+    for word in words:
+        if word.startswith("--") and len(word) > 2:
+            name, eq, value = word[2:].partition("=")
+            if name in flags:
+                raise JobConfigError(f"--{name}", word, "each flag once")
+            flags[name] = value if eq else True
+            current = None if eq else name
+        elif current is None:
+            raise JobConfigError(source, word, "--flag [value ...] words (a value must "
+                                 "follow a flag)")
+        elif flags[current] is True:
+            flags[current] = word
+        else:
+            prev = flags[current]
+            flags[current] = (prev if isinstance(prev, list) else [prev]) + [word]
+    return flags, notes
+
+
+def parse_bridge_yaml(text: str, source: str, findings: Findings) -> tuple[Flags, dict]:
+    """Flags of a Megatron-Bridge ConfigContainer YAML (v0.6.0 shape), and each flag's
+    YAML key (for messages)."""
+    import yaml   # PyYAML (pyproject: a dependency for this reader)
+    try:
+        raw = yaml.safe_load(text)
+    except yaml.YAMLError as exc:
+        reason = str(exc).replace("\n", " ")
+        raise JobConfigError(source, "YAML", f"valid YAML ({reason})") from None
+    if not isinstance(raw, dict) or not isinstance(raw.get("model"), dict):
+        raise JobConfigError(source, type(raw).__name__, f"a {K.BRIDGE_RELEASE} "
+                             "ConfigContainer YAML (a mapping with a model section)")
+    if "trainer" in raw or "encoder_seq_length" in raw["model"]:
+        raise JobConfigError(source, "NeMo 1.x", f"the {K.BRIDGE_RELEASE} YAML shape "
+                             "(model, train, ddp, ...); NeMo 1.x configs are not read")
+    flags: Flags = {}
+    names: dict[str, str] = {}
+    for section, body in raw.items():
+        if section in K.BRIDGE_IGNORED:
+            findings.ignore(section, K.BRIDGE_IGNORED[section])
+        elif section == "env_vars":
+            if body:
+                findings.problem("env_vars", body, "environment variables (NCCL's change "
+                                 "the collectives)")
+        elif section == "mixed_precision" and isinstance(body, str):
+            _mixed_precision_recipe(body, flags, findings)
+        elif isinstance(body, dict):
+            _section(section, body, flags, names, findings)
+        elif body is not None:
+            findings.problem(section, body, f"not a section of {K.BRIDGE_RELEASE}'s YAML")
+    return flags, names
+
+
+def _section(section: str, body: dict, flags: Flags, names: dict, findings: Findings) -> None:
+    for field, value in body.items():
+        key = f"{section}.{field}"
+        flag = K.BRIDGE_KEYS.get((section, field))
+        if (section, field) == ("model", "activation_func"):
+            _activation(value, body.get("gated_linear_unit", False), findings)
+        elif field in K.BRIDGE_IGNORED:
+            findings.ignore(key, K.BRIDGE_IGNORED[field])
+        elif flag is None and section in K.BRIDGE_IGNORED_SECTIONS:
+            findings.ignore(key, K.BRIDGE_IGNORED_SECTIONS[section])
+        elif flag is None and section not in K.BRIDGE_FLAG_SECTIONS:
+            findings.problem(key, value, f"not a section of {K.BRIDGE_RELEASE}'s YAML")
+        else:
+            flag = flag or field.replace("_", "-")
+            names[flag.lstrip("!")] = key
+            _set_flag(flags, key, flag, value)
+
+
+def _activation(value: Any, gated: bool, findings: Findings) -> None:
+    """model.activation_func: SiLU with a gated unit (SwiGLU) or GeLU without one."""
+    target = value.get("_target_") if isinstance(value, dict) else value
+    if not isinstance(target, str) or BRIDGE_ACTIVATIONS.get(target) != bool(gated):
+        findings.problem("model.activation_func", target, "an activation other than SwiGLU "
+                         "(silu, gated) or GeLU")
+    else:
+        findings.ignore("model.activation_func", "the activation gated_linear_unit implies")
+
+
+def _set_flag(flags: Flags, key: str, flag: str, value: Any) -> None:
+    if flag.startswith("!"):             # an inverted switch
+        flag, value = flag[1:], (not value if isinstance(value, bool) else value)
+    if value is None or value is False:
+        return                           # an unset option or an off switch: the default
+    if flag in flags and flags[flag] != value:
+        raise JobConfigError(key, value, f"the value another section gives --{flag} "
+                             f"({flags[flag]!r})")
+    flags[flag] = value
+
+
+def _mixed_precision_recipe(name: str, flags: Flags, findings: Findings) -> None:
+    """Bridge's named recipes: bf16_mixed, or bf16_with_fp8_* (FP8 GEMMs)."""
+    if name == "bf16_mixed":
+        flags["bf16"] = True
+    elif name.startswith("bf16_with_fp8_"):
+        flags["bf16"] = True
+        flags["fp8-format"] = "hybrid"
+        if "delayed" not in name and "current" not in name:
+            findings.problem("mixed_precision", name, "an FP8 recipe other than tensor-wise")
+    else:
+        findings.problem("mixed_precision", name, "a precision recipe other than bf16_mixed "
+                         "or bf16_with_fp8_*")

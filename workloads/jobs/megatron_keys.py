@@ -1,0 +1,149 @@
+"""The Megatron key table: pretrain_gpt.py flag -> plan field, ignored and unmodelled flags.
+
+Flags read: Megatron-LM core_v0.15.0 (megatron/training/arguments.py at tag
+core_v0.15.0). A Megatron-Bridge run's YAML (its ConfigContainer written out, Megatron-
+Bridge v0.6.0: sections model, train, ddp, optimizer, ...) is read through the same table:
+BRIDGE_KEYS renames its fields to the flags. docs/design.md ("Job configs") shows it.
+"""
+from __future__ import annotations
+
+RELEASE = "Megatron-LM core_v0.15.0"
+BRIDGE_RELEASE = "Megatron-Bridge v0.6.0"
+
+# flag (without the leading --) -> the plan field it sets
+MAPPED = {
+    "num-layers": "model.num_layers", "hidden-size": "model.hidden_size",
+    "ffn-hidden-size": "model.ffn_size", "num-attention-heads": "model.num_heads",
+    "group-query-attention": "model.num_kv_heads (with num-query-groups)",
+    "num-query-groups": "model.num_kv_heads", "kv-channels": "model.head_dim",
+    "vocab-size": "model.vocab_size (padded as Megatron pads it)",
+    "padded-vocab-size": "model.vocab_size", "make-vocab-size-divisible-by": "model.vocab_size",
+    "swiglu": "model.mlp (swiglu; absent: gelu)",
+    "untie-embeddings-and-output-weights": "model.tie_word_embeddings (false)",
+    "num-experts": "model.num_experts", "moe-router-topk": "model.experts_per_token",
+    "moe-ffn-hidden-size": "model.moe_ffn_size",
+    "moe-shared-expert-intermediate-size": "model.num_shared_experts",
+    "moe-layer-freq": "model.first_dense_layers (1: every layer MoE)",
+    "moe-token-dispatcher-type": "expert all-to-all (alltoall)",
+    "seq-length": "training.seq_len", "micro-batch-size": "training.micro_batch",
+    "global-batch-size": "training.global_batch",
+    "bf16": "training.dtype (bf16)", "fp8-format": "training.dtype (fp8)",
+    "tensor-model-parallel-size": "mesh.tp", "pipeline-model-parallel-size": "mesh.pp",
+    "context-parallel-size": "mesh.cp", "expert-model-parallel-size": "mesh.ep",
+    "num-layers-per-virtual-pipeline-stage": "pipeline.virtual_stages (interleaved)",
+    "num-virtual-stages-per-pipeline-rank": "pipeline.virtual_stages (interleaved)",
+    "decoder-first-pipeline-num-layers": "pipeline.layer_split",
+    "decoder-last-pipeline-num-layers": "pipeline.layer_split",
+    "sequence-parallel": "sharding.sequence_parallel",
+    "use-distributed-optimizer": "zero_stage (1)", "use-torch-fsdp2": "fsdp (version 2)",
+    "overlap-grad-reduce": "overlap.grad_reduce", "overlap-param-gather": "overlap.param_gather",
+    "tp-comm-overlap": "overlap.tp_comm", "ddp-bucket-size": "ddp.bucket_params",
+    "recompute-granularity": "recompute (selective | full)",
+    "recompute-activations": "recompute (selective)", "recompute-method": "recompute (full)",
+    "recompute-num-layers": "recompute (full)", "recompute-modules": "recompute (core_attn)",
+    "attention-backend": "attention (unfused, local: eager; else flash)",
+    "use-flash-attn": "attention (flash)",
+    "cp-comm-type": "context_parallel.mode (p2p: ring, allgather, a2a: all_to_all)",
+    "enable-cuda-graph": "cuda_graphs",
+}
+
+# flag -> (core_v0.15.0's default, the values the simulator models, what others change).
+# Checked on the effective value, so an absent flag whose default is not modelled counts.
+UNMODELLED = {
+    "normalization": ("LayerNorm", ("RMSNorm",), "LayerNorm (the simulator prices RMSNorm)"),
+    "position-embedding-type": ("learned_absolute", ("rope",), "positions other than RoPE"),
+    "disable-bias-linear": (False, (True,), "biases on the linear layers"),
+    "hidden-dropout": (0.1, (0, 0.0), "dropout"),
+    "attention-dropout": (0.1, (0, 0.0), "attention dropout"),
+    "transformer-impl": ("transformer_engine", ("transformer_engine",), "local kernels"),
+    "fp16": (False, (False,), "fp16 with loss scaling"),
+    "optimizer": ("adam", ("adam",), "an optimizer other than Adam"),
+    "fp8-recipe": ("delayed", ("delayed", "tensorwise"), "block or MX scaling"),
+    "fp8-param-gather": (False, (False,), "FP8 parameter all-gathers"),
+    "use-megatron-fsdp": (False, (False,), "Megatron FSDP"),
+    "data-parallel-sharding-strategy": ("no_shard", ("no_shard",), "Megatron FSDP sharding"),
+    "use-precision-aware-optimizer": (False, (False,), "low-precision optimizer states"),
+    "multi-latent-attention": (False, (False,), "multi-latent attention"),
+    "moe-grouped-gemm": (False, (False,), "grouped expert GEMMs"),
+    "cuda-graph-impl": ("none", ("none",), "CUDA graphs by another implementation"),
+    "cpu-offloading": (False, (False,), "activation offload to the host"),
+    "use-legacy-models": (False, (False,), "the legacy (non-Core) GPT model"),
+    # The megatron-core profile's gradient buffer is fp32, as Megatron-Bridge recipes set
+    # (workloads/memory.py, grad_state_bytes).
+    "accumulate-allreduce-grads-in-fp32": (False, (True,), "a bf16 gradient buffer"),
+}
+
+# Flags of other releases, refused whatever --lenient says (megatron/training/arguments.py
+# at core_v0.15.0 exits on the first two; the others are Megatron-LM v2.x's).
+OLD_FLAGS = {
+    "checkpoint-activations": "no longer valid (core_v0.15.0 exits: use "
+                              "--recompute-activations or --recompute-granularity)",
+    "model-parallel-size": "no longer valid (core_v0.15.0 exits: use "
+                           "--tensor-model-parallel-size)",
+    "distribute-checkpointed-activations": "Megatron-LM v2.x's (before Megatron-Core)",
+    "DDP-impl": "Megatron-LM v2.x's (before Megatron-Core)",
+}
+
+IGNORED = {
+    "use-mcore-models": "deprecated; core_v0.15.0 ignores it",
+    "no-async-tensor-model-parallel-allreduce": "deprecated; core_v0.15.0 ignores it",
+    **{f: "data" for f in ("data-path", "split", "mock-data", "data-cache-path",
+                           "dataloader-type", "num-workers", "train-data-path",
+                           "valid-data-path", "test-data-path")},
+    **{f: "tokenizer (the vocabulary size is read from the vocab flags)" for f in (
+        "vocab-file", "merge-file", "tokenizer-type", "tokenizer-model")},
+    **{f: "checkpointing" for f in ("save", "load", "save-interval", "ckpt-format",
+                                    "no-load-optim", "no-load-rng", "no-save-optim",
+                                    "no-save-rng", "async-save", "pretrained-checkpoint")},
+    **{f: "logging" for f in ("log-interval", "tensorboard-dir", "wandb-project",
+                              "wandb-exp-name", "wandb-save-dir", "log-throughput",
+                              "timing-log-level", "log-params-norm", "log-num-zeros-in-grad",
+                              "tensorboard-log-interval", "log-timers-to-tensorboard",
+                              "log-memory-to-tensorboard", "log-validation-ppl-to-tensorboard")},
+    **{f: "evaluation between steps" for f in ("eval-interval", "eval-iters")},
+    **{f: "learning rate or optimizer hyperparameter" for f in (
+        "lr", "min-lr", "lr-decay-style", "lr-warmup-iters", "lr-warmup-fraction",
+        "lr-decay-iters", "lr-decay-samples", "lr-warmup-samples", "weight-decay",
+        "adam-beta1", "adam-beta2", "adam-eps", "init-method-std")},
+    **{f: "run length, not a step's time" for f in ("train-iters", "train-samples",
+                                                   "exit-duration-in-mins", "exit-interval")},
+    "clip-grad": "gradient clipping threshold (the clipping pass is not simulated)",
+    "seed": "random seed", "distributed-backend": "nccl is what is simulated",
+    "distributed-timeout-minutes": "timeout",
+    "max-position-embeddings": "table size of learned positions (RoPE is required)",
+    "norm-epsilon": "numerics", "rotary-base": "numerics", "rotary-percent": "numerics",
+}
+
+# Megatron-Bridge YAML: (section, field) -> flag, where the name is not the flag's with
+# _ for -. A boolean flag whose sense is inverted is marked with a leading "!".
+BRIDGE_KEYS = {
+    ("model", "num_moe_experts"): "num-experts",
+    ("model", "fp8"): "fp8-format",
+    ("model", "gated_linear_unit"): "swiglu",
+    ("model", "share_embeddings_and_output_weights"): "!untie-embeddings-and-output-weights",
+    ("model", "add_bias_linear"): "!disable-bias-linear",
+    ("model", "virtual_pipeline_model_parallel_size"): "num-virtual-stages-per-pipeline-rank",
+    ("model", "num_layers_in_first_pipeline_stage"): "decoder-first-pipeline-num-layers",
+    ("model", "num_layers_in_last_pipeline_stage"): "decoder-last-pipeline-num-layers",
+    ("model", "enable_cuda_graph"): "enable-cuda-graph",
+    ("mixed_precision", "fp8"): "fp8-format",
+    ("ddp", "bucket_size"): "ddp-bucket-size",
+    ("ddp", "grad_reduce_in_fp32"): "accumulate-allreduce-grads-in-fp32",
+    ("dataset", "seq_length"): "seq-length",
+    ("dataset", "sequence_length"): "seq-length",
+}
+# Bridge sections whose every field maps through the flag table (name with - for _).
+BRIDGE_FLAG_SECTIONS = ("model", "train", "ddp", "optimizer", "comm_overlap", "mixed_precision")
+BRIDGE_IGNORED_SECTIONS = {
+    "scheduler": "learning-rate schedule", "checkpoint": "checkpointing", "logger": "logging",
+    "tokenizer": "tokenizer (the vocabulary size is model.vocab_size)",
+    "rng": "random seed", "dist": "process-group setup", "profiling": "profiler",
+    "validation": "evaluation between steps", "rerun_state_machine": "fault handling",
+    "ft": "fault tolerance", "straggler": "straggler detection",
+    "nvrx_straggler": "straggler detection", "inprocess_restart": "fault handling",
+    "tensor_inspect": "debugging", "dataset": "data",
+}
+# Bridge fields that are not flags and cannot change a step's time.
+BRIDGE_IGNORED = {"_target_": "the class path written by the serializer (never imported)",
+                  "train_iters": "run length", "eval_iters": "evaluation",
+                  "eval_interval": "evaluation", "exit_interval": "run length"}
