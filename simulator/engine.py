@@ -23,6 +23,7 @@ from .compute import compute_time_s
 from .network import CommModel, CommOptions
 from .rank_classes import RankClasses, rank_classes
 from .trace import TraceRecorder
+from .trace_spill import SpillRecorder
 
 
 @dataclass(frozen=True)
@@ -56,7 +57,8 @@ class _RankState:
 class Engine:
     """Runs one Program on one Topology and records the trace."""
 
-    def __init__(self, program: Program, topology: Topology, options: SimOptions):
+    def __init__(self, program: Program, topology: Topology, options: SimOptions,
+                 recorder: TraceRecorder | SpillRecorder | None = None):
         self.program, self.topology, self.options = program, topology, options
         self.env = simpy.Environment()
         self.comm = CommModel(self.env, topology, options.comm)
@@ -83,7 +85,10 @@ class Engine:
         self._busy_nvls = {r: 0 for r in self.ranks}
         self._streams: dict[int, tuple] = {}
         self._duration_cache: dict[tuple, list[float]] = {}
-        self.trace = TraceRecorder(program.stages)
+        # Every rank: the trace is spilled to disk as it is recorded (trace_spill.py).
+        self.trace = (recorder if recorder is not None else
+                      SpillRecorder(program.stages, self.mesh.world_size) if self.full else
+                      TraceRecorder(program.stages))
         self.events = 0
 
     # ---- driving ------------------------------------------------------------------------

@@ -10,7 +10,7 @@ from topologies.faults import apply_faults, parse_fault
 from ..api import simulate
 from ..errors import EXIT_DOES_NOT_FIT
 from ..output import write_text_atomic
-from ..trace import chrome_trace, write_parquet
+from ..trace import chrome_trace
 from .common import (add_common, fmt_bytes, fmt_time, plan_and_topology, print_json,
                      sim_options)
 
@@ -44,7 +44,7 @@ def handle(args: argparse.Namespace) -> int:
         options = replace(options, fault_classes=True)
     result = simulate(plan, topology, options)
     if args.trace:
-        write_parquet(result.trace, args.trace, result.metadata())
+        result.write_trace(args.trace)
     if args.chrome_trace:
         write_text_atomic(args.chrome_trace, json.dumps(chrome_trace(result.trace)))
     if args.json:
