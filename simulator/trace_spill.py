@@ -24,7 +24,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from .output import atomic_write
-from .trace import SCHEMA, parquet_metadata, rows_table, task_columns
+from .trace import RECORDED, SCHEMA, parquet_metadata, rows_table, task_columns
 
 # One recorded row on disk: (rank, stage, task id, start, end, group id, algorithm id).
 _RAW = np.dtype([("rank", "<i4"), ("stage", "<i4"), ("task", "<i4"), ("start", "<f8"),
@@ -86,23 +86,32 @@ class SpillRecorder:
                 with open(self._path(b, "raw"), "ab") as f:
                     chunk[order[lo:hi]].tofile(f)
 
-    def finish(self, finish_bucket: Callable[[pa.Table], pa.Table]) -> "SpilledTrace":
-        """Build every bucket's rows, pass each Table through `finish_bucket` (which adds
-        the memory column and takes what the summary needs) and keep the results."""
+    def _bucket_tables(self, remove: bool) -> Iterator[tuple[int, pa.Table]]:
+        """(bucket, its recorded rows as trace.TraceRecorder.table builds them)."""
         self._spill()
         static = task_columns(self.stages)
         names = pa.array(sorted(self.names, key=self.names.get), type=pa.string())
-        finished = []
         for b in range(self.num_buckets):
             raw_path = self._path(b, "raw")
             if not raw_path.exists():
                 continue
             raw = np.fromfile(raw_path, dtype=_RAW)
-            table = rows_table(static, raw["rank"], raw["stage"], raw["task"], raw["start"],
-                               raw["end"], names.take(pa.array(raw["group"])),
-                               names.take(pa.array(raw["algorithm"])))
-            del raw
-            os.unlink(raw_path)
+            if remove:
+                os.unlink(raw_path)
+            yield b, rows_table(static, raw["rank"], raw["stage"], raw["task"], raw["start"],
+                                raw["end"], names.take(pa.array(raw["group"])),
+                                names.take(pa.array(raw["algorithm"])))
+
+    def table(self) -> pa.Table:
+        """Every recorded row in one Table, as trace.TraceRecorder.table gives it."""
+        tables = [table for _, table in self._bucket_tables(remove=False)]
+        return pa.concat_tables(tables).combine_chunks() if tables else RECORDED.empty_table()
+
+    def finish(self, finish_bucket: Callable[[pa.Table], pa.Table]) -> "SpilledTrace":
+        """Build every bucket's rows, pass each Table through `finish_bucket` (which adds
+        the memory column and takes what the summary needs) and keep the results."""
+        finished = []
+        for b, table in self._bucket_tables(remove=True):
             done_path = self._path(b, "done")
             with pa.OSFile(str(done_path), "wb") as sink:
                 with pa.ipc.new_file(sink, SCHEMA) as writer:
