@@ -45,6 +45,8 @@ def _table(rows: list[dict]) -> str:
     for r in rows:
         target = f"{r['target_s']:.0f} s" if r["target_s"] else "-"
         ok = "" if not r["target_s"] or r["wall_s"] <= r["target_s"] else " MISSED"
+        if r.get("target_rss_bytes") and r["peak_rss_bytes"] > r["target_rss_bytes"]:
+            ok += " RSS MISSED"
         lines.append(f"{r['case']:<46} {r['wall_s']:>9.2f} {target:>8} {r['events']:>10,} "
                      f"{r['events_per_s']:>10,.0f} {r['peak_rss_bytes'] / 1e9:>7.2f} GB{ok}")
     return "\n".join(lines)

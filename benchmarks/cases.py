@@ -8,6 +8,7 @@ from dataclasses import dataclass
 
 import topologies
 from simulator import SimOptions, simulate
+from topologies.faults import apply_faults
 from workloads import load_plan
 
 
@@ -20,6 +21,7 @@ class Case:
     full: bool = False
     target_s: float = 0.0
     target_rss_bytes: float = 0.0
+    faults: tuple[str, ...] = ()    # topologies.faults specs, simulated as rank classes
 
 
 CASES = [
@@ -28,7 +30,18 @@ CASES = [
     Case("llama3-405b on 2,048 GPUs", "llama3-405b-2k.json"),
     Case("llama3-405b on 16,384 GPUs (Llama 3 layout)", "llama3-405b-16k.json",
          target_s=30.0, target_rss_bytes=4e9),
-    Case("llama3-70b --full on 1,024 GPUs", "llama3-70b-1k.json", full=True, target_s=300.0),
+    Case("llama3-70b --full on 1,024 GPUs", "llama3-70b-1k.json", full=True, target_s=300.0,
+         target_rss_bytes=2e9),
+    # Faults on the 16,384-GPU job: the ranks a fault touches, and those that wait on
+    # them, are their own rank classes (simulator/rank_classes.py).
+    Case("405b 16,384 GPUs, straggler gpu 5 x1.2", "llama3-405b-16k.json", target_s=60.0,
+         faults=("straggler:gpu=5,slowdown=1.2",)),
+    Case("405b 16,384 GPUs, NIC node1/3 down", "llama3-405b-16k.json", target_s=60.0,
+         faults=("link-down:nic=node1/3",)),
+    Case("405b 16,384 GPUs, NIC nic1.3 at x0.5", "llama3-405b-16k.json", target_s=60.0,
+         faults=("degraded:link=nic1.3,factor=0.5",)),
+    Case("405b 16,384 GPUs, node 1 of A100s", "llama3-405b-16k.json", target_s=60.0,
+         faults=("gpu:ranks=8-15,type=a100",)),
 ]
 
 
@@ -36,7 +49,9 @@ def run_case(case: Case) -> dict:
     """Simulate one case here and measure wall time, events and peak memory (RSS)."""
     start = time.perf_counter()
     plan = load_plan(case.plan)
-    result = simulate(plan, topologies.build(plan.topology), SimOptions(full=case.full))
+    topology = apply_faults(topologies.build(plan.topology), case.faults)
+    result = simulate(plan, topology, SimOptions(full=case.full,
+                                                 fault_classes=bool(case.faults)))
     wall_s = time.perf_counter() - start
     # ru_maxrss is in KiB on Linux.
     rss_bytes = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
