@@ -40,33 +40,30 @@ from workloads.mesh import MESH_DIMS, VIRTUAL_DIMS, ParallelDims
 class RankClasses:
     """A partition of a mesh's ranks into classes, with one representative each.
 
-    `class_of[r]` is rank r's class, `representatives` the lowest rank of each class in
-    ascending order, `blocks[r]` the block of each digit of r (the class is the stage and
+    `class_of[r]` is rank r's class, `class_rep[c]` the lowest rank of class c (its
+    representative), `blocks[r]` the block of each digit of r (the class is the stage and
     these), `digit_spans` each digit's [low, high) place values in the rank number.
     """
 
     mesh: ParallelDims
     class_of: np.ndarray
-    representatives: tuple[int, ...]
+    class_rep: np.ndarray
     blocks: np.ndarray
     digit_spans: tuple[tuple[int, int], ...]
 
     @property
+    def representatives(self) -> tuple[int, ...]:
+        """The simulated ranks, ascending."""
+        return tuple(sorted(int(r) for r in self.class_rep))
+
+    @property
     def trivial(self) -> bool:
         """Whether the classes are the pipeline stages (nothing broke the symmetry)."""
-        return len(self.representatives) == self.mesh.pp
+        return len(self.class_rep) == self.mesh.pp
 
     def representative(self, rank: int) -> int:
         """The simulated rank of `rank`'s class."""
-        return self.representatives[self._rep_index[int(self.class_of[rank])]]
-
-    @property
-    def _rep_index(self) -> dict[int, int]:
-        cache = self.__dict__.get("_rep_cache")
-        if cache is None:
-            cache = {int(self.class_of[r]): i for i, r in enumerate(self.representatives)}
-            object.__setattr__(self, "_rep_cache", cache)
-        return cache
+        return int(self.class_rep[self.class_of[rank]])
 
     def varied_digits(self, dims: tuple[str, ...]) -> np.ndarray:
         """Mask of the digits a group over `dims` runs through (the others it fixes)."""
@@ -232,6 +229,6 @@ def rank_classes(program, topology: Topology) -> RankClasses | None:
             blocks[:, i] = values
         else:
             blocks[:, i] = _digit_blocks(colours, sizes, i)[values]
+    # np.unique's first occurrences are the lowest ranks of each class.
     _, first, class_of = np.unique(blocks, axis=0, return_index=True, return_inverse=True)
-    reps = tuple(sorted(int(r) for r in first))
-    return RankClasses(mesh, class_of.reshape(-1), reps, blocks, tuple(spans))
+    return RankClasses(mesh, class_of.reshape(-1), first, blocks, tuple(spans))

@@ -129,3 +129,12 @@ def test_run_with_a_fault_simulates_classes_and_full_every_rank(capsys):
     assert classes["simulated_ranks"] == 4 and full["simulated_ranks"] == 16
     assert classes["step_time_s"] == pytest.approx(full["step_time_s"], rel=0.01)
     assert classes["critical_rank"] == full["critical_rank"] == 9
+
+
+def test_a_mesh_that_does_not_nest_in_the_domains_falls_back_to_every_rank():
+    from simulator.rank_classes import _digit_spans
+    from workloads.mesh import ParallelDims
+    node8 = topologies.build("dgx-h100x3")
+    # TP 3 groups straddle the 8-GPU domains: no digit split fits both.
+    assert _digit_spans(ParallelDims(dp=8, tp=3), node8) is None
+    assert _digit_spans(ParallelDims(dp=6, tp=4), node8) == [(1, 4), (4, 8), (8, 24)]
