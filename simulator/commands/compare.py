@@ -10,7 +10,6 @@ from workloads import WorkloadError, resolve
 from ..api import simulate
 from ..errors import UsageError
 from ..search.report import deltas, render_table
-from ..trace import write_parquet
 from .common import add_common, plan_and_topology, print_json, sim_options
 
 
@@ -50,7 +49,7 @@ def handle(args: argparse.Namespace) -> int:
         summaries.append(result.summary)
         if args.trace_dir:
             path = Path(args.trace_dir) / _trace_name(i, plan.name)
-            write_parquet(result.trace, path, result.metadata())
+            result.write_trace(path)
             traces.append(str(path))
     delta = deltas(summaries)
     best = min(range(len(summaries)), key=lambda i: (summaries[i]["step_time_s"], i))
