@@ -114,13 +114,16 @@ def _digit_spans(mesh: ParallelDims, topology: Topology) -> list[tuple[int, int]
 
 # ----------------------------------------------------------------------------- colours
 def _edges_key(graph, node: str, skip: str = "") -> tuple:
-    """Kinds and rates of a node's links in both directions (none when it is gone)."""
+    """Kinds, rates and latencies of a node's links, both directions, by the kind of
+    node at the other end (none when the node is gone)."""
     if node not in graph:
         return ()
-    out = sorted((d["kind"], d["bandwidth"], d.get("nccl_bandwidth", d["bandwidth"]), v[:3])
-                 for _, v, d in graph.out_edges(node, data=True) if v != skip)
-    into = sorted((d["kind"], d["bandwidth"], d.get("nccl_bandwidth", d["bandwidth"]), u[:3])
-                  for u, _, d in graph.in_edges(node, data=True) if u != skip)
+
+    def key(d: dict, other: str) -> tuple:
+        return (d["kind"], d["bandwidth"], d.get("nccl_bandwidth", d["bandwidth"]),
+                d["latency"], other[:3])
+    out = sorted(key(d, v) for _, v, d in graph.out_edges(node, data=True) if v != skip)
+    into = sorted(key(d, u) for u, _, d in graph.in_edges(node, data=True) if u != skip)
     return tuple(out), tuple(into)
 
 
