@@ -32,6 +32,7 @@ def _measure(index: int, repeat: int) -> dict:
         runs.append(json.loads(out.stdout.strip().splitlines()[-1]))
     best = dict(runs[0])
     best["wall_s"] = statistics.median(r["wall_s"] for r in runs)
+    best["cpu_s"] = statistics.median(r["cpu_s"] for r in runs)
     best["events_per_s"] = best["events"] / best["wall_s"]
     best["peak_rss_bytes"] = max(r["peak_rss_bytes"] for r in runs)
     best["repeats"] = repeat
@@ -39,13 +40,16 @@ def _measure(index: int, repeat: int) -> dict:
 
 
 def _table(rows: list[dict]) -> str:
-    head = (f"{'case':<46} {'wall (s)':>9} {'target':>8} {'events':>10} {'events/s':>10} "
-            f"{'peak RSS':>9}")
+    head = (f"{'case':<46} {'wall (s)':>9} {'cpu (s)':>8} {'target':>8} {'events':>10} "
+            f"{'events/s':>10} {'peak RSS':>9}")
     lines = [head, "-" * len(head)]
     for r in rows:
         target = f"{r['target_s']:.0f} s" if r["target_s"] else "-"
         ok = "" if not r["target_s"] or r["wall_s"] <= r["target_s"] else " MISSED"
-        lines.append(f"{r['case']:<46} {r['wall_s']:>9.2f} {target:>8} {r['events']:>10,} "
+        if r.get("target_rss_bytes") and r["peak_rss_bytes"] > r["target_rss_bytes"]:
+            ok += " RSS MISSED"
+        lines.append(f"{r['case']:<46} {r['wall_s']:>9.2f} {r['cpu_s']:>8.2f} {target:>8} "
+                     f"{r['events']:>10,} "
                      f"{r['events_per_s']:>10,.0f} {r['peak_rss_bytes'] / 1e9:>7.2f} GB{ok}")
     return "\n".join(lines)
 

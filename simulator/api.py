@@ -1,7 +1,7 @@
 """simulate(): plan + topology -> Result (trace and summary). The one entry point."""
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from typing import Any
 
 import pyarrow as pa
@@ -17,25 +17,44 @@ from workloads.program import Program
 from .engine import Engine, SimOptions
 from .network import ALGORITHMS, PROTOCOLS
 from .memory_timeline import memory_column
-from .summary import summarize
+from .summary import rank_breakdowns, summarize, summarize_ranks
+from .trace import write_parquet
+from .trace_spill import SpilledTrace, SpillRecorder
 
 VERSION = "0.1.0"
 
 
-@dataclass
 class Result:
-    """A simulated step: the trace (one row per task per simulated rank) and the summary."""
+    """A simulated step: the trace (one row per task per simulated rank) and the summary.
 
-    program: Program
-    trace: pa.Table
-    summary: dict[str, Any]
-    events: int
+    A trace spilled to disk (every rank simulated: trace_spill.py) is read into memory
+    only when `trace` is asked for; `write_trace` streams it into Parquet instead.
+    """
+
+    def __init__(self, program: Program, trace: pa.Table | None, summary: dict[str, Any],
+                 events: int, spilled: SpilledTrace | None = None) -> None:
+        self.program, self.summary, self.events = program, summary, events
+        self._trace, self.spilled = trace, spilled
+
+    @property
+    def trace(self) -> pa.Table:
+        """Every row, sorted by (rank, start_s, end_s), with the memory column."""
+        if self._trace is None and self.spilled is not None:
+            self._trace = self.spilled.table()
+        return self._trace
 
     def metadata(self) -> dict[str, Any]:
         """What a Parquet trace carries besides its rows."""
         plan = self.program.plan
         return {"plan": dict(plan.source) or {"name": plan.name}, "topology": self.summary["topology"],
                 "version": VERSION, "summary": self.summary}
+
+    def write_trace(self, path) -> None:
+        """Write the Parquet trace with its metadata (streamed when spilled)."""
+        if self._trace is None and self.spilled is not None:
+            self.spilled.write_parquet(path, self.metadata())
+        else:
+            write_parquet(self.trace, path, self.metadata())
 
 
 def memory_summary(plan: Plan, topology: Topology) -> dict[str, Any]:
@@ -73,12 +92,44 @@ def simulate(plan: Plan, topology: Topology, options: SimOptions | None = None,
     check_work(plan, topology.world_size if options.full else plan.mesh.pp, max_tasks)
     program = lower(plan)
     engine = Engine(program, topology, options)
+    # Fault-aware rank classes are known only now (one per stage at least, every rank
+    # when the mesh and the domains do not nest): check the ranks actually simulated.
+    check_work(plan, len(engine.ranks), max_tasks)
     engine.run()
-    trace = engine.trace.table()
-    memory = memory_column(program, trace)
-    trace = trace.append_column("memory_bytes", memory)
-    summary = summarize(program, topology, trace, memory_summary(plan, topology))
-    summary["memory"]["timeline_peak_bytes"] = float(pc.max(memory).as_py() or 0.0)
+    return finish(program, topology, engine)
+
+
+def finish(program: Program, topology: Topology, engine: Engine) -> Result:
+    """The Result of a finished engine: its trace with the memory column, and the summary.
+
+    An in-memory trace (rank classes) is built whole; a spilled one (every rank) bucket
+    by bucket of ranks, the memory column and the per-rank breakdowns with it, so that
+    no more than a bucket's rows are in memory at once.
+    """
+    plan = program.plan
+    memory_info = memory_summary(plan, topology)
+    if isinstance(engine.trace, SpillRecorder):
+        per_rank: dict[int, dict[str, float]] = {}
+        peaks = [0.0]
+
+        def finish_bucket(table: pa.Table) -> pa.Table:
+            memory = memory_column(program, table)
+            table = table.append_column("memory_bytes", memory)
+            per_rank.update(rank_breakdowns(table))
+            peaks.append(float(pc.max(memory).as_py() or 0.0))
+            return table
+
+        spilled = engine.trace.finish(finish_bucket)
+        summary = summarize_ranks(program, topology, per_rank, memory_info)
+        summary["memory"]["timeline_peak_bytes"] = max(peaks)
+        trace = None
+    else:
+        spilled = None
+        trace = engine.trace.table()
+        memory = memory_column(program, trace)
+        trace = trace.append_column("memory_bytes", memory)
+        summary = summarize(program, topology, trace, memory_info)
+        summary["memory"]["timeline_peak_bytes"] = float(pc.max(memory).as_py() or 0.0)
     summary["simulated_ranks"] = len(engine.ranks)
     summary["events"] = engine.events
-    return Result(program=program, trace=trace, summary=summary, events=engine.events)
+    return Result(program, trace, summary, engine.events, spilled)

@@ -4,7 +4,10 @@ Each stream is a process that runs its tasks in order; a task starts when its st
 free and its dependencies are done. Collectives go to the network model. In rank-class
 mode (default) one representative rank per pipeline stage is simulated and the identical
 groups of the other ranks ("twins") load the shared links; in full mode every rank runs
-and a collective starts when its last member arrives.
+and a collective starts when its last member arrives. On a faulted topology
+(`fault_classes`) the classes are split by the ranks the faults touch (rank_classes.py):
+one representative per class runs, a collective whose group holds several classes starts
+when their representatives have all arrived, and the group's orbit-mates are its twins.
 """
 from __future__ import annotations
 
@@ -18,14 +21,17 @@ from workloads.program import COMPUTE, Program, Task
 
 from .compute import compute_time_s
 from .network import CommModel, CommOptions
+from .rank_classes import RankClasses, rank_classes
 from .trace import TraceRecorder
+from .trace_spill import SpillRecorder
 
 
 @dataclass(frozen=True)
 class SimOptions:
     """How to simulate: rank classes or every rank, communication model choices."""
 
-    full: bool = False                      # simulate every rank (faults, checking)
+    full: bool = False                      # simulate every rank (checking)
+    fault_classes: bool = False             # split rank classes by the faults (faults.py)
     comm: CommOptions = field(default_factory=CommOptions)
     overlap_slowdown: bool = True           # SM sharing slows compute under collectives
 
@@ -51,24 +57,38 @@ class _RankState:
 class Engine:
     """Runs one Program on one Topology and records the trace."""
 
-    def __init__(self, program: Program, topology: Topology, options: SimOptions):
+    def __init__(self, program: Program, topology: Topology, options: SimOptions,
+                 recorder: TraceRecorder | SpillRecorder | None = None):
         self.program, self.topology, self.options = program, topology, options
         self.env = simpy.Environment()
         self.comm = CommModel(self.env, topology, options.comm)
         self.dtype = program.plan.training.dtype
         self.mesh = program.plan.parallel_dims
-        self.ranks = (list(range(self.mesh.world_size)) if options.full else
-                      [self.mesh.representative(s) for s in range(len(program.stages))])
+        self.classes: RankClasses | None = None
+        if options.fault_classes and not options.full:
+            self.classes = rank_classes(program, topology)
+        # Faults whose classes cannot be formed (mesh and domains do not nest): every rank.
+        self.full = options.full or (options.fault_classes and self.classes is None)
+        if self.full:
+            self.ranks = list(range(self.mesh.world_size))
+        elif self.classes is not None:
+            self.ranks = list(self.classes.representatives)
+        else:
+            self.ranks = [self.mesh.representative(s) for s in range(len(program.stages))]
         self._p2p: dict[tuple, simpy.Event] = {}
         self._rendezvous: dict[tuple, list] = {}
         self._twins: dict[tuple, tuple] = {}
+        self._class_groups: dict[tuple, tuple[int, ...]] = {}
         self._groups: dict[tuple, tuple[int, ...]] = {}
         self._simulated = set(self.ranks)
         self._busy_sm = {r: 0 for r in self.ranks}
         self._busy_nvls = {r: 0 for r in self.ranks}
         self._streams: dict[int, tuple] = {}
         self._duration_cache: dict[tuple, list[float]] = {}
-        self.trace = TraceRecorder(program.stages)
+        # Every rank: the trace is spilled to disk as it is recorded (trace_spill.py).
+        self.trace = (recorder if recorder is not None else
+                      SpillRecorder(program.stages, self.mesh.world_size) if self.full else
+                      TraceRecorder(program.stages))
         self.events = 0
 
     # ---- driving ------------------------------------------------------------------------
@@ -170,8 +190,10 @@ class Engine:
         if wait_s:
             yield self.env.timeout(wait_s)
         began = self.env.now
-        if self.options.full:
+        if self.full:
             event = self._arrive(task, ranks)
+        elif self.classes is not None:
+            ranks, event = self._class_collective(rank, task)
         else:
             event = self.comm.collective(task.op, ranks, task.bytes,
                                          self._twin_groups(rank, task.group))
@@ -203,6 +225,53 @@ class Engine:
             start.callbacks.append(lambda ev, out=entry[0]: out.succeed(ev.value))
         return entry[0]
 
+    def _class_collective(self, rank: int, task: Task) -> tuple[tuple[int, ...], simpy.Event]:
+        """A collective in fault-aware class mode: (the group that runs, its event).
+
+        The group's members fall into classes; each class's representative stands for
+        its members, so the collective starts when the representatives of every class
+        in the group have arrived (one class: at once). It runs on the group of the
+        lowest of those representatives (the same for all of them: one orbit), with the
+        other groups of its orbit in the stage as twins.
+        """
+        reps = self._group_representatives(rank, task.group)
+        lead = reps[0]
+        ranks = self._group(lead, task.group)
+        if len(reps) == 1:
+            return ranks, self.comm.collective(task.op, ranks, task.bytes,
+                                               self._twin_groups(lead, task.group))
+        key = (task.id, lead)
+        entry = self._rendezvous.setdefault(key, [self.env.event(), 0])
+        entry[1] += 1
+        if entry[1] == len(reps):
+            del self._rendezvous[key]
+            start = self.comm.collective(task.op, ranks, task.bytes,
+                                         self._twin_groups(lead, task.group))
+            start.callbacks.append(lambda ev, out=entry[0]: out.succeed(ev.value))
+        return ranks, entry[0]
+
+    def _group_representatives(self, rank: int, dims: tuple[str, ...]) -> tuple[int, ...]:
+        """Representatives of the classes in `rank`'s group over `dims`, ascending."""
+        key = (rank, dims)
+        if key not in self._class_groups:
+            self._class_groups[key] = tuple(sorted(
+                {self.classes.representative(m) for m in self._group(rank, dims)}))
+        return self._class_groups[key]
+
+    def _receiver(self, rank: int, dim: str, step: int, peer: int) -> int | None:
+        """The simulated rank whose receive `rank`'s send to `peer` completes, or None.
+
+        Rank classes: a peer that is not simulated is a twin of its class's
+        representative, whose own sender is a twin of `rank` when it is in `rank`'s
+        class; a send from another class's representative completes it otherwise. The
+        stage classes: the peer itself, or `rank` when a twin does the same send.
+        """
+        if self.classes is None:
+            return peer if peer in self._simulated else rank
+        receiver = self.classes.representative(peer)
+        sender = self.mesh.peer(receiver, dim, -step)
+        return receiver if self.classes.class_of[sender] == self.classes.class_of[rank] else None
+
     def _point_to_point(self, rank: int, task: Task) -> Iterator:
         """A send (transfer, then wake the receiver) or a receive (wait for the sender).
 
@@ -221,10 +290,12 @@ class Engine:
         dim = task.group[0]
         peer = self.mesh.peer(rank, dim, task.peer)
         began = self.env.now
-        twins = () if self.options.full else self._twin_groups(rank, (dim,), peer=task.peer)
+        twins = () if self.full else self._twin_groups(rank, (dim,), peer=task.peer)
         event = self.comm.collective("send_recv", (rank, peer), task.bytes, twins)
         algorithm = yield from self._track(rank, "send_recv", (rank, peer), task.bytes, event)
-        self._p2p_event(task.tag, peer if peer in self._simulated else rank).succeed(began)
+        receiver = peer if self.full else self._receiver(rank, dim, task.peer, peer)
+        if receiver is not None:
+            self._p2p_event(task.tag, receiver).succeed(began)
         return algorithm, began
 
     def _p2p_event(self, tag: tuple, receiver: int) -> simpy.Event:
@@ -245,24 +316,42 @@ class Engine:
 
         They are the other groups over `dims` among the ranks of the same stage. For a
         point-to-point step along one dim (`peer` != 0) each twin is (sender, receiver).
+        With fault-aware classes only groups of the same orbit are twins (the others run
+        on their own), and only senders of `rank`'s class.
         """
         key = (rank, dims, peer)
         if key in self._twins:
             return self._twins[key]
         own = self._group(rank, dims)
+        alike = self._orbit_test(rank, dims, peer)
         seen, twins = set(own), []
         for member in self.mesh.stage_ranks(self.mesh.stage_of(rank)):
             if member in seen:
                 continue
             if peer:
-                twins.append((member, self.mesh.peer(member, dims[0], peer)))
+                if alike(member):
+                    twins.append((member, self.mesh.peer(member, dims[0], peer)))
                 seen.add(member)
             else:
                 group = self._group(member, dims)
                 seen.update(group)
-                twins.append(group)
+                if alike(member):
+                    twins.append(group)
         self._twins[key] = tuple(twins)
         return self._twins[key]
+
+    def _orbit_test(self, rank: int, dims: tuple[str, ...], peer: int):
+        """member -> whether its group (or, for a send, itself) is an orbit-mate of
+        `rank`'s: always with the stage classes."""
+        classes = self.classes
+        if classes is None:
+            return lambda member: True
+        if peer:
+            own_class = classes.class_of[rank]
+            return lambda member: classes.class_of[member] == own_class
+        fixed = ~classes.varied_digits(dims)
+        own_key = classes.group_key(rank, fixed)
+        return lambda member: classes.group_key(member, fixed) == own_key
 
     def _group_name(self, rank: int, task: Task) -> str:
         if task.kind == COMPUTE:

@@ -68,8 +68,15 @@ def rank_breakdowns(trace: pa.Table) -> dict[int, dict[str, float]]:
 def summarize(program: Program, topology: Topology, trace: pa.Table,
               memory: dict[str, Any] | None = None) -> dict[str, Any]:
     """The summary dict of docs/design.md ("CLI"): step time and its breakdown."""
+    return summarize_ranks(program, topology, rank_breakdowns(trace), memory)
+
+
+def summarize_ranks(program: Program, topology: Topology,
+                    per_rank: dict[int, dict[str, float]],
+                    memory: dict[str, Any] | None = None) -> dict[str, Any]:
+    """`summarize` from every rank's breakdown (rank_breakdowns), which a trace too large
+    for memory gathers bucket by bucket of ranks."""
     plan = program.plan
-    per_rank = rank_breakdowns(trace)
     ranks = sorted(per_rank)
     step = max(b["end_s"] for b in per_rank.values())
     # The breakdown is that of the rank that finishes last (ties: the lowest rank).

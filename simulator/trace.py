@@ -45,49 +45,61 @@ class TraceRecorder:
                                                  algorithm)):
             append(value)
 
-    def _task_columns(self) -> tuple[dict[str, pa.Array], np.ndarray]:
-        """Every task's static columns, all stages concatenated, and each stage's offset."""
-        names = ("stream", "phase", "layer", "microbatch", "op", "kind", "flops", "bytes",
-                 "label")
-        values: dict[str, list] = {n: [] for n in names}
-        offsets = [0]
-        for tasks in self.stages:
-            for task in tasks:
-                for n in names:
-                    values[n].append(getattr(task, "microbatch" if n == "microbatch" else n))
-            offsets.append(offsets[-1] + len(tasks))
-        columns = {n: pa.array(v, type=SCHEMA.field(n).type) for n, v in values.items()}
-        return columns, np.array(offsets[:-1], dtype=np.int64)
-
     def table(self) -> pa.Table:
-        """The rows as a Table with SCHEMA's columns, sorted by (rank, start_s, end_s)."""
+        """The rows as a Table with RECORDED's columns, sorted by (rank, start_s, end_s)."""
         rank, stage, task, start, end, group, algorithm = self.rows
-        static, offsets = self._task_columns()
-        index = pa.array(offsets[np.asarray(stage, dtype=np.int64)] +
-                         np.asarray(task, dtype=np.int64))
-        columns = {
-            "rank": pa.array(rank, type=pa.int32()),
-            **{n: static[n].take(index) for n in ("stream", "phase", "layer", "microbatch",
-                                                   "op", "kind")},
-            "start_s": pa.array(start, type=pa.float64()),
-            "end_s": pa.array(end, type=pa.float64()),
-            "flops": static["flops"].take(index), "bytes": static["bytes"].take(index),
-            "group": pa.array(group, type=pa.string()),
-            "algorithm": pa.array(algorithm, type=pa.string()),
-            "label": static["label"].take(index),
-        }
-        table = pa.table(columns, schema=RECORDED)
-        if table.num_rows:
-            table = table.sort_by([("rank", "ascending"), ("start_s", "ascending"),
-                                   ("end_s", "ascending")])
-        return table
+        return rows_table(task_columns(self.stages), rank, stage, task, start, end,
+                          pa.array(group, type=pa.string()),
+                          pa.array(algorithm, type=pa.string()))
+
+
+def task_columns(stages) -> tuple[dict[str, pa.Array], np.ndarray]:
+    """Every task's static columns, all stages concatenated, and each stage's offset."""
+    names = ("stream", "phase", "layer", "microbatch", "op", "kind", "flops", "bytes",
+             "label")
+    values: dict[str, list] = {n: [] for n in names}
+    offsets = [0]
+    for tasks in stages:
+        for task in tasks:
+            for n in names:
+                values[n].append(getattr(task, n))
+        offsets.append(offsets[-1] + len(tasks))
+    columns = {n: pa.array(v, type=SCHEMA.field(n).type) for n, v in values.items()}
+    return columns, np.array(offsets[:-1], dtype=np.int64)
+
+
+def rows_table(static: tuple[dict[str, pa.Array], np.ndarray], rank, stage, task, start,
+               end, group: pa.Array, algorithm: pa.Array) -> pa.Table:
+    """Recorded rows (in recording order) joined with their tasks' static columns, as a
+    Table with RECORDED's columns, stably sorted by (rank, start_s, end_s)."""
+    columns, offsets = static
+    index = pa.array(offsets[np.asarray(stage, dtype=np.int64)] +
+                     np.asarray(task, dtype=np.int64))
+    table = pa.table({
+        "rank": pa.array(rank, type=pa.int32()),
+        **{n: columns[n].take(index) for n in ("stream", "phase", "layer", "microbatch",
+                                                "op", "kind")},
+        "start_s": pa.array(start, type=pa.float64()),
+        "end_s": pa.array(end, type=pa.float64()),
+        "flops": columns["flops"].take(index), "bytes": columns["bytes"].take(index),
+        "group": group, "algorithm": algorithm,
+        "label": columns["label"].take(index),
+    }, schema=RECORDED)
+    if table.num_rows:
+        table = table.sort_by([("rank", "ascending"), ("start_s", "ascending"),
+                               ("end_s", "ascending")])
+    return table
+
+
+def parquet_metadata(metadata: dict[str, Any]) -> dict[bytes, bytes]:
+    """A trace's metadata as Parquet key-value pairs (JSON values, keys as bytes)."""
+    return {key.encode(): json.dumps(value, sort_keys=True).encode()
+            for key, value in metadata.items()}
 
 
 def write_parquet(table: pa.Table, path: Path, metadata: dict[str, Any]) -> None:
     """Write a trace with JSON metadata (keys stored as bytes) atomically."""
-    meta = {key.encode(): json.dumps(value, sort_keys=True).encode()
-            for key, value in metadata.items()}
-    table = table.replace_schema_metadata(meta)
+    table = table.replace_schema_metadata(parquet_metadata(metadata))
     atomic_write(path, lambda tmp: pq.write_table(table, tmp, compression="zstd"))
 
 

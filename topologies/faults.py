@@ -14,8 +14,9 @@ Fault strings (the CLI's `--fault`, also `parse_fault` for the API):
   gpu:ranks=4-7,type=h200          mixed GPU types: those ranks become H200s (their NVLink
                                    links take the new GPU's rate)
 
-Every rank must be simulated for these to matter (SimOptions(full=True)); the whatif
-command does that by itself when a fault is given.
+A fault breaks the symmetry of the ranks it touches: the simulator splits its rank
+classes around them (SimOptions(fault_classes=True), what `run --fault` does) or
+simulates every rank (SimOptions(full=True), what `whatif --fault` does).
 """
 from __future__ import annotations
 

@@ -11,7 +11,6 @@ from workloads.budget import check_work
 from ..api import simulate
 from ..errors import UsageError
 from ..search.report import deltas, render_table
-from ..trace import write_parquet
 from .common import add_common, add_limits, plan_and_topology, print_json, sim_options
 
 
@@ -54,7 +53,7 @@ def handle(args: argparse.Namespace) -> int:
         summaries.append(result.summary)
         if args.trace_dir:
             path = Path(args.trace_dir) / _trace_name(i, plan.name)
-            write_parquet(result.trace, path, result.metadata())
+            result.write_trace(path)
             traces.append(str(path))
     delta = deltas(summaries)
     best = min(range(len(summaries)), key=lambda i: (summaries[i]["step_time_s"], i))

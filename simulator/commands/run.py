@@ -10,7 +10,7 @@ from topologies.faults import apply_faults, parse_fault
 from ..api import simulate
 from ..errors import EXIT_DOES_NOT_FIT
 from ..output import write_text_atomic
-from ..trace import chrome_trace, write_parquet
+from ..trace import chrome_trace
 from .common import (add_common, add_limits, fmt_bytes, fmt_time, plan_and_topology, print_json,
                      sim_options)
 
@@ -25,7 +25,8 @@ def register(sub) -> None:
     p.add_argument("--fault", action="append", default=[], metavar="SPEC",
                    help="straggler:gpu=R,slowdown=F | link-down:nic=nodeD/R | "
                         "degraded:link=CLASS,factor=F | gpu:ranks=A-B,type=NAME "
-                        "(repeatable; implies --full)")
+                        "(repeatable; the ranks the faults touch, and those that wait on "
+                        "them, are simulated as their own rank classes; --full: every rank)")
     p.add_argument("--strict-memory", action="store_true",
                    help=f"exit {EXIT_DOES_NOT_FIT} when the plan does not fit in memory")
     add_common(p)
@@ -38,12 +39,13 @@ def handle(args: argparse.Namespace) -> int:
     plan, topology = plan_and_topology(args.plan, args.topo, args.max_gpus)
     options = sim_options(args)
     if args.fault:
-        # A fault breaks the symmetry rank classes rely on: simulate every rank.
+        # A fault breaks the symmetry of the ranks it touches: split the rank classes
+        # there (simulator/rank_classes.py), unless --full asks for every rank.
         topology = apply_faults(topology, [parse_fault(f) for f in args.fault])
-        options = replace(options, full=True)
+        options = replace(options, fault_classes=True)
     result = simulate(plan, topology, options, args.max_tasks)
     if args.trace:
-        write_parquet(result.trace, args.trace, result.metadata())
+        result.write_trace(args.trace)
     if args.chrome_trace:
         write_text_atomic(args.chrome_trace, json.dumps(chrome_trace(result.trace)))
     if args.json:
