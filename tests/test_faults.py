@@ -130,11 +130,16 @@ def test_bad_faults_are_topology_errors(text):
         apply_faults(topologies.build("dgx-h100"), [parse_fault(text)])
 
 
-def test_whatif_with_faults_simulates_every_rank_and_keeps_cut_off_points(capsys):
-    rc = main(["whatif", "--plan", "fsdp", "--topo", "dgx-h100x2", "--vary", "seq_len=1024",
-               "--fault", "link-down:nic=node1/0", "--json", "--no-progress", "--workers", "1"])
-    assert rc == 0
+def test_whatif_with_faults_uses_fault_classes_and_keeps_cut_off_points(capsys):
     import json
+    common = ["whatif", "--plan", "fsdp", "--topo", "dgx-h100x2", "--vary", "seq_len=1024",
+              "--fault", "link-down:nic=node1/0", "--json", "--no-progress", "--workers", "1"]
+    assert main(common) == 0
     rows = json.loads(capsys.readouterr().out)
-    assert rows[0]["status"] == "ok" and rows[0]["simulated_ranks"] == 16
+    assert main(common + ["--full"]) == 0
+    full = json.loads(capsys.readouterr().out)
+    # Fewer ranks than the 16 of --full, and the same step (the classes are exact here).
+    assert rows[0]["status"] == "ok" and 1 < rows[0]["simulated_ranks"] < 16
+    assert full[0]["simulated_ranks"] == 16
+    assert rows[0]["step_time_s"] == pytest.approx(full[0]["step_time_s"], rel=0.01)
     assert rows[0]["fault"] == "link-down:nic=node1/0"

@@ -32,7 +32,7 @@ def whatif(plan: str | dict, topos: list[str], vary: list[str] | None = None,
 
     plan: a plan path, bundled name or raw plan object; topos: preset names or files
     (empty: the plan's own topology); vary: `NAME=V1,V2` strings; faults: `--fault`
-    strings (every rank is then simulated); options: full, algorithm, protocol,
+    strings (the rank classes are then split around what they touch); options: full, algorithm, protocol,
     flow_sharing. Bad input of any kind, an unwritable `output` included, raises an
     InputError before any point runs. SIGINT or SIGTERM raise SweepInterrupted (a
     KeyboardInterrupt) once the finished points are in the checkpoint.

@@ -169,7 +169,8 @@ def evaluate(spec: PointSpec) -> dict[str, Any]:
         cluster = apply_cluster(_cluster(spec["topo"]), params)
         topo = apply_faults(cluster.build(), spec["faults"])
         plan = apply_plan(_plan(spec["plan"]), params)
-        options = SimOptions(full=bool(opts.get("full") or spec["faults"]),
+        # A fault splits the rank classes around what it touches (simulator/rank_classes.py).
+        options = SimOptions(full=bool(opts.get("full")), fault_classes=bool(spec["faults"]),
                              comm=CommOptions(algorithm=opts.get("algorithm"),
                                               protocol=opts.get("protocol"),
                                               flow_sharing=opts.get("flow_sharing", True)))
