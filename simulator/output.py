@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import stat
 import sys
 import tempfile
@@ -91,8 +92,8 @@ def atomic_write(path: str | Path, write: Callable[[str], None]) -> None:
     becomes a WriteError (one line, exit status 4).
     """
     kind = output_kind(path, create_parents=True)
-    if kind == STREAM:   # by its own name: /dev/stdout's target may be a pipe's
-        _guarded(path, lambda: write(str(path)))
+    if kind == STREAM:
+        _write_through(path, write)
         return
     target = Path(os.path.realpath(path))
     try:
@@ -109,6 +110,22 @@ def atomic_write(path: str | Path, write: Callable[[str], None]) -> None:
         if os.path.exists(tmp):
             os.unlink(tmp)
         raise
+
+
+def _write_through(path: str | Path, write: Callable[[str], None]) -> None:
+    """Write a character device or pipe in place: the writer fills a temporary file, whose
+    bytes are then copied into `path`, opened by its own name (/dev/stdout's target may be
+    a pipe's). A writer never gets the device's path itself, because some remove their
+    output when they fail (pyarrow.parquet.write_table deletes it on any error, which on
+    /dev/full would delete the device node)."""
+    with tempfile.TemporaryDirectory(prefix="shardsim-out-") as folder:
+        tmp = os.path.join(folder, "output")
+        write(tmp)
+
+        def copy() -> None:
+            with open(tmp, "rb") as src, open(path, "wb") as dst:
+                shutil.copyfileobj(src, dst)
+        _guarded(path, copy)
 
 
 def _guarded(path: str | Path, action: Callable[[], None]) -> None:

@@ -213,6 +213,11 @@ def test_a_device_is_written_in_place_never_renamed_over(files, tmp_path):
                                   "--chrome-trace", str(full)], allowed=(4,))
     assert "No space left" in err and full.is_char_device()
     assert not list(full.parent.glob(f".{full.name}.*"))
+    # The Parquet writer removes its output path when it fails: it must never get the
+    # device's own path (it once deleted the /dev/full node).
+    status, err = holds_contract(["run", "--plan", files["ok_plan"], "--topo", "dgx-h100",
+                                  "--trace", str(full)], allowed=(4,))
+    assert "No space left" in err and full.is_char_device()
 
 
 def test_a_symbolic_link_keeps_pointing_at_its_replaced_target(files, tmp_path):
