@@ -41,7 +41,7 @@ COMMANDS = [
     ("whatif --plan tiny.json --topo dgx-h100 --vary tp=1,2 --vary ib_bandwidth=x1,x2 "
      "--workers 2 --no-progress --json -o w.parquet --plot w.png", ["w.parquet", "w.png"]),
     ("study mn-crossover --json", []),
-    ("study tp-scaling --json --seed-only", []),
+    ("study tp-scaling --json --analysis-only", []),
 ]
 # One process per hash seed runs every command in turn (a process each would spend most
 # of the test importing); stdout of each command is captured, stderr (timings) is not.
