@@ -29,7 +29,13 @@ def wave_efficiency(m: int, n: int, k: int, sms: int, tile: int) -> float:
 
 
 def compute_time_s(task: Task, device: DeviceSpec, dtype: str) -> float:
-    """Duration of one compute task on a device, without interference."""
+    """Duration of one compute task on a device, without interference: the device time,
+    or the host's time to issue it (task.host_s) when that is longer."""
+    return max(device_time_s(task, device, dtype), task.host_s)
+
+
+def device_time_s(task: Task, device: DeviceSpec, dtype: str) -> float:
+    """Roofline time of one compute task's kernels plus their launch overhead."""
     if (task.flops == 0.0 and task.bytes == 0.0) or task.kernels == 0:
         return 0.0  # a pure synchronisation point (join), or no kernel at all
     prof = device.profile

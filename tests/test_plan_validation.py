@@ -14,7 +14,7 @@ from simulator.cli import main
 from simulator.errors import OutputError, UsageError
 from topologies import TopologyError
 from validation import ValidationError
-from workloads import WorkloadError, plan_from_dict
+from workloads import WorkloadError, plan_from_dict, resolve
 
 from conftest import small_plan
 
@@ -110,21 +110,44 @@ def test_generic_is_todays_defaults_and_profiles_yield_to_the_plan():
     assert generic == plan_from_dict(small_plan())
     assert (generic.fsdp_version, generic.grad_reduce_overlap, generic.param_gather_overlap,
             generic.tp_comm_overlap, generic.async_tp, generic.cuda_graphs,
-            generic.host_step_s, generic.host_kernel_s) == (2, False, False, False, False,
-                                                            False, 0.0, 0.0)
+            generic.host_step_s, generic.host_kernel_s, generic.grad_bucket) == (
+        2, True, False, False, False, False, 0.0, 0.0, "unit")
     mcore = plan_from_dict(small_plan(framework="megatron-core"))
     assert (mcore.zero_stage, mcore.grad_reduce_overlap, mcore.param_gather_overlap,
-            mcore.tp_comm_overlap, mcore.kernels) == (1, True, True, True, "fused")
+            mcore.tp_comm_overlap, mcore.kernels, mcore.grad_bucket) == (
+        1, True, True, False, "fused", "megatron")   # no TP: no TP overlap
+    sp = plan_from_dict(small_plan(framework="megatron-core", mesh={"tp": 2},
+                                   sharding={"sequence_parallel": True}))
+    assert sp.tp_comm_overlap is True
     own = plan_from_dict(small_plan(framework="megatron-core", zero_stage=0,
                                     overlap={"grad_reduce": False}))
-    assert (own.zero_stage, own.grad_reduce_overlap, own.param_gather_overlap) == (0, False, True)
+    # without the distributed optimizer there is no parameter all-gather to overlap
+    assert (own.zero_stage, own.grad_reduce_overlap, own.param_gather_overlap) == (0, False, False)
     titan = plan_from_dict(small_plan(framework="torchtitan"))
     assert (titan.fsdp, titan.fsdp_version, titan.kernels, titan.recompute,
             titan.zero_stage) == (True, 2, "eager", "selective_op", 0)
     assert plan_from_dict(small_plan(framework="torchtitan", kernels="fused")).kernels == "fused"
     # a plan enabling FSDP under a ZeRO-1 profile gets FSDP's own sharding, not an error
-    assert plan_from_dict(small_plan(framework="megatron-core",
-                                     fsdp={"enabled": True})).zero_stage == 0
+    fsdp = plan_from_dict(small_plan(framework="megatron-core", fsdp={"enabled": True}))
+    assert (fsdp.zero_stage, fsdp.param_gather_overlap, fsdp.grad_bucket) == (0, False, "unit")
+
+
+@pytest.mark.parametrize("over,field", [
+    ({"zero_stage": 0, "overlap": {"param_gather": True}}, "overlap.param_gather"),
+    ({"fsdp": {"enabled": True}, "overlap": {"param_gather": True}}, "overlap.param_gather"),
+    ({"overlap": {"tp_comm": True}}, "overlap.tp_comm"),
+    ({"mesh": {"tp": 2}, "overlap": {"async_tp": True}}, "overlap.async_tp"),
+    ({"mesh": {"tp": 2}, "sharding": {"sequence_parallel": True},
+      "overlap": {"async_tp": True, "tp_comm": True}}, "overlap.async_tp"),
+    ({"fsdp": {"enabled": True}, "overlap": {"grad_reduce": False}}, "overlap.grad_reduce"),
+    ({"fsdp": {"enabled": True}, "ddp": {"bucket_params": 1000}}, "ddp.bucket_params"),
+    ({"fsdp": {"version": 1}}, "fsdp.version"),
+    ({"cuda_graphs": True}, "cuda_graphs"),
+])
+def test_framework_keys_only_where_their_mechanism_exists(over, field):
+    plan = plan_from_dict(small_plan(**over))
+    with pytest.raises(WorkloadError, match=rf"^{re.escape(field)}: got "):
+        resolve(plan, 8)
 
 
 def test_every_input_error_is_one_type_and_pickles():

@@ -15,9 +15,12 @@ from __future__ import annotations
 from types import MappingProxyType
 from typing import Any, Mapping
 
-# Plan keys a profile may set (the Plan field names), with the generic default of each.
+# Plan keys a profile may set (the Plan field names), with the generic default of each:
+# the simulator's behaviour before profiles, where gradients are reduced per unit as
+# soon as the unit's backward has produced them (PyTorch DDP's and FSDP's hooks).
 GENERIC_DEFAULTS: Mapping[str, Any] = MappingProxyType({
-    "fsdp_prefetch": True, "async_tp": False, "grad_reduce_overlap": False,
+    "fsdp_prefetch": True, "async_tp": False, "grad_reduce_overlap": True,
+    "grad_bucket": "unit",
     "param_gather_overlap": False, "tp_comm_overlap": False,
     "fsdp": False, "fsdp_version": 2, "reshard_after_forward": True,
     "kernels": "fused", "optimizer": "fused", "zero_stage": 0, "recompute": "none",
@@ -48,6 +51,8 @@ MEGATRON_CORE: Mapping[str, Any] = MappingProxyType({
     # megatron/training/arguments.py). tp_comm_overlap only acts with TP > 1 and
     # sequence parallelism, which Transformer Engine's userbuffers require.
     "grad_reduce_overlap": True, "param_gather_overlap": True, "tp_comm_overlap": True,
+    # DDP buckets of max(40M, 1M x dp) parameters (workloads/ddp_buckets.py).
+    "grad_bucket": "megatron",
     # TransformerConfig.enable_cuda_graph defaults to False
     # (megatron/core/transformer/transformer_config.py); recipes that graph set it.
     "cuda_graphs": False,

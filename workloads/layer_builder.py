@@ -75,6 +75,9 @@ class BuildOptions:
     # Selective recompute (Korthikanti et al. 2022, arXiv:2205.05198 section 5): the
     # attention core's forward runs again just before its backward.
     recompute_attention: bool = False
+    # TP communication overlapped with its GEMMs (workloads/tp_overlap.py): "" (blocking
+    # collectives), "userbuffers" (overlap.tp_comm) or "symm_mem" (overlap.async_tp).
+    tp_overlap: str = ""
 
     @classmethod
     def from_plan(cls, plan) -> "BuildOptions":
@@ -82,8 +85,11 @@ class BuildOptions:
         flash = plan.attention == "flash"
         # With flash attention the scores are already recomputed in its backward, so
         # selective recompute has nothing left to do.
+        overlap = ("userbuffers" if plan.tp_comm_overlap else
+                   "symm_mem" if plan.async_tp else "")
         return cls(flash_attention=flash, kernels=plan.kernels,
-                   recompute_attention=plan.recompute == "selective" and not flash)
+                   recompute_attention=plan.recompute == "selective" and not flash,
+                   tp_overlap=overlap)
 
 
 class LayerBuilder(Protocol):

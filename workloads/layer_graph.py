@@ -19,6 +19,8 @@ from .layer_builder import BuildOptions, LayerBuilder, LayerShape, TaskSink, fp8
     memory_task
 from .layouts import STRATEGY_LAYOUTS, collective, collective_bytes, grad_layout_needed
 from .program import COMM, COMPUTE, GEMM, MEMORY, RELAYOUT
+from .tp_overlap import (USERBUFFERS, chunked_backward, chunked_gemm, gemm_reduce_scatter,
+                         ring_gather)
 
 
 @dataclass
@@ -60,6 +62,12 @@ class LayerGraph:
         self.wgrad_tasks: dict[str, int] = {}      # projection -> wgrad task (backward)
         self._ep_grad_layouts: dict[int, str] = {}  # all-to-all node -> its gradient's layout
         self._attention: LayerBuilder | None = None  # the attention core's builder
+        # TP overlap (workloads/tp_overlap.py): task -> the tasks its gathered chunks
+        # arrive with; row-linear node -> the task with its reduce-scattered output;
+        # wgrads held back to overlap a dgrad's reduce-scatter (userbuffers' bulk method)
+        self._chunks: dict[int, list[int]] = {}
+        self._reduced: dict[int, int] = {}
+        self._deferred: list[tuple[str, dict]] = []
 
     # ---- graph building ----------------------------------------------------------
     def _node(self, **fields) -> Node:
@@ -171,11 +179,17 @@ class LayerGraph:
         if node.kind == "input":
             return deps[0] if deps else -1
         if node.kind == "redistribute":
+            if node.inputs[0].id in self._reduced:    # reduce-scattered with its GEMM
+                return self._reduced[node.inputs[0].id]
             return self._comm(sink, ctx, node.inputs[0].layout, node.layout, node.features,
-                              deps, phase, f"{node.name}", node.rows_scale)
+                              deps, phase, f"{node.name}", node.rows_scale,
+                              chunked=self._feeds_only_linears(node))
         if node.kind == "linear":
             flops, nbytes, mnk = self.linear_cost(node)
             deps = self._fp8_cast(sink, ctx, node, flops / (2 * mnk[1]), deps, phase, node.name)
+            overlapped = self._overlapped_linear(sink, ctx, node, deps, phase, flops, nbytes, mnk)
+            if overlapped is not None:
+                return overlapped
             return sink.add(kind=COMPUTE, stream="compute", op=node.name, phase=phase,
                             deps=deps, flops=flops, bytes=nbytes, op_class=GEMM, gemm_mnk=mnk,
                             gemm_dtype=self._gemm_dtype(node), label=f"{node.name}.fwd", **ctx)
@@ -206,8 +220,10 @@ class LayerGraph:
                         bytes=size, group=("ep",), label=label, **ctx)
 
     def _comm(self, sink: TaskSink, ctx: dict, src: str, dst: str, features: int, deps,
-              phase: str, label: str, rows_scale: float = 1.0) -> int:
+              phase: str, label: str, rows_scale: float = 1.0, chunked: bool = False) -> int:
         op = collective(src, dst)
+        if chunked and op == "all_gather" and self.options.tp_overlap:
+            return self._ring_gather(sink, ctx, features, deps, phase, label, rows_scale)
         if op is None:
             return deps[0] if len(deps) == 1 else sink.add(
                 kind=COMPUTE, stream="compute", op="join", phase=phase, deps=tuple(deps),
@@ -235,6 +251,51 @@ class LayerGraph:
                             label=f"{label}.relayout", **ctx)
         return task
 
+    # ---- TP communication overlapped with GEMMs (workloads/tp_overlap.py) ---------------
+    def _feeds_only_linears(self, node: Node) -> bool:
+        users = [n for n in self.nodes if node in n.inputs]
+        return bool(users) and all(n.kind == "linear" and not n.experts for n in users)
+
+    def _ring_gather(self, sink: TaskSink, ctx: dict, features: int, deps, phase: str,
+                     label: str, rows_scale: float) -> int:
+        """A sequence-parallel all-gather as tp ring steps; its consumers GEMM each chunk
+        as it arrives (chunked_gemm). Returns the last arrival."""
+        sh = self.shape
+        chunk = sh.tokens * features * sh.act_bytes * rows_scale / sh.tp
+        chunks = ring_gather(sink, ctx, tuple(deps), chunk, sh.tp, phase, label)
+        self._chunks[chunks[-1]] = chunks
+        return chunks[-1]
+
+    def _overlapped_linear(self, sink: TaskSink, ctx: dict, node: Node, deps, phase: str,
+                           flops: float, nbytes: float, mnk) -> int | None:
+        """A linear's forward GEMM chunked with the TP transfer before or after it, or
+        None when it has none to overlap."""
+        if not self.options.tp_overlap or node.experts:
+            return None
+        fields = dict(op=node.name, phase=phase, gemm_dtype=self._gemm_dtype(node), **ctx)
+        operand = nbytes / max(1, mnk[0] * mnk[2] + mnk[2] * mnk[1] + mnk[0] * mnk[1])
+        if len(deps) == 1 and deps[0] in self._chunks:
+            return chunked_gemm(sink, self._chunks[deps[0]], flops, operand, mnk, 0,
+                                f"{node.name}.fwd", **fields)
+        users = [n for n in self.nodes if node in n.inputs]
+        if node.strategy == "row" and users and all(
+                n.kind == "redistribute" and collective(node.layout, n.layout) == "reduce_scatter"
+                for n in users):
+            sh = self.shape
+            chunk = sh.tokens * node.features * sh.act_bytes * node.rows_scale / sh.tp
+            out = gemm_reduce_scatter(sink, ctx, self.options.tp_overlap, sh.tp, deps, flops,
+                                      operand, mnk, chunk, phase, f"{node.name}.fwd",
+                                      op=node.name, gemm_dtype=self._gemm_dtype(node))
+            self._reduced[node.id] = out
+            return out
+        return None
+
+    def _flush_wgrads(self, sink: TaskSink) -> None:
+        """Emit the held-back wgrad GEMMs (after the reduce-scatter they overlap)."""
+        for name, fields in self._deferred:
+            self.wgrad_tasks[name] = sink.add(**fields)
+        self._deferred = []
+
     def emit_backward(self, sink: TaskSink, ctx: dict, grad_dep: int) -> int:
         """Emit backward tasks given the output-gradient task.
 
@@ -249,12 +310,14 @@ class LayerGraph:
             if node.kind == "redistribute" or not grads[node.id]:
                 continue
             result = self._combine(sink, ctx, node, grads[node.id])
+            self._flush_wgrads(sink)
             if node.kind == "input":
                 continue
             produced = self._emit_backward_node(sink, ctx, node, result)
             for source, grad in produced:
                 grads[self._through(source).id].append(grad)
             result = produced[0][1][0] if produced else sink.tasks[-1].id
+        self._flush_wgrads(sink)
         return result
 
     @staticmethod
@@ -279,7 +342,8 @@ class LayerGraph:
         for layout, tasks in sorted(by_layout.items()):
             summed = tasks[0] if len(tasks) == 1 else self._accumulate(sink, ctx, node, layout, tasks)
             ready.append(self._comm(sink, ctx, layout, target, node.features, (summed,),
-                                    "backward", f"grad.{node.name}", node.rows_scale)
+                                    "backward", f"grad.{node.name}", node.rows_scale,
+                                    chunked=node.kind == "linear" and not node.experts)
                          if layout != target else summed)
         return ready[0] if len(ready) == 1 else self._accumulate(sink, ctx, node, target, ready)
 
@@ -299,11 +363,20 @@ class LayerGraph:
                           bytes=nbytes, op_class=GEMM, gemm_dtype=self._gemm_dtype(node), **ctx)
             ready, = self._fp8_cast(sink, ctx, node, flops / (2 * k), (ready,), "backward",
                                     f"grad.{node.name}")
-            dgrad = sink.add(op=node.name, deps=(ready,), gemm_mnk=(m, k, n),
-                             label=f"{node.name}.dgrad", **common)
-            self.wgrad_tasks[node.name] = sink.add(op=node.name, deps=(ready,),
-                                                   gemm_mnk=(k, n, m),
-                                                   label=f"{node.name}.wgrad", **common)
+            if ready in self._chunks:    # the gathered output gradient, chunk by chunk
+                dgrad, self.wgrad_tasks[node.name] = chunked_backward(
+                    sink, self._chunks[ready], flops, nbytes, (m, n, k), node.name,
+                    op=node.name, phase="backward", gemm_dtype=self._gemm_dtype(node), **ctx)
+            else:
+                dgrad = sink.add(op=node.name, deps=(ready,), gemm_mnk=(m, k, n),
+                                 label=f"{node.name}.dgrad", **common)
+                wgrad = dict(op=node.name, deps=(ready,), gemm_mnk=(k, n, m),
+                             label=f"{node.name}.wgrad", **common)
+                if self.options.tp_overlap == USERBUFFERS and node.strategy == "col":
+                    # bulk overlap: the dgrad's reduce-scatter runs beside this wgrad
+                    self._deferred.append((node.name, wgrad))
+                else:
+                    self.wgrad_tasks[node.name] = sink.add(**wgrad)
             layout = "R" if tp1 else STRATEGY_LAYOUTS[node.strategy][2]
             return [(node.inputs[0], (dgrad, layout))]
         if node.kind == "ep_a2a":

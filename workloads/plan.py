@@ -20,6 +20,7 @@ from typing import Any, Mapping
 from .errors import WorkloadError
 from .fields import (check_bool, check_choice, check_int, check_number, check_optional_name,
                      is_int)
+from .ddp_buckets import BUCKET_MODES
 from .frameworks import FRAMEWORKS, framework_defaults
 from .kernels import KERNEL_MODES, OPTIMIZERS
 from .mesh import Mesh, ParallelDims
@@ -121,7 +122,8 @@ class Plan:
     fsdp_version: int = 2           # fsdp.version: 1 FSDP1 (flat parameters) | 2 FSDP2
     # "overlap" (workloads/frameworks.py has each framework's defaults and their sources)
     async_tp: bool = False          # torch async TP: micro-pipelined AG-matmul / matmul-RS
-    grad_reduce_overlap: bool = False   # Megatron DDP: bucketed gradient reduce in backward
+    grad_reduce_overlap: bool = True    # gradients reduced while the backward runs
+    grad_bucket: str | int = "unit"     # ddp.bucket_params: unit | megatron | a count
     param_gather_overlap: bool = False  # distributed optimizer: param all-gather in forward
     tp_comm_overlap: bool = False   # Megatron --tp-comm-overlap (TE userbuffers)
     framework: str = "generic"      # the profile whose defaults the parser applied
@@ -151,6 +153,10 @@ class Plan:
         if not is_int(self.fsdp_version) or self.fsdp_version not in FSDP_VERSIONS:
             raise WorkloadError("fsdp.version", self.fsdp_version, "1 or 2")
         check_choice(self.framework, "framework", FRAMEWORKS)
+        if not (self.grad_bucket in BUCKET_MODES
+                or (is_int(self.grad_bucket) and self.grad_bucket >= 1)):
+            raise WorkloadError("ddp.bucket_params", self.grad_bucket,
+                                '"unit", "megatron" or a number of parameters >= 1')
         for name, where in (("host_step_s", "host_overhead.per_step_s"),
                             ("host_kernel_s", "host_overhead.per_kernel_s")):
             check_number(getattr(self, name), where, 0.0, MAX_HOST_OVERHEAD_S,
@@ -294,7 +300,7 @@ def _pipeline(raw: dict) -> Pipeline:
 
 TOP_KEYS = ("name", "model", "training", "mesh", "fsdp", "zero_stage", "sharding", "layers",
             "recompute", "attention", "kernels", "optimizer", "pipeline", "overlap", "topology",
-            "description", "framework", "cuda_graphs", "host_overhead",
+            "description", "framework", "cuda_graphs", "host_overhead", "ddp",
             "context_parallel", "moe", "tensor_parallel", "collectives")
 
 
@@ -349,6 +355,15 @@ OVERLAP_KEYS = {"fsdp_prefetch": "fsdp_prefetch", "async_tp": "async_tp",
 FSDP_KEYS = {"enabled": "fsdp", "reshard_after_forward": "reshard_after_forward",
              "version": "fsdp_version"}
 HOST_KEYS = {"per_step_s": "host_step_s", "per_kernel_s": "host_kernel_s"}
+DDP_KEYS = {"bucket_params": "grad_bucket"}
+
+
+def sharding_sp(raw: dict) -> bool:
+    """Whether a raw plan asks for TP > 1 with sequence parallelism."""
+    mesh, sharding = raw.get("mesh"), raw.get("sharding")
+    tp = mesh.get("tp", 1) if isinstance(mesh, dict) else 1
+    sp = sharding.get("sequence_parallel", False) if isinstance(sharding, dict) else False
+    return is_int(tp) and tp > 1 and sp is True
 
 
 def _framework_keys(raw: dict) -> dict:
@@ -358,7 +373,7 @@ def _framework_keys(raw: dict) -> dict:
     check_choice(framework, "framework", FRAMEWORKS)
     given: dict = {}
     for section, keys in (("overlap", OVERLAP_KEYS), ("fsdp", FSDP_KEYS),
-                          ("host_overhead", HOST_KEYS)):
+                          ("host_overhead", HOST_KEYS), ("ddp", DDP_KEYS)):
         obj = _obj(raw.get(section), section)
         _known_keys(obj, section, tuple(keys))
         given.update({keys[k]: v for k, v in obj.items()})
@@ -368,6 +383,18 @@ def _framework_keys(raw: dict) -> dict:
     values = {**framework_defaults(framework), **given}
     if values["fsdp"] is True and "zero_stage" not in given:
         values["zero_stage"] = 0    # FSDP is ZeRO-3 by itself (a profile's ZeRO-1 yields)
+    # A profile's overlap default applies only where the mechanism exists: the parameter
+    # all-gather of ZeRO 1/2, TP communication under sequence parallelism (Megatron asserts
+    # both: arguments.py); the plan's own value is checked against them by resolve.
+    if "param_gather_overlap" not in given and (values["fsdp"] is True
+                                                 or values["zero_stage"] not in (1, 2)):
+        values["param_gather_overlap"] = False
+    if values["fsdp"] is True and "grad_bucket" not in given:
+        values["grad_bucket"] = "unit"    # FSDP reduces per unit; DDP buckets do not apply
+    tp_sp = sharding_sp(raw)
+    for key in ("tp_comm_overlap", "async_tp"):
+        if key not in given and not tp_sp:
+            values[key] = False
     if isinstance(values["host_step_s"], int) and not isinstance(values["host_step_s"], bool):
         values["host_step_s"] = float(values["host_step_s"])
     if isinstance(values["host_kernel_s"], int) and not isinstance(values["host_kernel_s"], bool):

@@ -16,6 +16,13 @@ CLI prints one line and exits 2. The rules and their sources:
   projection and splits the micro-batch over its token axes; the mesh checks that the
   TP degree is a square / d x square / cube.
 - Pipeline: pp x virtual_stages chunks of at least one layer each; a layer split adds up.
+- Framework mechanisms only where they exist (check_framework_keys): the parameter
+  all-gather overlap needs ZeRO 1/2 (Megatron: --overlap-param-gather requires the
+  distributed optimizer); TP communication overlap and async TP need 1D TP > 1 with
+  sequence parallelism (Transformer Engine userbuffers and torch's micro-pipelined TP
+  overlap the sequence-parallel all-gather / reduce-scatter); FSDP always reduces while
+  the backward runs; FSDP1 needs FSDP; a CUDA graph saves host time only where the plan
+  has some.
 """
 from __future__ import annotations
 
@@ -61,6 +68,34 @@ def check_resolved(plan) -> None:
     check_pipeline(plan)
     if plan.fsdp and plan.zero_stage not in (0, 3):
         raise WorkloadError("zero_stage", plan.zero_stage, "0 or 3 when fsdp.enabled (FSDP is ZeRO-3)")
+    check_framework_keys(plan)
+
+
+def check_framework_keys(plan) -> None:
+    """The overlap, FSDP-version and host keys name mechanisms the plan has."""
+    fsdp = plan.fsdp or plan.zero_stage == 3
+    if plan.param_gather_overlap and (fsdp or plan.zero_stage not in (1, 2)):
+        raise WorkloadError("overlap.param_gather", True, "false unless zero_stage is 1 or 2 "
+                            "without FSDP (the distributed optimizer's parameter all-gather)")
+    sp_tp = plan.mesh.tp > 1 and plan.sequence_parallel and plan.grid_strategy is None
+    for field_name, on in (("overlap.tp_comm", plan.tp_comm_overlap),
+                           ("overlap.async_tp", plan.async_tp)):
+        if on and not sp_tp:
+            raise WorkloadError(field_name, True, "false unless mesh.tp > 1 with "
+                                "sharding.sequence_parallel (1D TP)")
+    if plan.tp_comm_overlap and plan.async_tp:
+        raise WorkloadError("overlap.async_tp", True, "false when overlap.tp_comm is true "
+                            "(one TP overlap implementation at a time)")
+    if fsdp and not plan.grad_reduce_overlap:
+        raise WorkloadError("overlap.grad_reduce", False, "true with FSDP (it reduce-scatters "
+                            "each unit's gradients as its backward ends)")
+    if fsdp and plan.grad_bucket != "unit":
+        raise WorkloadError("ddp.bucket_params", plan.grad_bucket, '"unit" with FSDP')
+    if plan.fsdp_version == 1 and not fsdp:
+        raise WorkloadError("fsdp.version", 1, "2 (the default) unless fsdp.enabled")
+    if plan.cuda_graphs and plan.host_kernel_s == 0:
+        raise WorkloadError("cuda_graphs", True, "false unless host_overhead.per_kernel_s > 0 "
+                            "(a captured step saves the host's per-kernel issue time)")
 
 
 def check_context_parallel(plan) -> None:

@@ -7,7 +7,11 @@ interleaved chunks); a transfer is matched by its tag (what, sending chunk, micr
 """
 from __future__ import annotations
 
+import math
+
 from .checkpointing import op_checkpoint_saved
+from .ddp_buckets import BucketFiller, bucket_params, forward_buckets
+from .fsdp1 import fsdp1_gather_copy, fsdp1_reduce_post, fsdp1_reduce_pre
 from .kernels import adam_step_cost
 from .layer_builder import BuildOptions, LayerBuilder, LayerShape, TaskSink
 from .layers import unit_builder
@@ -41,6 +45,12 @@ class StageLowering:
         self.pass_ends: list[int] = []          # unit end tasks of the current pass
         self.reductions: list[int] = []
         self.last_backward = -1
+        # DDP / ZeRO 1-2 gradient buckets per local chunk (workloads/ddp_buckets.py)
+        self.bucket_sizes = [bucket_params(plan, stage, c) for c in range(len(self.chunk_units))]
+        self.fillers = [BucketFiller(size) for size in self.bucket_sizes]
+        self.param_gather = (plan.param_gather_overlap and not self.fsdp
+                             and plan.zero_stage in (1, 2))
+        self.bucket_counter = 0
 
     # ---- helpers ------------------------------------------------------------------------
     def _ctx(self, unit, mb: int) -> dict:
@@ -82,10 +92,19 @@ class StageLowering:
             if self._group_size(dims) == 1 or params == 0:
                 continue
             gathered = params * self.precision.param_bytes
+            deps = (gate,) if gate is not None else ()
+            if self.plan.fsdp_version == 1:
+                deps = (fsdp1_gather_copy(self.sink, self.precision, params / self._group_size(dims),
+                                          deps, phase, unit, self._ctx(unit, mb)),)
             gather = self.sink.add(
                 kind=COMM, stream="dp_ag", op="all_gather", phase=phase,
-                deps=(gate,) if gate is not None else (), bytes=gathered,
+                deps=deps, bytes=gathered,
                 group=dims, label=f"fsdp.gather.{unit}", **self._ctx(unit, mb))
+            if self.plan.fsdp_version == 1:
+                # FSDP1 gathers straight into the padded flat parameter, whose original
+                # parameters are views (_flat_param.py, _use_unsharded_views): no copy-out.
+                tasks.append(gather)
+                continue
             # FSDP2 copies the gathered flat buffer out into the unsharded parameters on
             # the compute stream (foreach_all_gather_copy_out): read + write once.
             tasks.append(self.sink.add(
@@ -102,17 +121,27 @@ class StageLowering:
         else:
             self.unsharded.add(unit)
 
-    def _reduce(self, unit, deps: tuple[int, ...], mb: int) -> None:
-        last_mb = mb == self.plan.micro_batches - 1
+    def _reduces(self, mb: int) -> bool:
+        """Whether micro-batch `mb`'s backward reduces gradients (the others accumulate)."""
         every_mb = (self.fsdp and not self.sync_last_only) or self.plan.zero_stage == 2
-        if not (every_mb or last_mb):
+        return every_mb or mb == self.plan.micro_batches - 1
+
+    def _reduce(self, unit, deps: tuple[int, ...], mb: int, local: int) -> None:
+        if not self._reduces(mb):
             return
-        op = "reduce_scatter" if (self.fsdp or self.plan.zero_stage >= 1) else "all_reduce"
+        if not self.fsdp:
+            for dims, params in sorted(self._param_groups(unit).items()):
+                if self._group_size(dims) > 1 and params:
+                    self.fillers[local].add(unit, dims, params, deps)
+            self._emit_buckets(self.fillers[local].take(), mb)
+            return
         for dims, params in sorted(self._param_groups(unit).items()):
             if self._group_size(dims) == 1 or params == 0:
                 continue
-            ready = deps
-            if self.fsdp:
+            ctx = self._ctx(unit, mb)
+            if self.plan.fsdp_version == 1:
+                ready = (fsdp1_reduce_pre(self.sink, self.precision, params, deps, unit, ctx),)
+            else:
                 # FSDP2 copies (and casts) the unsharded gradients into the reduce-scatter
                 # input on its reduce-scatter stream (foreach_reduce): read the gradients,
                 # write the reduce-dtype buffer.
@@ -120,11 +149,31 @@ class StageLowering:
                     kind=COMPUTE, stream="dp_rs", op="fsdp_copy_in", phase="backward",
                     deps=deps, op_class=MEMORY, label=f"grad.copy_in.{unit}",
                     bytes=params * (self.precision.param_bytes + self.precision.grad_reduce_bytes),
-                    **self._ctx(unit, mb)),)
-            self.reductions.append(self.sink.add(
-                kind=COMM, stream="dp_rs", op=op, phase="backward", deps=ready,
+                    **ctx),)
+            reduction = self.sink.add(
+                kind=COMM, stream="dp_rs", op="reduce_scatter", phase="backward", deps=ready,
                 bytes=params * self.precision.grad_reduce_bytes, group=dims,
-                label=f"grad.reduce.{unit}", **self._ctx(unit, mb)))
+                label=f"grad.reduce.{unit}", **ctx)
+            if self.plan.fsdp_version == 1:
+                reduction = fsdp1_reduce_post(self.sink, self.precision,
+                                              params / self._group_size(dims), reduction,
+                                              accumulate=mb > 0, unit=unit, ctx=ctx)
+            self.reductions.append(reduction)
+
+    def _emit_buckets(self, buckets, mb: int) -> None:
+        """DDP / ZeRO 1-2 gradient reductions, one per closed bucket (a unit's in "unit"
+        mode: the label names the unit then)."""
+        op = "reduce_scatter" if self.plan.zero_stage >= 1 else "all_reduce"
+        unit_mode = self.plan.grad_bucket == "unit" and self.plan.grad_reduce_overlap
+        for bucket in buckets:
+            unit = bucket.units[-1]
+            label = (f"grad.reduce.{unit}" if unit_mode
+                     else f"grad.reduce.bucket{self.bucket_counter}")
+            self.bucket_counter += 1
+            self.reductions.append(self.sink.add(
+                kind=COMM, stream="dp_rs", op=op, phase="backward", deps=bucket.deps,
+                bytes=bucket.params * self.precision.grad_reduce_bytes, group=bucket.dims,
+                label=label, **self._ctx(unit, mb)))
 
     # ---- passes -------------------------------------------------------------------------
     def _p2p(self, kind: str, what: str, mb: int, deps, peer: int, phase: str,
@@ -146,15 +195,25 @@ class StageLowering:
         self.pass_ends = []
         chunk = local * self.pp + self.stage
         prev = self._p2p("recv", "act", mb, (), -1, "forward", chunk) if chunk > 0 else None
+        gathers = self._param_gather_plan(local) if self.param_gather and mb == 0 else None
         for index, unit in enumerate(self.chunk_units[local]):
-            gathers = self._gather(unit, index, mb, "forward")
+            waits = (self._gather(unit, index, mb, "forward") if gathers is None
+                     else gathers.wait(unit, prev))
             graph = self._graph(unit)
-            deps = self._join([prev, *gathers], unit, mb, "forward")
+            deps = self._join([prev, *waits], unit, mb, "forward")
             prev = graph.emit_forward(self.sink, self._ctx(unit, mb), deps)
             self.graphs[(unit, mb)] = graph
             self.pass_ends.append(prev)
         if chunk < self.last_chunk:
             self._p2p("send", "act", mb, (prev,), +1, "forward", chunk)
+
+    def _param_gather_plan(self, local: int) -> "ParamGathers":
+        """The chunk's ZeRO parameter all-gathers, issued in this forward (steady state of
+        --overlap-param-gather: the previous step's optimizer updated the shards)."""
+        units = [(u, self._param_groups(u)) for u in self.chunk_units[local]]
+        units = [(u, {d: p for d, p in g.items() if self._group_size(d) > 1})
+                 for u, g in units]
+        return ParamGathers(self, forward_buckets(units, self.bucket_sizes[local]))
 
     def backward(self, mb: int, local: int = 0) -> None:
         """One micro-batch's backward through one of the stage's chunks, in reverse."""
@@ -180,7 +239,13 @@ class StageLowering:
             grad = graph.emit_backward(self.sink, ctx, deps[0] if len(deps) == 1 else grad)
             self.pass_ends.append(grad)
             wgrads = tuple(graph.wgrad_tasks.values()) or (grad,)
-            self._reduce(unit, wgrads, mb)
+            self._reduce(unit, wgrads, mb, local)
+        if not self.fsdp and self._reduces(mb) and (
+                self.bucket_sizes[local] != math.inf or mb != self.plan.micro_batches - 1):
+            # The chunk's last, partly filled bucket closes when its backward ends. One
+            # bucket for the whole chunk (no overlap) waits for the whole backward of the
+            # step (optimizer), except ZeRO-2's reductions of earlier micro-batches.
+            self._emit_buckets(self.fillers[local].take(flush=True), mb)
         if chunk > 0:
             self._p2p("send", "grad", mb, (grad,), -1, "backward", chunk)
         self.last_backward = grad
@@ -198,25 +263,79 @@ class StageLowering:
             for dims, params in self._param_groups(unit).items():
                 sharded = self.fsdp or self.plan.zero_stage >= 1
                 local += params / (self._group_size(dims) if sharded else 1)
+        for filler in self.fillers:   # reductions that wait for the whole backward
+            self._emit_buckets(filler.take(flush=True), self.plan.micro_batches - 1)
         nbytes, kernels = adam_step_cost(self.plan.optimizer, local, self._param_tensors())
         step = self.sink.add(kind=COMPUTE, stream="compute", op="adam", phase="optimizer",
                              deps=(self.last_backward, *self.reductions), bytes=nbytes,
                              kernels=kernels, op_class=MEMORY, label="optimizer.step",
                              layer=-1, microbatch=-1)
-        if self.plan.zero_stage in (1, 2) and not self.fsdp:
-            for unit in self.units:
-                for dims, params in sorted(self._param_groups(unit).items()):
-                    if self._group_size(dims) > 1 and params:
-                        self.sink.add(kind=COMM, stream="dp_ag", op="all_gather",
-                                      phase="optimizer", deps=(step,), bytes=params * self.precision.param_bytes,
-                                      group=dims, label=f"zero.gather.{unit}",
-                                      **self._ctx(unit, -1))
+        if self.plan.zero_stage in (1, 2) and not self.fsdp and not self.param_gather:
+            # the updated shards gathered back after the step, exposed: per unit, or per
+            # bucket of the gradient buffer (Megatron's start_param_sync without overlap)
+            for local, units in enumerate(self.chunk_units):
+                for k, bucket in enumerate(forward_buckets(
+                        [(u, self._param_groups(u)) for u in units], self.bucket_sizes[local])):
+                    if self._group_size(bucket.dims) == 1:
+                        continue
+                    unit = bucket.units[-1]
+                    label = (f"zero.gather.{unit}" if len(bucket.units) == 1
+                             and self.bucket_sizes[local] is None else f"zero.gather.bucket{k}")
+                    self.sink.add(kind=COMM, stream="dp_ag", op="all_gather",
+                                  phase="optimizer", deps=(step,),
+                                  bytes=bucket.params * self.precision.param_bytes,
+                                  group=bucket.dims, label=label, **self._ctx(unit, -1))
 
     def build(self) -> list[Task]:
         """All tasks of the stage for one training step."""
         order = stage_order(self.plan.pipeline.schedule, self.stage, self.pp,
                             self.plan.micro_batches, self.plan.pipeline.virtual_stages)
+        if self.plan.host_step_s:
+            # host work of the step before its first kernel (framework profile)
+            self.sink.add(kind=COMPUTE, stream="compute", op="host_step", phase="forward",
+                          layer=-1, microbatch=-1, kernels=0, host_s=self.plan.host_step_s,
+                          label="host.step")
         for kind, mb, local in order:
             (self.forward if kind == "F" else self.backward)(mb, local)
         self.optimizer()
+        add_host_issue_time(self.sink.tasks, self.plan)
         return self.sink.tasks
+
+
+class ParamGathers:
+    """--overlap-param-gather in one chunk's forward: bucket k + 1's all-gather is issued
+    when bucket k's first unit starts (Megatron's forward pre-hook: finish_param_sync,
+    then the next bucket group's start_param_sync), the first one at the step's start;
+    a unit waits for the gathers of every bucket holding its parameters."""
+
+    def __init__(self, lowering: StageLowering, buckets):
+        self.lowering, self.buckets = lowering, buckets
+        self.issued: dict[int, int] = {}
+
+    def _issue(self, k: int, deps) -> None:
+        if k >= len(self.buckets) or k in self.issued:
+            return
+        low, bucket = self.lowering, self.buckets[k]
+        self.issued[k] = low.sink.add(
+            kind=COMM, stream="dp_ag", op="all_gather", phase="forward",
+            deps=tuple(d for d in deps if d is not None and d >= 0),
+            bytes=bucket.params * low.precision.param_bytes, group=bucket.dims,
+            label=f"zero.gather.bucket{k}", **low._ctx(bucket.units[-1], 0))
+
+    def wait(self, unit, started) -> list[int]:
+        """The gathers `unit` waits for; issues the next bucket's as it starts."""
+        mine = [k for k, b in enumerate(self.buckets) if unit in b.units]
+        for k in mine:
+            self._issue(k, () if k == 0 else (started,))
+            self._issue(k + 1, (started,))
+        return [self.issued[k] for k in mine]
+
+
+def add_host_issue_time(tasks: list[Task], plan: Plan) -> None:
+    """Each compute task's host issue time: its kernels x the framework's per-kernel host
+    cost, unless the step is captured in a CUDA graph (one launch for the graph)."""
+    if plan.cuda_graphs or not plan.host_kernel_s:
+        return
+    for task in tasks:
+        if task.kind == COMPUTE and task.kernels:
+            task.host_s += task.kernels * plan.host_kernel_s

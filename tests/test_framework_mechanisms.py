@@ -1,0 +1,187 @@
+"""Each framework key changes the Program, and the step time in the direction the
+mechanism implies (workloads/ddp_buckets.py, fsdp1.py, tp_overlap.py, frameworks.py)."""
+from __future__ import annotations
+
+import math
+
+import pytest
+
+import topologies
+from simulator import simulate
+from workloads import plan_from_dict, resolve
+from workloads.lowering import lower
+from workloads.schedules import EMBED, HEAD
+
+from conftest import small_plan
+
+LAYER_PARAMS = 2 * 1024 * 1024 + 2 * 1024 * 512 + 3 * 1024 * 4096 + 2 * 1024
+STAGE_PARAMS = 4 * LAYER_PARAMS + 2 * 8192 * 1024 + 1024    # layers, embedding, head + norm
+
+
+def _run(world: int = 8, **over):
+    raw = small_plan(training={"global_batch": 16})
+    raw.update(over)
+    plan = plan_from_dict(raw)
+    program = lower(resolve(plan, world))
+    topo = {8: "dgx-h100", 16: "dgx-h100x2"}.get(world, "dgx-h100")
+    return program, simulate(plan, topologies.build(topo)).summary
+
+
+def _labels(program, prefix: str) -> list:
+    return [t for t in program.stages[0] if t.label.startswith(prefix)]
+
+
+# ---- overlap.grad_reduce / ddp.bucket_params ------------------------------------------
+@pytest.mark.parametrize("bucket", [10_000_000, 3_000_000, 25_000_000])
+def test_bucket_count_is_ceil_of_params_over_bucket(bucket):
+    program, _ = _run(zero_stage=1, ddp={"bucket_params": bucket})
+    reductions = _labels(program, "grad.reduce.bucket")
+    assert len(reductions) == math.ceil(STAGE_PARAMS / bucket)
+    # every bucket but the last holds exactly `bucket` parameters (4-byte gradients)
+    assert sorted(t.bytes for t in reductions)[1:] == [4 * bucket] * (len(reductions) - 1)
+    assert sum(t.bytes for t in reductions) == pytest.approx(4 * STAGE_PARAMS)
+
+
+def test_megatron_bucket_size_is_max_40m_or_1m_per_dp_rank():
+    program, _ = _run(zero_stage=1, ddp={"bucket_params": "megatron"})
+    assert len(_labels(program, "grad.reduce.bucket")) == math.ceil(STAGE_PARAMS / 40e6)
+
+
+def test_grad_reduce_off_reduces_after_the_whole_backward_and_is_slower():
+    on_prog, on = _run(zero_stage=1, ddp={"bucket_params": 10_000_000})
+    off_prog, off = _run(zero_stage=1, overlap={"grad_reduce": False})
+    last_backward = max(t.id for t in off_prog.stages[0] if t.phase == "backward"
+                        and t.kind == "compute" and t.stream == "compute")
+    off_red = _labels(off_prog, "grad.reduce")
+    assert len(off_red) == 1 and off_red[0].bytes == 4 * STAGE_PARAMS
+    assert last_backward in off_red[0].deps or any(d >= last_backward for d in off_red[0].deps)
+    # with buckets, the first reduction waits only for the output layer's gradients
+    first = _labels(on_prog, "grad.reduce.bucket")[0]
+    assert max(first.deps) < last_backward
+    assert off["step_time_s"] > on["step_time_s"]
+    assert off["exposed_comm_s"] > on["exposed_comm_s"]
+
+
+def test_generic_unit_buckets_are_the_per_unit_reductions():
+    program, _ = _run(zero_stage=1)
+    units = [t.label for t in _labels(program, "grad.reduce.")]
+    assert sorted(units) == sorted(f"grad.reduce.{u}" for u in (EMBED, HEAD, 0, 1, 2, 3))
+
+
+# ---- overlap.param_gather ---------------------------------------------------------------
+def test_param_gather_moves_the_all_gathers_into_the_forward():
+    off_prog, off = _run(zero_stage=1)
+    on_prog, on = _run(zero_stage=1, overlap={"param_gather": True})
+    opt = [t for t in off_prog.stages[0] if t.op == "all_gather" and t.phase == "optimizer"]
+    assert len(opt) == 6
+    assert not [t for t in on_prog.stages[0] if t.op == "all_gather" and t.phase == "optimizer"]
+    fwd = [t for t in on_prog.stages[0] if t.op == "all_gather" and t.phase == "forward"]
+    assert len(fwd) == 6 and {t.microbatch for t in fwd} == {0}
+    assert sum(t.bytes for t in fwd) == sum(t.bytes for t in opt) == pytest.approx(2 * STAGE_PARAMS)
+    # the exposed gathers after the optimizer leave the critical path
+    assert on["step_time_s"] < off["step_time_s"]
+    assert on["exposed_comm_s"] < off["exposed_comm_s"]
+
+
+def test_param_gather_gates_each_units_first_forward():
+    program, _ = _run(zero_stage=1, overlap={"param_gather": True})
+    tasks = program.stages[0]
+    gathers = {t.id for t in tasks if t.op == "all_gather" and t.phase == "forward"}
+    first_wq = next(t for t in tasks if t.label == "wq.fwd" and t.layer == 0
+                    and t.microbatch == 0)
+
+    def ancestors(task, seen=None):
+        seen = set() if seen is None else seen
+        for d in task.deps:
+            if d not in seen:
+                seen.add(d)
+                ancestors(tasks[d], seen)
+        return seen
+    assert ancestors(first_wq) & gathers
+
+
+# ---- overlap.tp_comm / overlap.async_tp ---------------------------------------------------
+TP = dict(mesh={"tp": 4}, sharding={"sequence_parallel": True})
+LARGE = dict(model={"hidden_size": 8192, "num_hidden_layers": 2, "num_attention_heads": 64,
+                    "num_key_value_heads": 8, "intermediate_size": 28672, "vocab_size": 8192},
+             training={"global_batch": 2, "micro_batch": 1, "seq_len": 8192})
+
+
+@pytest.mark.parametrize("key", ["tp_comm", "async_tp"])
+def test_tp_overlap_chunks_the_sequence_parallel_collectives(key):
+    base_prog, base = _run(**TP)
+    prog, res = _run(**TP, overlap={key: True})
+    blocking = [t for t in base_prog.stages[0] if t.group == ("tp",) and t.layer == 1
+                and t.phase == "forward" and t.op in ("all_gather", "reduce_scatter")
+                and t.microbatch == 0]
+    left = [t for t in prog.stages[0] if t.group == ("tp",) and t.layer == 1
+            and t.phase == "forward" and t.op in ("all_gather", "reduce_scatter")]
+    assert len(blocking) == 4 and not left      # 2 gathers + 2 reduce-scatters a layer
+    sends = [t for t in prog.stages[0] if t.stream == "tp_ring_send" and t.op == "send_recv"
+             and t.layer == 1 and t.phase == "forward" and t.microbatch == 0]
+    assert len(sends) == 4 * (4 - 1)            # tp - 1 ring steps each
+    # each ring step moves one tp-th of the blocking collective's buffer
+    assert {t.bytes for t in sends} == {blocking[0].bytes / 4}
+    chunks = [t for t in prog.stages[0] if t.label.startswith("wq.fwd.chunk")
+              and t.layer == 1 and t.microbatch == 0]
+    whole = next(t for t in base_prog.stages[0] if t.label == "wq.fwd" and t.layer == 1
+                 and t.microbatch == 0)
+    assert len(chunks) == 4 and sum(t.flops for t in chunks) == pytest.approx(whole.flops)
+    # On this small layer the chunks cost more (latency per ring step, launches, smaller
+    # GEMM waves) than the overlap saves; on a 70B-sized layer the overlap wins.
+    assert res["step_time_s"] > base["step_time_s"]
+    _, big_base = _run(**TP, **LARGE)
+    _, big = _run(**TP, **LARGE, overlap={key: True})
+    assert big["step_time_s"] < big_base["step_time_s"]
+    assert big["exposed_comm_s"] < big_base["exposed_comm_s"]
+
+
+def test_async_tp_reduces_partials_userbuffers_adds_on_the_ring():
+    ub, _ = _run(**TP, overlap={"tp_comm": True})
+    sm, _ = _run(**TP, overlap={"async_tp": True})
+    assert not [t for t in ub.stages[0] if t.op == "reduce_partials"]
+    assert [t for t in ub.stages[0] if t.op == "ub_reduce"]
+    partials = [t for t in sm.stages[0] if t.op == "reduce_partials"]
+    assert partials and not [t for t in sm.stages[0] if t.op == "ub_reduce"]
+
+
+# ---- fsdp.version -------------------------------------------------------------------------
+def test_fsdp1_has_no_copy_out_but_divides_and_casts_its_flat_gradient():
+    v2, two = _run(fsdp={"enabled": True})
+    v1, one = _run(fsdp={"enabled": True, "version": 1})
+    assert _labels(v2, "fsdp.copy_out") and not _labels(v1, "fsdp.copy_out")
+    rs = [t for t in v1.stages[0] if t.op == "reduce_scatter"]
+    pre = _labels(v1, "fsdp1.predivide")
+    assert len(pre) == len(rs) and _labels(v1, "fsdp1.grad_shard")
+    layer = next(t for t in pre if t.layer == 0)
+    # in-place divide in fp32 (read + write) after the bf16 -> fp32 cast (read + write)
+    assert layer.bytes == pytest.approx(LAYER_PARAMS * (2 * 4 + 2 + 4))
+    assert one["step_time_s"] != two["step_time_s"]
+
+
+# ---- host_overhead / cuda_graphs / framework -----------------------------------------------
+def test_host_time_per_step_adds_to_the_step():
+    _, base = _run(world=8)
+    prog, slow = _run(world=8, host_overhead={"per_step_s": 0.05})
+    assert _labels(prog, "host.step")
+    assert slow["step_time_s"] - base["step_time_s"] == pytest.approx(0.05, rel=1e-6)
+
+
+def test_host_time_per_kernel_and_cuda_graphs():
+    _, base = _run()
+    _, host = _run(host_overhead={"per_kernel_s": 50e-6}, kernels="eager")
+    _, eager = _run(kernels="eager")
+    _, graphed = _run(host_overhead={"per_kernel_s": 50e-6}, kernels="eager", cuda_graphs=True)
+    assert host["step_time_s"] > eager["step_time_s"]
+    assert graphed["step_time_s"] == pytest.approx(eager["step_time_s"])
+    assert base["step_time_s"] < eager["step_time_s"]
+
+
+def test_framework_profile_changes_the_program():
+    generic, g = _run(**TP, zero_stage=1)
+    mcore, m = _run(**TP, framework="megatron-core")
+    assert _labels(mcore, "grad.reduce.bucket") and not _labels(generic, "grad.reduce.bucket")
+    assert [t for t in mcore.stages[0] if t.stream == "tp_ring_send"]
+    assert m["step_time_s"] != g["step_time_s"]
+    titan, t = _run(framework="torchtitan")
+    assert _labels(titan, "fsdp.gather") and t["step_time_s"] > _run(fsdp={"enabled": True})[1]["step_time_s"]
