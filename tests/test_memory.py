@@ -158,7 +158,8 @@ def test_1f1b_in_flight_micro_batches():
 
 def test_1f1b_activations_scale_with_in_flight():
     plan = _plan(8, mesh={"pp": 4, "dp": 2}, recompute="selective", attention="eager")
-    per_layer = activation_bytes_per_layer(plan.model, 4096, 1, recompute="selective")
+    per_layer = activation_bytes_per_layer(plan.model, 4096, 1, recompute="selective",
+                                           kernels=plan.kernels)
     s1 = memory_breakdown(plan, 1)   # middle stage: no embedding / output activations
     scores = 2 * 32 * 4096 * 4096    # selective working set: one layer's softmax output
     assert s1.activations_bytes == 3 * 8 * per_layer + scores

@@ -115,7 +115,7 @@ def test_generic_is_todays_defaults_and_profiles_yield_to_the_plan():
     mcore = plan_from_dict(small_plan(framework="megatron-core"))
     assert (mcore.zero_stage, mcore.grad_reduce_overlap, mcore.param_gather_overlap,
             mcore.tp_comm_overlap, mcore.kernels, mcore.grad_bucket) == (
-        1, True, True, False, "fused", "megatron")   # no TP: no TP overlap
+        1, True, True, False, "fused", 128 * 1024 * 1024)   # no TP: no TP overlap
     sp = plan_from_dict(small_plan(framework="megatron-core", mesh={"tp": 2},
                                    sharding={"sequence_parallel": True}))
     assert sp.tp_comm_overlap is True
@@ -127,6 +127,8 @@ def test_generic_is_todays_defaults_and_profiles_yield_to_the_plan():
     assert (titan.fsdp, titan.fsdp_version, titan.kernels, titan.recompute,
             titan.zero_stage) == (True, 2, "eager", "selective_op", 0)
     assert plan_from_dict(small_plan(framework="torchtitan", kernels="fused")).kernels == "fused"
+    zero1 = plan_from_dict(small_plan(framework="torchtitan", zero_stage=1))
+    assert (zero1.fsdp, zero1.zero_stage) == (False, 1)
     # a plan enabling FSDP under a ZeRO-1 profile gets FSDP's own sharding, not an error
     fsdp = plan_from_dict(small_plan(framework="megatron-core", fsdp={"enabled": True}))
     assert (fsdp.zero_stage, fsdp.param_gather_overlap, fsdp.grad_bucket) == (0, False, "unit")

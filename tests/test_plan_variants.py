@@ -43,6 +43,10 @@ def small_variant(name: str) -> dict:
     mesh["dp"] = "auto"
     raw["mesh"] = mesh
     raw["pipeline"] = {k: v for k, v in raw.get("pipeline", {}).items() if k != "layer_split"}
+    if "virtual_stages" in raw["pipeline"]:   # chunks of at least one small-model layer
+        layers = small["num_hidden_layers"]
+        raw["pipeline"]["virtual_stages"] = min(raw["pipeline"]["virtual_stages"],
+                                                max(1, layers // mesh["pp"]))
     fixed = mesh.get("tp", 1) * mesh.get("cp", 1) * mesh["pp"] * mesh.get("ep", 1)
     nodes = next(n for n in (1, 2, 4) if n * NODE_GPUS >= fixed)
     raw["topology"] = "dgx-h100" if nodes == 1 else f"dgx-h100x{nodes}"

@@ -45,3 +45,20 @@ def check_optional_name(value: Any, field: str, allowed: str) -> None:
     """None or a string."""
     if value is not None and not isinstance(value, str):
         raise WorkloadError(field, value, allowed)
+
+
+def json_object(raw: Any, where: str) -> dict:
+    """A JSON object (absent: empty)."""
+    if raw is None:
+        return {}
+    if not isinstance(raw, dict):
+        raise WorkloadError(where, raw, "a JSON object")
+    return raw
+
+
+def known_keys(raw: dict, where: str, allowed: tuple[str, ...]) -> None:
+    """Every key of a JSON object is one of `allowed`."""
+    for key in raw:
+        if key not in allowed:
+            raise WorkloadError(f"{where}.{key}" if where else key, raw[key],
+                                "keys " + ", ".join(allowed))

@@ -15,6 +15,8 @@ from __future__ import annotations
 from types import MappingProxyType
 from typing import Any, Mapping
 
+from .fields import check_choice, is_int, json_object, known_keys
+
 # Plan keys a profile may set (the Plan field names), with the generic default of each:
 # the simulator's behaviour before profiles, where gradients are reduced per unit as
 # soon as the unit's backward has produced them (PyTorch DDP's and FSDP's hooks).
@@ -35,8 +37,9 @@ EAGER_HOST_KERNEL_S = 10e-6
 
 MEGATRON_CORE: Mapping[str, Any] = MappingProxyType({
     # Transformer Engine / Apex fused kernels for norms, RoPE, SwiGLU, cross-entropy
-    # (Megatron-LM megatron/core/transformer: TENorm, fused_apply_rotary_pos_emb,
-    # bias_swiglu_impl, fused vocab-parallel cross-entropy).
+    # (Megatron-LM megatron/core/extensions/transformer_engine.py: TENorm,
+    # fused_apply_rotary_pos_emb; megatron/core/fusions/fused_bias_swiglu.py; the fused
+    # vocab-parallel cross-entropy).
     "kernels": "fused",
     # Apex/TE FusedAdam (megatron/core/optimizer/__init__.py imports FusedAdam as Adam).
     "optimizer": "fused",
@@ -45,16 +48,18 @@ MEGATRON_CORE: Mapping[str, Any] = MappingProxyType({
     # `use_distributed_optimizer=True`; docs/source/api-guide/dist_optimizer.md).
     "zero_stage": 1,
     # Megatron-Bridge's CommOverlapConfig turns on overlap_grad_reduce and
-    # overlap_param_gather with the distributed optimizer at DP > 1, and tp_comm_overlap
-    # in the performance recipes (bridge/training/comm_overlap.py; the flags are
-    # `--overlap-grad-reduce`, `--overlap-param-gather`, `--tp-comm-overlap` of
-    # megatron/training/arguments.py). tp_comm_overlap only acts with TP > 1 and
-    # sequence parallelism, which Transformer Engine's userbuffers require.
+    # overlap_param_gather at DP > 1 with buckets of 128 x 1024 x 1024 parameters
+    # (src/megatron/bridge/training/comm_overlap.py, _get_optimizer_overlap_cfgs), and its
+    # H100 Llama 3 recipes set tp_comm_overlap=True (recipes/llama/h100/llama3.py); it
+    # turns TP overlap off below TP 2 or without sequence parallelism, as the parser does.
+    # (Megatron-LM alone: `--overlap-grad-reduce`, `--overlap-param-gather`,
+    # `--tp-comm-overlap`, buckets of max(40M, 1M x dp): `"ddp": {"bucket_params":
+    # "megatron"}`.)
     "grad_reduce_overlap": True, "param_gather_overlap": True, "tp_comm_overlap": True,
-    # DDP buckets of max(40M, 1M x dp) parameters (workloads/ddp_buckets.py).
-    "grad_bucket": "megatron",
+    "grad_bucket": 128 * 1024 * 1024,
     # TransformerConfig.enable_cuda_graph defaults to False
-    # (megatron/core/transformer/transformer_config.py); recipes that graph set it.
+    # (megatron/core/transformer/transformer_config.py); the H100 Llama 3 recipes set
+    # cuda_graph_impl = "none"; recipes that graph say so.
     "cuda_graphs": False,
     # Megatron's Python issues every kernel eagerly as well (fewer, fused ones).
     "host_kernel_s": EAGER_HOST_KERNEL_S,
@@ -89,3 +94,59 @@ FRAMEWORKS = tuple(PROFILES)
 def framework_defaults(name: str) -> dict[str, Any]:
     """The Plan field defaults under a framework profile (generic's, overridden by it)."""
     return {**GENERIC_DEFAULTS, **PROFILES[name]}
+
+
+# ------------------------------------------------------------------ plan-file keys
+# The plan file's keys for the profile's fields: section -> {key: Plan field}.
+OVERLAP_KEYS = {"fsdp_prefetch": "fsdp_prefetch", "async_tp": "async_tp",
+                "grad_reduce": "grad_reduce_overlap", "param_gather": "param_gather_overlap",
+                "tp_comm": "tp_comm_overlap"}
+FSDP_KEYS = {"enabled": "fsdp", "reshard_after_forward": "reshard_after_forward",
+             "version": "fsdp_version"}
+HOST_KEYS = {"per_step_s": "host_step_s", "per_kernel_s": "host_kernel_s"}
+DDP_KEYS = {"bucket_params": "grad_bucket"}
+
+
+def _sharding_sp(raw: dict) -> bool:
+    """Whether a raw plan asks for TP > 1 with sequence parallelism."""
+    mesh, sharding = raw.get("mesh"), raw.get("sharding")
+    tp = mesh.get("tp", 1) if isinstance(mesh, dict) else 1
+    sp = sharding.get("sequence_parallel", False) if isinstance(sharding, dict) else False
+    return is_int(tp) and tp > 1 and sp is True
+
+
+def framework_values(raw: dict) -> dict:
+    """The Plan fields a framework profile sets defaults for, from a raw plan object: the
+    profile's value unless the plan gives one. Values are checked by Plan."""
+    framework = raw.get("framework", "generic")
+    check_choice(framework, "framework", FRAMEWORKS)
+    given: dict = {}
+    for section, keys in (("overlap", OVERLAP_KEYS), ("fsdp", FSDP_KEYS),
+                          ("host_overhead", HOST_KEYS), ("ddp", DDP_KEYS)):
+        obj = json_object(raw.get(section), section)
+        known_keys(obj, section, tuple(keys))
+        given.update({keys[k]: v for k, v in obj.items()})
+    for key in ("zero_stage", "recompute", "kernels", "optimizer", "cuda_graphs"):
+        if key in raw:
+            given[key] = raw[key]
+    values = {**framework_defaults(framework), **given}
+    if "fsdp" not in given and given.get("zero_stage") in (1, 2):
+        values["fsdp"] = False      # the plan's ZeRO 1/2 over a profile's FSDP
+    if values["fsdp"] is True and "zero_stage" not in given:
+        values["zero_stage"] = 0    # FSDP is ZeRO-3 by itself (a profile's ZeRO-1 yields)
+    # A profile's overlap default applies only where the mechanism exists: the parameter
+    # all-gather of ZeRO 1/2, TP communication under sequence parallelism (Megatron asserts
+    # both: arguments.py); the plan's own value is checked against them by resolve.
+    if "param_gather_overlap" not in given and (values["fsdp"] is True
+                                                 or values["zero_stage"] not in (1, 2)):
+        values["param_gather_overlap"] = False
+    if values["fsdp"] is True and "grad_bucket" not in given:
+        values["grad_bucket"] = "unit"    # FSDP reduces per unit; DDP buckets do not apply
+    tp_sp = _sharding_sp(raw)
+    for key in ("tp_comm_overlap", "async_tp"):
+        if key not in given and not tp_sp:
+            values[key] = False
+    for key in ("host_step_s", "host_kernel_s"):   # JSON 0 is a number of seconds too
+        if is_int(values[key]):
+            values[key] = float(values[key])
+    return {"framework": framework, **values}

@@ -309,8 +309,10 @@ class LayerGraph:
         for node in reversed(self.nodes):
             if node.kind == "redistribute" or not grads[node.id]:
                 continue
+            start = len(sink.tasks)
             result = self._combine(sink, ctx, node, grads[node.id])
-            self._flush_wgrads(sink)
+            if any(t.kind == COMM for t in sink.tasks[start:]):
+                self._flush_wgrads(sink)   # after the collective the wgrads overlap
             if node.kind == "input":
                 continue
             produced = self._emit_backward_node(sink, ctx, node, result)

@@ -39,6 +39,7 @@ from .plan import Plan
 from .precision import precision
 from .schedules import chunk_units, stage_layers
 
+FP32_BYTES = 4
 BF16_BYTES = 2
 PARAM_BYTES_PER_PARAM = 2        # bf16 working copy (ZeRO paper section 3.1)
 GRAD_BYTES_PER_PARAM = 2         # bf16 gradient
@@ -134,7 +135,8 @@ def _stage_units(plan: Plan, stage: int, ranges: Sequence[range]) -> list[tuple[
 
 # ------------------------------------------------------------------------- activations
 def _layer_tensors(model: ModelSpec, kv_seq: int, dropout: bool,
-                   moe: bool = False, load_imbalance: float = 1.0) -> list[tuple[str, float, str]]:
+                   moe: bool = False, load_imbalance: float = 1.0,
+                   fused_swiglu: bool = False) -> list[tuple[str, float, str]]:
     """Tensors one layer saves for its backward, bytes per token, with their TP class.
 
     Class "replicated": not split by TP, split over the sequence by SP; "sharded": split by
@@ -150,7 +152,14 @@ def _layer_tensors(model: ModelSpec, kv_seq: int, dropout: bool,
          ("mlp_norm_input", 2 * h, "replicated"), ("mlp_input", 2 * h, "replicated")]
     if model.mlp == "gelu":
         t += [("gelu_input", 2 * f, "sharded"), ("fc2_input", 2 * f, "sharded")]
+    elif fused_swiglu:
+        # A fused SwiGLU kernel keeps only its inputs (w1's and w3's outputs) and recomputes
+        # silu in its backward; w2 keeps its input (Megatron-LM
+        # megatron/core/fusions/fused_bias_swiglu.py: SwiGLUFunction saves its input only;
+        # torch.compile fuses silu(a) * b alike): 3 tensors of f.
+        t += [(n, 2 * f, "sharded") for n in ("w1_output", "w3_output", "w2_input")]
     else:
+        # eager F.silu(w1(x)) * w3(x): silu's output is the product's saved input too
         t += [(n, 2 * f, "sharded") for n in ("w1_output", "silu_output", "w3_output", "w2_input")]
     if moe:
         # MoE approximation: each token's (top-k + shared) expert copies save their input and
@@ -177,14 +186,16 @@ def _default_dropout(model: ModelSpec) -> bool:
 def activation_bytes_per_layer(model: ModelSpec, seq_len: int, micro_batch: int, tp: int = 1,
                                sequence_parallel: bool = False, recompute: str = "none",
                                dropout: bool | None = None, kv_seq_len: int | None = None,
-                               moe: bool = False, load_imbalance: float = 1.0) -> float:
+                               moe: bool = False, load_imbalance: float = 1.0,
+                               kernels: str = "eager") -> float:
     """Activation bytes one layer keeps for one micro-batch (Korthikanti et al. Table 2).
 
     GPT-style: none sbh(34 + 5as/h) with no TP, sbh(10 + 24/t + 5as/(ht)) with TP,
     sbh(34/t + 5as/(ht)) with TP + SP; selective drops the 5as/h term; full keeps the layer
     input 2sbh (Table 2), which SP stores sequence-sharded: 2sbh/t. seq_len is the local
     sequence (after CP); kv_seq_len the keys each query attends to (default seq_len);
-    moe: an MoE layer of an MoE model (experts replace the dense MLP).
+    moe: an MoE layer of an MoE model (experts replace the dense MLP); kernels: "fused"
+    SwiGLU keeps 3 tensors of the FFN width, "eager" (Korthikanti-style per-op count) 4.
     """
     if recompute not in ("none", "selective", "selective_op", "full"):
         raise ValueError(f"recompute must be none, selective, selective_op or full, "
@@ -200,7 +211,7 @@ def activation_bytes_per_layer(model: ModelSpec, seq_len: int, micro_batch: int,
     dropout = _default_dropout(model) if dropout is None else dropout
     total = 0.0
     for _, per_token, kind in _layer_tensors(model, kv_seq_len or seq_len, dropout, moe,
-                                             load_imbalance):
+                                             load_imbalance, kernels == "fused"):
         if kind == "scores" and recompute == "selective":
             continue
         total += per_token * sb / (sp_div if kind == "replicated" else tp)
@@ -240,10 +251,23 @@ def saved_layer_bytes(plan: Plan, layer: int, recompute: str | None = None) -> f
         # (3D design 2) of the unsharded layer's (the 3D tensor-parallel designs, Bian
         # et al. 2021, arXiv:2105.14450).
         return activation_scale(plan) * plan.parallel_dims.grid.resid_fraction * \
-            activation_bytes_per_layer(m, s, b, 1, False, recompute, kv_seq_len=tr.seq_len)
+            activation_bytes_per_layer(m, s, b, 1, False, recompute, kv_seq_len=tr.seq_len,
+                                       kernels=plan.kernels)
     return activation_scale(plan) * activation_bytes_per_layer(
         m, s, b, tp, sp, recompute, kv_seq_len=tr.seq_len, moe=m.is_moe_layer(layer),
-        load_imbalance=plan.load_imbalance)
+        load_imbalance=plan.load_imbalance, kernels=plan.kernels)
+
+
+def grad_state_bytes(plan: Plan) -> float:
+    """Bytes per accumulated gradient: the precision's, except Megatron-Core's DDP, whose
+    gradient buffer (main_grad) is fp32 when grad_reduce_in_fp32 is set, as the
+    Megatron-Bridge recipes do (recipes/llama/h100/llama3.py: cfg.ddp.grad_reduce_in_fp32
+    = True; megatron/core/distributed/param_and_grad_buffer.py allocates the buffer in the
+    reduce dtype)."""
+    prec = precision(plan.training.dtype)
+    if plan.framework == "megatron-core" and not plan.fsdp and plan.zero_stage < 3:
+        return max(prec.grad_state_bytes, FP32_BYTES)
+    return prec.grad_state_bytes
 
 
 def activation_scale(plan: Plan) -> float:
@@ -297,7 +321,7 @@ def memory_breakdown(plan: Plan, stage: int = 0,
     params = states(prec.param_state_bytes, zero >= 3)
     # Under pipeline parallelism FSDP accumulates unsharded gradients until the step's
     # single reduce-scatter (torch.distributed.pipelining turns gradient sync off).
-    grads = states(prec.grad_state_bytes, zero >= 2 and not (plan.fsdp and mesh.pp > 1))
+    grads = states(grad_state_bytes(plan), zero >= 2 and not (plan.fsdp and mesh.pp > 1))
     optimizer = states(prec.optimizer_state_bytes, zero >= 1)
 
     # Activations (Korthikanti Table 2 per layer x layers x in-flight micro-batches).

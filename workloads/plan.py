@@ -18,10 +18,10 @@ from types import MappingProxyType
 from typing import Any, Mapping
 
 from .errors import WorkloadError
-from .fields import (check_bool, check_choice, check_int, check_number, check_optional_name,
-                     is_int)
 from .ddp_buckets import BUCKET_MODES
-from .frameworks import FRAMEWORKS, framework_defaults
+from .fields import (check_bool, check_choice, check_int, check_number, check_optional_name,
+                     is_int, json_object as _obj, known_keys as _known_keys)
+from .frameworks import FRAMEWORKS, framework_values
 from .kernels import KERNEL_MODES, OPTIMIZERS
 from .mesh import Mesh, ParallelDims
 from .models import ModelSpec, load_model
@@ -222,14 +222,6 @@ class Plan:
 
 
 # --------------------------------------------------------------------------- parsing
-def _obj(raw: Any, where: str) -> dict:
-    if raw is None:
-        return {}
-    if not isinstance(raw, dict):
-        raise WorkloadError(where, raw, "a JSON object")
-    return raw
-
-
 def _required(raw: dict, key: str, where: str) -> Any:
     """A key the plan must have (its value is checked by the type it goes into)."""
     if raw.get(key) is None:
@@ -244,13 +236,6 @@ def _int(raw: dict, key: str, where: str, default: int | None = None, minimum: i
     if not isinstance(value, int) or isinstance(value, bool) or value < minimum:
         raise WorkloadError(f"{where}.{key}", value, f"an integer >= {minimum}")
     return value
-
-
-def _known_keys(raw: dict, where: str, allowed: tuple[str, ...]) -> None:
-    for key in raw:
-        if key not in allowed:
-            raise WorkloadError(f"{where}.{key}" if where else key, raw[key],
-                                "keys " + ", ".join(allowed))
 
 
 def _strategies(raw: dict, where: str, allow_sp: bool) -> dict[str, str]:
@@ -346,60 +331,7 @@ def plan_from_dict(raw: Any, base_dir: Path | None = None, default_name: str = "
         attention=raw.get("attention", "flash"),
         pipeline=_pipeline(_obj(raw.get("pipeline"), "pipeline")),
         topology=raw.get("topology"),
-        source=MappingProxyType(dict(raw)), **_framework_keys(raw), **_extensions(raw))
-
-
-OVERLAP_KEYS = {"fsdp_prefetch": "fsdp_prefetch", "async_tp": "async_tp",
-                "grad_reduce": "grad_reduce_overlap", "param_gather": "param_gather_overlap",
-                "tp_comm": "tp_comm_overlap"}
-FSDP_KEYS = {"enabled": "fsdp", "reshard_after_forward": "reshard_after_forward",
-             "version": "fsdp_version"}
-HOST_KEYS = {"per_step_s": "host_step_s", "per_kernel_s": "host_kernel_s"}
-DDP_KEYS = {"bucket_params": "grad_bucket"}
-
-
-def sharding_sp(raw: dict) -> bool:
-    """Whether a raw plan asks for TP > 1 with sequence parallelism."""
-    mesh, sharding = raw.get("mesh"), raw.get("sharding")
-    tp = mesh.get("tp", 1) if isinstance(mesh, dict) else 1
-    sp = sharding.get("sequence_parallel", False) if isinstance(sharding, dict) else False
-    return is_int(tp) and tp > 1 and sp is True
-
-
-def _framework_keys(raw: dict) -> dict:
-    """The keys a framework profile sets defaults for: the profile's value unless the plan
-    gives one (workloads/frameworks.py). Values are checked by Plan."""
-    framework = raw.get("framework", "generic")
-    check_choice(framework, "framework", FRAMEWORKS)
-    given: dict = {}
-    for section, keys in (("overlap", OVERLAP_KEYS), ("fsdp", FSDP_KEYS),
-                          ("host_overhead", HOST_KEYS), ("ddp", DDP_KEYS)):
-        obj = _obj(raw.get(section), section)
-        _known_keys(obj, section, tuple(keys))
-        given.update({keys[k]: v for k, v in obj.items()})
-    for key in ("zero_stage", "recompute", "kernels", "optimizer", "cuda_graphs"):
-        if key in raw:
-            given[key] = raw[key]
-    values = {**framework_defaults(framework), **given}
-    if values["fsdp"] is True and "zero_stage" not in given:
-        values["zero_stage"] = 0    # FSDP is ZeRO-3 by itself (a profile's ZeRO-1 yields)
-    # A profile's overlap default applies only where the mechanism exists: the parameter
-    # all-gather of ZeRO 1/2, TP communication under sequence parallelism (Megatron asserts
-    # both: arguments.py); the plan's own value is checked against them by resolve.
-    if "param_gather_overlap" not in given and (values["fsdp"] is True
-                                                 or values["zero_stage"] not in (1, 2)):
-        values["param_gather_overlap"] = False
-    if values["fsdp"] is True and "grad_bucket" not in given:
-        values["grad_bucket"] = "unit"    # FSDP reduces per unit; DDP buckets do not apply
-    tp_sp = sharding_sp(raw)
-    for key in ("tp_comm_overlap", "async_tp"):
-        if key not in given and not tp_sp:
-            values[key] = False
-    if isinstance(values["host_step_s"], int) and not isinstance(values["host_step_s"], bool):
-        values["host_step_s"] = float(values["host_step_s"])
-    if isinstance(values["host_kernel_s"], int) and not isinstance(values["host_kernel_s"], bool):
-        values["host_kernel_s"] = float(values["host_kernel_s"])
-    return {"framework": framework, **values}
+        source=MappingProxyType(dict(raw)), **framework_values(raw), **_extensions(raw))
 
 
 def reject_json_constant(name: str):

@@ -8,12 +8,12 @@ Two implementations, the same chunking:
 - "userbuffers": Megatron-LM `--tp-comm-overlap` with Transformer Engine's userbuffers
   (transformer_engine/pytorch/module/base.py initialize_ub; the default method per GEMM:
   "ring_exchange" for the all-gather GEMMs (qkv/fc1 forward, proj/fc2 dgrad), "pipeline"
-  or ring exchange for the reduce-scatter ones (proj/fc2 forward), "bulk" for the
-  dgrad's reduce-scatter beside the wgrad GEMM (qkv/fc1 dgrad)). All-gather: tp steps, in
-  step j the GEMM runs on the chunk received in step j - 1 while the next chunk moves one
-  hop along the ring. Reduce-scatter: tp GEMM chunks, each chunk's partial sent along the
-  ring and added to the next rank's, the additions running in the communication kernels
-  beside the GEMMs. Backward: the dgrad's reduce-scatter overlaps the wgrad GEMMs (bulk).
+  for the reduce-scatter ones (proj/fc2 forward), "bulk" for the dgrad's reduce-scatter
+  beside the wgrad GEMM (qkv/fc1 dgrad); NeMo's userbuffers configs for H100 use the
+  same methods). All-gather: tp steps, in step j the GEMM runs on the chunk received in
+  step j - 1 while the next chunk moves one hop along the ring. Reduce-scatter: the GEMM
+  in 4 row chunks, each chunk's partial reduce-scattered while the next computes.
+  Backward: the dgrad's reduce-scatter overlaps the wgrad GEMMs (bulk).
 - "symm_mem": PyTorch's asynchronous TP (torch/distributed/_symmetric_memory/__init__.py,
   `fused_all_gather_matmul` and `fused_matmul_reduce_scatter`, inserted by Inductor's
   micro-pipeline TP pass; torchtitan `compile.enable_async_tensor_parallel`).
@@ -36,6 +36,10 @@ from .program import COMM, COMPUTE, GEMM, MEMORY
 
 USERBUFFERS, SYMM_MEM = "userbuffers", "symm_mem"
 SEND, RECV = "tp_ring_send", "tp_ring_recv"
+# Transformer Engine's initialize_ub defaults for the "pipeline" method (proj_fprop,
+# fc2_fprop): num_splits 4, on 16 SMs (the SMs appear here as the engine's SM-sharing
+# slowdown of the overlapped GEMMs).
+UB_PIPELINE_SPLITS = 4
 
 
 def _transfer(sink: TaskSink, ctx: dict, tag: tuple, size: float, deps, phase: str,
@@ -102,29 +106,42 @@ def gemm_reduce_scatter(sink: TaskSink, ctx: dict, mode: str, tp: int, deps, flo
     """A row-parallel GEMM whose partial output is reduce-scattered, in tp chunks of its
     output rows pipelined with the transfers; returns the task that has this rank's
     reduced shard."""
-    m, n, k = max(1, mnk[0] // tp), mnk[1], mnk[2]
     deps = tuple(d for d in deps if d >= 0)
+    if mode == USERBUFFERS:
+        return _pipelined_reduce_scatter(sink, ctx, deps, flops, operand_bytes, mnk,
+                                         chunk_bytes * tp, phase, label, **fields)
+    m, n, k = max(1, mnk[0] // tp), mnk[1], mnk[2]
     acc, arrivals = -1, []
     for step in range(tp):
         gemm = sink.add(kind=COMPUTE, stream="compute", phase=phase, deps=deps,
                         flops=flops / tp, bytes=(m * k + k * n + m * n) * operand_bytes,
                         op_class=GEMM, gemm_mnk=(m, n, k), label=f"{label}.chunk{step}",
                         **fields, **ctx)
-        if mode == USERBUFFERS:
-            if acc >= 0:   # add the previous rank's partial, in the comm kernel's stream
-                gemm = sink.add(kind=COMPUTE, stream=SEND, op="ub_reduce", phase=phase,
-                                deps=(gemm, acc), bytes=3 * chunk_bytes, op_class=MEMORY,
-                                label=f"{label}.ring.add", **ctx)
-            acc = (_transfer(sink, ctx, _tag(ctx, phase, label, step), chunk_bytes, (gemm,),
-                             phase, f"{label}.ring") if step < tp - 1 else gemm)
-        else:
-            if step < tp - 1:   # pulled by its destination rank
-                arrivals.append(_transfer(sink, ctx, _tag(ctx, phase, label, step),
-                                          chunk_bytes, (gemm,), phase, f"{label}.pull"))
-            acc = gemm
-    if mode == USERBUFFERS:
-        return acc
+        if step < tp - 1:   # pulled by its destination rank
+            arrivals.append(_transfer(sink, ctx, _tag(ctx, phase, label, step), chunk_bytes,
+                                      (gemm,), phase, f"{label}.pull"))
+        acc = gemm
     # reduce_partials: read the tp partial chunks, write the reduced shard
     return sink.add(kind=COMPUTE, stream="compute", op="reduce_partials", phase=phase,
                     deps=(acc, *arrivals), bytes=(tp + 1) * chunk_bytes, op_class=MEMORY,
                     label=f"{label}.reduce_partials", **ctx)
+
+
+def _pipelined_reduce_scatter(sink: TaskSink, ctx: dict, deps, flops: float,
+                              operand_bytes: float, mnk: tuple[int, int, int],
+                              partial_bytes: float, phase: str, label: str, **fields) -> int:
+    """Transformer Engine's "pipeline" method: the GEMM in UB_PIPELINE_SPLITS row chunks,
+    each chunk's partial output reduce-scattered (a userbuffers kernel on SMs) while the
+    next chunk computes; returns the last reduce-scatter."""
+    splits = UB_PIPELINE_SPLITS
+    m, n, k = max(1, mnk[0] // splits), mnk[1], mnk[2]
+    last = -1
+    for i in range(splits):
+        gemm = sink.add(kind=COMPUTE, stream="compute", phase=phase, deps=deps,
+                        flops=flops / splits, bytes=(m * k + k * n + m * n) * operand_bytes,
+                        op_class=GEMM, gemm_mnk=(m, n, k), label=f"{label}.chunk{i}",
+                        **fields, **ctx)
+        last = sink.add(kind=COMM, stream="tp", op="reduce_scatter", phase=phase, deps=(gemm,),
+                        bytes=partial_bytes / splits, group=("tp",),
+                        label=f"{label}.rs{i}", **ctx)
+    return last
