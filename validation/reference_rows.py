@@ -34,7 +34,10 @@ REQUIRED = ("source", "hardware", "gpus", "model", "tp", "pp", "dp", "cp", "glob
             "seq_len", "metric", "value")
 METRICS = ("tokens_per_s_per_gpu", "tflops_per_gpu", "step_time_s")
 FLOPS_FORMULAS = ("megatron", "narayanan", "nemo-llama2")
-OVERLAP_FLAGS = ("fsdp_prefetch", "async_tp", "grad_reduce", "param_gather", "tp_comm")
+# The overlap flags a row of each framework states (the `overlap` column lists those on; the
+# others of the framework are off); flags a framework does not have keep the profile's value.
+STATED_OVERLAP = {"megatron-core": ("grad_reduce", "param_gather", "tp_comm"),
+                  "torchtitan": ("async_tp",)}
 
 
 def load_rows(path: str | Path) -> list[dict[str, str]]:
@@ -114,9 +117,10 @@ def plan_dict(row: dict[str, str]) -> dict[str, Any]:
         raw["zero_stage"] = num("zero_stage", 0)
     if _flag(row, "cuda_graphs") is not None:
         raw["cuda_graphs"] = _flag(row, "cuda_graphs")
-    if "overlap" in row and (row.get("framework") or "generic") != "generic":
+    flags = STATED_OVERLAP.get(row.get("framework") or "generic", ())
+    if "overlap" in row and flags:
         on = {f for f in (row.get("overlap") or "").split(";") if f}
-        raw["overlap"] = {f: f in on for f in OVERLAP_FLAGS if f != "fsdp_prefetch"}
+        raw["overlap"] = {f: f in on for f in flags}
     if num("cp") > 1:
         raw["context_parallel"] = {"mode": row.get("cp_mode") or "ring"}
     if num("tp") > 1:
