@@ -11,7 +11,6 @@ Library code (studies, what-if) and the commands both write through here, so nei
 needs the other."""
 from __future__ import annotations
 
-import json
 import os
 import shutil
 import stat

@@ -111,10 +111,10 @@ def files(tmp_path: Path) -> dict[str, str]:
         "nan_start": str(tmp_path / "nan_start.parquet"),
         "measured_nan": str(tmp_path / "measured_nan.parquet"),
         "measured_text": str(tmp_path / "measured_text.parquet"),
-        "csv_bad_int": write(tmp_path, "a.csv", header + "s,h,8x8,llama3-8b,1,1,8,8,8192,mfu,40\n"),
-        "csv_nan": write(tmp_path, "b.csv", header + "s,h,8,llama3-8b,1,1,8,8,8192,mfu,nan\n"),
+        "csv_bad_int": write(tmp_path, "a.csv", header + "s,h,8x8,llama3-8b,1,1,8,8,8192,step_time_s,40\n"),
+        "csv_nan": write(tmp_path, "b.csv", header + "s,h,8,llama3-8b,1,1,8,8,8192,step_time_s,nan\n"),
         "csv_unknown": write(tmp_path, "c.csv", header.replace("value", "value,tpp") + "\n"),
-        "csv_long_row": write(tmp_path, "d.csv", header + "s,h,8,llama3-8b,1,1,8,8,8192,mfu,4,9\n"),
+        "csv_long_row": write(tmp_path, "d.csv", header + "s,h,8,llama3-8b,1,1,8,8,8192,step_time_s,4,9\n"),
         "folder": str(tmp_path), "missing": str(tmp_path / "no" / "such" / "t.parquet"),
         "ok_plan": plan(), "tmp": str(tmp_path),
     }

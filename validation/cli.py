@@ -81,6 +81,9 @@ def build_parser() -> argparse.ArgumentParser:
     ref.add_argument("--json", action="store_true", help="print one JSON object")
     ref.add_argument("--jobs", type=_positive("--jobs"), default=None,
                      help="worker processes (default: one per CPU)")
+    ref.add_argument("--no-write-residuals", action="store_true",
+                     help="do not update simulator/data/reference_residuals.json (the bundled "
+                          "table's residuals, read by `simulator run` for its band)")
     return p
 
 
@@ -142,7 +145,7 @@ def _compare(args: argparse.Namespace) -> int:
 def _references(args: argparse.Namespace) -> int:
     from .references import references_main
 
-    return references_main(args.csv, args.json, args.jobs)
+    return references_main(args.csv, args.json, args.jobs, not args.no_write_residuals)
 
 
 def main(argv: list[str] | None = None) -> int:

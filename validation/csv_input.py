@@ -18,12 +18,16 @@ from topologies.presets import FAMILIES
 
 from .errors import ValidationError
 
-# Bounds of one reference file: far past the bundled one (17 rows, a few KB).
+# Bounds of one reference file: far past the bundled one (153 rows, well under 1 MiB).
 MAX_BYTES = 16 << 20
 MAX_ROWS = 10_000
 MAX_INT = 1 << 53
 
 TEXT, INT, NUMBER, BOOL = "text", "integer", "number", "bool"
+# What a row's measurement may be, and whose FLOP count a tflops row uses
+# (validation/reference_rows.py turns each into a step time).
+METRICS = ("tokens_per_s_per_gpu", "tflops_per_gpu", "step_time_s")
+FLOPS_FORMULAS = ("megatron", "narayanan", "nemo-llama2")
 # column -> (kind, required, allowed): allowed is (low, high) for numbers, a tuple of
 # names for text choices, None for free text.
 COLUMNS: dict[str, tuple[str, bool, object]] = {
@@ -34,7 +38,7 @@ COLUMNS: dict[str, tuple[str, bool, object]] = {
     "dp": (INT, True, (1, MAX_INT)), "cp": (INT, False, (1, MAX_INT)),
     "cp_mode": (TEXT, False, ("ring", "all_gather", "all_to_all")),
     "global_batch_seqs": (INT, True, (1, MAX_INT)), "seq_len": (INT, True, (1, MAX_INT)),
-    "metric": (TEXT, True, ("tokens_per_s_per_gpu", "tflops_per_gpu", "mfu", "step_time_s")),
+    "metric": (TEXT, True, METRICS),
     "value": (NUMBER, True, (0.0, math.inf)),
     "dtype": (TEXT, False, ("bf16", "fp8", "fp32")),
     "micro_batch": (INT, False, (1, MAX_INT)), "virtual_stages": (INT, False, (1, MAX_INT)),
@@ -42,6 +46,12 @@ COLUMNS: dict[str, tuple[str, bool, object]] = {
     "zero_stage": (INT, False, (0, 3)), "recompute": (TEXT, False, None),
     "kernels": (TEXT, False, None), "sequence_parallel": (BOOL, False, None),
     "notes": (TEXT, False, None),
+    # the published-runs table's provenance and framework settings (reference_rows.py)
+    "source_family": (TEXT, False, None), "flops_formula": (TEXT, False, FLOPS_FORMULAS),
+    "framework": (TEXT, False, ("generic", "megatron-core", "torchtitan")),
+    "fsdp_version": (INT, False, (1, 2)), "overlap": (TEXT, False, None),
+    "cuda_graphs": (BOOL, False, None), "measured_mem_gib": (NUMBER, False, (0.0, math.inf)),
+    "mem_quantity": (TEXT, False, None), "settings": (TEXT, False, None),
 }
 
 

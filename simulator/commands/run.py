@@ -8,6 +8,7 @@ from dataclasses import replace
 from topologies.faults import apply_faults, parse_fault
 
 from ..api import simulate
+from ..band import describe_band, prediction_band
 from ..errors import EXIT_DOES_NOT_FIT
 from ..output import write_text_atomic
 from ..trace import chrome_trace
@@ -44,14 +45,16 @@ def handle(args: argparse.Namespace) -> int:
         topology = apply_faults(topology, [parse_fault(f) for f in args.fault])
         options = replace(options, fault_classes=True)
     result = simulate(plan, topology, options, args.max_tasks)
+    band = prediction_band(topology.device(0).name, plan.framework,
+                           float(result.summary["step_time_s"]))
     if args.trace:
         result.write_trace(args.trace)
     if args.chrome_trace:
         write_text_atomic(args.chrome_trace, json.dumps(chrome_trace(result.trace)))
     if args.json:
-        print_json(result.summary)
+        print_json({**result.summary, **band})
     else:
-        print(render(result.summary))
+        print(render({**result.summary, **band}))
     if args.strict_memory and not result.summary["fits_in_memory"]:
         return EXIT_DOES_NOT_FIT
     return 0
@@ -68,7 +71,8 @@ def render(s: dict) -> str:
         f"plan {s['plan']}: {s['model']} on {s['topology']} ({s['world_size']} GPUs: "
         f"pp {mesh['pp']} x dp {mesh['dp']} x cp {mesh['cp']} x tp {mesh['tp']}), "
         f"{s['micro_batches']} micro-batch(es) per step",
-        f"  step time                {fmt_time(step):>12}",
+        f"  step time                {fmt_time(step):>12}"
+        + (f"  {describe_band(s)}" if "step_time_band" in s else ""),
         f"    compute                {fmt_time(s['compute_s']):>12}  {pct(s['compute_s'])}",
         f"    exposed communication  {fmt_time(s['exposed_comm_s']):>12}  {pct(s['exposed_comm_s'])}",
         f"    idle (bubble, waits)   {fmt_time(s['bubble_s']):>12}  {pct(s['bubble_s'])}",

@@ -1,0 +1,144 @@
+"""The published-runs table, its scoring and the prediction band built from it."""
+from __future__ import annotations
+
+import csv
+import json
+
+import pytest
+
+from simulator.band import describe_band, prediction_band
+from validation.reference_rows import (DEFAULT_CSV, load_excluded, load_rows, measured_step_s,
+                                       parallelism_name, plan_dict)
+from validation.reference_scoring import groups, residuals_document, score
+from workloads import plan_from_dict
+
+
+def _result(id_, source, hardware, error, framework="megatron-core", parallelism="dp"):
+    return {"id": id_, "source": source, "hardware": hardware, "framework": framework,
+            "parallelism": parallelism, "error_pct": error}
+
+
+def test_table_has_the_rows_and_sources_the_claim_rests_on():
+    rows = load_rows(DEFAULT_CSV)
+    ids = [r["id"] for r in rows]
+    assert len(ids) == len(set(ids)) >= 120
+    assert len({r["source_family"] for r in rows}) >= 5
+    assert {"dgx-a100", "dgx-h100", "dgx-b200"} <= {r["topology"] for r in rows}
+    # one configuration counts once: no two rows share every setting that shapes the run
+    shape = ("model", "topology", "gpus", "tp", "pp", "cp", "dp", "global_batch_seqs",
+             "seq_len", "dtype", "micro_batch", "recompute", "kernels", "overlap", "metric")
+    keys = [tuple(r[c] for c in shape) + (r["value"],) for r in rows]
+    assert len(keys) == len(set(keys))
+    for row in rows:
+        assert row["source"] and row["settings"], row["id"]
+        assert float(row["value"]) > 0
+    excluded = load_excluded()
+    assert all(e["reason"] for e in excluded)
+    assert len(excluded) <= 0.10 * (len(rows) + len(excluded))
+
+
+def test_every_row_is_a_valid_plan_with_its_mesh():
+    for row in load_rows(DEFAULT_CSV):
+        plan = plan_from_dict(plan_dict(row))
+        mesh = plan.mesh
+        assert (mesh.dp, mesh.tp, mesh.pp, mesh.cp) == tuple(
+            int(row[k]) for k in ("dp", "tp", "pp", "cp")), row["id"]
+        assert mesh.dp * mesh.tp * mesh.pp * mesh.cp == int(row["gpus"]), row["id"]
+        assert plan.framework == row["framework"]
+        assert plan.async_tp == ("async_tp" in row["overlap"]), row["id"]
+
+
+def test_metrics_become_step_times_with_the_sources_flop_counts():
+    rows = {r["id"]: r for r in load_rows(DEFAULT_CSV)}
+    row = rows["titan-8b-fsdp8"]      # 5,762 tokens/s/GPU, 16 x 8192 tokens on 8 GPUs
+    plan = plan_from_dict(plan_dict(row))
+    assert measured_step_s(row, plan) == pytest.approx(16 * 8192 / (5762 * 8))
+    row = rows["narayanan-gpt-1.7b"]  # 137 TFLOP/s/GPU on 32 GPUs, Narayanan's formula
+    plan = plan_from_dict(plan_dict(row))
+    b, s, l, h, v = 512, 2048, 24, 2304, 51200
+    flops = 96 * b * s * l * h * h * (1 + s / (6 * h) + v / (16 * l * h))
+    assert measured_step_s(row, plan) == pytest.approx(flops / (137e12 * 32))
+    assert parallelism_name(rows["dgxc-llama3-70b-bf16-64"]) == "tp+cp+pp+dp"
+
+
+def test_groups_bias_and_equal_source_weighting():
+    results = [_result("a", "s1", "h100", 10.0), _result("b", "s1", "h100", -20.0),
+               _result("c", "s2", "b200", 4.0, framework="torchtitan", parallelism="tp+dp")]
+    report = score(results)
+    assert report["n"] == 3
+    assert report["mape_pct"] == pytest.approx(34 / 3)
+    assert report["bias_pct"] == pytest.approx(-2.0)
+    assert report["mape_equal_sources_pct"] == pytest.approx((15.0 + 4.0) / 2)
+    g = groups(results)
+    assert g["source:s1"] == {"n": 2, "mape_pct": 15.0, "bias_pct": -5.0}
+    assert g["hardware:b200"]["n"] == 1 and g["parallelism:tp+dp"]["n"] == 1
+    assert set(g) == {"source:s1", "source:s2", "hardware:h100", "hardware:b200",
+                      "framework:megatron-core", "framework:torchtitan", "parallelism:dp",
+                      "parallelism:tp+dp"}
+
+
+def test_a_sources_predictions_do_not_depend_on_its_measurements(tmp_path):
+    """No constant is fitted to the runs: scaling one source's measured values changes its
+    errors and nothing else, and leaves every prediction where it was."""
+    from validation.references import run_references
+
+    wanted = ("megatron2020-gpt2-1.2b-1", "titan-b200-8b-bf16", "dgxc-llama3-8b-bf16-8")
+    rows = [r for r in load_rows(DEFAULT_CSV) if r["id"] in wanted]
+    assert len({r["source_family"] for r in rows}) == 3
+
+    def write(path, scale_source, factor):
+        with open(path, "w", newline="") as fh:
+            w = csv.DictWriter(fh, fieldnames=list(rows[0]))
+            w.writeheader()
+            for r in rows:
+                value = float(r["value"]) * (factor if r["source_family"] == scale_source else 1)
+                w.writerow({**r, "value": repr(value)})
+        return path
+
+    base = run_references(write(tmp_path / "a.csv", None, 1.0), jobs=1)
+    moved = run_references(write(tmp_path / "b.csv", "torchtitan", 1.3), jobs=1)
+    for a, b in zip(base["rows"], moved["rows"]):
+        assert a["simulated_step_s"] == b["simulated_step_s"], a["id"]
+        if a["source"] == "torchtitan":
+            assert b["measured_step_s"] == pytest.approx(a["measured_step_s"] / 1.3)
+        else:
+            assert b["error_pct"] == a["error_pct"]
+
+
+def test_residuals_file_and_band(tmp_path):
+    results = [_result(f"r{i}", "s", "h100", e) for i, e in enumerate((-10.0, 0.0, 10.0))]
+    results.append(_result("t", "s", "h100-hbm2e", 25.0, framework="torchtitan"))
+    path = tmp_path / "residuals.json"
+    path.write_text(json.dumps(residuals_document(results)))
+    band = prediction_band("h100", "generic", 2.0, path)
+    # measured / simulated - 1 = 1 / (1 + e) - 1: +11.1 % .. -9.1 % (fewer than 10: the range)
+    assert band["step_time_band"]["n"] == 3
+    assert band["step_time_band_s"] == pytest.approx([2.0 / 1.1, 2.0 / 0.9])
+    assert "n = 3" in describe_band(band) and "-9 % .. +11 %" in describe_band(band)
+    named = prediction_band("h100-hbm2e", "torchtitan", 1.0, path)
+    assert named["step_time_band"]["group"] == "hardware:h100-hbm2e framework:torchtitan"
+    assert named["step_time_band_s"] == pytest.approx([0.8, 0.8])
+    none = prediction_band("h100", "torchtitan", 1.0, path)
+    assert none["step_time_band_s"] is None and none["step_time_band"]["n"] == 0
+    assert describe_band(none).startswith("(no published runs of this kind")
+
+
+def test_band_takes_the_central_80_percent_of_ten_or_more_runs(tmp_path):
+    results = [_result(f"r{i}", "s", "a100", e) for i, e in
+               enumerate((-50.0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 100.0))]
+    path = tmp_path / "residuals.json"
+    path.write_text(json.dumps(residuals_document(results)))
+    band = prediction_band("a100", "generic", 1.0, path)["step_time_band"]
+    assert band["n"] == 11 and band["low_pct"] == pytest.approx(0.0)
+    assert band["high_pct"] == pytest.approx(0.0)
+
+
+def test_run_json_carries_the_band(capsys):
+    from simulator.cli import main
+
+    assert main(["run", "--topo", "dgx-h100x4", "--plan", "col.json", "--json"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    band = out["step_time_band"]
+    assert band["group"] == "hardware:h100" and band["n"] > 0
+    low, high = out["step_time_band_s"]
+    assert low <= high and low < out["step_time_s"] * 2

@@ -1,0 +1,184 @@
+"""Reference rows: reading the CSV, the plan a row describes, and its measured step time.
+
+validation/references/training_runs.csv holds measured runs from the public record. Each row
+names its `source_family` (a publisher's table family, the unit of leave-one-source-out
+scoring), the exact source, the settings the table prints and, in `settings`, where the
+unprinted ones (micro-batch, recompute, overlap flags, CUDA graphs, virtual stages) were read.
+Models that are not simulator presets are defined in references/models.json, each with the
+config it was read from. Rows that could not be scored are in references/excluded_runs.csv
+with the reason.
+
+Every metric is turned into a step time, so that the error is a step-time error:
+* step_time_s: as printed;
+* tokens_per_s_per_gpu: global_batch x seq_len / (value x gpus);
+* tflops_per_gpu: the source's FLOPs per step / (value x gpus), with the source's own FLOP
+  count (`flops_formula`): `megatron` (6 x matmul parameters x tokens + causal attention),
+  `narayanan` (Narayanan et al. 2021, arXiv:2104.04473, section 5.1: 96 B s l h^2 (1 + s/6h +
+  V/16lh), recomputation included) or `nemo-llama2` (NeMo nemo/utils/flops_formulas.py llama2).
+"""
+from __future__ import annotations
+
+import csv
+import json
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+from .csv_input import read_reference_csv
+
+REFERENCE_DIR = Path(__file__).parent / "references"
+DEFAULT_CSV = REFERENCE_DIR / "training_runs.csv"
+EXCLUDED_CSV = REFERENCE_DIR / "excluded_runs.csv"
+MODELS_JSON = REFERENCE_DIR / "models.json"
+REQUIRED = ("source", "hardware", "gpus", "model", "tp", "pp", "dp", "cp", "global_batch_seqs",
+            "seq_len", "metric", "value")
+# The overlap flags a row of each framework states (the `overlap` column lists those on; the
+# others of the framework are off); flags a framework does not have keep the profile's value.
+STATED_OVERLAP = {"megatron-core": ("grad_reduce", "param_gather", "tp_comm"),
+                  "torchtitan": ("async_tp",)}
+
+
+def load_rows(path: str | Path) -> list[dict[str, str]]:
+    """Rows of a reference CSV, checked for the required columns and metrics.
+
+    The one place the CSV is read: typed checks of each field go here.
+    """
+    # every cell typed, unknown or missing columns refused (validation/csv_input.py)
+    return read_reference_csv(path)
+
+
+def load_excluded(path: str | Path = EXCLUDED_CSV) -> list[dict[str, str]]:
+    """The rows left out of scoring, each with its reason."""
+    with open(path, newline="") as fh:
+        return list(csv.DictReader(fh))
+
+
+def _reference_models() -> dict[str, dict[str, Any]]:
+    raw = json.loads(MODELS_JSON.read_text())
+    return {name: {k: v for k, v in spec.items() if k != "source"} | {"name": name}
+            for name, spec in raw.items()}
+
+
+def row_id(row: dict[str, str]) -> str:
+    """The row's id (its model name when the CSV has no id column)."""
+    return row.get("id") or row["model"]
+
+
+def _flag(row: dict[str, str], key: str) -> bool | None:
+    value = (row.get(key) or "").strip().lower()
+    return None if not value else value == "true"
+
+
+def plan_dict(row: dict[str, str]) -> dict[str, Any]:
+    """The plan object a reference row describes.
+
+    The row's framework profile (workloads/frameworks.py) sets the defaults; what the row
+    states (from the table or the recipe) overrides them.
+    """
+    def num(key: str, default: int = 1) -> int:
+        return int(row.get(key) or default)
+    models = _reference_models()
+    raw: dict[str, Any] = {
+        "name": row_id(row), "model": models.get(row["model"], row["model"]),
+        "framework": row.get("framework") or "generic",
+        "training": {"global_batch": num("global_batch_seqs"), "micro_batch": num("micro_batch"),
+                     "seq_len": num("seq_len"), "dtype": row.get("dtype") or "bf16"},
+        "mesh": {"dp": num("dp"), "tp": num("tp"), "pp": num("pp"), "cp": num("cp")},
+    }
+    fsdp = {k: v for k, v in (("enabled", _flag(row, "fsdp")),
+                              ("reshard_after_forward", _flag(row, "reshard_after_forward")))
+            if v is not None}
+    if row.get("fsdp_version"):
+        fsdp["version"] = num("fsdp_version")
+    if fsdp:
+        raw["fsdp"] = fsdp
+    for key in ("recompute", "kernels"):
+        if row.get(key):
+            raw[key] = row[key]
+    if row.get("zero_stage"):
+        raw["zero_stage"] = num("zero_stage", 0)
+    if _flag(row, "cuda_graphs") is not None:
+        raw["cuda_graphs"] = _flag(row, "cuda_graphs")
+    flags = STATED_OVERLAP.get(row.get("framework") or "generic", ())
+    if "overlap" in row and flags:
+        on = {f for f in (row.get("overlap") or "").split(";") if f}
+        raw["overlap"] = {f: f in on for f in flags}
+    if num("cp") > 1:
+        raw["context_parallel"] = {"mode": row.get("cp_mode") or "ring"}
+    if num("tp") > 1:
+        raw["sharding"] = {"sequence_parallel": _flag(row, "sequence_parallel") is not False}
+    if num("pp") > 1:
+        vstages = num("virtual_stages")
+        raw["pipeline"] = {"schedule": "interleaved" if vstages > 1 else "1f1b",
+                           "virtual_stages": vstages}
+    return raw
+
+
+def topology_for(row: dict[str, str]):
+    """The row's topology: its preset family with gpus / 8 nodes; a run on fewer than 8
+    GPUs gets one node of that many GPUs on the same NVSwitch."""
+    from topologies import build
+    from topologies.presets import cluster_spec
+
+    gpus = int(row["gpus"])
+    family = row.get("topology") or "dgx-h100"
+    if gpus < 8:
+        return replace(cluster_spec(family), domain_size=gpus).build()
+    if gpus % 8:
+        raise ValueError(f"{gpus} GPUs do not fill nodes of 8")
+    return build(family if gpus == 8 else f"{family}x{gpus // 8}")
+
+
+def model_flops_per_step(plan) -> float:
+    """6 x matmul params x tokens + causal attention (fwd 2 s^2 d per layer, x3), per step."""
+    m, tr = plan.model, plan.training
+    tokens = tr.global_batch * tr.seq_len
+    params = m.num_layers * m.layer_matmul_params() + m.vocab_size * m.hidden_size
+    attention = 3 * 2 * m.num_layers * tr.seq_len * m.q_size * tokens
+    return 6.0 * params * tokens + attention
+
+
+def narayanan_flops_per_step(plan) -> float:
+    """Narayanan et al. 2021 (arXiv:2104.04473) section 5.1, with recomputation:
+    96 B s l h^2 (1 + s / 6h + V / 16 l h)."""
+    m, tr = plan.model, plan.training
+    b, s, l, h, v = tr.global_batch, tr.seq_len, m.num_layers, m.hidden_size, m.vocab_size
+    return 96.0 * b * s * l * h * h * (1 + s / (6 * h) + v / (16 * l * h))
+
+
+def nemo_llama2_flops_per_step(plan) -> float:
+    """NeMo nemo/utils/flops_formulas.py `llama2`: causal attention counted half."""
+    m, tr = plan.model, plan.training
+    b, s, l, h = tr.global_batch, tr.seq_len, m.num_layers, m.hidden_size
+    return b * s * l * h * h * (12 + 12 * m.num_kv_heads / m.num_heads + 18 * m.ffn_size / h
+                                + 12 * s / h * 0.5 + 6 * m.vocab_size / (l * h))
+
+
+FLOPS = {"megatron": model_flops_per_step, "narayanan": narayanan_flops_per_step,
+         "nemo-llama2": nemo_llama2_flops_per_step}
+
+
+def measured_step_s(row: dict[str, str], plan) -> float:
+    """The row's measurement as a step time in seconds."""
+    value = float(row["value"])
+    gpus = int(row["gpus"])
+    metric = row["metric"]
+    if metric == "step_time_s":
+        return value
+    if metric == "tokens_per_s_per_gpu":
+        return plan.training.global_batch * plan.training.seq_len / (value * gpus)
+    flops = FLOPS[row.get("flops_formula") or "megatron"](plan)
+    return flops / (value * 1e12 * gpus)
+
+
+def parallelism_name(row: dict[str, str]) -> str:
+    """The mesh dimensions above 1 joined by '+', e.g. 'tp+pp+dp' ('single' for one GPU)."""
+    dims = [d for d in ("tp", "cp", "pp", "dp") if int(row.get(d) or 1) > 1]
+    return "+".join(dims) or "single"
+
+
+def hardware_name(row: dict[str, str]) -> str:
+    """The hardware group: the GPU of the row's topology family."""
+    family = row.get("topology") or "dgx-h100"
+    return {"dgx-h100": "h100", "grandteton-h100": "h100-hbm2e", "dgx-a100": "a100",
+            "dgx-b200": "b200", "dgx-h200": "h200"}.get(family, family)
