@@ -36,6 +36,11 @@ BAD = {
                                          mesh={"ep": 8, "tp": 2}),
                               "mesh.ep", "dp"),
     "ep on a dense model": (small_plan(mesh={"ep": 2}), "mesh.ep", "dense"),
+    # accepted keys that nothing would read
+    "load imbalance on a dense model": (small_plan(moe={"load_imbalance": 2}),
+                                        "moe.load_imbalance", "dense"),
+    "depth without tp2.5d": (small_plan(mesh={"tp": 2}, tensor_parallel={"depth": 2}),
+                             "tensor_parallel.depth", "tp2.5d"),
     "cp does not divide the sequence": (small_plan(mesh={"cp": 8, "dp": 1},
                                                    training={"seq_len": 2052}),
                                         "mesh.cp", "seq_len"),

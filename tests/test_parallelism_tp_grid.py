@@ -94,7 +94,8 @@ def test_activation_memory_1_over_n_against_1_over_n_two_thirds():
 
 @pytest.mark.parametrize("mode,tp,mb", [("tp2d", 4, 2), ("tp2.5d", 8, 4)])
 def test_summa_broadcasts_and_reduces(mode, tp, mb):
-    prog = _program(mode, tp=tp, micro_batch=mb, tensor_parallel={"depth": 2})
+    prog = _program(mode, tp=tp, micro_batch=mb,
+                    tensor_parallel={"depth": 2 if mode == "tp2.5d" else 1})
     q = 2
     rows = mb * S / (2 if mode == "tp2.5d" else 1) / q       # tokens of a block row
     tasks = [t for t in prog.stages[0] if t.layer == 1 and t.microbatch == 0]
@@ -119,7 +120,8 @@ def test_tp25d_weights_reduce_over_the_depth():
 @pytest.mark.parametrize("mode,tp,mb", [("tp2d", 4, 2), ("tp3d_gather", 8, 4),
                                         ("tp3d_allreduce", 8, 2), ("tp2.5d", 8, 4)])
 def test_gemm_flops_sum_to_the_unsharded_layer(mode, tp, mb):
-    prog = _program(mode, tp=tp, micro_batch=mb, tensor_parallel={"depth": 2})
+    prog = _program(mode, tp=tp, micro_batch=mb,
+                    tensor_parallel={"depth": 2 if mode == "tp2.5d" else 1})
     gemm = sum(t.flops for t in prog.stages[0] if t.layer == 1 and t.microbatch == 0
                and t.phase == "forward" and t.op_class == "gemm")
     unsharded = 2.0 * mb * S * sum(k * n for _, k, n in grid_linears(prog.plan.model))

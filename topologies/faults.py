@@ -15,8 +15,8 @@ Fault strings (the CLI's `--fault`, also `parse_fault` for the API):
                                    links take the new GPU's rate)
 
 A fault breaks the symmetry of the ranks it touches: the simulator splits its rank
-classes around them (SimOptions(fault_classes=True), what `run --fault` does) or
-simulates every rank (SimOptions(full=True), what `whatif --fault` does).
+classes around them (SimOptions(fault_classes=True), what `run --fault` and
+`whatif --fault` do) or, with `--full`, simulates every rank (SimOptions(full=True)).
 """
 from __future__ import annotations
 

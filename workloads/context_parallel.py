@@ -33,13 +33,13 @@ from __future__ import annotations
 
 from .attention import AttentionCost, attention_task
 from .layer_builder import BuildOptions, TaskSink
+from .plan import CP_MODES
 from .program import COMM, COMPUTE, MEMORY
 
 # KV blocks and dK/dV partials on separate stream pairs, so a dK/dV transfer never holds
 # up the next KV block (NCCL: separate communicators).
 RING_SEND, RING_RECV, CP_STREAM = "cp_send", "cp_recv", "cp"
 GRAD_SEND, GRAD_RECV = "cp_grad_send", "cp_grad_recv"
-CP_MODES = ("ring", "all_gather", "all_to_all")
 
 
 class ContextParallelAttention:

@@ -175,7 +175,6 @@ class LayerGraph:
         return self.nodes[-1].task
 
     def _emit_forward_node(self, sink: TaskSink, ctx: dict, node: Node, deps, phase) -> int:
-        sh = self.shape
         if node.kind == "input":
             return deps[0] if deps else -1
         if node.kind == "redistribute":

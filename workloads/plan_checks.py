@@ -47,6 +47,10 @@ def check_resolved(plan) -> None:
     fault), then the mesh's own degree checks, then how the model fits the mesh.
     """
     m, tr = plan.model, plan.training
+    # The depth d is the 2.5D (Tesseract) grid's only: anywhere else nothing would read it.
+    if plan.tp_depth != 1 and plan.grid_strategy != "tp2.5d":
+        raise WorkloadError("tensor_parallel.depth", plan.tp_depth,
+                            "1 unless every projection is tp2.5d")
     if plan.grid_strategy is not None:
         check_grid_layout(plan)
     dims = plan.parallel_dims
@@ -118,6 +122,10 @@ def check_context_parallel(plan) -> None:
 def check_experts(plan) -> None:
     """EP divides the routed experts; no EP for dense models (the mesh checks ep | dp)."""
     m, ep = plan.model, plan.parallel_dims.ep
+    # Every accepted key is read: the router's imbalance exists only on an MoE model.
+    if plan.load_imbalance != 1.0 and not m.num_experts:
+        raise WorkloadError("moe.load_imbalance", plan.load_imbalance,
+                            f"1 for a dense model ({m.name} has no experts)")
     if ep == 1:
         return
     if not m.num_experts:

@@ -162,12 +162,14 @@ def _ranks(spec: str | None, available: list[int]) -> list[int]:
     try:
         if "-" in spec:
             a, b = (int(x) for x in spec.split("-"))
-            wanted = list(range(a, b + 1))
+            # Bounded by the trace's ranks before a range is built (a typo of 10**12).
+            wanted = range(max(a, available[0]), min(b, available[-1]) + 1)
         else:
             wanted = [int(x) for x in spec.split(",")]
     except ValueError:
         raise UsageError("--ranks", spec, "A-B or a comma-separated list of ranks") from None
-    picked = [r for r in wanted if r in set(available)]
+    present = set(available)
+    picked = [r for r in wanted if r in present]
     if not picked:
         raise UsageError("--ranks", spec, f"ranks in the trace ({available[0]}..{available[-1]})")
     return picked

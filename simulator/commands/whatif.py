@@ -41,7 +41,7 @@ def register(sub) -> None:
     p.add_argument("--fault", action="append", default=[], metavar="FAULT",
                    help="straggler:gpu=R,slowdown=F | link-down:nic=nodeD/R | "
                         "degraded:link=CLASS|NODE|LINK,factor=F | gpu:ranks=A-B,type=GPU "
-                        "(repeatable; every rank is then simulated)")
+                        "(repeatable; the rank classes split around it, --full: every rank)")
     p.add_argument("-o", "--output", metavar="FILE.parquet",
                    help="write one row per point (checkpoint FILE.parquet.partial.jsonl "
                         "while running)")

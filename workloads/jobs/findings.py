@@ -11,6 +11,7 @@ from __future__ import annotations
 from typing import Any
 
 from ..errors import WorkloadError
+from ..fields import is_int
 
 
 class JobConfigError(WorkloadError):
@@ -46,11 +47,6 @@ class Findings:
         warnings = [f"warning: not modelled, simulated without it: {k} = {v!r} ({why})"
                     for k, v, why in self.problems]
         return self.notes + warnings
-
-
-def is_int(value: Any) -> bool:
-    """A true integer (not a bool)."""
-    return isinstance(value, int) and not isinstance(value, bool)
 
 
 def need_int(value: Any, key: str, minimum: int = 1) -> int:

@@ -18,13 +18,6 @@ from .common import Exported, Imported, model_ref, unexpressed
 from .findings import Findings, JobConfigError, need_choice, need_int
 from .megatron_args import Flags, parse_args_text, parse_bridge_yaml
 
-SWITCHES = {"group-query-attention", "swiglu", "untie-embeddings-and-output-weights", "bf16",
-            "sequence-parallel", "use-distributed-optimizer", "use-torch-fsdp2",
-            "overlap-grad-reduce", "overlap-param-gather", "tp-comm-overlap",
-            "recompute-activations", "use-flash-attn", "enable-cuda-graph",
-            "disable-bias-linear", "fp16", "fp8-param-gather", "use-megatron-fsdp",
-            "use-precision-aware-optimizer", "multi-latent-attention", "moe-grouped-gemm",
-            "cpu-offloading", "use-legacy-models", "accumulate-allreduce-grads-in-fp32"}
 CP_COMM = {"p2p": "ring", "allgather": "all_gather", "a2a": "all_to_all"}
 EAGER_ATTENTION = ("unfused", "local")
 REASONS = {

@@ -48,7 +48,8 @@ def write_torchtitan(plan: Plan, world_size: int | None = None) -> Exported:
     pipeline's local batch); FSDP over the leftover ranks is written as -1.
     """
     mesh = plan.mesh
-    dp = mesh.dp or (world_size // (mesh.pp * mesh.cp * mesh.tp) if world_size else 0)
+    # The degrees must fill the GPUs as `run` requires (Mesh.resolved raises otherwise).
+    dp = mesh.resolved(world_size).dp if world_size else mesh.dp
     if not dp and (not plan.fsdp or mesh.pp > 1):
         raise JobConfigError("mesh.dp", "auto", "an explicit degree, or a topology to "
                              "resolve it (torchtitan needs it for DDP and pipelines)")
@@ -103,7 +104,7 @@ def _parallelism_section(plan: Plan, dp: int) -> dict[str, Any]:
         "data_parallel_shard_degree": (mesh.dp or -1) if plan.fsdp else 1,
         "fsdp_reshard_after_forward": "always" if plan.reshard_after_forward else "never",
         "tensor_parallel_degree": mesh.tp,
-        "enable_async_tensor_parallel": bool(getattr(plan, "async_tp", False)),
+        "enable_async_tensor_parallel": plan.async_tp,
         "pipeline_parallel_degree": mesh.pp,
         "pipeline_parallel_schedule": {v: k for k, v in K.SCHEDULES.items()}[
             plan.pipeline.schedule],
