@@ -33,7 +33,7 @@ import numpy as np
 
 from topologies import Topology
 from topologies.topology import gpu_node, leaf_node, nic_node
-from workloads.mesh import MESH_DIMS, VIRTUAL_DIMS, ParallelDims
+from workloads.mesh import GRID_DIMS, MESH_DIMS, VIRTUAL_DIMS, ParallelDims
 
 
 @dataclass(frozen=True)
@@ -68,7 +68,7 @@ class RankClasses:
     def varied_digits(self, dims: tuple[str, ...]) -> np.ndarray:
         """Mask of the digits a group over `dims` runs through (the others it fixes)."""
         mask = np.zeros(len(self.digit_spans), dtype=bool)
-        for low, high in (_span(self.mesh, d) for d in dims):
+        for low, high in (self.mesh.span(d) for d in dims):
             for i, (lo, hi) in enumerate(self.digit_spans):
                 if low <= lo and hi <= high:
                     mask[i] = True
@@ -79,31 +79,15 @@ class RankClasses:
         return tuple(self.blocks[rank][fixed].tolist())
 
 
-def _bases(mesh: ParallelDims) -> dict[str, int]:
-    """Place value of each mesh dim's coordinate in the rank number."""
-    bases, place = {}, 1
-    for dim in reversed(mesh.order):
-        bases[dim] = place
-        place *= getattr(mesh, dim)
-    return bases
-
-
-def _span(mesh: ParallelDims, dim: str) -> tuple[int, int]:
-    """[low, high) place values of a mesh dim or virtual sub-dim in the rank number."""
-    parent, stride, size = mesh.layout(dim)
-    low = _bases(mesh)[parent] * stride
-    return low, low * size
-
-
 def _digit_spans(mesh: ParallelDims, topology: Topology) -> list[tuple[int, int]] | None:
     """The common refinement of every dim's span and the domain boundary, or None when
     those do not nest (a boundary that does not divide the next)."""
     world = mesh.world_size
     cuts = {1, world}
     for dim in MESH_DIMS + VIRTUAL_DIMS:
-        if dim in VIRTUAL_DIMS[2:] and mesh.grid is None:
+        if dim in GRID_DIMS and mesh.grid is None:
             continue
-        cuts.update(_span(mesh, dim))
+        cuts.update(mesh.span(dim))
     if 1 < topology.domain_size < world:
         cuts.add(topology.domain_size)
     ordered = sorted(c for c in cuts if 1 <= c <= world)
@@ -218,10 +202,10 @@ def rank_classes(program, topology: Topology) -> RankClasses | None:
     # Most significant digit first, as numpy's C order reshapes.
     spans = spans[::-1]
     sizes = [hi // lo for lo, hi in spans]
-    pp_low = _span(mesh, "pp")[0]
+    pp_low = mesh.span("pp")[0]
     fixed_ring: set[int] = set()
     for dim in _ring_dims(program):
-        low, high = _span(mesh, dim)
+        low, high = mesh.span(dim)
         ring = colours.reshape(world // high, high // low, low)
         if not np.array_equal(np.roll(ring, 1, axis=1), ring):
             fixed_ring.update(i for i, (lo, hi) in enumerate(spans) if low <= lo and hi <= high)

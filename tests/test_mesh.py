@@ -190,3 +190,16 @@ def test_plan_parallel_dims_is_built_once_from_the_resolved_plan():
     assert other.parallel_dims.tp == 4 and other.parallel_dims.dp == 2
     with pytest.raises(ValueError, match="not resolved"):
         plan_from_dict(small_plan()).parallel_dims
+
+
+@pytest.mark.parametrize("order", [("pp", "dp", "cp", "tp"), ("tp", "cp", "pp", "dp")])
+def test_span_gives_each_dims_digit_of_the_rank_number(order):
+    """(rank // low) % (high // low) is a rank's coordinate along a mesh dim, and its index
+    inside the virtual dims' blocks (ep: consecutive dp indices; edp: across them)."""
+    dims = ParallelDims(pp=2, dp=4, cp=2, tp=2, ep=2, order=order)
+    for rank in range(dims.world_size):
+        c = dims.coords(rank)
+        digit = {d: (rank // lo) % (hi // lo) for d in ("pp", "dp", "cp", "tp", "ep", "edp")
+                 for lo, hi in [dims.span(d)]}
+        assert {d: digit[d] for d in ("pp", "dp", "cp", "tp")} == c
+        assert digit["ep"] == c["dp"] % 2 and digit["edp"] == c["dp"] // 2

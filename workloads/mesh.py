@@ -32,7 +32,8 @@ from typing import Mapping
 from .errors import WorkloadError
 
 MESH_DIMS = ("pp", "dp", "cp", "tp")  # the default order, outermost first
-VIRTUAL_DIMS = ("ep", "edp", "tpx", "tpy", "tpz")
+GRID_DIMS = ("tpx", "tpy", "tpz")   # the axes of a 2D/2.5D/3D TP grid
+VIRTUAL_DIMS = ("ep", "edp") + GRID_DIMS
 
 # TP grid strategies: the degree's shape each needs and the axes a stored activation's
 # tokens are split over (its features go over tpx). tp3d_gather keeps activations 1/N
@@ -244,6 +245,22 @@ class ParallelDims:
         return out
 
     # ---- coordinates ----------------------------------------------------------------------
+    def place_value(self, dim: str) -> int:
+        """What one step along a mesh dim (pp, dp, cp, tp) adds to the rank number."""
+        place = 1
+        for d in reversed(self.order):
+            if d == dim:
+                return place
+            place *= getattr(self, d)
+        raise ValueError(f"unknown mesh dim {dim!r}: one of {', '.join(self.order)}")
+
+    def span(self, dim: str) -> tuple[int, int]:
+        """[low, high) place values of a mesh dim or virtual sub-dim in the rank number:
+        its coordinate is (rank // low) % (high // low)."""
+        parent, stride, size = self.layout(dim)
+        low = self.place_value(parent) * stride
+        return low, low * size
+
     def coords(self, rank: int) -> dict[str, int]:
         """Mesh coordinates of a rank (the last dim of `order` varies fastest)."""
         if not 0 <= rank < self.world_size:
