@@ -133,8 +133,9 @@ def attention_task(sink: TaskSink, ctx: dict, cost: AttentionCost, phase: str, d
                     bytes=cost.bytes(phase, parts), op_class=ATTENTION, label=label, **ctx)
 
 
-class LocalAttention:
-    """The attention core on one rank: all its queries' keys are local (no CP)."""
+class AttentionCore:
+    """What every attention-core builder shares: its cost, the build options, no weights,
+    and the task that ends its forward (a layer builder: workloads/layer_builder.py)."""
 
     def __init__(self, cost: AttentionCost, options: BuildOptions):
         self.cost, self.options = cost, options
@@ -143,8 +144,12 @@ class LocalAttention:
 
     @property
     def output_task(self) -> int:
-        """The forward's attention task (after emit_forward)."""
+        """The forward's last task (after emit_forward)."""
         return self._output
+
+
+class LocalAttention(AttentionCore):
+    """The attention core on one rank: all its queries' keys are local (no CP)."""
 
     def emit_forward(self, sink: TaskSink, ctx: dict, input_dep: tuple[int, ...],
                      phase: str = "forward", saved: frozenset[int] = frozenset()) -> int:

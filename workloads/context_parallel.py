@@ -31,7 +31,7 @@ tensor). The attention compute tasks are workloads/attention.py's.
 """
 from __future__ import annotations
 
-from .attention import AttentionCost, attention_task
+from .attention import AttentionCore, AttentionCost, attention_task
 from .layer_builder import BuildOptions, TaskSink
 from .plan import CP_MODES
 from .program import COMM, COMPUTE, MEMORY
@@ -42,21 +42,15 @@ RING_SEND, RING_RECV, CP_STREAM = "cp_send", "cp_recv", "cp"
 GRAD_SEND, GRAD_RECV = "cp_grad_send", "cp_grad_recv"
 
 
-class ContextParallelAttention:
+class ContextParallelAttention(AttentionCore):
     """The attention core of one layer across a CP group of `cp` ranks (a layer builder:
     workloads/layer_builder.py)."""
 
     def __init__(self, cost: AttentionCost, options: BuildOptions, cp: int, mode: str):
         if mode not in CP_MODES:
             raise ValueError(f"context-parallel mode must be one of {CP_MODES}, got {mode!r}")
-        self.cost, self.options, self.cp, self.mode = cost, options, cp, mode
-        self.wgrad_tasks: dict[str, int] = {}     # no weights
-        self._output = -1
-
-    @property
-    def output_task(self) -> int:
-        """The forward's last task (after emit_forward)."""
-        return self._output
+        super().__init__(cost, options)
+        self.cp, self.mode = cp, mode
 
     def emit_forward(self, sink: TaskSink, ctx: dict, input_dep: tuple[int, ...],
                      phase: str = "forward", saved: frozenset[int] = frozenset()) -> int:
