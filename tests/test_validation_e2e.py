@@ -28,7 +28,8 @@ STEPS = 8
 # (`validation run` with several --plan): a shared host's speed drifts from minute to
 # minute, and interleaving puts that drift on every plan alike, so their medians compare.
 # A plan's spread is the larger of its steps' inter-quartile range and the change of its
-# median from the first half of the run to the second.
+# median from the first half of the run to the second. Two plans are compared round by
+# round (paired), so drift common to a round cancels.
 #
 # The simulation is of the calibrated host, so the comparison is only meaningful when the
 # host ran the steps at its calibrated speed. When the run's matmul probe (sampled between
@@ -134,22 +135,41 @@ def test_simulator_orders_the_plans_apart(comparisons):
     assert slowest > 1.1 * fastest, [_report(comparisons[n]) for n in SIMULATED_ORDER]
 
 
+def _paired_gaps(slow: dict, fast: dict) -> list[float]:
+    """Per-round step-time differences: round i of each plan ran back to back (interleaved),
+    so a host slowdown that spans a round cancels out of the difference."""
+    return [s - f for s, f in zip(slow["measured_steps"], fast["measured_steps"])]
+
+
+def _resolved(slow: dict, fast: dict) -> bool:
+    """The measurement says `slow` is slower: its paired gaps are positive in at least
+    7 of 8 rounds (a sign test; 9/256 = 3.5 % by chance when the plans were equal)."""
+    gaps = _paired_gaps(slow, fast)
+    return sum(g > 0 for g in gaps) >= len(gaps) - 1
+
+
 def test_same_ranking_where_measurements_differ(comparisons):
     """The plans farthest apart must be resolved by the measurement and ranked as the
-    simulator ranks them; every other pair whose medians differ by more than their spread
-    must be ranked alike too."""
+    simulator ranks them; every other pair that the measurement resolves must be ranked
+    alike too.
+
+    The premise (that the measurement resolves the farthest pair) rests on a steady host:
+    when every attempt was unsteady by the probe and the scatter (judged without looking at
+    the simulation), the host could not resolve a 13-19 % difference and the check is skipped
+    with the attempt's figures, rather than passed or failed on noise."""
     first, last = comparisons[SIMULATED_ORDER[0]], comparisons[SIMULATED_ORDER[-1]]
-    assert last["measured_step_s"] - first["measured_step_s"] > \
-        max(first["spread_s"], last["spread_s"]), (_report(first), _report(last))
+    if not _resolved(last, first) and _unsteadiness(comparisons) > 1.0:
+        pytest.skip(f"host unsteady in every attempt ({_unsteadiness(comparisons):.2f} > 1): "
+                    f"{_report(first)} {_report(last)}")
+    assert _resolved(last, first), (_paired_gaps(last, first), _report(first), _report(last))
     names = list(comparisons)
     for i, a in enumerate(names):
         for b in names[i + 1:]:
             ca, cb = comparisons[a], comparisons[b]
-            gap = abs(ca["measured_step_s"] - cb["measured_step_s"])
-            if gap > max(ca["spread_s"], cb["spread_s"]):
-                assert (ca["measured_step_s"] < cb["measured_step_s"]) == \
-                    (ca["simulated_step_s"] < cb["simulated_step_s"]), (a, b, _report(ca),
-                                                                        _report(cb))
+            for slow, fast in ((ca, cb), (cb, ca)):
+                if _resolved(slow, fast):
+                    assert slow["simulated_step_s"] > fast["simulated_step_s"], (
+                        a, b, _paired_gaps(slow, fast), _report(ca), _report(cb))
 
 
 def test_plans_ran_interleaved(comparisons):
