@@ -37,7 +37,8 @@ def test_coverage_the_issue_asks_for(points):
     generations = {GENERATIONS[p.gpu] for p in points}
     assert {"Ampere", "Hopper", "Blackwell"} <= generations
     assert min(p.gpus for p in points) <= 4 and max(p.gpus for p in points) >= 1000
-    assert {"all_reduce", "reduce_scatter", "all_to_all"} <= {p.collective for p in points}
+    assert {"all_reduce", "all_gather", "reduce_scatter", "all_to_all"} == \
+        {p.collective for p in points}
     sizes = [p.size_bytes for p in points]
     assert min(sizes) <= 1024 and max(sizes) >= 1 << 30
     assert sum(s <= MIB for s in sizes) >= 15
