@@ -10,6 +10,7 @@ from __future__ import annotations
 import argparse
 import errno
 import importlib
+import os
 import pkgutil
 import sys
 import traceback
@@ -78,6 +79,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     except WriteError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return EXIT_WRITE_FAILED
+    except BrokenPipeError:
+        # the reader went away (`... | head`): nothing more to say, and Python's flush at
+        # exit must not fail again on the closed pipe (the Python docs' signal module,
+        # "Note on SIGPIPE")
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 0
     except OSError as exc:
         if exc.errno not in WRITE_ERRNOS:
             raise
@@ -86,8 +93,6 @@ def main(argv: Sequence[str] | None = None) -> int:
     except KeyboardInterrupt:
         print("interrupted", file=sys.stderr)
         return 130
-    except BrokenPipeError:
-        return 0
     except Exception as exc:  # an internal error: one line, the traceback on request
         if "--debug" in (argv if argv is not None else sys.argv):
             traceback.print_exc()

@@ -23,7 +23,7 @@ from .fields import check_choice, is_int, json_object, known_keys
 GENERIC_DEFAULTS: Mapping[str, Any] = MappingProxyType({
     "fsdp_prefetch": True, "async_tp": False, "grad_reduce_overlap": True,
     "grad_bucket": "unit",
-    "param_gather_overlap": False, "tp_comm_overlap": False,
+    "param_gather_overlap": False, "param_gather_align": False, "tp_comm_overlap": False,
     "fsdp": False, "fsdp_version": 2, "reshard_after_forward": True,
     "kernels": "fused", "optimizer": "fused", "zero_stage": 0, "recompute": "none",
     "cuda_graphs": False, "host_step_s": 0.0, "host_kernel_s": 0.0,
@@ -57,6 +57,15 @@ MEGATRON_CORE: Mapping[str, Any] = MappingProxyType({
     # "megatron"}`.)
     "grad_reduce_overlap": True, "param_gather_overlap": True, "tp_comm_overlap": True,
     "grad_bucket": 128 * 1024 * 1024,
+    # With the interleaved schedule, every pipeline stage launches a model chunk's parameter
+    # all-gathers one chunk ahead, at the same moment across the stages (chunks 0 and 1 at
+    # the step's start): `align_param_gather`, which Megatron-LM turns on by default
+    # (`--no-align-param-gather` turns it off: megatron/training/arguments.py) and which
+    # Megatron-Bridge's CommOverlapConfig and NeMo's MegatronCommOverlapCallback set when
+    # DP > 1 with PP > 1 and virtual stages (comm_overlap.py, _get_optimizer_overlap_cfgs);
+    # the schedule calls it in forward_step_helper (megatron/core/pipeline_parallel/
+    # schedules.py, forward_backward_pipelining_with_interleaving, `param_sync_func`).
+    "param_gather_align": True,
     # TransformerConfig.enable_cuda_graph defaults to False
     # (megatron/core/transformer/transformer_config.py); the H100 Llama 3 recipes set
     # cuda_graph_impl = "none"; recipes that graph say so.
@@ -100,7 +109,7 @@ def framework_defaults(name: str) -> dict[str, Any]:
 # The plan file's keys for the profile's fields: section -> {key: Plan field}.
 OVERLAP_KEYS = {"fsdp_prefetch": "fsdp_prefetch", "async_tp": "async_tp",
                 "grad_reduce": "grad_reduce_overlap", "param_gather": "param_gather_overlap",
-                "tp_comm": "tp_comm_overlap"}
+                "param_gather_align": "param_gather_align", "tp_comm": "tp_comm_overlap"}
 FSDP_KEYS = {"enabled": "fsdp", "reshard_after_forward": "reshard_after_forward",
              "version": "fsdp_version"}
 HOST_KEYS = {"per_step_s": "host_step_s", "per_kernel_s": "host_kernel_s"}

@@ -126,6 +126,7 @@ class Plan:
     grad_reduce_overlap: bool = True    # gradients reduced while the backward runs
     grad_bucket: str | int = "unit"     # ddp.bucket_params: unit | megatron | a count
     param_gather_overlap: bool = False  # distributed optimizer: param all-gather in forward
+    param_gather_align: bool = False    # interleaved: chunk gathers one chunk ahead, aligned
     tp_comm_overlap: bool = False   # Megatron --tp-comm-overlap (TE userbuffers)
     framework: str = "generic"      # the profile whose defaults the parser applied
     cuda_graphs: bool = False       # the step is captured: no host cost per kernel launch
@@ -148,6 +149,7 @@ class Plan:
                             ("async_tp", "overlap.async_tp"),
                             ("grad_reduce_overlap", "overlap.grad_reduce"),
                             ("param_gather_overlap", "overlap.param_gather"),
+                            ("param_gather_align", "overlap.param_gather_align"),
                             ("tp_comm_overlap", "overlap.tp_comm"),
                             ("cuda_graphs", "cuda_graphs")):
             check_bool(getattr(self, name), where)

@@ -50,6 +50,12 @@ class StageLowering:
         self.fillers = [BucketFiller(size) for size in self.bucket_sizes]
         self.param_gather = (plan.param_gather_overlap and not self.fsdp
                              and plan.zero_stage in (1, 2))
+        # align_param_gather (workloads/frameworks.py): with virtual stages, a chunk's
+        # gathers are launched ahead of its first forward, by the schedule
+        self.aligned_gather = (self.param_gather and plan.param_gather_align
+                               and plan.pipeline.schedule == "interleaved"
+                               and len(self.chunk_units) > 1)
+        self.chunk_gathers: dict[int, ParamGathers] = {}
         self.bucket_counter = 0
 
     # ---- helpers ------------------------------------------------------------------------
@@ -195,7 +201,9 @@ class StageLowering:
         self.pass_ends = []
         chunk = local * self.pp + self.stage
         prev = self._p2p("recv", "act", mb, (), -1, "forward", chunk) if chunk > 0 else None
-        gathers = self._param_gather_plan(local) if self.param_gather and mb == 0 else None
+        gathers = None
+        if self.param_gather and mb == 0:
+            gathers = self.chunk_gathers.get(local) or self._param_gather_plan(local)
         for index, unit in enumerate(self.chunk_units[local]):
             waits = (self._gather(unit, index, mb, "forward") if gathers is None
                      else gathers.wait(unit, prev))
@@ -214,6 +222,29 @@ class StageLowering:
         units = [(u, {d: p for d, p in g.items() if self._group_size(d) > 1})
                  for u, g in units]
         return ParamGathers(self, forward_buckets(units, self.bucket_sizes[local]))
+
+    def _launch_chunk_gathers(self, local: int, deps) -> None:
+        """All of one chunk's parameter all-gathers, dispatched together (Megatron's
+        start_param_sync of a model chunk dispatches every bucket group of it)."""
+        gathers = self._param_gather_plan(local)
+        gathers.issue_all(deps)
+        self.chunk_gathers[local] = gathers
+
+    def _aligned_launch(self, forward_index: int) -> None:
+        """Megatron's interleaved schedule, before virtual micro-batch k's forward on
+        stage r: if k + r is the first micro-batch of chunk c, chunk c + 1's gathers start
+        (for 1 < c + 1 < v); stage r runs r micro-batches behind stage 0, so the stages
+        launch at about the same time (schedules.py, forward_step_helper)."""
+        if not self.aligned_gather:
+            return
+        chunks = len(self.chunk_units)
+        ahead = forward_index + self.stage
+        if ahead >= min(self.pp * chunks, self.plan.micro_batches * chunks) or ahead % self.pp:
+            return
+        nxt = ahead // self.pp + 1
+        if 1 < nxt < chunks:
+            started = self.pass_ends[-1] if self.pass_ends else None
+            self._launch_chunk_gathers(nxt, () if started is None else (started,))
 
     def backward(self, mb: int, local: int = 0) -> None:
         """One micro-batch's backward through one of the stage's chunks, in reverse."""
@@ -295,7 +326,14 @@ class StageLowering:
             self.sink.add(kind=COMPUTE, stream="compute", op="host_step", phase="forward",
                           layer=-1, microbatch=-1, kernels=0, host_s=self.plan.host_step_s,
                           label="host.step")
+        if self.aligned_gather:
+            for local in range(min(2, len(self.chunk_units))):
+                self._launch_chunk_gathers(local, ())
+        forwards = 0
         for kind, mb, local in order:
+            if kind == "F":
+                self._aligned_launch(forwards)
+                forwards += 1
             (self.forward if kind == "F" else self.backward)(mb, local)
         self.optimizer()
         add_host_issue_time(self.sink.tasks, self.plan)
@@ -321,6 +359,11 @@ class ParamGathers:
             deps=tuple(d for d in deps if d is not None and d >= 0),
             bytes=bucket.params * low.precision.param_bytes, group=bucket.dims,
             label=f"zero.gather.bucket{k}", **low._ctx(bucket.units[-1], 0))
+
+    def issue_all(self, deps) -> None:
+        """Issue every bucket's gather now, after `deps` (a chunk launched ahead)."""
+        for k in range(len(self.buckets)):
+            self._issue(k, deps)
 
     def wait(self, unit, started) -> list[int]:
         """The gathers `unit` waits for; issues the next bucket's as it starts."""
