@@ -265,13 +265,17 @@ def _layer_overrides(raw: dict, num_layers: int) -> tuple:
 
 
 def _mesh(raw: dict) -> Mesh:
-    _known_keys(raw, "mesh", ("dp", "tp", "pp", "cp", "ep"))
+    """The mesh object: degrees, and optionally `order`, the dims innermost first (a list
+    of tp, cp, ep, dp, pp; checked by Mesh)."""
+    _known_keys(raw, "mesh", ("dp", "tp", "pp", "cp", "ep", "order"))
     dp = raw.get("dp", "auto")
     if dp != "auto":
         dp = _int(raw, "dp", "mesh")
+    order = raw.get("order")
     return Mesh(pp=_int(raw, "pp", "mesh", 1), dp=0 if dp == "auto" else dp,
                 cp=_int(raw, "cp", "mesh", 1), tp=_int(raw, "tp", "mesh", 1),
-                ep=_int(raw, "ep", "mesh", 1))
+                ep=_int(raw, "ep", "mesh", 1),
+                order=tuple(order) if isinstance(order, list) else order)
 
 
 def _pipeline(raw: dict) -> Pipeline:
