@@ -48,6 +48,7 @@ class LayerShape:
     gemm_bytes: int        # bytes per GEMM operand element (bf16: 2, fp8: 1)
     cp: int = 1            # context-parallel degree (workloads/context_parallel.py)
     cp_mode: str = "ring"  # ring | all_gather | all_to_all
+    v_head_dim: int = 0    # value head dim when it differs from head_dim (MLA), else 0
 
     @property
     def fp8(self) -> bool:

@@ -9,6 +9,7 @@ from __future__ import annotations
 from .grid_layer import GridLayer
 from .layer_builder import BuildOptions, LayerBuilder, LayerShape
 from .layer_graph import LayerGraph
+from .latent_attention import build_mla, layer_strategies
 from .layouts import H, R, S
 from .moe import build_moe_mlp
 from .plan import Plan
@@ -23,7 +24,8 @@ def layer_shape(plan: Plan) -> LayerShape:
                       tp=plan.mesh.tp, heads=m.num_heads, kv_heads=m.num_kv_heads,
                       head_dim=m.head_dim, act_bytes=precision(tr.dtype).act_bytes,
                       gemm_bytes=precision(tr.dtype).gemm_bytes, cp=plan.mesh.cp,
-                      cp_mode=plan.cp_mode)
+                      cp_mode=plan.cp_mode,
+                      v_head_dim=m.value_head_dim if m.value_head_dim != m.head_dim else 0)
 
 
 def unit_builder(plan: Plan, unit, shape: LayerShape, options: BuildOptions) -> LayerBuilder:
@@ -40,17 +42,22 @@ def unit_builder(plan: Plan, unit, shape: LayerShape, options: BuildOptions) -> 
 def build_layer(plan: Plan, layer: int, shape: LayerShape,
                 options: BuildOptions | None = None) -> LayerGraph:
     """Forward graph of one transformer layer under the plan's strategies (1D TP)."""
-    m, st = plan.model, plan.strategies(layer)
+    m, st = plan.model, layer_strategies(plan, layer)
     resid = S if plan.sequence_parallel else R
     g = LayerGraph(shape, options or BuildOptions.from_plan(plan))
     x = g.input(resid, m.hidden_size)
     h = g.elementwise("attention_norm", [x])
-    q = g.linear("wq", h, st["wq"], m.q_size)
-    k = g.linear("wk", h, st["wk"], m.kv_size)
-    v = g.linear("wv", h, st["wv"], m.kv_size)
-    q = g.elementwise("rope", [q], layout=_elementwise_layout(q.layout))
-    k = g.elementwise("rope_k", [k], layout=_elementwise_layout(k.layout))
-    o = g.attention(q, k, v)
+    window = m.window_at(layer)
+    if m.mla:     # multi-head latent attention (workloads/latent_attention.py)
+        q, kv, k_pe = build_mla(g, m, st, h)
+        o = g.attention(q, kv, None, window, m.o_size, head_shared=(k_pe,))
+    else:
+        q = g.linear("wq", h, st["wq"], m.q_size)
+        k = g.linear("wk", h, st["wk"], m.kv_size)
+        v = g.linear("wv", h, st["wv"], m.v_size)
+        q = g.elementwise("rope", [q], layout=_elementwise_layout(q.layout))
+        k = g.elementwise("rope_k", [k], layout=_elementwise_layout(k.layout))
+        o = g.attention(q, k, v, window)
     y = g.to_layout(g.linear("wo", o, st["wo"], m.hidden_size), resid)
     x = g.elementwise("residual_add", [x, y], rw=(2.0, 1.0))
     h = g.elementwise("ffn_norm", [x])
