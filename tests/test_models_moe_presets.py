@@ -19,7 +19,8 @@ from workloads.attention import AttentionCost, causal_attention_flops
 from workloads.lowering import lower
 from workloads.memory import activation_bytes_per_layer
 from workloads.models import PRESETS, model_from_dict
-from workloads.params import layer_param_groups, model_flops
+from workloads.params import layer_param_groups, model_flops, unit_param_groups
+from workloads.schedules import HEAD
 
 from conftest import small_plan
 
@@ -73,18 +74,56 @@ def test_gpt_oss_windows_alternate_and_sinks_are_counted():
     assert m.total_params() == 36 * layer + 2 * 201088 * 2880 + 2880
 
 
-def test_mtp_modules_are_counted_and_refused_in_plans():
-    # DeepSeek-V3 section 2.2: per depth two norms, M of 2d x d, one block; the embedding
-    # and output head shared. The released checkpoint's 685B = 671B + 14B, the MTP module
-    # stored with its own copies of the embedding and head (2 x 0.93B).
-    base = PRESETS["deepseek-v3"]
-    mtp = model_from_dict({**base.to_dict(), "mtp_layers": 1})
+def test_mtp_modules_are_counted():
+    # DeepSeek-V3 section 2.2: per depth two norms, M of 2d x d, one block and the output
+    # head's norm; the embedding and output head shared. The released checkpoint's 685B
+    # = 671B + 14B, its MTP module stored with its own copies of the embedding and head.
+    base, mtp = PRESETS["deepseek-v3"], PRESETS["deepseek-v3-mtp"]
     d = 7168
     assert mtp.mtp_params() == 3 * d + 2 * d * d + base.layer_params_at(60)
+    assert mtp.total_params() == base.total_params() + mtp.mtp_params()
     assert (mtp.total_params() + base.embedding_params() + base.output_params()) / 1e9 == \
         pytest.approx(685, rel=0.01)
-    with pytest.raises(WorkloadError, match="model.mtp_layers.*not lowered"):
-        resolve(plan_from_dict(small_plan(model={**small_plan()["model"], "mtp_layers": 1})), 8)
+
+
+MOE = {"num_local_experts": 8, "num_experts_per_tok": 2, "moe_intermediate_size": 512,
+       "first_k_dense_replace": 1}
+
+
+def _head_tasks(prog):
+    return [t for t in prog.stages[-1] if t.layer == -1 and t.microbatch == 0
+            and t.label not in ("embedding.fwd", "embedding.bwd")]
+
+
+def test_mtp_module_runs_in_the_output_layers_unit():
+    plans = [resolve(plan_from_dict(small_plan(model={**MOE, "mtp_layers": n})), 8)
+             for n in (0, 1)]
+    base, mtp = (_head_tasks(lower(p)) for p in plans)
+    d, vocab, tokens = 1024, 8192, TOKENS
+    fwd = Counter(t.label for t in mtp if t.phase == "forward")
+    assert fwd["output.fwd"] == 2 and fwd["mtp_proj.fwd"] == 1 and fwd["w1.fwd"] == 1
+    proj = [t for t in mtp if t.label == "mtp_proj.fwd"][0]
+    assert proj.flops == 2.0 * tokens * 2 * d * d
+    assert Counter(t.label for t in base if t.phase == "forward")["output.fwd"] == 1
+    # both losses start the backward: each output layer has its dgrad and wgrad
+    assert Counter(t.label for t in mtp)["output.wgrad"] == 2
+    # model FLOPs: M, the MoE block's active parameters and the output layer once more,
+    # and one more layer of attention (8 sequences of 2048, 16 heads of 64)
+    m = plans[1].model
+    extra = 6.0 * 8 * 2048 * (2 * d * d + m.active_matmul_params_at(4) + vocab * d)
+    extra += 3.0 * causal_attention_flops(8 * 2048, 2048, 64, 16)
+    assert model_flops(plans[1]) - model_flops(plans[0]) == pytest.approx(extra)
+    # the output layer's unit holds the MTP module's parameters (one stage, no TP or EP)
+    held = [sum(unit_param_groups(p, HEAD).values()) for p in plans]
+    assert held[1] - held[0] == m.mtp_params()
+
+
+def test_mtp_with_a_tp_grid_exits_2():
+    grid = {p: "tp2d" for p in ("wq", "wk", "wv", "wo", "w1", "w3", "w2")}
+    with pytest.raises(WorkloadError) as err:
+        resolve(plan_from_dict(small_plan(model={"mtp_layers": 1}, mesh={"tp": 4},
+                                          sharding=grid, training={"micro_batch": 2})), 8)
+    assert err.value.field == "model.mtp_layers"
 
 
 # ---- MLA ------------------------------------------------------------------------------

@@ -63,6 +63,7 @@ class LayerGraph:
         self._ep_grad_layouts: dict[int, str] = {}  # all-to-all node -> its gradient's layout
         self._attention: LayerBuilder | None = None  # the attention core's builder
         self._head_shared: set[int] = set()   # attention inputs every head uses (MLA's RoPE key)
+        self._weight_keys: dict[int, str] = {}  # linear node -> its key in wgrad_tasks
         # TP overlap (workloads/tp_overlap.py): task -> the tasks its gathered chunks
         # arrive with; row-linear node -> the task with its reduce-scattered output;
         # wgrads held back to overlap a dgrad's reduce-scatter (userbuffers' bulk method)
@@ -110,6 +111,11 @@ class LayerGraph:
         it a grouped GEMM over that many local experts on the input's (dispatched) rows."""
         needs, produces, _ = STRATEGY_LAYOUTS[strategy]
         x = self.to_layout(x, needs)
+        node_id = len(self.nodes)
+        # one wgrad entry per weight: a name used again in this graph (the output layer
+        # of a multi-token-prediction module) is told apart by its node
+        self._weight_keys[node_id] = (name if name not in self._weight_keys.values()
+                                      else f"{name}#{node_id}")
         return self._node(kind="linear", name=name, layout=produces if self.shape.tp > 1 else "R",
                           features=out_features, inputs=[x], strategy=strategy,
                           in_features=x.features, rows_scale=x.rows_scale, experts=experts,
@@ -373,7 +379,7 @@ class LayerGraph:
             ready, = self._fp8_cast(sink, ctx, node, flops / (2 * k), (ready,), "backward",
                                     f"grad.{node.name}")
             if ready in self._chunks:    # the gathered output gradient, chunk by chunk
-                dgrad, self.wgrad_tasks[node.name] = chunked_backward(
+                dgrad, self.wgrad_tasks[self._weight_keys[node.id]] = chunked_backward(
                     sink, self._chunks[ready], flops, nbytes, (m, n, k), node.name,
                     op=node.name, phase="backward", gemm_dtype=self._gemm_dtype(node), **ctx)
             else:
@@ -383,9 +389,9 @@ class LayerGraph:
                              label=f"{node.name}.wgrad", **common)
                 if self.options.tp_overlap == USERBUFFERS and node.strategy == "col":
                     # bulk overlap: the dgrad's reduce-scatter runs beside this wgrad
-                    self._deferred.append((node.name, wgrad))
+                    self._deferred.append((self._weight_keys[node.id], wgrad))
                 else:
-                    self.wgrad_tasks[node.name] = sink.add(**wgrad)
+                    self.wgrad_tasks[self._weight_keys[node.id]] = sink.add(**wgrad)
             layout = "R" if tp1 else STRATEGY_LAYOUTS[node.strategy][2]
             return [(node.inputs[0], (dgrad, layout))]
         if node.kind == "ep_a2a":

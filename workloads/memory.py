@@ -267,6 +267,18 @@ def saved_layer_bytes(plan: Plan, layer: int, recompute: str | None = None) -> f
         load_imbalance=plan.load_imbalance, kernels=plan.kernels)
 
 
+def mtp_activation_bytes(plan: Plan, depth: int) -> float:
+    """Activations of multi-token-prediction module `depth` for one micro-batch (not
+    recomputed: it runs in the output layer's unit): its block's, as a layer without
+    recompute keeps them, the inputs of its two norms and of eh_proj (4h per token,
+    sequence-sharded under SP), and its output layer's (Korthikanti section 4.3)."""
+    m, tr, tp = plan.model, plan.training, plan.mesh.tp
+    s, b, sp = tr.seq_len // plan.mesh.cp, tr.micro_batch, plan.sequence_parallel
+    inputs = BF16_BYTES * 4 * m.hidden_size * s * b / (tp if sp else 1)
+    return saved_layer_bytes(plan, m.mtp_layer_index(depth), "none") + activation_scale(plan) \
+        * (inputs + output_layer_activation_bytes(m, s, b, tp, sp))
+
+
 def grad_state_bytes(plan: Plan) -> float:
     """Bytes per accumulated gradient: the precision's, except Megatron-Core's DDP, whose
     gradient buffer (main_grad) is fp32 when grad_reduce_in_fp32 is set, as the
@@ -358,6 +370,8 @@ def memory_breakdown(plan: Plan, stage: int = 0,
         last_in_flight = plan.micro_batches if gpipe else 1
         activations += last_in_flight * activation_scale(plan) * \
             output_layer_activation_bytes(m, s, b, tp, sp)
+        activations += last_in_flight * sum(mtp_activation_bytes(plan, k)
+                                            for k in range(m.mtp_layers))
     if 0 in chunks and _default_dropout(m):
         # Embedding dropout mask, 1 byte (Korthikanti section 4.3: sbhp/t on the first stage).
         activations += in_flight * s * b * m.hidden_size / (tp if sp else 1)

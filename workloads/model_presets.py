@@ -13,8 +13,8 @@ from .model_spec import FULL, SLIDING, ModelSpec
 # query latent of 1536, a KV latent of 512, head dims 128 (no RoPE) + 64 (RoPE) for q and
 # k and 128 for v; the first 3 layers dense (FFN 18432), then 1 shared + 256 routed
 # experts of FFN 2048 (SwiGLU), top-8; vocab 129280. 671B parameters, 37B activated
-# per token (report, abstract). MTP depth 1 in training (section 4.2), off here
-# (ModelSpec.mtp_layers counts its parameters; plans refuse it until it is lowered).
+# per token (report, abstract). MTP depth 1 in training (section 4.2): off in
+# "deepseek-v3", on in "deepseek-v3-mtp".
 _DEEPSEEK_V3 = dict(hidden_size=7168, num_layers=61, num_heads=128, num_kv_heads=128,
                     ffn_size=18432, vocab_size=129280, num_experts=256, experts_per_token=8,
                     num_shared_experts=1, moe_ffn_size=2048, first_dense_layers=3,
@@ -52,6 +52,7 @@ PRESETS: dict[str, ModelSpec] = {
     "mixtral-8x22b": ModelSpec("mixtral-8x22b", 6144, 56, 48, 8, 16384, 32000, num_experts=8,
                                experts_per_token=2, moe_ffn_size=16384),
     "deepseek-v3": ModelSpec("deepseek-v3", **_DEEPSEEK_V3),
+    "deepseek-v3-mtp": ModelSpec("deepseek-v3-mtp", **_DEEPSEEK_V3, mtp_layers=1),
     # Qwen3-30B-A3B: 48 layers, d 2048, 32 heads, expert FFN 768 (dense FFN 6144 unused).
     "qwen3-30b-a3b": ModelSpec("qwen3-30b-a3b", hidden_size=2048, num_layers=48, num_heads=32,
                                ffn_size=6144, moe_ffn_size=768, **_QWEN3_MOE),

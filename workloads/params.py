@@ -71,21 +71,47 @@ def unit_param_groups(plan: Plan, unit) -> dict[tuple[str, ...], float]:
         # stage when the first stage is elsewhere (Megatron); on one stage it is the
         # embedding. Plus the final norm.
         tied = m.tie_word_embeddings and plan.mesh.pp == 1
-        return {dp_dims: (0 if tied else m.vocab_size * m.hidden_size / tp) + m.hidden_size}
+        groups = {dp_dims: (0 if tied else m.vocab_size * m.hidden_size / tp) + m.hidden_size}
+        return _add_mtp_groups(plan, groups) if m.mtp_layers else groups
     return layer_param_groups(plan, unit)
+
+
+def _add_mtp_groups(plan: Plan, groups: dict) -> dict:
+    """The output layer's groups plus the multi-token-prediction modules (on the last
+    stage): each its transformer block, eh_proj (2d x d, column-parallel) and three
+    norms; and, when the embedding is on another stage and not tied to the output
+    layer, a copy of the vocab-parallel embedding for the MTP lookups (Megatron-LM keeps
+    one on the last stage for them)."""
+    m, tp = plan.model, plan.mesh.tp
+    dp_dims = weight_dp_dims(plan)
+    norm_key = dp_dims + ("tp",) if plan.sequence_parallel and tp > 1 else dp_dims
+    groups = dict(groups)
+    extra = [(dp_dims, m.mtp_layers * 2 * m.hidden_size * m.hidden_size / tp),
+             (norm_key, m.mtp_layers * 3 * m.hidden_size)]
+    if plan.mesh.pp > 1 and not m.tie_word_embeddings:
+        extra.append((dp_dims, m.vocab_size * m.hidden_size / tp))
+    for depth in range(m.mtp_layers):
+        extra += layer_param_groups(plan, m.mtp_layer_index(depth)).items()
+    for key, params in extra:
+        groups[key] = groups.get(key, 0.0) + params
+    return groups
 
 
 def model_flops(plan: Plan) -> float:
     """Model FLOPs of one step: 6 x tokens x matmul params (output layer included, input
     embedding excluded; Kaplan et al. 2020 / Narayanan et al. 2021 eq. 3 convention) plus
     causal attention 3 x forward (forward + 2x backward), each layer with its head dims
-    and sliding window. Recompute is not counted (MFU, not HFU; Chowdhery et al. 2022, appendix B)."""
+    and sliding window; the multi-token-prediction modules too (their projection, block
+    and a second pass through the output layer, as Megatron-LM counts them). Recompute is not counted (MFU, not HFU; Chowdhery et al. 2022, appendix B)."""
     m, tr = plan.model, plan.training
     tokens = tr.global_batch * tr.seq_len
     layers = (m.num_layers * m.layer_matmul_params() if not m.num_experts else
               sum(m.active_matmul_params_at(i) for i in range(m.num_layers)))
     matmul = layers + m.vocab_size * m.hidden_size   # MoE: active (routed top-k) params
-    windows = Counter(m.window_at(i) for i in range(m.num_layers))
+    d = m.hidden_size
+    matmul += sum(2 * d * d + m.active_matmul_params_at(m.mtp_layer_index(k))
+                  + m.vocab_size * d for k in range(m.mtp_layers))
+    windows = Counter(m.window_at(i) for i in range(m.num_layers + m.mtp_layers))
     attention = sum(3.0 * count * causal_attention_flops(
         tokens, tr.seq_len, m.head_dim, m.num_heads, m.value_head_dim, window)
         for window, count in sorted(windows.items()))
