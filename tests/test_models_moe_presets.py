@@ -314,6 +314,7 @@ def test_transformers_head_dim_alias_of_mla_is_the_rope_part():
       "qk_rope_head_dim": 64, "v_head_dim": 128, "num_key_value_heads": 32},
      "model.head_dim"),
     ({"layer_types": ["sliding_attention"] * 3}, "model.layer_types"),
+    ({"num_local_experts": 64}, "model.num_local_experts"),     # num_experts says 128
 ])
 def test_config_keys_outside_the_model_are_refused(change, field):
     with pytest.raises(WorkloadError) as err:
