@@ -349,3 +349,31 @@ def test_sliding_window_with_ring_context_parallelism_exits_2():
     assert err.value.field == "context_parallel.mode"
     resolve(plan_from_dict(small_plan(model=SW, mesh={"cp": 2},
                                       context_parallel={"mode": "all_to_all"})), 8)
+
+
+# ---- Megatron-LM flags ------------------------------------------------------------------
+def test_megatron_mla_and_mtp_flags_round_trip():
+    from workloads.jobs.megatron import read_megatron, write_megatron
+    plan = plan_from_dict({"model": "deepseek-v3-mtp", "mesh": {"dp": "auto", "tp": 8},
+                           "training": {"global_batch": 64, "micro_batch": 1,
+                                        "seq_len": 4096}})
+    text = write_megatron(plan).text
+    assert "--multi-latent-attention" in text and "--mtp-num-layers 1" in text
+    model = read_megatron(text, lenient=True).plan["model"]
+    m = PRESETS["deepseek-v3-mtp"]
+    assert {k: model[k] for k in ("q_lora_rank", "kv_lora_rank", "qk_nope_head_dim",
+                                  "qk_rope_head_dim", "v_head_dim", "mtp_layers")} == \
+        {"q_lora_rank": m.q_lora_rank, "kv_lora_rank": m.kv_lora_rank,
+         "qk_nope_head_dim": m.qk_nope_head_dim, "qk_rope_head_dim": m.qk_rope_head_dim,
+         "v_head_dim": m.value_head_dim, "mtp_layers": 1}
+
+
+def test_megatron_mla_without_its_sizes_is_refused():
+    from workloads.jobs.megatron import read_megatron
+    text = ("--num-layers 4 --hidden-size 1024 --num-attention-heads 16 "
+            "--multi-latent-attention --qk-head-dim 64 --qk-pos-emb-head-dim 32 "
+            "--v-head-dim 64 --padded-vocab-size 8192 --seq-length 2048 --micro-batch-size 1 "
+            "--global-batch-size 8")
+    with pytest.raises(WorkloadError) as err:
+        read_megatron(text, lenient=True)
+    assert err.value.field == "--kv-lora-rank"
