@@ -49,6 +49,21 @@ def test_presets_match_published_parameter_counts(name, total, active, with_embe
     assert _active(m, with_embedding=with_embedding) == pytest.approx(active, rel=rel)
 
 
+def test_published_breakdowns():
+    # Qwen3 model cards: 29.9B and 234B non-embedding parameters; gpt-oss model card
+    # Table 1: attention 0.96B, embedding + unembedding 1.16B, MLP 114.71B (its 0.04B of
+    # biases not modelled).
+    for name, non_embedding in (("qwen3-30b-a3b", 29.9e9), ("qwen3-235b-a22b", 234e9)):
+        m = PRESETS[name]
+        assert m.total_params() - m.embedding_params() - m.output_params() == \
+            pytest.approx(non_embedding, rel=0.005)
+    m = PRESETS["gpt-oss-120b"]
+    assert 36 * m.attention_matmul_params() == pytest.approx(0.96e9, rel=0.01)
+    assert m.embedding_params() + m.output_params() == pytest.approx(1.16e9, rel=0.01)
+    mlp = 36 * (m.hidden_size * 128 + 128 * m.expert_params())
+    assert mlp == pytest.approx(114.71e9, rel=0.001)
+
+
 def test_deepseek_v3_counts_by_hand():
     m = PRESETS["deepseek-v3"]
     d, heads = 7168, 128
