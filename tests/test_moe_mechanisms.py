@@ -91,6 +91,9 @@ def test_alltoall_with_expert_tp_gathers_rows_over_tp():
                  2 * rows * D * 2)] == 1
     w1 = [x for x in tasks if x.label == "w1.fwd"][0]
     assert w1.gemm_mnk == (int(2 * rows), F // 2, D)   # gathered rows, FFN split over ETP
+    # permutes are linear: the experts' partial input gradients reach the reduce-scatter
+    # of the ETP all-gather's backward unreduced (no all-reduce over TP)
+    assert not [x for x in tasks if x.op == "all_reduce"]
 
 
 def test_alltoall_with_etp_1_keeps_experts_whole():
@@ -133,6 +136,8 @@ def test_allgather_with_expert_tp_spans_tp_and_ep():
     hidden = T / 2 * 4 * D * 2                      # each rank's T/2 tokens, 4 ranks
     assert comm[("forward", "moe.dispatch", "all_gather", ("tp", "ep"), hidden)] == 1
     assert comm[("forward", "moe.combine", "reduce_scatter", ("tp", "ep"), hidden)] == 1
+    assert comm[("backward", "grad.moe.dispatch", "reduce_scatter", ("tp", "ep"), hidden)] == 1
+    assert not [x for x in _tasks(plan) if x.op == "all_reduce"]
 
 
 # ---- deepep -------------------------------------------------------------------------

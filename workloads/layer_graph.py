@@ -57,6 +57,7 @@ class Node:
     bf16: bool = False             # linear only: stays a bf16 GEMM under FP8 training
     efficiency: float = 1.0        # linear only: relative GEMM efficiency (grouped GEMMs)
     comm: ExplicitComm | None = None   # kind "comm" only
+    passthrough: bool = False      # elementwise: a row permutation, gradients in any layout
 
 
 def attention_core(shape: LayerShape, options: BuildOptions) -> LayerBuilder:
@@ -77,7 +78,7 @@ class LayerGraph:
         self.nodes: list[Node] = []
         self._redistributed: dict[tuple[int, str], Node] = {}
         self.wgrad_tasks: dict[str, int] = {}      # projection -> wgrad task (backward)
-        self._ep_grad_layouts: dict[int, str] = {}  # comm node -> its input gradient's layout
+        self._ep_grad_layouts: dict[int, str] = {}  # comm/permute node -> its input grad's layout
         self._attention: LayerBuilder | None = None  # the attention core's builder
         # TP overlap (workloads/tp_overlap.py): task -> the tasks its gathered chunks
         # arrive with; row-linear node -> the task with its reduce-scattered output;
@@ -109,16 +110,18 @@ class LayerGraph:
 
     def elementwise(self, name: str, inputs: list[Node], layout: str | None = None,
                     features: int | None = None, rw: tuple[float, float] = (1.0, 1.0),
-                    rows_scale: float | None = None) -> Node:
+                    rows_scale: float | None = None, passthrough: bool = False) -> Node:
         """A memory-bound op; all inputs are first brought to one layout. By default it
-        works on as many token rows as its inputs (MoE: the dispatched expert rows)."""
+        works on as many token rows as its inputs (MoE: the dispatched expert rows).
+        `passthrough`: it only moves rows (MoE permutes), so its gradient may stay a
+        partial sum."""
         layout = layout or inputs[0].layout
         inputs = [self.to_layout(x, layout) for x in inputs]
         rows = max((x.rows_scale for x in inputs), default=1.0) if rows_scale is None \
             else rows_scale
         return self._node(kind="elementwise", name=name, layout=layout,
                           features=features or inputs[0].features, inputs=inputs, rw=rw,
-                          rows_scale=rows)
+                          rows_scale=rows, passthrough=passthrough)
 
     def linear(self, name: str, x: Node, strategy: str, out_features: int,
                experts: int = 0, bf16: bool = False, efficiency: float = 1.0) -> Node:
@@ -354,12 +357,13 @@ class LayerGraph:
     def _combine(self, sink: TaskSink, ctx: dict, node: Node, grads) -> int:
         """Convert consumers' gradients to the layout this node's backward needs, sum."""
         target = grad_layout_needed(node.layout) if self.shape.tp > 1 else node.layout
-        if node.kind == "comm" and len({layout for _, layout in grads}) == 1:
-            # A dispatcher's collective takes its output gradient as it comes (an
-            # all-to-all is linear: partial sums pass through it).
+        moves_rows = node.kind == "comm" or node.passthrough
+        if moves_rows and len({layout for _, layout in grads}) == 1:
+            # A dispatcher's collective or permute takes its output gradient as it comes
+            # (they are linear: partial sums pass through them).
             target = grads[0][1]
-        if node.kind == "comm":
-            self._ep_grad_layouts[node.id] = node.comm.grad_layout or target
+        if moves_rows:
+            self._ep_grad_layouts[node.id] = (node.comm.grad_layout if node.comm else None) or target
         by_layout: dict[str, list[int]] = {}
         for task, layout in grads:
             by_layout.setdefault(layout if self.shape.tp > 1 else target, []).append(task)
@@ -415,5 +419,6 @@ class LayerGraph:
             return [(x, (task, "R" if tp1 else "H")) for x in node.inputs]
         task = self.elementwise_task(sink, ctx, node, "backward", (ready,))
         # A partial-sum output's gradient is whole (R) on every rank, and so is its input's.
-        return [(x, (task, grad_layout_needed(node.layout) if not tp1 else node.layout))
-                for x in node.inputs]
+        layout = (self._ep_grad_layouts[node.id] if node.passthrough else
+                  grad_layout_needed(node.layout) if not tp1 else node.layout)
+        return [(x, (task, layout)) for x in node.inputs]
