@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 
 from .attention import AttentionCost, LocalAttention
 from .context_parallel import ContextParallelAttention
+from .explicit_comm import ExplicitComm
 from .kernels import fused_cost
 from .layer_builder import BuildOptions, LayerBuilder, LayerShape, TaskSink, fp8_cast_task, \
     memory_task
@@ -21,21 +22,6 @@ from .layouts import STRATEGY_LAYOUTS, collective, collective_bytes, grad_layout
 from .program import COMM, COMPUTE, GEMM, MEMORY, RELAYOUT
 from .tp_overlap import (USERBUFFERS, chunked_backward, chunked_gemm, gemm_reduce_scatter,
                          ring_gather)
-
-
-@dataclass(frozen=True)
-class ExplicitComm:
-    """A collective a builder spells out (the MoE dispatchers: workloads/moe/dispatch.py)
-    instead of a TP layout change: its op, group and nccl-tests size in forward, and in
-    backward (bwd_op None: no gradient flows back, e.g. a routing map)."""
-
-    op: str
-    group: tuple[str, ...]
-    nbytes: float
-    bwd_op: str | None
-    bwd_nbytes: float = 0.0
-    grad_layout: str | None = None   # layout of the input gradient it yields (None: as given)
-    stream: str = "ep"
 
 
 @dataclass
@@ -219,7 +205,7 @@ class LayerGraph:
                             gemm_dtype=self._gemm_dtype(node), label=f"{node.name}.fwd",
                             efficiency=node.efficiency, **ctx)
         if node.kind == "comm":
-            return self._explicit_comm(sink, ctx, node, deps, phase, backward=False)
+            return node.comm.emit(sink, ctx, node.name, deps, phase, backward=False)
         if node.kind == "attention":
             return self._attention.emit_forward(sink, ctx, deps, phase)
         return self.elementwise_task(sink, ctx, node, phase, deps)
@@ -234,16 +220,6 @@ class LayerGraph:
         if node.bf16:
             return tuple(deps)
         return fp8_cast_task(sink, ctx, self.shape, elements, deps, phase, name)
-
-    @staticmethod
-    def _explicit_comm(sink: TaskSink, ctx: dict, node: Node, deps, phase: str,
-                       backward: bool) -> int:
-        """The task of a spelled-out collective, forward or backward."""
-        c = node.comm
-        op, size = (c.bwd_op, c.bwd_nbytes) if backward else (c.op, c.nbytes)
-        label = f"grad.moe.{node.name}" if backward else f"moe.{node.name}"
-        return sink.add(kind=COMM, stream=c.stream, op=op, phase=phase, deps=tuple(deps),
-                        bytes=size, group=c.group, label=label, **ctx)
 
     def _comm(self, sink: TaskSink, ctx: dict, src: str, dst: str, features: int, deps,
               phase: str, label: str, rows_scale: float = 1.0, chunked: bool = False) -> int:
@@ -363,7 +339,8 @@ class LayerGraph:
             # (they are linear: partial sums pass through them).
             target = grads[0][1]
         if moves_rows:
-            self._ep_grad_layouts[node.id] = (node.comm.grad_layout if node.comm else None) or target
+            given = node.comm.grad_layout if node.comm else None
+            self._ep_grad_layouts[node.id] = given or target
         by_layout: dict[str, list[int]] = {}
         for task, layout in grads:
             by_layout.setdefault(layout if self.shape.tp > 1 else target, []).append(task)
@@ -412,7 +389,7 @@ class LayerGraph:
         if node.kind == "comm":
             if node.comm.bwd_op is None:
                 return []
-            task = self._explicit_comm(sink, ctx, node, (ready,), "backward", backward=True)
+            task = node.comm.emit(sink, ctx, node.name, (ready,), "backward", backward=True)
             return [(node.inputs[0], (task, self._ep_grad_layouts[node.id]))]
         if node.kind == "attention":
             task = self._attention.emit_backward(sink, ctx, ready)

@@ -36,7 +36,7 @@ import math
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from ..layer_graph import ExplicitComm
+from ..explicit_comm import ExplicitComm
 from ..layouts import R, S
 
 if TYPE_CHECKING:  # pragma: no cover
