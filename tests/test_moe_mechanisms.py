@@ -68,6 +68,8 @@ def test_alltoall_events_without_tp():
     # backward of a fused copy: its input and output gradient read, its input-gradient
     # written (workloads/kernels.py FUSED_BACKWARD_FACTOR)
     assert _mem(tasks, "permute.bwd") == [T * D * 2 * (1 + K) * 1.5]
+    one_each = _tasks(_plan(mesh={"ep": 8}))       # one expert per rank: nothing to sort
+    assert not _mem(one_each, "sort_chunks.fwd") and _mem(one_each, "permute.fwd")
     topk = _mem(tasks, "router_topk.fwd")
     assert topk == [T * E * 2 * 4.0]              # logits read, scores, probs and map
     assert not _mem(tasks, "router_aux_loss.fwd")
