@@ -4,7 +4,9 @@ simulator/data/reference_residuals.json holds the signed step-time error of ever
 published run ((simulated - measured) / measured), with its GPU and framework; it is written
 by `python -m validation references` (this package never imports validation). For a plan,
 the comparable runs are those on the same GPU and, when the plan names a framework profile
-(anything but `generic`), under the same framework. For each, the measured step was
+(anything but `generic`), under the same framework; among them, those of the same model
+kind (mixture-of-experts or dense) when there are at least PERCENTILE_MIN_ROWS of that kind
+(MoE layers add dispatch and grouped-GEMM work whose errors differ from dense layers'). For each, the measured step was
 simulated / (1 + error); the band is the 10th to 90th percentile of measured / simulated - 1
 over the comparable runs (all of them when there are fewer than 10), applied to the plan's
 simulated step time. With no comparable run there is no band, and the output says so.
@@ -39,9 +41,10 @@ def _quantile(sorted_values: list[float], q: float) -> float:
 
 
 def prediction_band(hardware: str, framework: str, step_s: float,
-                    path: Path = RESIDUALS_PATH) -> dict[str, Any]:
+                    path: Path = RESIDUALS_PATH, model_kind: str | None = None) -> dict[str, Any]:
     """The band of comparable published runs around a simulated step time.
 
+    `model_kind` ("moe" or "dense") narrows the runs to that kind when enough exist.
     Returns {"step_time_band_s": [low, high] or None, "step_time_band": {"group", "n",
     "low_pct", "high_pct"}}: low/high_pct are where the measured step times fell relative
     to the simulated ones (measured / simulated - 1, in percent).
@@ -52,6 +55,9 @@ def prediction_band(hardware: str, framework: str, step_s: float,
         group += f" framework:{framework}"
     rows = [r for r in _residual_rows(path) if r.get("hardware") == hardware
             and (not named or r.get("framework") == framework)]
+    same_kind = [r for r in rows if r.get("model_kind") == model_kind]
+    if model_kind is not None and len(same_kind) >= PERCENTILE_MIN_ROWS:
+        rows, group = same_kind, f"{group} model:{model_kind}"
     ratios = sorted(1.0 / (1.0 + r["error_pct"] / 100.0) - 1.0 for r in rows)
     band: dict[str, Any] = {"group": group, "n": len(ratios), "low_pct": None,
                             "high_pct": None}

@@ -46,7 +46,8 @@ def handle(args: argparse.Namespace) -> int:
         options = replace(options, fault_classes=True)
     result = simulate(plan, topology, options, args.max_tasks)
     band = prediction_band(topology.device(0).name, plan.framework,
-                           float(result.summary["step_time_s"]))
+                           float(result.summary["step_time_s"]),
+                           model_kind="moe" if plan.model.num_experts else "dense")
     if args.trace:
         result.write_trace(args.trace)
     if args.chrome_trace:
