@@ -102,5 +102,11 @@ def test_nvl72_study_small(capsys):
     h100, nvl = by[("dgx-h100x9", 8)], by[("nvl72", 8)]
     assert h100["status"] == nvl["status"] == "ok"
     assert nvl["step_time_s"] < h100["step_time_s"]
+    # each row carries the band of published runs on its GPU under its framework
+    band = h100["step_time_band"]
+    assert band["group"] == "hardware:h100 framework:megatron-core" and band["n"] > 0
+    low, high = h100["step_time_band_s"]
+    assert low < h100["step_time_s"] * (1 + band["high_pct"] / 100 + 1e-9) and low <= high
+    assert nvl["step_time_band"]["group"].startswith("hardware:gb200 framework:megatron-core")
     assert by[("nvl72", 72)]["status"] == "invalid"
     assert "num_attention_heads" in by[("nvl72", 72)]["error"]

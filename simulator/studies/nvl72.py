@@ -14,6 +14,9 @@ import argparse
 
 from workloads import MODEL_PRESETS
 
+from topologies import build as build_topology
+
+from ..band import prediction_band
 from ..errors import UsageError
 from ..output import print_json
 from ..whatif.engines import run_points
@@ -50,6 +53,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--global-batch", type=int, default=72, help="sequences per step")
     parser.add_argument("--seq-len", type=int, default=8192)
     parser.add_argument("--recompute", choices=("none", "selective", "full"), default="none")
+    parser.add_argument("--framework", choices=("megatron-core", "torchtitan", "generic"),
+                        default="megatron-core",
+                        help="framework profile of the plans (its published runs give the band)")
     parser.add_argument("--workers", type=int, default=None, help="worker processes")
 
 
@@ -68,7 +74,7 @@ def plan_raw(model: str, tp: int, args: argparse.Namespace) -> dict:
     spec = MODEL_PRESETS[model].to_dict()
     if spec["num_heads"] % tp == 0:   # else resolve() reports the heads TP must divide
         spec["num_kv_heads"] = max(spec["num_kv_heads"], tp)
-    return {"name": f"{model}-tp{tp}", "model": spec,
+    return {"name": f"{model}-tp{tp}", "model": spec, "framework": args.framework,
             "training": {"global_batch": args.global_batch, "micro_batch": 1,
                          "seq_len": args.seq_len},
             "mesh": {"dp": "auto", "tp": tp}, "fsdp": {"enabled": True},
@@ -93,8 +99,13 @@ def rows(args: argparse.Namespace) -> list[dict]:
                                   [], {}):
                 points.append({**p, "point": len(points), "model_name": model})
     out = run_points(points, "local", args.workers, progress=False)
+    devices = {t["ref"]: build_topology(t["ref"]).device(0).name for t in topos}
     for p, r in zip(points, out):
         r["model"] = p["model_name"]
+        if r.get("status") == "ok":
+            kind = "moe" if MODEL_PRESETS[p["model_name"]].num_experts else "dense"
+            r.update(prediction_band(devices[p["topo"]["ref"]], args.framework,
+                                     float(r["step_time_s"]), model_kind=kind))
     return out
 
 
@@ -106,12 +117,21 @@ def plot(table: list[dict], path: str) -> None:
     bars(table, ["model", "tp"], path, "DGX H100 vs GB200 NVL72 (GB200 not measured)")
 
 
+def _band_text(row: dict) -> str:
+    """The band of comparable published runs, or that there is none."""
+    band = row.get("step_time_band")
+    if not band or not band["n"]:
+        return "none published"
+    return f"{band['low_pct']:+.0f} % .. {band['high_pct']:+.0f} % (n = {band['n']}, {band['group']})"
+
+
 def run(args: argparse.Namespace) -> int:
     """Print the assumptions and the table (or JSON), write the plot."""
     table = rows(args)
     keep = ("model", "topo", "tp", "status", "error", "step_time_s", "compute_s",
             "exposed_comm_s", "bubble_s", "peak_memory_bytes", "memory_capacity_bytes",
-            "fits_in_memory", "mfu", "tokens_per_s", "world_size")
+            "fits_in_memory", "mfu", "tokens_per_s", "world_size", "step_time_band_s",
+            "step_time_band")
     table = [{k: r.get(k) for k in keep} for r in table]
     if args.plot:
         plot(table, args.plot)
@@ -122,7 +142,7 @@ def run(args: argparse.Namespace) -> int:
     for a in ASSUMPTIONS:
         print(f"  - {a}")
     print(f"{'model':<12} {'cluster':<12} {'tp':>3} {'step':>9} {'exp.comm':>9} {'mem GB':>7} "
-          f"{'of':>4} {'MFU':>6}")
+          f"{'of':>4} {'MFU':>6}  published runs of this kind (measured vs simulated)")
     for r in table:
         head = f"{r['model']:<12} {r['topo']:<12} {r['tp']:>3}"
         if r["status"] != "ok":
@@ -130,5 +150,6 @@ def run(args: argparse.Namespace) -> int:
             continue
         print(f"{head} {r['step_time_s']:>8.2f}s {r['exposed_comm_s']:>8.2f}s "
               f"{r['peak_memory_bytes'] / 1e9:>7.1f} {r['memory_capacity_bytes'] / 1e9:>4.0f} "
-              f"{100 * r['mfu']:>5.1f}%" + ("" if r["fits_in_memory"] else "  does not fit"))
+              f"{100 * r['mfu']:>5.1f}%  {_band_text(r)}"
+              + ("" if r["fits_in_memory"] else "  does not fit"))
     return 0
