@@ -42,7 +42,7 @@ import numpy as np
 
 from topologies.topology import SPINE, gpu_node, leaf_node, nic_node, nvswitch_node
 
-from .channels import MAX_NVLS_ARITY
+from .channels import MAX_NVLS_ARITY, MAX_RING_SEARCH_CHANNELS
 from .constants import COLLNET_MAX_LOCAL_RANKS, bus_factor, nvls_efficiency
 from .fluid import Flow, idle_time_s
 
@@ -108,7 +108,7 @@ def _rot(seq: tuple[int, ...], c: int) -> tuple[int, ...]:
 def _ring_pairs(shape: GroupShape, op: str, root: int) -> list[tuple[int, int, float]]:
     n = shape.n
     per_edge = bus_factor(op, n)
-    channels = shape.channels if shape.num_domains > 1 else 1
+    channels = ring_rails(shape) if shape.num_domains > 1 else 1
     pairs = []
     for c in range(channels):
         order = [r for m in shape.members for r in _rot(m, c)]
@@ -154,8 +154,14 @@ def _tree_between(heads: list[int], share: float) -> list[tuple[int, int, float]
     return pairs
 
 
+def ring_rails(shape: GroupShape) -> int:
+    """Rings (and trees) with their own NIC: one per search channel, at most
+    MAXCHANNELS / 2 = 32 [NVIDIA/nccl src/init.cc ringGraph->maxChannels]."""
+    return min(shape.channels, MAX_RING_SEARCH_CHANNELS)
+
+
 def _tree_pairs(shape: GroupShape) -> list[tuple[int, int, float]]:
-    channels = shape.channels
+    channels = ring_rails(shape)
     pairs = []
     for c in range(channels):
         chains = [_rot(m, c) for m in shape.members]

@@ -31,6 +31,8 @@ THREAD_THRESHOLD = {"LL": 8, "LL128": 8, "Simple": 64}
 # is 64 [device.h].
 ONE_NODE_SEARCH_CHANNELS = 16
 MAX_CHANNELS = 64
+# The ring graph searches at most MAXCHANNELS / 2 channels [init.cc]; trees reuse them.
+MAX_RING_SEARCH_CHANNELS = MAX_CHANNELS // 2
 # NVLS channels [nvls.cc NVLS_NCHANNELS_SM90, _SM100, _SM100_NVL].
 NVLS_CHANNELS_SM90, NVLS_CHANNELS_SM100_MULTI, NVLS_CHANNELS_SM100_ONE = 16, 32, 24
 # NVLS heads: the NVLS graph has at most NCCL_MAX_NVLS_ARITY (32) channels, one per GPU
@@ -43,7 +45,8 @@ NVLS_CHUNK_BYTES = 128 * 1024
 
 def coll_channels(arch: str, nodes: int, rails: int) -> int:
     """comm->nChannels for ring/tree: the ring graph's channels, duplicated [connect.cc]."""
-    search = ONE_NODE_SEARCH_CHANNELS if nodes <= 1 else max(rails, 1)
+    search = ONE_NODE_SEARCH_CHANNELS if nodes <= 1 else min(max(rails, 1),
+                                                               MAX_RING_SEARCH_CHANNELS)
     channels = 2 * search
     if arch in ("hopper", "blackwell") and nodes > 1 and channels < 16:
         channels *= 2   # "Use 4 compute channels per search channel ... on <8 PPN"

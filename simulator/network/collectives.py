@@ -12,11 +12,12 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from .algorithms import (GroupShape, Template, available, build_template, group_shape,
-                         nvls_heads)
-from .channels import coll_channels, device_arch, nvls_channels, tuned_channels
+                         nvls_heads, ring_rails)
+from .channels import (ONE_NODE_SEARCH_CHANNELS, coll_channels, device_arch, nvls_channels,
+                       tuned_channels)
 from .constants import (COLLNET_DIRECT_SM90_EFFICIENCY, RING_EFFICIENCY, TREE_EFFICIENCY,
                         TREE_LL128_ONE_NODE_EFFICIENCY, bus_factor, ll_max_bw_Bps,
-                        tree_correction)
+                        per_channel_cap_Bps, tree_correction)
 from .fluid import Flow
 from .latency import host_floor_s, nccl_latency_s, nvls_fill_s
 
@@ -150,7 +151,8 @@ class CollectiveModel:
             for proto in self._protocols(algo):
                 eff = self._efficiency(shape, op, algo, proto, size, template)
                 channels = self._channels(shape, algo, proto, size)
-                lat = nccl_latency_s(shape, op, algo, proto, size, channels)
+                lat = nccl_latency_s(shape, op, algo, proto, size, channels,
+                                     self.topology.net_latency_s)
                 fill, chunk = 0.0, 0
                 if algo in _NVLS:
                     fill, chunk = nvls_fill_s(op, algo, shape, size, channels,
@@ -191,9 +193,14 @@ class CollectiveModel:
         NCCL's llMaxBw cap on LL bus bandwidth becomes a lower payload fraction, so the
         flows carry it too: eff = min(LL factor, llMaxBw / link-limited busBw).
         """
-        if algo in _NVLS or algo == "collnet_chain":
-            return 1.0  # nvlsEfficiency is in the template's flows
         device = self.topology.devices[shape.ranks[0]]
+        if algo == "nvls_tree" and template.unit_time_s > 0:
+            # nvlsEfficiency is in the template's flows; the per-head cap is NCCL's
+            cap = nvls_heads(shape) * per_channel_cap_Bps(
+                "nvls_tree", device_arch(device.name), shape.num_domains)
+            return min(1.0, cap * template.unit_time_s / bus_factor(op, shape.n))
+        if algo in _NVLS or algo == "collnet_chain":
+            return 1.0
         if algo == "collnet_direct":
             hopper_on = device_arch(device.name) in ("hopper", "blackwell")
             return COLLNET_DIRECT_SM90_EFFICIENCY if hopper_on else 1.0
@@ -208,4 +215,12 @@ class CollectiveModel:
             link_busbw = bus_factor(op, shape.n) / template.unit_time_s
         if proto == "LL" and algo != "p2p" and template.unit_time_s > 0:
             eff = min(eff, ll_max_bw_Bps(device.name, shape.num_domains) / link_busbw)
+        kind = {("ring", "LL128"): "ring_LL128", ("tree", "LL128"): "tree_LL128"}.get(
+            (algo, proto), "tree" if algo == "tree" else None)
+        if kind and template.unit_time_s > 0:
+            search = ring_rails(shape) if shape.num_domains > 1 else ONE_NODE_SEARCH_CHANNELS
+            cap = search * per_channel_cap_Bps(kind, device_arch(device.name),
+                                               shape.num_domains)
+            eff = min(eff, cap / link_busbw * (tree_correction(proto, size)
+                                               if algo == "tree" else 1.0))
         return eff

@@ -81,6 +81,30 @@ LL_MAX_BW_ONE_NODE_DEFAULT_BPS = 141e9   # assumption: Hopper row for custom dev
 LL_MAX_BW_MULTI_NODE_BPS = (39e9, 20.4e9)  # Intel row, [2 nodes, >= 3 nodes]
 
 
+# Per-channel bus-bandwidth caps (GB/s) NCCL's tuner applies, by architecture and by
+# [1 node, 2 nodes, >= 3 nodes] [tuning.cc perChMaxRingLL128Bws, perChMaxTreeLL128Bws,
+# perChMaxTreeBws, perChMaxNVLSTreeBws]: what one channel (one CUDA block) sustains.
+PER_CHANNEL_CAP_GBPS = {
+    "ring_LL128": {"ampere": (20.0, 20.0, 20.0), "hopper": (36.7, 36.7, 36.7),
+                   "blackwell": (40.0, 40.0, 40.0)},
+    "tree_LL128": {"ampere": (20.0, 20.0, 20.0), "hopper": (36.7, 36.7, 29.0),
+                   "blackwell": (55.6, 31.67, 20.0)},
+    "tree": {"ampere": (24.0, 23.6, 17.8), "hopper": (38.7, 41.4, 36.0),
+             "blackwell": (70.0, 42.8, 24.0)},
+    "nvls_tree": {"ampere": (24.0, 23.6, 17.8), "hopper": (0.0, 57.7, 45.5),
+                  "blackwell": (0.0, 96.0, 80.0)},
+}
+
+
+def per_channel_cap_Bps(kind: str, arch: str, nodes: int) -> float:
+    """NCCL's per-channel cap for (kind, architecture, node count); inf when none."""
+    row = PER_CHANNEL_CAP_GBPS[kind].get(arch)
+    if row is None:
+        return float("inf")
+    value = row[0 if nodes <= 1 else 1 if nodes == 2 else 2]
+    return value * 1e9 if value > 0 else float("inf")
+
+
 def ll_max_bw_Bps(device_name: str, nodes: int) -> float:
     """NCCL llMaxBw: the cap on LL bus bandwidth."""
     if nodes <= 1:

@@ -26,8 +26,9 @@ def _log2i(x: int) -> int:
 
 
 def nccl_latency_s(shape: GroupShape, op: str, algo: str, proto: str, size: float,
-                   channels: int) -> float:
-    """NCCL tuning.cc latency of (algorithm, protocol) on this group."""
+                   channels: int, latency_inter_s: float = LATENCY_INTER_S) -> float:
+    """NCCL tuning.cc latency of (algorithm, protocol) on this group; `latency_inter_s` is
+    the net plugin's reported latency (graph->latencyInter)."""
     n, nodes, ppn = shape.n, shape.num_domains, shape.ppn
     multi = nodes > 1
     lat_algo = "ring" if algo in ("p2p", "hierarchical") else algo
@@ -36,7 +37,7 @@ def nccl_latency_s(shape: GroupShape, op: str, algo: str, proto: str, size: floa
     # NCCL: with one GPU per node the network step costs Tree's NET latency.
     inter = hw_latency_s("net", "tree" if ppn == 1 and lat_algo == "ring" else lat_algo,
                          proto)
-    inter += LATENCY_INTER_S * (2 if proto == "Simple" else 1)
+    inter += latency_inter_s * (2 if proto == "Simple" else 1)
     net_oh = NET_OVERHEAD_S * (3 if proto == "Simple" else 1) if multi else 0.0
     step = max(intra, net_oh)
     if algo == "nvls":
