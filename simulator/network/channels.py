@@ -43,6 +43,26 @@ MAX_NVLS_ARITY = 32
 NVLS_CHUNK_BYTES = 128 * 1024
 
 
+# Per-channel speeds the graph search tries, fastest first (GB/s) [search.cc
+# sm90SpeedArrayIntra, sm100SpeedArrayIntra, speedArrayIntra].
+SPEED_ARRAY_INTRA = {
+    "hopper": (60.0, 50.0, 40.0, 30.0, 24.0, 20.0, 15.0, 12.0, 11.0, 6.0, 3.0),
+    "blackwell": (90.0, 80.0, 70.0, 60.0, 50.0, 45.0, 40.0, 30.0, 24.0, 20.0, 19.0, 18.0),
+    "other": (40.0, 30.0, 20.0, 18.0, 15.0, 12.0, 10.0, 9.0, 7.0, 6.0, 5.0, 4.0, 3.0),
+}
+
+
+def nvls_search_speed_GBps(arch: str, heads: int, nvlink_GBps: float) -> float:
+    """Per-head speed NCCL's NVLS graph search settles on in one domain: the fastest speed
+    at which every GPU's NVLink carries all heads' traffic, its own head's twice
+    [search.cc ncclTopoSearchTryNvls: NVS<->GPU paths of each GPU, x2 for the head]."""
+    speeds = SPEED_ARRAY_INTRA.get(arch, SPEED_ARRAY_INTRA["other"])
+    for speed in speeds:
+        if (heads + 1) * speed <= nvlink_GBps * (1 + 1e-9):
+            return speed
+    return speeds[-1]
+
+
 def coll_channels(arch: str, nodes: int, rails: int) -> int:
     """comm->nChannels for ring/tree: the ring graph's channels, duplicated [connect.cc]."""
     search = ONE_NODE_SEARCH_CHANNELS if nodes <= 1 else min(max(rails, 1),

@@ -14,10 +14,10 @@ from dataclasses import dataclass
 from .algorithms import (GroupShape, Template, available, build_template, group_shape,
                          nvls_heads, ring_rails)
 from .channels import (ONE_NODE_SEARCH_CHANNELS, coll_channels, device_arch, nvls_channels,
-                       tuned_channels)
+                       nvls_search_speed_GBps, tuned_channels)
 from .constants import (COLLNET_DIRECT_SM90_EFFICIENCY, RING_EFFICIENCY, TREE_EFFICIENCY,
                         TREE_LL128_ONE_NODE_EFFICIENCY, bus_factor, ll_max_bw_Bps,
-                        per_channel_cap_Bps, tree_correction)
+                        nvls_efficiency, per_channel_cap_Bps, tree_correction)
 from .fluid import Flow
 from .latency import host_floor_s, nccl_latency_s, nvls_fill_s
 
@@ -181,6 +181,26 @@ class CollectiveModel:
                              if shape.num_domains > 1 else 0)
         return tuned_channels(base, algo, proto, size, shape.n)
 
+    def _nvls_search_algbw(self, shape: GroupShape, op: str) -> float:
+        """NVLS algorithm bandwidth (bytes/s) at NCCL's searched per-head speed: heads x
+        speed x nvlsEfficiency x (heads-1)/heads, x2 for all-reduce ("pipelines two
+        operations", then x n/nsteps) or x (n-1)/n for all-gather / reduce-scatter
+        [tuning.cc ncclTopoTuneModel]; unbounded when every GPU is a head."""
+        device = self.topology.devices[shape.ranks[0]]
+        heads, n = nvls_heads(shape), shape.n
+        if heads < 2 or heads >= shape.ppn:
+            # One head per GPU (<= 32 GPUs per domain): the links alone match nccl-tests
+            # (5-8 x H100 NVLS 420-480 GB/s, NVIDIA/nccl issue 1455), where the search's
+            # quantised speed would say 408 at 7 GPUs. With more GPUs than heads (NVL72),
+            # every GPU's NVLink carries 33 head paths at one searched speed.
+            return float("inf")
+        speed = nvls_search_speed_GBps(device_arch(device.name), heads,
+                                       device.nccl_nvlink_Bps / 1e9) * 1e9
+        per_head = speed * nvls_efficiency(device.name) * (heads - 1) / heads
+        if op == "all_reduce":
+            return heads * per_head * 2 * n / (2 * (n - 1))
+        return heads * per_head * (n - 1) / n
+
     def _protocols(self, algo: str) -> tuple[str, ...]:
         protos = _PROTOCOLS.get(algo, _ALL_PROTOCOLS)
         forced = self.options.protocol
@@ -194,11 +214,15 @@ class CollectiveModel:
         flows carry it too: eff = min(LL factor, llMaxBw / link-limited busBw).
         """
         device = self.topology.devices[shape.ranks[0]]
-        if algo == "nvls_tree" and template.unit_time_s > 0:
-            # nvlsEfficiency is in the template's flows; the per-head cap is NCCL's
-            cap = nvls_heads(shape) * per_channel_cap_Bps(
-                "nvls_tree", device_arch(device.name), shape.num_domains)
-            return min(1.0, cap * template.unit_time_s / bus_factor(op, shape.n))
+        if algo in _NVLS and template.unit_time_s > 0:
+            # nvlsEfficiency is in the template's flows; NCCL's searched per-head speed
+            # bounds the in-domain part, and NVLS_Tree's heads have NCCL's per-channel cap.
+            eff = min(1.0, self._nvls_search_algbw(shape, op) * template.unit_time_s)
+            if algo == "nvls_tree":
+                cap = nvls_heads(shape) * per_channel_cap_Bps(
+                    "nvls_tree", device_arch(device.name), shape.num_domains)
+                eff = min(eff, cap * template.unit_time_s / bus_factor(op, shape.n))
+            return eff
         if algo in _NVLS or algo == "collnet_chain":
             return 1.0
         if algo == "collnet_direct":
