@@ -15,7 +15,7 @@ from .algorithms import (GroupShape, Template, available, build_template, group_
                          nvls_heads, ring_rails)
 from .channels import (ONE_NODE_SEARCH_CHANNELS, coll_channels, device_arch, nvls_channels,
                        nvls_search_speed_GBps, tuned_channels)
-from .constants import (COLLNET_DIRECT_SM90_EFFICIENCY, RING_EFFICIENCY, TREE_EFFICIENCY,
+from .constants import (COLLNET_DIRECT_SM90_EFFICIENCY, PAT_EFFICIENCY, RING_EFFICIENCY, TREE_EFFICIENCY,
                         TREE_LL128_ONE_NODE_EFFICIENCY, bus_factor, ll_max_bw_Bps,
                         nvls_efficiency, per_channel_cap_Bps, tree_correction)
 from .fluid import Flow
@@ -23,15 +23,15 @@ from .latency import host_floor_s, nccl_latency_s, nvls_fill_s
 
 OPS = ("all_reduce", "all_gather", "reduce_scatter", "all_to_all", "broadcast", "reduce",
        "send_recv")
-ALGORITHMS = ("ring", "tree", "nvls", "nvls_tree", "collnet_direct", "collnet_chain",
+ALGORITHMS = ("ring", "tree", "nvls", "nvls_tree", "collnet_direct", "collnet_chain", "pat",
               "hierarchical")
 # NVLS, NVLS_Tree and CollNet run Simple only [tuning.cc]. NCCL's p2p path
 # uses LL below NCCL_P2P_LL_THRESHOLD and Simple above (no LL128).
 _PROTOCOLS = {"nvls": ("Simple",), "nvls_tree": ("Simple",), "collnet_direct": ("Simple",),
-              "collnet_chain": ("Simple",), "p2p": ("LL", "Simple")}
+              "collnet_chain": ("Simple",), "pat": ("Simple",), "p2p": ("LL", "Simple")}
 _ALL_PROTOCOLS = ("LL", "LL128", "Simple")
 # Algorithms the tuner may pick by itself; "hierarchical" only when forced (not NCCL's).
-_AUTO = ("ring", "tree", "nvls", "nvls_tree", "collnet_direct", "collnet_chain", "p2p")
+_AUTO = ("ring", "tree", "nvls", "nvls_tree", "collnet_direct", "collnet_chain", "pat", "p2p")
 _NVLS = ("nvls", "nvls_tree")
 
 
@@ -225,6 +225,8 @@ class CollectiveModel:
             return eff
         if algo in _NVLS or algo == "collnet_chain":
             return 1.0
+        if algo == "pat":
+            return PAT_EFFICIENCY
         if algo == "collnet_direct":
             hopper_on = device_arch(device.name) in ("hopper", "blackwell")
             return COLLNET_DIRECT_SM90_EFFICIENCY if hopper_on else 1.0

@@ -21,16 +21,25 @@ _BASE_LAT_US = {
     "collnet_chain": (0.0, 0.0, 0.0),
     "nvls": (0.0, 0.0, 0.0),
     "nvls_tree": (0.0, 0.0, 0.0),
+    "pat": (8.0, 8.0, 8.0),
 }
 # hwLatencies (us per step) for NVLINK and NET [tuning.cc].
 _HW_LAT_US = {
     "nvlink": {"ring": (0.6, 1.9, 3.4), "tree": (0.6, 1.25, 4.0),
                "collnet_direct": (0.0, 0.0, 3.7), "collnet_chain": (0.0, 0.0, 2.8),
-               "nvls": (0.0, 0.0, 25.0), "nvls_tree": (0.0, 0.0, 25.0)},
+               "nvls": (0.0, 0.0, 25.0), "nvls_tree": (0.0, 0.0, 25.0),
+               "pat": (0.0, 0.0, 4.0)},
     "net": {"ring": (2.7, 4.0, 14.0), "tree": (5.0, 8.5, 14.0),
             "collnet_direct": (0.0, 0.0, 31.0), "collnet_chain": (0.0, 0.0, 30.0),
-            "nvls": (0.0, 0.0, 18.0), "nvls_tree": (0.0, 0.0, 20.9)},
+            "nvls": (0.0, 0.0, 18.0), "nvls_tree": (0.0, 0.0, 20.9),
+            "pat": (0.0, 0.0, 14.0)},
 }
+# PAT (Parallel Aggregated Trees, all-gather / reduce-scatter with one GPU per node): its
+# bandwidth is x0.75 of the graph's, its latency base + log2(nodes) x NET / 3.5 + 2.8 us
+# per rank [tuning.cc].
+PAT_EFFICIENCY = 0.75
+PAT_PER_RANK_LAT_S = 2.8 * US
+PAT_NET_DIVISOR = 3.5
 # CollNetDirect: 0.4 us of "arity serialization latency" per local rank [tuning.cc].
 COLLNET_ARITY_LAT_S = 0.4 * US
 # CollNetDirect and CollNetChain run only with at most NCCL_MAX_DIRECT_ARITY + 1 = 8 GPUs

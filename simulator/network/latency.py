@@ -17,8 +17,8 @@ from __future__ import annotations
 from .algorithms import GroupShape
 from .channels import nvls_chunk_bytes
 from .constants import (COLLNET_ARITY_LAT_S, HOST_ENQUEUE_S, LATENCY_INTER_S,
-                        NET_OVERHEAD_S, NVLS_STAGES, RING_PLATEAU_FACTOR, base_latency_s,
-                        hw_latency_s)
+                        NET_OVERHEAD_S, NVLS_STAGES, PAT_NET_DIVISOR, PAT_PER_RANK_LAT_S,
+                        RING_PLATEAU_FACTOR, base_latency_s, hw_latency_s)
 
 
 def _log2i(x: int) -> int:
@@ -35,8 +35,8 @@ def nccl_latency_s(shape: GroupShape, op: str, algo: str, proto: str, size: floa
     base = base_latency_s(lat_algo, proto)
     intra = hw_latency_s("nvlink", lat_algo, proto)
     # NCCL: with one GPU per node the network step costs Tree's NET latency.
-    inter = hw_latency_s("net", "tree" if ppn == 1 and lat_algo == "ring" else lat_algo,
-                         proto)
+    inter = hw_latency_s("net", "tree" if ppn == 1 and lat_algo in ("ring", "pat")
+                         else lat_algo, proto)
     inter += latency_inter_s * (2 if proto == "Simple" else 1)
     net_oh = NET_OVERHEAD_S * (3 if proto == "Simple" else 1) if multi else 0.0
     step = max(intra, net_oh)
@@ -50,6 +50,8 @@ def nccl_latency_s(shape: GroupShape, op: str, algo: str, proto: str, size: floa
         return base + 2 * (min(1, ppn - 1) * intra + (ppn - 1) * COLLNET_ARITY_LAT_S) + inter
     if algo == "collnet_chain":
         return base + 2 * (ppn - 1) * intra + inter
+    if algo == "pat":
+        return base + _log2i(nodes) * inter / PAT_NET_DIVISOR + n * PAT_PER_RANK_LAT_S
     if algo == "hierarchical":   # assumption: RS + AG ring steps inside, AR ring across
         return base + 2 * (ppn - 1) * step + 2 * (nodes - 1) * inter
     if op == "send_recv":        # assumption: one ring step (NCCL has no p2p model)
