@@ -155,8 +155,8 @@ class CollectiveModel:
                                      self.topology.net_latency_s)
                 fill, chunk = 0.0, 0
                 if algo in _NVLS:
-                    fill, chunk = nvls_fill_s(op, algo, shape, size, channels,
-                                              nvls_heads(shape), template.unit_time_s)
+                    fill, chunk = self._nvls_fill(op, algo, shape, size, channels,
+                                                  template.unit_time_s)
                 # NCCL's tuner chooses by its own model, which has no pipeline fill
                 # [enqueue.cc topoGetAlgoInfo]; the fill is paid after the choice.
                 tuned = lat + template.unit_time_s * size / eff
@@ -169,6 +169,18 @@ class CollectiveModel:
         is_nvls = algo in _NVLS
         return CollectivePlan(op, algo, proto, lat + fill + floor, flows, t + floor,
                               not is_nvls, is_nvls, channels, fill, floor, chunk)
+
+    def _nvls_fill(self, op: str, algo: str, shape: GroupShape, size: float, channels: int,
+                   unit_time_s: float) -> tuple[float, int]:
+        """NVLS pipeline fill and chunk. The GPU reaches its NIC through a PCIe switch
+        (PATH_PXB) on 8-GPU HGX/DGX boards (NVIDIA DGX B200 user guide: GPUs and NICs
+        share PCIe switches); assumption: not on GB200, where each compute tray's
+        ConnectX NICs attach to the superchips directly."""
+        device = self.topology.devices[shape.ranks[0]]
+        behind_switch = device.name.lower() not in ("gb200", "gb300")
+        return nvls_fill_s(op, algo, shape, size, channels, nvls_heads(shape), unit_time_s,
+                           device_arch(device.name), self.topology.nic_nccl_Bps / 1e9,
+                           behind_switch)
 
     def _channels(self, shape: GroupShape, algo: str, proto: str, size: float) -> int:
         """Channels NCCL runs the collective on (enqueue.cc topoGetAlgoInfo)."""

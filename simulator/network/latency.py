@@ -15,7 +15,7 @@ host floor of nccl-tests' loop.
 from __future__ import annotations
 
 from .algorithms import GroupShape
-from .channels import nvls_chunk_bytes
+from .channels import nvls_chunk_bytes, nvls_tree_max_chunk
 from .constants import (COLLNET_ARITY_LAT_S, HOST_ENQUEUE_S, LATENCY_INTER_S,
                         NET_OVERHEAD_S, NVLS_STAGES, PAT_NET_DIVISOR, PAT_PER_RANK_LAT_S,
                         RING_PLATEAU_FACTOR, base_latency_s, hw_latency_s)
@@ -76,13 +76,16 @@ def tree_depth(nodes: int) -> int:
 
 
 def nvls_fill_s(op: str, algo: str, shape: GroupShape, size: float, channels: int,
-                heads: int, unit_time_s: float) -> tuple[float, int]:
+                heads: int, unit_time_s: float, arch: str = "hopper", nic_GBps: float = 0.0,
+                nic_behind_switch: bool = True) -> tuple[float, int]:
     """(pipeline-fill seconds, chunk bytes) of an NVLS or NVLS_Tree collective.
 
     `unit_time_s` is the streaming time per byte of S on idle links, so a wave of W bytes
     streams in W x unit_time_s.
     """
-    chunk = nvls_chunk_bytes(algo, size, channels, heads, shape.num_domains)
+    base, tree_max = nvls_tree_max_chunk(arch, shape.num_domains, shape.ppn, nic_GBps,
+                                         nic_behind_switch)
+    chunk = nvls_chunk_bytes(algo, size, channels, heads, base, tree_max)
     wave = min(channels * heads * chunk, size)
     stages = NVLS_STAGES.get(op, 3) - 1
     if algo == "nvls_tree":
