@@ -190,8 +190,9 @@ NVLS_STAGES = {"all_reduce": 4, "all_gather": 3, "reduce_scatter": 3}
 ASSUMPTIONS = (
     ("NET_OVERHEAD_S", "1.0 us", "NCCL getNetOverhead() on Intel x86 hosts (2.0 on AMD); "
      "Intel assumed [nccl src/graph/tuning.cc]"),
-    ("LATENCY_INTER_S", "0", "graph->latencyInter, the extra latency a net plugin reports; "
-     "0 assumed for InfiniBand"),
+    ("LATENCY_INTER_S", "0 unless network.latency_us", "graph->latencyInter, the latency a "
+     "net plugin reports; 0 for InfiniBand verbs, a topology file sets it for other "
+     "transports (EFA, TCPX)"),
     ("NVLS_EFFICIENCY_DEFAULT", "0.85", "Hopper's nvlsEfficiency for NVLS-capable devices "
      "NCCL's table does not name [tuning.cc]"),
     ("LL_MAX_BW_ONE_NODE_DEFAULT_BPS", "141 GB/s", "Hopper's llMaxBw row for custom devices"),
@@ -203,7 +204,14 @@ ASSUMPTIONS = (
     ("NVLS_STAGES", "AR 4, AG/RS 3 chunk movements",
      "NCCL NVLS kernels' warp groups (scatter, reduce, multicast, gather) [all_reduce.h]"),
     ("ONE_NODE_SEARCH_CHANNELS", "16 (32 coll channels)", "NCCL INIT log of 8 x H100; "
-     "reported channels only, the links set the bandwidth"),
+     "the channels NCCL's per-channel caps multiply in one node (links bind first there)"),
+    ("NVLS_Tree fill", "+2 waves per tree level", "a chunk crosses one network hop per "
+     "level up and down (NCCL's double binary tree [trees.cc]), pipelined like the stages"),
+    ("NVLS search speed", "only with more GPUs than heads (NVL72)", "NCCL's search fits "
+     "(heads+1) x speed in each GPU's NVLink [search.cc]; with one head per GPU the links "
+     "match 5-8 x H100 NVLS (NVIDIA/nccl issue 1455)"),
+    ("GB200 NIC path", "not behind a PCIe switch", "selects ncclNvlsTreeSm100Tuning's chunk; "
+     "HGX/DGX boards are (DGX B200 user guide)"),
     ("NVLS heads", "min(32, GPUs per domain)", "NCCL_MAX_NVLS_ARITY [search.cc, device.h]"),
     ("nvl72 scale-out", "one 400 Gb/s NIC per GPU", "typical GB200 deployments; a topology "
      "file sets another"),
