@@ -127,6 +127,7 @@ def _flops(bf16: float, fp8: float | None, fp32: float,
     peaks = {"bf16": bf16, "fp16": bf16, "fp32": fp32}
     if fp8 is not None:   # GPUs without FP8 tensor cores (A100) have no fp8 entry
         peaks["fp8"] = fp8
+        peaks["fp8_rowwise"] = fp8   # row-wise scales, applied in the epilogue: same MMA
     if fp4 is not None:
         peaks.update(mxfp8=fp8, nvfp4=fp4)
     return MappingProxyType(peaks)
