@@ -30,6 +30,7 @@ EXPRESSIBLE = {
                           "optimizer": "foreach", "recompute": "full"},
     "fp8-async-tp": {"training": {**BASE["training"], "dtype": "fp8"},
                      "overlap": {"async_tp": True}},
+    "fp8-rowwise": {"training": {**BASE["training"], "dtype": "fp8_rowwise"}},
     "fp32-no-reshard": {"training": {**BASE["training"], "dtype": "fp32"},
                         "fsdp": {"enabled": True, "reshard_after_forward": False},
                         "recompute": "none"},
@@ -207,3 +208,16 @@ def test_a_value_of_the_wrong_type_is_bad_input_never_a_crash(key):
             plan_from_dict(read_torchtitan(dump_toml(sections), lenient=True).plan)
         except InputError as exc:
             assert "valid TOML" not in str(exc)
+
+
+def test_float8_recipe_name_picks_the_fp8_dtype():
+    """torchao's recipe name decides the scaling: "rowwise" is fp8_rowwise, unset or
+    "tensorwise" is fp8; another recipe is one problem line, never silently tensor-wise."""
+    text = write_torchtitan(_plan(EXPRESSIBLE["fp8-rowwise"])).text
+    assert 'recipe_name = "rowwise"' in text
+    assert read_torchtitan(text).plan["training"]["dtype"] == "fp8_rowwise"
+    tensorwise = text.replace('"rowwise"', '"tensorwise"')
+    assert read_torchtitan(tensorwise).plan["training"]["dtype"] == "fp8"
+    other = text.replace('"rowwise"', '"rowwise_with_gw_hp"')
+    with pytest.raises(Exception, match="recipe_name"):
+        read_torchtitan(other)

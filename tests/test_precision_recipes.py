@@ -196,3 +196,31 @@ def test_bf16_layers_need_a_low_precision_dtype():
     kept = _program_with(training={"dtype": "nvfp4", "bf16_layers": [0, 1]})
     assert {t.layer for st in kept.stages for t in st if t.op == "nvfp4_cast"} == \
         set(range(11))
+
+
+def test_fp8_rowwise_casts_each_operand_twice_and_rescales_the_backward_outputs():
+    """torchao's row-wise recipe: same FP8 GEMM rate and operand bytes as tensor-wise, but
+    its casts move 8 B per element against 4 and each backward GEMM output gets a 4 B
+    rescale pass (data gradient m x k plus weight gradient k x n); the head stays bf16."""
+    tw, rw = (_program(d) for d in ("fp8", "fp8_rowwise"))
+    tasks = {d: [t for st in p.stages for t in st] for d, p in (("fp8", tw), ("rw", rw))}
+    gemm_bytes = {d: sorted(t.bytes for t in ts if t.op_class == GEMM) for d, ts in tasks.items()}
+    assert gemm_bytes["fp8"] == gemm_bytes["rw"]
+    casts = {d: [t for t in ts if t.op.endswith("_cast")] for d, ts in tasks.items()}
+    assert len(casts["rw"]) == len(casts["fp8"]) > 0 and {t.kernels for t in casts["rw"]} == {3}
+    assert sum(t.bytes for t in casts["rw"]) == pytest.approx(
+        2 * sum(t.bytes for t in casts["fp8"]))
+    assert not [t for t in tasks["fp8"] if t.op.endswith("_rescale")]
+    rescale = [t for t in tasks["rw"] if t.op == "fp8_rowwise_rescale"]
+    dgrads = [t for t in tasks["rw"] if t.op_class == GEMM and t.label.endswith(".dgrad")
+              and t.gemm_dtype == ""]
+    assert rescale and len(rescale) == len(dgrads) and {t.phase for t in rescale} == {"backward"}
+    expected = sum((m * k + k * n) * 4.0 for m, k, n in (t.gemm_mnk for t in dgrads))
+    assert sum(t.bytes for t in rescale) == pytest.approx(expected)
+    assert RECIPES["fp8_rowwise"].operand_bytes == RECIPES["fp8"].operand_bytes
+
+
+def test_fp8_rowwise_runs_at_the_fp8_peak_where_fp8_exists():
+    from topologies.specs import DEVICES
+    assert DEVICES["h100"].peak("fp8_rowwise") == DEVICES["h100"].peak("fp8")
+    assert "fp8_rowwise" not in DEVICES["a100"].peak_flops

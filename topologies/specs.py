@@ -127,6 +127,7 @@ def _flops(bf16: float, fp8: float | None, fp32: float,
     peaks = {"bf16": bf16, "fp16": bf16, "fp32": fp32}
     if fp8 is not None:   # GPUs without FP8 tensor cores (A100) have no fp8 entry
         peaks["fp8"] = fp8
+        peaks["fp8_rowwise"] = fp8   # row-wise scales, applied in the epilogue: same MMA
     if fp4 is not None:
         peaks.update(mxfp8=fp8, nvfp4=fp4)
     return MappingProxyType(peaks)
@@ -149,6 +150,27 @@ def _blackwell_profile(mamf_efficiency: float) -> DeviceProfile:
 # The H100 default GEMM efficiency over its measured best-shape BF16 MAMF (80.3 %, [STAS]).
 H100_GEMM_MARGIN = DeviceProfile().gemm_efficiency / 0.803
 
+# What a 500 W power limit does to an H100: under a dense GEMM the board reaches its power
+# limit and the tensor-core clock drops until it fits, so the sustained rate sits well
+# below the clock-derived peak. Measured on an "H100 500W" (Meta's fleet, the Grand Teton
+# board) by FBGEMM's GEMM benchmark (pytorch/FBGEMM pull request 2546, 2024): BF16
+# 585.23 TFLOP/s at 8192 x 8192 x 8192, 575.12 at 65536 x 8192 x 7168 and 546.31 at
+# 65536 x 3584 x 8192 (Llama-70B-sized layer GEMMs); mean 568.9 TFLOP/s. The same run's
+# FP8 row-wise GEMMs reach 1082.8-1141.4 TFLOP/s, the same fraction of the FP8 peak
+# within 2 %, so one efficiency serves both dtypes. These are layer shapes, so no
+# shape margin is taken off (wave quantisation is still charged per GEMM).
+H100_500W_GEMM_FLOPS = (585.23 + 575.12 + 546.31) / 3 * TB
+H100_500W_PEAK_FLOPS = 912 * TB    # the "h100-hbm2e" entry's assumed BF16 peak (below)
+# The cap slows every tensor-core kernel by the same clock: the attention kernel keeps the
+# H100 SXM default's efficiency times the ratio of the 500 W GEMM rate to the modelled H100
+# SXM (700 W) GEMM rate, 0.75 x 989 TFLOP/s [NV-H100]. Assumption: attention is tensor-core
+# bound as the GEMMs are (FlashAttention-2 at long sequences), so it loses the same clock.
+H100_500W_CLOCK_RATIO = H100_500W_GEMM_FLOPS / (DeviceProfile().gemm_efficiency * 989 * TB)
+POWER_CAPPED_500W_PROFILE = DeviceProfile(
+    gemm_efficiency=round(H100_500W_GEMM_FLOPS / H100_500W_PEAK_FLOPS, 3),
+    attention_efficiency=round(DeviceProfile().attention_efficiency * 989 / 912
+                               * H100_500W_CLOCK_RATIO, 3))
+
 DEVICES: dict[str, DeviceSpec] = {
     # A100 SXM4 80GB [NV-A100]: 312 TFLOP/s BF16 dense, 156 TF32, no FP8; 2.039 TB/s
     # HBM2e; NVLink3 12 links x 25 GB/s/dir = 300 GB/s/dir (600 bidir); 108 SMs; 400 W.
@@ -166,9 +188,10 @@ DEVICES: dict[str, DeviceSpec] = {
     # footnote 2). Assumption: the midpoint of H100 NVL's 835 and SXM's 989 TFLOP/s BF16
     # dense [NVIDIA H100 product page], 912, with FP8 and TF32 in the SXM ratios (2x, 1/2).
     # NVLink4 and NVSwitch as the SXM5 board (the page: "fully connected with NVLink").
+    # Sustained rates under the 500 W limit: POWER_CAPPED_500W_PROFILE (above).
     "h100-hbm2e": DeviceSpec("h100-hbm2e", _flops(912 * TB, 1824 * TB, 456 * TB),
                              96 * GiB, 2.4 * TB, 450 * GB, 18, 20.6 * GB, nvls=True,
-                             tdp_w=500),
+                             profile=POWER_CAPPED_500W_PROFILE, tdp_w=500),
     # H200 SXM [NV-H200]: same die as H100 (989 / 1979 / 494); 141 GB (GiB) HBM3e at
     # 4.8 TB/s; NVLink4 900 GB/s bidir; 700 W. H100 SXM5 and H200 have 132 SMs [NVIDIA
     # H100 whitepaper].

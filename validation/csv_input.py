@@ -40,7 +40,7 @@ COLUMNS: dict[str, tuple[str, bool, object]] = {
     "global_batch_seqs": (INT, True, (1, MAX_INT)), "seq_len": (INT, True, (1, MAX_INT)),
     "metric": (TEXT, True, METRICS),
     "value": (NUMBER, True, (0.0, math.inf)),
-    "dtype": (TEXT, False, ("bf16", "fp8", "fp32")),
+    "dtype": (TEXT, False, ("bf16", "fp8", "fp8_rowwise", "fp32")),
     "micro_batch": (INT, False, (1, MAX_INT)), "virtual_stages": (INT, False, (1, MAX_INT)),
     "fsdp": (BOOL, False, None), "reshard_after_forward": (BOOL, False, None),
     "zero_stage": (INT, False, (0, 3)), "recompute": (TEXT, False, None),

@@ -147,6 +147,22 @@ def memory_task(sink: TaskSink, ctx: dict, options: BuildOptions, act_bytes: int
                     label=label, **ctx)
 
 
+def backward_rescale_task(sink: TaskSink, ctx: dict, shape: LayerShape, elements: float,
+                          dep: int, label: str, bf16_linear: bool = False) -> int:
+    """Under a recipe that scales its backward GEMMs' outputs in a pass of their own
+    (workloads/precision.py, `backward_rescale_bytes`: torchao's row-wise FP8), that pass
+    over `elements` output elements after the data-gradient GEMM; returns the task the
+    gradient comes from (`dep` itself when there is no such pass)."""
+    recipe = shape.recipe
+    if (not shape.quantized or shape.stays_bf16(bf16_linear)
+            or not recipe.backward_rescale_bytes):
+        return dep
+    return sink.add(kind=COMPUTE, stream="compute", op=f"{recipe.name}_rescale",
+                    phase="backward", deps=(dep,),
+                    bytes=elements * recipe.backward_rescale_bytes, op_class=MEMORY,
+                    kernels=1, label=f"{label}.{recipe.name}_rescale", **ctx)
+
+
 def fp8_cast_task(sink: TaskSink, ctx: dict, shape: LayerShape, elements: float, deps,
                   phase: str, label: str, bf16_linear: bool = False) -> tuple[int, ...]:
     """Under FP8/FP4 GEMMs, the cast of `elements` of an activation operand before a GEMM

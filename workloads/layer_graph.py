@@ -16,8 +16,8 @@ from .attention import AttentionCost, LocalAttention
 from .context_parallel import ContextParallelAttention
 from .explicit_comm import ExplicitComm
 from .kernels import fused_cost
-from .layer_builder import BuildOptions, LayerBuilder, LayerShape, TaskSink, fp8_cast_task, \
-    memory_task
+from .layer_builder import BuildOptions, LayerBuilder, LayerShape, TaskSink, \
+    backward_rescale_task, fp8_cast_task, memory_task
 from .layouts import STRATEGY_LAYOUTS, collective, collective_bytes, grad_layout_needed
 from .program import COMM, COMPUTE, GEMM, MEMORY, RELAYOUT
 from .tp_overlap import (USERBUFFERS, chunked_backward, chunked_gemm, gemm_reduce_scatter,
@@ -396,6 +396,9 @@ class LayerGraph:
                     self._deferred.append((self._weight_keys[node.id], wgrad))
                 else:
                     self.wgrad_tasks[self._weight_keys[node.id]] = sink.add(**wgrad)
+            # both GEMMs' outputs (m x k and k x n) rescaled, priced after the dgrad
+            dgrad = backward_rescale_task(sink, ctx, self.shape, (m + n) * k, dgrad,
+                                          f"grad.{node.name}", node.bf16)
             layout = "R" if tp1 else STRATEGY_LAYOUTS[node.strategy][2]
             return [(node.inputs[0], (dgrad, layout))]
         if node.kind == "comm":

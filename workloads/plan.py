@@ -42,8 +42,8 @@ ALL_STRATEGIES = STRATEGIES + GRID_STRATEGIES
 # Context parallelism: ring attention (KV blocks around the CP ring), Llama 3's all-gather
 # of K and V, or Ulysses all-to-all.
 CP_MODES = ("ring", "all_gather", "all_to_all")
-DTYPES = ("bf16", "fp8", "fp32", "mxfp8", "nvfp4")   # workloads/precision.py
-LOW_PRECISION = ("fp8", "mxfp8", "nvfp4")            # dtypes with a GEMM recipe
+DTYPES = ("bf16", "fp8", "fp8_rowwise", "fp32", "mxfp8", "nvfp4")   # workloads/precision.py
+LOW_PRECISION = ("fp8", "fp8_rowwise", "mxfp8", "nvfp4")          # dtypes with a GEMM recipe
 # selective: the attention core (Korthikanti et al. 2022); selective_op: torchtitan's
 # op-level selective checkpointing (every other matmul and attention kept); full: the layer.
 RECOMPUTE = ("none", "selective", "selective_op", "full")

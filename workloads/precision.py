@@ -1,9 +1,9 @@
 """Bytes per element of each tensor class, by training dtype, and the low-precision GEMM
 recipes with the GEMMs each keeps in BF16 (one place).
 
-Mixed precision (bf16, fp8, mxfp8, nvfp4): activations and the weights' compute copy in
-bf16 (also under FP8/FP4 GEMMs, as Transformer Engine keeps them), GEMM operands in the
-recipe's format. Gradients are reduced in fp32: torchtitan's default
+Mixed precision (bf16, fp8, fp8_rowwise, mxfp8, nvfp4): activations and the weights'
+compute copy in bf16 (also under FP8/FP4 GEMMs, as Transformer Engine keeps them), GEMM
+operands in the recipe's format. Gradients are reduced in fp32: torchtitan's default
 mixed_precision_reduce = "float32" and Megatron-LM's default main_grad accumulation in fp32.
 fp32 training keeps everything in fp32 (what the CPU validation runs use).
 
@@ -40,6 +40,9 @@ class GemmRecipe:
     cast_kernels: int             # kernels of one cast
     bf16_first_layers: int = 0    # transformer layers at the start kept in BF16
     bf16_last_layers: int = 0     # transformer layers at the end kept in BF16
+    # HBM bytes per output element of a pass that rescales each backward GEMM's output
+    # after the GEMM (0: the scales are applied inside the GEMM)
+    backward_rescale_bytes: float = 0.0
     source: str = ""
 
     @property
@@ -64,6 +67,30 @@ RECIPES = {
     # writes the FP8 copy and its transpose (workloads/kernels.py).
     "fp8": GemmRecipe("fp8", 1, 0, 0, FP8_CAST_BYTES_PER_ELEMENT, 1,
                       source="torchao float8 tensorwise; Transformer Engine Float8 recipes"),
+    # Row-wise FP8 (torchao Float8LinearRecipeName.ROWWISE, as torchtitan's
+    # `float8.recipe_name = "rowwise"` asks for it; torchao/float8/config.py
+    # from_recipe_name and float8_linear.py at the mid-2025 torchao the torchtitan
+    # benchmarks ran, commit 6243040): input, weight and output gradient are each scaled
+    # per row along the reduction dimension of the GEMM they feed ("axiswise"), so the
+    # activation operand is cast twice: along its features for the forward (or data-
+    # gradient) GEMM and along its tokens for the weight-gradient GEMM, and no FP8
+    # transpose can be reused. Cast: along the features a row fits one thread block, so
+    # Inductor fuses the amax and the cast into one persistent-reduction kernel (read 2 B,
+    # write 1 B); along the tokens it cannot, and an amax reduction (read 2 B) precedes the
+    # cast (read 2 B, write 1 B): 8 B in 3 kernels per element (assumption: Inductor's
+    # persistent-reduction fusion as described). The backward GEMMs run without fast
+    # accumulation (Float8LinearConfig's defaults for gemm_config_grad_input and
+    # gemm_config_grad_weight), and with row-wise scales torchao then calls the
+    # tensor-wise cuBLAS kernel with unit scales and multiplies the output by the scales
+    # afterwards, because PyTorch's row-wise CUTLASS kernel is slow without fast
+    # accumulation (torchao/float8/float8_ops.py addmm_float8_unwrapped; pytorch/ao pull
+    # request 1325): a pass reading and writing the bf16 output, 4 B per element. The
+    # forward GEMM (fast accumulation) runs PyTorch's row-wise CUTLASS kernel, within
+    # 90-100 % of the tensor-wise kernel's speed on most shapes (pytorch/pytorch issue
+    # 147971): priced at the FP8 rate. FSDP all-gathers stay bf16 (param_bytes).
+    "fp8_rowwise": GemmRecipe("fp8_rowwise", 1, 0, 0, 3.0 + 5.0, 3,
+                              backward_rescale_bytes=2.0 * BF16_BYTES,
+                              source="torchao float8 rowwise (config.py, float8_ops.py)"),
     # MXFP8 (OCP Microscaling Formats (MX) Specification v1.0): FP8 E4M3 elements, one E8M0
     # scale byte per 32 elements along the reduction dimension. Cast: read 2 B, write the
     # row-wise and the column-wise copies with their scales, 2 x (1 + 1/32) B, in one kernel
@@ -121,5 +148,5 @@ DTYPES = tuple(PRECISIONS)   # the training dtypes a plan may ask for
 
 
 def precision(dtype: str) -> Precision:
-    """The byte sizes of a training dtype (bf16, fp8, mxfp8, nvfp4 or fp32)."""
+    """The byte sizes of a training dtype (bf16, fp8, fp8_rowwise, mxfp8, nvfp4 or fp32)."""
     return PRECISIONS[dtype]

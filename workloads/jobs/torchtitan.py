@@ -24,6 +24,7 @@ except ModuleNotFoundError:          # Python 3.10 (pyproject: tomli on < 3.11)
 # v0.2.2's defaults of the mapped keys (torchtitan/config/job_config.py).
 DEFAULTS: dict[str, Any] = {
     "model.name": "llama3", "model.flavor": "debugmodel", "model.converters": [],
+    "quantize.linear.float8.recipe_name": None,
     "optimizer.name": "AdamW", "optimizer.implementation": "fused",
     "training.local_batch_size": 8, "training.global_batch_size": -1,
     "training.seq_len": 2048, "training.mixed_precision_param": "bfloat16",
@@ -206,8 +207,14 @@ def _dtype(get, findings: Findings) -> str:
         raise JobConfigError("model.converters", converters, "a list of converter names")
     for other in (c for c in converters if c != K.FP8_CONVERTER):
         findings.problem("model.converters", other, f"only {K.FP8_CONVERTER} is modelled")
+    recipe = get("quantize.linear.float8.recipe_name")
+    if recipe not in (None, "tensorwise", "rowwise"):
+        findings.problem("quantize.linear.float8.recipe_name", recipe,
+                         "a float8 recipe other than tensorwise or rowwise")
     if K.FP8_CONVERTER in converters:
-        return "fp8"
+        # torchao's row-wise recipe (torchtitan passes recipe_name to torchao's
+        # Float8LinearConfig.from_recipe_name); unset or "tensorwise": tensor-wise scaling
+        return "fp8_rowwise" if recipe == "rowwise" else "fp8"
     param = need_choice(get("training.mixed_precision_param"),
                         "training.mixed_precision_param", ("bfloat16", "float32"))
     return "bf16" if param == "bfloat16" else "fp32"

@@ -61,6 +61,8 @@ def write_torchtitan(plan: Plan, world_size: int | None = None) -> Exported:
         "activation_checkpoint": _ac_section(plan.recompute),
         "compile": {"enable": plan.kernels == "fused", "components": ["model", "loss"]},
     }
+    if plan.training.dtype == "fp8_rowwise":   # torchao's row-wise Float8 recipe
+        sections[K.FP8_CONVERTER] = {"recipe_name": "rowwise"}
     text = dump_toml(sections)
     ref = model_ref(plan.model)
     flavor = _flavor_of(plan.model)
@@ -85,7 +87,8 @@ def _flavor_of(model: ModelSpec) -> tuple[str, str] | None:
 def _model_section(plan: Plan) -> dict[str, Any]:
     name, flavor = _flavor_of(plan.model) or ("llama3", plan.model.name)
     out: dict[str, Any] = {"name": name, "flavor": flavor}
-    out["converters"] = [K.FP8_CONVERTER] if plan.training.dtype == "fp8" else []
+    out["converters"] = ([K.FP8_CONVERTER] if plan.training.dtype in ("fp8", "fp8_rowwise")
+                         else [])
     return out
 
 

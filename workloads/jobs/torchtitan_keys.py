@@ -23,7 +23,9 @@ OLD_SECTIONS = {
 MAPPED = {
     "model.name": "model (with model.flavor: a model preset)",
     "model.flavor": "model",
-    "model.converters": 'training.dtype ("quantize.linear.float8": fp8)',
+    "model.converters": 'training.dtype ("quantize.linear.float8": fp8, or fp8_rowwise with '
+                        'quantize.linear.float8.recipe_name "rowwise")',
+    "quantize.linear.float8.recipe_name": 'training.dtype ("rowwise": fp8_rowwise)',
     "optimizer.name": "AdamW / Adam (the simulated optimizer)",
     "optimizer.implementation": "optimizer (fused | foreach | for-loop)",
     "training.local_batch_size": "training.micro_batch (no pipeline), training.global_batch",
@@ -111,7 +113,6 @@ UNMODELLED = {
     "compile.backend": ("inductor", ("inductor",), "another compiler backend"),
     "quantize.linear.float8.enable_fsdp_float8_all_gather": (False, (False,),
                                                              "FP8 FSDP all-gathers"),
-    "quantize.linear.float8.recipe_name": (None, (None, "tensorwise"), "row-wise scaling"),
     "quantize.linear.float8.filter_fqns": ([], ([], ["output"]), "bf16 projections"),
     "quantize.linear.float8.emulate": (False, (False,), "emulated FP8"),
     "comm.mode": ("default", ("default",), "no real communication"),
