@@ -217,6 +217,13 @@ ASSUMPTIONS = (
      "file sets another"),
     ("HDR_200G nic_nccl_Bps", "24 GB/s", "96 % of 25 GB/s, the ratio NDR reaches "
      "(46-48 of 50 GB/s, NVIDIA/nccl-tests issue 290)"),
+    ("GPUDirect-TCPX/TCPXO latency_us", "62 us per network step",
+     "ESTIMATED on gcp-a3mega-h100-16 (all-gather of 1 KiB, ring LL: 85.3 us measured, "
+     "23.4 us modelled without it); in-sample there, scored on gcp-a3high-h100-16 (TCPX "
+     "assumed no faster than TCPXO); set in their topology files"),
+    ("EFA latency_us", "75 us on p4d/p4de and p5/p5e",
+     "the internode latency aws-ofi-nccl reports to NCCL (src/platform-aws.cpp platform "
+     "table; 35 us on p5en); a tuner value by the plugin's own note, used as the wire's"),
     ("CollNet (SHARP)", "switch reduces at NIC rate", "off unless network.collnet; "
      "NCCL's CollNet latencies and x0.85 Direct factor [tuning.cc]"),
 )
