@@ -32,6 +32,8 @@ size is the per-rank buffer (the local tensor). The attention compute tasks are 
 """
 from __future__ import annotations
 
+import math
+
 from .attention import AttentionCore, AttentionCost, attention_task
 from .layer_builder import BuildOptions, TaskSink
 from .plan import CP_MODES
@@ -107,6 +109,17 @@ class ContextParallelAttention(AttentionCore):
         return _join(sink, ctx, back, "backward", "cp.a2a.grads")
 
     # ---- ring ----------------------------------------------------------------------
+    def _step_call(self, step: int) -> dict:
+        """The kernel call of a load-balanced ring step (Transformer Engine's
+        AttnFuncWithCPAndKVP2P; torch's _templated_ring_attention): step 0 is the causal
+        call of the rank's two chunks of c = s / 2cp tokens (2c keys); every later step one
+        call without the mask, 2c queries on c keys or c queries on 2c keys, the work of a
+        square call of sqrt(2) c."""
+        chunk = self.cost.keys / (2 * self.cp)
+        if step == 0:
+            return {"length": 2 * chunk, "causal": True}
+        return {"length": math.sqrt(2.0) * chunk, "causal": False}
+
     def _ring_forward(self, sink, ctx, deps, phase) -> int:
         key = (ctx["layer"], ctx["microbatch"], phase)
         block = _join(sink, ctx, deps, phase, "cp.ring.start")
@@ -116,7 +129,8 @@ class ContextParallelAttention(AttentionCore):
                 nxt = _send_recv(sink, ctx, ("cp.kv",) + key + (step,),
                                  self.cost.kv_block_bytes, (block,), phase, "cp.ring.kv")
             compute = attention_task(sink, ctx, self.cost, phase, (block, compute),
-                                     f"attention.fwd.{step}", parts=self.cp)
+                                     f"attention.fwd.{step}", parts=self.cp,
+                                     **self._step_call(step))
             if step < self.cp - 1:
                 block = nxt
         return compute
@@ -129,7 +143,8 @@ class ContextParallelAttention(AttentionCore):
                 nxt = _send_recv(sink, ctx, ("cp.kv",) + key + (step,),
                                  self.cost.kv_block_bytes, (block,), "backward", "cp.ring.kv")
             compute = attention_task(sink, ctx, self.cost, "backward", (block, compute),
-                                     f"attention.bwd.{step}", parts=self.cp)
+                                     f"attention.bwd.{step}", parts=self.cp,
+                                     **self._step_call(step))
             # The dK/dV partial of this block, with this rank's share added, moves on
             # (after the last step it returns to the block's owner).
             dkv = _send_recv(sink, ctx, ("cp.dkv",) + key + (step,), self.cost.kv_block_bytes,
