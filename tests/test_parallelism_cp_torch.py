@@ -75,3 +75,29 @@ def test_other_frameworks_keep_transformer_engines_ring():
     assert not [t for t in tasks if t.op == "cp_merge"]
     assert Counter(t.op for t in tasks if t.stream == "cp") == {"all_gather": 1,
                                                                  "reduce_scatter": 1}
+
+
+def test_torch_ring_buffers_by_hand():
+    from workloads.context_parallel_torch import torch_cp_buffer_bytes
+    kv = TOKENS * 2 * HEADS * HEAD_DIM * 2             # repeated K and V, bf16
+    q = TOKENS * HEADS * HEAD_DIM * 2
+    fp32 = 2 * (q + kv) + 2 * 2 * kv                   # accumulators; dK/dV sent, received
+    args = (TOKENS, HEADS * HEAD_DIM, HEADS * HEAD_DIM, 2)
+    assert torch_cp_buffer_bytes("all_gather", CP, *args) == CP * kv + fp32
+    assert torch_cp_buffer_bytes("ring", CP, *args) == 2 * kv + fp32
+
+
+def test_torchtitan_plans_count_the_torch_ring_buffers():
+    from workloads.context_parallel_torch import torch_cp_buffer_bytes
+    from workloads.memory import memory_breakdown
+
+    def buffers(framework, cp):
+        raw = small_plan(mesh={"cp": cp, "dp": DP}, framework=framework, recompute="full",
+                         context_parallel={"mode": "all_gather"})
+        return memory_breakdown(resolve(plan_from_dict(raw), cp * DP), 0).buffers_bytes
+    generic_kv = CP * TOKENS * 2 * KV_HEADS * HEAD_DIM * 2
+    torch_kv = torch_cp_buffer_bytes("all_gather", CP, TOKENS, HEADS * HEAD_DIM,
+                                     HEADS * HEAD_DIM, 2)
+    # the same plan without CP leaves the other buffers: the difference is the ring's
+    assert buffers("generic", CP) - buffers("generic", 1) == generic_kv
+    assert buffers("torchtitan", CP) - buffers("torchtitan", 1) == torch_kv

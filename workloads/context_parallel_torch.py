@@ -122,6 +122,19 @@ class TorchRingAttention(ContextParallelAttention):
         return _join(sink, ctx, (call, dkv), "backward", "cp.torch.grads")
 
 
+def torch_cp_buffer_bytes(mode: str, cp: int, tokens: float, q_size: int, v_size: int,
+                          act_bytes: int) -> float:
+    """Peak transient bytes of torch's ring attention on one rank for `tokens` local
+    tokens: the rotated K and V with the query heads (the all-gather's cp blocks, or the
+    block held and the one arriving), and in the backward the float32 dQ, dK and dV
+    accumulators and the float32 dK/dV partial sent and the one received."""
+    kv = tokens * (q_size + v_size) * act_bytes
+    q = tokens * q_size * act_bytes
+    rotated = cp * kv if mode == "all_gather" else 2 * kv
+    fp32 = FP32_BYTES / act_bytes
+    return rotated + fp32 * (q + kv) + 2 * fp32 * kv
+
+
 def _memory(sink, ctx: dict, deps, phase: str, nbytes: float, label: str) -> int:
     """One fused elementwise pass of `nbytes` HBM traffic on the compute stream."""
     return sink.add(kind=COMPUTE, stream="compute", op="cp_merge", phase=phase,
