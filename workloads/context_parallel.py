@@ -25,6 +25,9 @@ All-to-all (DeepSpeed-Ulysses, Jacobs et al. 2023, arXiv:2309.14509): all-to-all
 attention runs locally, and one all-to-all turns the output back: 4 all-to-alls forward
 and 4 backward (dO in; dQ, dK, dV out), each of a rank's local tensor.
 
+These are Transformer Engine's (Megatron-Core) and the generic variants; under torchtitan
+the ring and all-gather modes run torch's ring attention (workloads/context_parallel_torch.py).
+
 Sizes (workloads/attention.py AttentionCost): a K+V block is tokens_local x kv_heads/tp x
 (head_dim + v_head_dim) x 2 bytes (MLA: the up-projected per-head K and V, not the latent,
 as Transformer Engine's context parallelism receives them); an all-to-all's nccl-tests
