@@ -87,3 +87,53 @@ def test_the_builders_implement_the_contract():
             assert list(got) == list(want), (builder.__name__, method)
             assert [p.default for p in got.values()] == [p.default for p in want.values()]
         assert isinstance(inspect.getattr_static(builder, "output_task"), property)
+
+
+def test_flash_kernel_speed_follows_the_published_curve():
+    from workloads.attention import kernel_speed
+    # 1 at the 16k causal reference (the profile's attention_efficiency), causal forward
+    assert kernel_speed("forward", 16384) == pytest.approx(1.0)
+    assert kernel_speed("backward", 16384) == pytest.approx(1.0)
+    assert kernel_speed("recompute", 65536) == pytest.approx(1.0)        # clamped past 16k
+    # a 512-token causal call runs at 191 of 335 TFLOP/s; 4k at 319 (FA3 paper, Figure 5)
+    assert kernel_speed("forward", 512) == pytest.approx(191 / 335)
+    assert kernel_speed("forward", 4096) == pytest.approx(319 / 335)
+    # log-linear between measured lengths: 2896 = sqrt(2) x 2048 is half way to 4096
+    assert kernel_speed("forward", 2048 * 2 ** 0.5) == pytest.approx((298 + 319) / 2 / 335)
+    # without the mask the same call is faster (no diagonal tiles)
+    assert kernel_speed("forward", 2048, causal=False) == pytest.approx(362 / 335)
+    assert kernel_speed("backward", 2048, causal=False) == pytest.approx(291 / 325)
+
+
+def test_attention_tasks_carry_the_kernel_speed_of_their_calls():
+    raw = {"model": {"hidden_size": 256, "num_hidden_layers": 1, "num_attention_heads": 8,
+                     "num_key_value_heads": 4, "intermediate_size": 512, "vocab_size": 1024},
+           "training": {"global_batch": 8, "micro_batch": 1, "seq_len": 8192},
+           "mesh": {"dp": "auto", "cp": 4}, "context_parallel": {"mode": "ring"}}
+    tasks = [t for t in lower(resolve(plan_from_dict(raw), 8)).stages[0]
+             if t.op_class == ATTENTION and t.microbatch == 0 and t.phase == "forward"]
+    from workloads.attention import kernel_speed
+    # ring step 0: the causal call of the rank's two 1024-token chunks; later steps: calls
+    # without the mask, of the work of a sqrt(2) x 1024 square
+    assert [t.efficiency for t in tasks] == [
+        pytest.approx(kernel_speed("forward", 2048))] + [
+        pytest.approx(kernel_speed("forward", 1024 * 2 ** 0.5, causal=False))] * 3
+    local = {**raw, "mesh": {"dp": "auto"}}
+    del local["context_parallel"]
+    one = [t for t in lower(resolve(plan_from_dict(local), 8)).stages[0]
+           if t.op_class == ATTENTION and t.phase == "backward"]
+    assert one[0].efficiency == pytest.approx(kernel_speed("backward", 8192))
+
+
+def test_compute_time_divides_by_the_attention_kernel_speed():
+    from dataclasses import replace
+
+    from simulator.compute import device_time_s
+    from topologies.specs import DEVICES
+    from workloads.program import COMPUTE, Task
+    h100 = DEVICES["h100"]
+    task = Task(id=0, kind=COMPUTE, stream="compute", op="attention", phase="forward",
+                layer=0, microbatch=0, flops=1e15, op_class=ATTENTION)
+    fast = device_time_s(task, h100, "bf16") - h100.profile.launch_overhead_s
+    slow = device_time_s(replace(task, efficiency=0.5), h100, "bf16")
+    assert slow - h100.profile.launch_overhead_s == pytest.approx(2 * fast)

@@ -27,7 +27,7 @@ TEXT, INT, NUMBER, BOOL = "text", "integer", "number", "bool"
 # What a row's measurement may be, and whose FLOP count a tflops row uses
 # (validation/reference_rows.py turns each into a step time).
 METRICS = ("tokens_per_s_per_gpu", "tflops_per_gpu", "step_time_s")
-FLOPS_FORMULAS = ("megatron", "narayanan", "nemo-llama2")
+FLOPS_FORMULAS = ("megatron", "narayanan", "nemo-llama2", "nemo-llama2-full")
 # column -> (kind, required, allowed): allowed is (low, high) for numbers, a tuple of
 # names for text choices, None for free text.
 COLUMNS: dict[str, tuple[str, bool, object]] = {

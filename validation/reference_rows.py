@@ -154,8 +154,18 @@ def nemo_llama2_flops_per_step(plan) -> float:
                                 + 12 * s / h * 0.5 + 6 * m.vocab_size / (l * h))
 
 
+def nemo_llama2_full_flops_per_step(plan) -> float:
+    """NeMo's `llama2` count as it stood before NVIDIA/NeMo commit 6251117 (2025-08-09,
+    "Discount FLOPs in dot-product att", #14424): causal attention counted in full
+    (12 s / h), as in the tables NeMo published before it."""
+    m, tr = plan.model, plan.training
+    return nemo_llama2_flops_per_step(plan) + (tr.global_batch * tr.seq_len * m.num_layers
+                                               * m.hidden_size * 6.0 * tr.seq_len)
+
+
 FLOPS = {"megatron": model_flops_per_step, "narayanan": narayanan_flops_per_step,
-         "nemo-llama2": nemo_llama2_flops_per_step}
+         "nemo-llama2": nemo_llama2_flops_per_step,
+         "nemo-llama2-full": nemo_llama2_full_flops_per_step}
 
 
 def measured_step_s(row: dict[str, str], plan) -> float:

@@ -31,6 +31,29 @@ per query and head one exponential and one addition, against 2 w (d_qk + d_v) FL
 the windowed core (under 0.01 % at w = 128, d = 64), so not priced; their parameters are
 counted (workloads/model_spec.py).
 
+Kernel speed (Shah et al. 2024, FlashAttention-3, arXiv:2407.08608, Figures 5 and 6:
+FlashAttention-2 in BF16 on H100 SXM5, head dim 128, batch x sequence = 16k tokens, 2048
+features). The device profile's attention_efficiency is FlashAttention-2's at long
+sequences; a flash task's `efficiency` scales it by the kernel's TFLOP/s at the length of
+its call (the keys one kernel call sees) over its 16k causal TFLOP/s, per pass:
+  sequence          512   1k   2k   4k   8k  16k
+  forward, causal   191  260  298  319  333  335
+  forward           309  350  362  368  370  370
+  backward          214  260  291  310  318  322
+  backward, causal  154  208  254  285  299  325   (derived: KERNEL_TFLOPS)
+Short calls fill fewer tiles per (batch, head); a causal call skips the masked tiles but
+pays for the diagonal ones. Context parallelism's ring steps are shorter calls, the later
+ones without the mask (workloads/context_parallel.py).
+FlashAttention-2 is PyTorch SDPA's flash backend (the one torchtitan runs on H100: cuDNN
+attention was opt-in in the December 2024 nightlies, pytorch/pytorch#142132, and
+torchtitan's context parallelism allows only the flash and memory-efficient backends,
+torchtitan@9dec370 torchtitan/utils.py get_train_context). Transformer Engine prefers
+cuDNN's fused attention on Hopper (transformer_engine/pytorch/attention.py,
+get_attention_backend), about 1.6 x FlashAttention-2 in the same figures (causal forward
+539, backward 516 TFLOP/s at 16k); it is not modelled: the Megatron-Core runs in the
+references (NeMo 24.03 long-sequence table, NeMo 24.09 DGX Cloud tables) are matched at
+FlashAttention-2's speed and miss by 10-35 % at cuDNN's.
+
 Context parallelism splits the queries over the CP group (workloads/context_parallel.py
 emits ring, all-gather and all-to-all attention from the sizes here). Selective recompute
 (Korthikanti et al. 2022, arXiv:2205.05198 section 5) runs the forward again just before
@@ -38,6 +61,7 @@ the backward (LocalAttention).
 """
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 from .layer_builder import BuildOptions, TaskSink
@@ -57,6 +81,51 @@ BACKWARD_IO_BYTES_FACTOR = 2.0
 # dO V^T writes dP (1), P^T dO reads P (1), the softmax backward reads P and dP and writes
 # dS (3), dS K and dS^T Q read dS (2) = 7. Elements in the activation dtype.
 EAGER_SCORE_PASSES = {"forward": 7.0, "backward": 7.0}
+
+# Kernel TFLOP/s by the sequence length of the call (FlashAttention-3 paper, Figures 5 and
+# 6; the table in the module docstring): lengths, then each series.
+KERNEL_LENGTHS = (512, 1024, 2048, 4096, 8192, 16384)
+KERNEL_TFLOPS = {
+    ("flash2", "forward", True): (191, 260, 298, 319, 333, 335),
+    ("flash2", "forward", False): (309, 350, 362, 368, 370, 370),
+    ("flash2", "backward", False): (214, 260, 291, 310, 318, 322),
+    # Causal backward, derived: FlashAttention-2's causal forward + backward TFLOP/s on H100
+    # (Dao-AILab/flash-attention README, assets/flash2_h100_fwd_bwd_benchmark.png, head dim
+    # 128: 163 221 265 294 308 328, counting the backward as 2.5 forwards) less the
+    # forward's time above: 2.5 / (3.5 / fwd_bwd - 1 / fwd).
+    ("flash2", "backward", True): (154, 208, 254, 285, 299, 325),
+}
+# The reference the device profile's attention_efficiency stands for: FlashAttention-2 at
+# 16k tokens, causal forward and backward.
+_REFERENCE = {"forward": KERNEL_TFLOPS[("flash2", "forward", True)][-1],
+              "backward": KERNEL_TFLOPS[("flash2", "backward", True)][-1]}
+
+
+def _at_length(series: tuple, length: float) -> float:
+    """A series' TFLOP/s at `length`, log-linear between the measured lengths, clamped."""
+    if length <= KERNEL_LENGTHS[0]:
+        return float(series[0])
+    for (l0, v0), (l1, v1) in zip(zip(KERNEL_LENGTHS, series),
+                                  zip(KERNEL_LENGTHS[1:], series[1:])):
+        if length <= l1:
+            t = math.log(length / l0) / math.log(l1 / l0)
+            return v0 + t * (v1 - v0)
+    return float(series[-1])
+
+
+def flash_tflops(phase: str, length: float, causal: bool) -> float:
+    """H100 TFLOP/s of FlashAttention-2 in `phase` (a recompute is a forward) for calls of
+    `length` keys, with or without the causal mask."""
+    step = "backward" if phase == "backward" else "forward"
+    return _at_length(KERNEL_TFLOPS[("flash2", step, causal)], length)
+
+
+def kernel_speed(phase: str, length: float, causal: bool = True) -> float:
+    """FlashAttention-2's speed at this call's length and mask relative to its 16k causal
+    speed, the device profile's attention_efficiency. Assumption: the shape of the curve
+    (tiles per head and the mask's diagonal) carries over to other GPUs."""
+    ref = _REFERENCE["backward" if phase == "backward" else "forward"]
+    return flash_tflops(phase, length, causal) / ref
 
 
 def causal_attention_flops(queries: float, keys: float, head_dim: int, heads: float,
@@ -172,14 +241,27 @@ class AttentionCost:
         passes = EAGER_SCORE_PASSES["backward" if backward else "forward"]
         return io + passes * self.score_elements * self.act_bytes / parts
 
+    def speed(self, phase: str, length: float = 0.0, causal: bool = True) -> float:
+        """The flash kernel's speed relative to the profile's (kernel_speed) for calls of
+        `length` keys (0: the layer's sequence, or its window); eager attention: 1."""
+        if not self.flash:
+            return 1.0
+        keys = length or (self.window if 0 < self.window < self.keys else self.keys)
+        return kernel_speed(phase, keys, causal)
+
 
 def attention_task(sink: TaskSink, ctx: dict, cost: AttentionCost, phase: str, deps,
-                   label: str = "", parts: int = 1) -> int:
-    """The compute task of an attention core (or of one of `parts` ring steps)."""
+                   label: str = "", parts: int = 1, length: float = 0.0,
+                   causal: bool = True, flops: float | None = None) -> int:
+    """The compute task of an attention core (or of one of `parts` ring steps, or of a
+    call of `flops` given), its kernel's speed at calls of `length` keys (0: the
+    sequence) with or without the causal mask."""
     label = label or ("attention.bwd" if phase == "backward" else "attention.fwd")
+    work = cost.flops(phase, parts) if flops is None else flops
     return sink.add(kind=COMPUTE, stream="compute", op="attention", phase=phase,
-                    deps=tuple(d for d in deps if d >= 0), flops=cost.flops(phase, parts),
-                    bytes=cost.bytes(phase, parts), op_class=ATTENTION, label=label, **ctx)
+                    deps=tuple(d for d in deps if d >= 0), flops=work,
+                    bytes=cost.bytes(phase, parts), op_class=ATTENTION, label=label,
+                    efficiency=cost.speed(phase, length, causal), **ctx)
 
 
 class AttentionCore:

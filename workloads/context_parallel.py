@@ -25,12 +25,17 @@ All-to-all (DeepSpeed-Ulysses, Jacobs et al. 2023, arXiv:2309.14509): all-to-all
 attention runs locally, and one all-to-all turns the output back: 4 all-to-alls forward
 and 4 backward (dO in; dQ, dK, dV out), each of a rank's local tensor.
 
+These are Transformer Engine's (Megatron-Core) and the generic variants; under torchtitan
+the ring and all-gather modes run torch's ring attention (workloads/context_parallel_torch.py).
+
 Sizes (workloads/attention.py AttentionCost): a K+V block is tokens_local x kv_heads/tp x
 (head_dim + v_head_dim) x 2 bytes (MLA: the up-projected per-head K and V, not the latent,
 as Transformer Engine's context parallelism receives them); an all-to-all's nccl-tests
 size is the per-rank buffer (the local tensor). The attention compute tasks are workloads/attention.py's.
 """
 from __future__ import annotations
+
+import math
 
 from .attention import AttentionCore, AttentionCost, attention_task
 from .layer_builder import BuildOptions, TaskSink
@@ -107,6 +112,17 @@ class ContextParallelAttention(AttentionCore):
         return _join(sink, ctx, back, "backward", "cp.a2a.grads")
 
     # ---- ring ----------------------------------------------------------------------
+    def _step_call(self, step: int) -> dict:
+        """The kernel call of a load-balanced ring step (Transformer Engine's
+        AttnFuncWithCPAndKVP2P; torch's _templated_ring_attention): step 0 is the causal
+        call of the rank's two chunks of c = s / 2cp tokens (2c keys); every later step one
+        call without the mask, 2c queries on c keys or c queries on 2c keys, the work of a
+        square call of sqrt(2) c."""
+        chunk = self.cost.keys / (2 * self.cp)
+        if step == 0:
+            return {"length": 2 * chunk, "causal": True}
+        return {"length": math.sqrt(2.0) * chunk, "causal": False}
+
     def _ring_forward(self, sink, ctx, deps, phase) -> int:
         key = (ctx["layer"], ctx["microbatch"], phase)
         block = _join(sink, ctx, deps, phase, "cp.ring.start")
@@ -116,7 +132,8 @@ class ContextParallelAttention(AttentionCore):
                 nxt = _send_recv(sink, ctx, ("cp.kv",) + key + (step,),
                                  self.cost.kv_block_bytes, (block,), phase, "cp.ring.kv")
             compute = attention_task(sink, ctx, self.cost, phase, (block, compute),
-                                     f"attention.fwd.{step}", parts=self.cp)
+                                     f"attention.fwd.{step}", parts=self.cp,
+                                     **self._step_call(step))
             if step < self.cp - 1:
                 block = nxt
         return compute
@@ -129,7 +146,8 @@ class ContextParallelAttention(AttentionCore):
                 nxt = _send_recv(sink, ctx, ("cp.kv",) + key + (step,),
                                  self.cost.kv_block_bytes, (block,), "backward", "cp.ring.kv")
             compute = attention_task(sink, ctx, self.cost, "backward", (block, compute),
-                                     f"attention.bwd.{step}", parts=self.cp)
+                                     f"attention.bwd.{step}", parts=self.cp,
+                                     **self._step_call(step))
             # The dK/dV partial of this block, with this rank's share added, moves on
             # (after the last step it returns to the block's owner).
             dkv = _send_recv(sink, ctx, ("cp.dkv",) + key + (step,), self.cost.kv_block_bytes,

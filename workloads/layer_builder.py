@@ -96,6 +96,10 @@ class BuildOptions:
     # TP communication overlapped with its GEMMs (workloads/tp_overlap.py): "" (blocking
     # collectives), "userbuffers" (overlap.tp_comm) or "symm_mem" (overlap.async_tp).
     tp_overlap: str = ""
+    # Context parallelism's implementation: "" (Transformer Engine's, Megatron's and the
+    # generic one: workloads/context_parallel.py) or "torch" (torch's ring attention, which
+    # torchtitan runs: workloads/context_parallel_torch.py).
+    cp_impl: str = ""
 
     @classmethod
     def from_plan(cls, plan) -> "BuildOptions":
@@ -107,7 +111,8 @@ class BuildOptions:
                    "symm_mem" if plan.async_tp else "")
         return cls(flash_attention=flash, kernels=plan.kernels,
                    recompute_attention=plan.recompute == "selective" and not flash,
-                   tp_overlap=overlap)
+                   tp_overlap=overlap,
+                   cp_impl="torch" if plan.framework == "torchtitan" else "")
 
 
 class LayerBuilder(Protocol):

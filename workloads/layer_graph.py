@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 
 from .attention import AttentionCost, LocalAttention
 from .context_parallel import ContextParallelAttention
+from .context_parallel_torch import TorchRingAttention
 from .explicit_comm import ExplicitComm
 from .kernels import fused_cost
 from .layer_builder import BuildOptions, LayerBuilder, LayerShape, TaskSink, \
@@ -50,6 +51,8 @@ def attention_core(shape: LayerShape, options: BuildOptions, window: int = 0) ->
     """The attention core of a 1D tensor-parallel layer (sliding `window`, 0: none): local
     to the rank, or across its context-parallel group."""
     cost = AttentionCost.of_layer(shape, options.flash_attention, window=window)
+    if shape.cp > 1 and options.cp_impl == "torch" and shape.cp_mode != "all_to_all":
+        return TorchRingAttention(cost, options, shape.cp, shape.cp_mode)
     if shape.cp > 1:
         return ContextParallelAttention(cost, options, shape.cp, shape.cp_mode)
     return LocalAttention(cost, options)

@@ -33,6 +33,7 @@ from dataclasses import asdict, dataclass
 from typing import Sequence
 
 from .checkpointing import op_checkpoint_features
+from .context_parallel_torch import torch_cp_buffer_bytes
 from .models import ModelSpec
 from .moe.memory import dispatch_buffer_bytes, expert_rows_factor, gathered_expert_input_bytes
 from .params import unit_param_groups
@@ -399,11 +400,16 @@ def memory_breakdown(plan: Plan, stage: int = 0,
         # for the backward of each layer in flight; Ulysses: the all-to-all outputs q, k, v.
         kv_block = prec.act_bytes * s * b * (m.kv_size + m.v_size) / tp
         q_local = prec.act_bytes * s * b * m.q_size / tp
-        if plan.cp_mode == "all_gather" and plan.recompute in ("none", "selective"):
+        if plan.cp_mode == "all_gather" and plan.recompute in ("none", "selective") \
+                and plan.framework != "torchtitan":      # torch's ring gathers them again
             # kept for each layer's backward (recompute gathers them again instead)
             activations += in_flight * len(own_layers) * (mesh.cp - 1) * kv_block
-        buffers += {"ring": 2 * kv_block, "all_gather": mesh.cp * kv_block}.get(
-            plan.cp_mode, q_local + kv_block)
+        if plan.framework == "torchtitan" and plan.cp_mode != "all_to_all":
+            buffers += torch_cp_buffer_bytes(plan.cp_mode, mesh.cp, s * b, m.q_size / tp,
+                                             m.q_size / tp, prec.act_bytes)
+        else:
+            buffers += {"ring": 2 * kv_block, "all_gather": mesh.cp * kv_block}.get(
+                plan.cp_mode, q_local + kv_block)
 
     peak = params + grads + optimizer + activations + buffers
     return MemoryBreakdown(params, grads, optimizer, activations, buffers, peak,

@@ -1,0 +1,103 @@
+"""torch's ring attention (torchtitan's context parallelism), counted against its code.
+
+Per layer and micro-batch on each CP rank (torch/distributed/tensor/experimental/
+_attention.py, PyTorch 2.6): K and V with the query heads (torchtitan's repeat_kv before
+SDPA); forward: one all-gather of every rank's K and V ("allgather") or cp - 1 transfers
+("alltoall"), cp calls and cp - 1 float32 merges; backward: K and V rotated again, cp
+calls, and cp float32 dK/dV sends along the ring.
+"""
+from __future__ import annotations
+
+from collections import Counter
+
+from workloads import plan_from_dict, resolve
+from workloads.context_parallel_torch import MERGE_BYTES
+from workloads.lowering import lower
+
+from conftest import small_plan
+
+CP, DP = 4, 2
+TOKENS = 2048 // CP                       # local tokens of one sequence
+HEADS, KV_HEADS, HEAD_DIM = 16, 8, 64     # small_plan's model
+KV_REPEATED = 2 * TOKENS * HEADS * HEAD_DIM * 2   # K and V with the query heads, bf16
+
+
+def _layer_tasks(mode: str, framework: str = "torchtitan", layer: int = 1):
+    raw = small_plan(mesh={"cp": CP, "dp": DP}, framework=framework, recompute="none",
+                     context_parallel={"mode": mode})
+    prog = lower(resolve(plan_from_dict(raw), CP * DP))
+    return [t for t in prog.stages[0] if t.layer == layer and t.microbatch == 0]
+
+
+def test_allgather_rotation_gathers_the_repeated_kv_in_each_pass():
+    tasks = _layer_tasks("all_gather")
+    gathers = Counter((t.phase, t.bytes) for t in tasks if t.op == "all_gather"
+                      and t.stream == "cp")
+    # one all-gather forward and one backward, of every rank's K and V with 16 heads:
+    # twice the bytes of the 8 KV heads the model has
+    assert gathers == {("forward", CP * KV_REPEATED): 1, ("backward", CP * KV_REPEATED): 1}
+    assert KV_REPEATED == 2 * (2 * TOKENS * KV_HEADS * HEAD_DIM * 2)
+    # no reduce-scatter of dK/dV: the float32 partials travel the ring instead
+    dkv = [t for t in tasks if t.stream == "cp_grad_send"]
+    assert len(dkv) == CP and {t.bytes for t in dkv} == {2 * KV_REPEATED}
+
+
+def test_allgather_rotation_overlaps_only_step_zero():
+    tasks = _layer_tasks("all_gather")
+    by_id = {t.id: t for t in tasks}
+    fwd = [t for t in tasks if t.op == "attention" and t.phase == "forward"]
+    gather = next(t for t in tasks if t.op == "all_gather" and t.phase == "forward"
+                  and t.stream == "cp")
+    assert gather.id not in fwd[0].deps                   # step 0: the rank's own block
+    assert all(gather.id in t.deps for t in fwd[1:])      # later steps wait for it
+    assert {by_id[d].op for t in fwd[1:] for d in t.deps} <= {"all_gather", "cp_merge",
+                                                              "attention"}
+
+
+def test_alltoall_rotation_passes_the_repeated_kv_each_step():
+    tasks = _layer_tasks("ring")
+    sends = Counter((t.phase, t.stream, t.bytes) for t in tasks if t.stream.endswith("send"))
+    assert sends == {("forward", "cp_send", KV_REPEATED): CP - 1,
+                     ("backward", "cp_send", KV_REPEATED): CP - 1,
+                     ("backward", "cp_grad_send", 2 * KV_REPEATED): CP}
+
+
+def test_merges_fold_each_later_step_in_float32():
+    tasks = _layer_tasks("all_gather")
+    merges = [t for t in tasks if t.op == "cp_merge" and t.phase == "forward"]
+    out_elements = TOKENS * HEADS * HEAD_DIM
+    assert len(merges) == CP - 1
+    assert {t.bytes for t in merges} == {out_elements * MERGE_BYTES}
+
+
+def test_other_frameworks_keep_transformer_engines_ring():
+    tasks = _layer_tasks("all_gather", framework="generic")
+    assert not [t for t in tasks if t.op == "cp_merge"]
+    assert Counter(t.op for t in tasks if t.stream == "cp") == {"all_gather": 1,
+                                                                 "reduce_scatter": 1}
+
+
+def test_torch_ring_buffers_by_hand():
+    from workloads.context_parallel_torch import torch_cp_buffer_bytes
+    kv = TOKENS * 2 * HEADS * HEAD_DIM * 2             # repeated K and V, bf16
+    q = TOKENS * HEADS * HEAD_DIM * 2
+    fp32 = 2 * (q + kv) + 2 * 2 * kv                   # accumulators; dK/dV sent, received
+    args = (TOKENS, HEADS * HEAD_DIM, HEADS * HEAD_DIM, 2)
+    assert torch_cp_buffer_bytes("all_gather", CP, *args) == CP * kv + fp32
+    assert torch_cp_buffer_bytes("ring", CP, *args) == 2 * kv + fp32
+
+
+def test_torchtitan_plans_count_the_torch_ring_buffers():
+    from workloads.context_parallel_torch import torch_cp_buffer_bytes
+    from workloads.memory import memory_breakdown
+
+    def buffers(framework, cp):
+        raw = small_plan(mesh={"cp": cp, "dp": DP}, framework=framework, recompute="full",
+                         context_parallel={"mode": "all_gather"})
+        return memory_breakdown(resolve(plan_from_dict(raw), cp * DP), 0).buffers_bytes
+    generic_kv = CP * TOKENS * 2 * KV_HEADS * HEAD_DIM * 2
+    torch_kv = torch_cp_buffer_bytes("all_gather", CP, TOKENS, HEADS * HEAD_DIM,
+                                     HEADS * HEAD_DIM, 2)
+    # the same plan without CP leaves the other buffers: the difference is the ring's
+    assert buffers("generic", CP) - buffers("generic", 1) == generic_kv
+    assert buffers("torchtitan", CP) - buffers("torchtitan", 1) == torch_kv

@@ -1,0 +1,142 @@
+"""PyTorch's context parallelism, as torchtitan runs it: torch's ring attention.
+
+torchtitan (torchtitan@9dec370, torchtitan/utils.py create_context_parallel_ctx) wraps each
+step in torch.distributed.tensor.experimental.context_parallel, whose SDPA handler runs
+`_templated_ring_attention` and its backward (torch/distributed/tensor/experimental/
+_attention.py, PyTorch 2.6). What differs from Transformer Engine's ring
+(workloads/context_parallel.py), each from that code:
+
+- The K and V it exchanges are the ones SDPA receives. torchtitan's Llama expands the KV
+  heads to the query heads before SDPA (torchtitan/models/llama/model.py, Attention.forward:
+  `repeat_kv`), so every exchange carries `heads`, not `kv_heads`, per token: 4 x the KV
+  bytes of Llama 3 8B, 16 x those of 405B.
+- How K and V travel (`context_parallel_rotate_method`, torchtitan's default "allgather",
+  plan mode "all_gather"): `_AllGatherRotater` all-gathers every rank's K and V once, issued
+  before step 0, so only step 0 (the rank's own causal call) overlaps it and the later steps
+  wait for it. "alltoall" (plan mode "ring"): `_AllToAllRotater` passes the block to the
+  next rank at every step (`permute_tensor`), overlapping the step's call. The backward
+  rotates K and V again the same way (it keeps nothing from the forward).
+- The calls: load balancing is on (`_cp_options.enable_load_balance = True`): step 0 is
+  the causal call of the rank's two chunks, every later step an unmasked call of half the
+  queries or half the keys (the same calls as TE's, workloads/context_parallel.py).
+- Merging in float32 (`_cp_options.convert_to_f32 = True`): after every later step
+  `_SDPAMerger` folds the step's output into a float32 output and log-sum-exp (a pass that
+  reads the step's bf16 output and reads and writes the float32 one: MERGE_BYTES per
+  element, the passes fused into one by torch.compile). The backward accumulates dQ, dK
+  and dV in float32 (`accum_dtype`), and the dK/dV partial travels the ring in float32:
+  after each step's call the rank waits for the partial of the previous step, adds its own
+  and sends it on (`_RotateMethod.ALL_TO_ALL`), the last one back to the block's owner.
+"""
+from __future__ import annotations
+
+from .attention import attention_task
+from .context_parallel import (CP_STREAM, GRAD_RECV, GRAD_SEND, ContextParallelAttention,
+                               _join, _send_recv)
+from .program import COMM, COMPUTE, MEMORY
+
+# Bytes per output element of one merge (_SDPAMerger._merge_one fused): read the step's
+# bf16 output (2), read and write the float32 running output (4 + 4).
+MERGE_BYTES = 2 + 4 + 4
+# Bytes per gradient element of one backward step's float32 accumulation: read the call's
+# bf16 gradient (2), read and write the float32 accumulator (4 + 4); the dK/dV partial is
+# also copied into the send buffer (torch.cat: read 4, write 4).
+ACCUMULATE_BYTES = 2 + 4 + 4
+SEND_COPY_BYTES = 4 + 4
+FP32_BYTES = 4
+
+
+class TorchRingAttention(ContextParallelAttention):
+    """torch's `_templated_ring_attention` over a CP group of `cp` ranks (torchtitan's
+    context parallelism; a layer builder: workloads/layer_builder.py)."""
+
+    # ---- sizes -----------------------------------------------------------------------
+    @property
+    def kv_bytes(self) -> float:
+        """Bytes of this rank's K and V as SDPA receives them: the query heads' (repeat_kv)."""
+        c = self.cost
+        return c.queries * c.heads * (c.head_dim + c.v_dim) * c.act_bytes
+
+    @property
+    def dkv_bytes(self) -> float:
+        """Bytes of the float32 dK/dV partial that travels the ring."""
+        return self.kv_bytes * FP32_BYTES / self.cost.act_bytes
+
+    def _elements(self, nbytes: float) -> float:
+        return nbytes / self.cost.act_bytes
+
+    # ---- forward ---------------------------------------------------------------------
+    def emit_forward(self, sink, ctx: dict, input_dep: tuple[int, ...],
+                     phase: str = "forward", saved: frozenset[int] = frozenset()) -> int:
+        """The forward (or recomputed forward): the rotation, cp calls, the merges."""
+        start = _join(sink, ctx, tuple(input_dep), phase, "cp.torch.start")
+        blocks = self._blocks(sink, ctx, start, phase)
+        out = attention_task(sink, ctx, self.cost, phase, (start,), "attention.fwd.0",
+                             parts=self.cp, **self._step_call(0))
+        merge_bytes = self._elements(self.cost.o_bytes) * MERGE_BYTES
+        for step in range(1, self.cp):
+            call = attention_task(sink, ctx, self.cost, phase, (blocks[step], out),
+                                  f"attention.fwd.{step}", parts=self.cp,
+                                  **self._step_call(step))
+            out = _memory(sink, ctx, (call,), phase, merge_bytes, "cp.torch.merge")
+        self._output = out
+        return out
+
+    def _blocks(self, sink, ctx: dict, start: int, phase: str) -> list[int]:
+        """The task after which step j's K and V are here, for j = 1 .. cp - 1 (index 0
+        unused): one all-gather for all, or one transfer per step along the ring."""
+        if self.mode == "all_gather":
+            gathered = sink.add(kind=COMM, stream=CP_STREAM, op="all_gather", phase=phase,
+                                deps=(start,), bytes=self.cp * self.kv_bytes, group=("cp",),
+                                label="cp.torch.all_gather.kv", **ctx)
+            return [start] + [gathered] * (self.cp - 1)
+        key = (ctx["layer"], ctx["microbatch"], phase)
+        blocks, block = [start], start
+        for step in range(1, self.cp):
+            block = _send_recv(sink, ctx, ("cp.torch.kv",) + key + (step,), self.kv_bytes,
+                               (block,), phase, "cp.torch.kv")
+            blocks.append(block)
+        return blocks
+
+    # ---- backward --------------------------------------------------------------------
+    def emit_backward(self, sink, ctx: dict, grad_dep: int) -> int:
+        """The backward: K and V rotated again, cp calls, float32 accumulation, and the
+        float32 dK/dV partials along the ring (the last back to their owner)."""
+        ready = grad_dep
+        if self.options.recompute_attention:
+            ready = self.emit_forward(sink, ctx, (ready,), "recompute")
+        blocks = self._blocks(sink, ctx, ready, "backward")
+        key = (ctx["layer"], ctx["microbatch"], "backward")
+        grad_elements = self._elements(self.cost.q_bytes + self.kv_bytes)
+        accumulate = (grad_elements * ACCUMULATE_BYTES
+                      + self._elements(self.kv_bytes) * SEND_COPY_BYTES)
+        call, dkv = -1, -1
+        for step in range(self.cp):
+            call = attention_task(sink, ctx, self.cost, "backward", (blocks[step], call),
+                                  f"attention.bwd.{step}", parts=self.cp,
+                                  **self._step_call(step))
+            added = _memory(sink, ctx, (call, dkv), "backward", accumulate,
+                            "cp.torch.accumulate")
+            dkv = _send_recv(sink, ctx, ("cp.torch.dkv",) + key + (step,), self.dkv_bytes,
+                             (added,), "backward", "cp.torch.dkv", (GRAD_SEND, GRAD_RECV))
+            call = added
+        return _join(sink, ctx, (call, dkv), "backward", "cp.torch.grads")
+
+
+def torch_cp_buffer_bytes(mode: str, cp: int, tokens: float, q_size: int, v_size: int,
+                          act_bytes: int) -> float:
+    """Peak transient bytes of torch's ring attention on one rank for `tokens` local
+    tokens: the rotated K and V with the query heads (the all-gather's cp blocks, or the
+    block held and the one arriving), and in the backward the float32 dQ, dK and dV
+    accumulators and the float32 dK/dV partial sent and the one received."""
+    kv = tokens * (q_size + v_size) * act_bytes
+    q = tokens * q_size * act_bytes
+    rotated = cp * kv if mode == "all_gather" else 2 * kv
+    fp32 = FP32_BYTES / act_bytes
+    return rotated + fp32 * (q + kv) + 2 * fp32 * kv
+
+
+def _memory(sink, ctx: dict, deps, phase: str, nbytes: float, label: str) -> int:
+    """One fused elementwise pass of `nbytes` HBM traffic on the compute stream."""
+    return sink.add(kind=COMPUTE, stream="compute", op="cp_merge", phase=phase,
+                    deps=tuple(d for d in deps if d >= 0), bytes=nbytes, op_class=MEMORY,
+                    label=label, **ctx)
