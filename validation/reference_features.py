@@ -73,6 +73,9 @@ def model_ref(name: str, reference_models: dict[str, dict[str, Any]], mtp_layers
     if mtp is None:
         raise CannotExpress(f"model {name} with {mtp_layers} multi-token-prediction layer(s): "
                             "the model spec has no MTP layers")
+    with_mtp = MODEL_PRESETS.get(f"{name}-mtp")   # the preset of the model with its MTP
+    if with_mtp is not None and getattr(with_mtp, mtp) == mtp_layers:
+        return with_mtp.name
     return {**asdict(spec), mtp: mtp_layers}
 
 
@@ -88,11 +91,25 @@ def moe_block(row: dict[str, str], tp: int) -> dict[str, Any]:
     if etp != tp:
         moe["etp"] = etp
     if row.get("capacity_factor"):
+        # token drop as Megatron-Bridge applies it (training/utils/moe_token_drop.py): the
+        # experts' inputs padded to the capacity
         moe["capacity_factor"] = float(row["capacity_factor"])
+        moe["pad_to_capacity"] = True
     if (row.get("force_balanced") or "").lower() == "true":
-        # the router forced to a uniform assignment: the hottest rank gets the mean load
-        moe["load_imbalance"] = 1.0
+        if "force_balance" in _plan_moe_keys():
+            moe["force_balance"] = True
+        else:   # a scalar-imbalance MoE model: forced balance is the mean load everywhere
+            moe["load_imbalance"] = 1.0
     return moe
+
+
+def _plan_moe_keys() -> tuple[str, ...]:
+    """The keys the plan's `moe` block accepts (workloads.moe_options where it exists)."""
+    try:
+        from workloads.moe_options import MOE_KEYS
+    except ImportError:
+        return ("load_imbalance",)
+    return tuple(MOE_KEYS)
 
 
 def explain_plan_error(exc: Exception) -> str:
