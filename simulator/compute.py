@@ -43,7 +43,8 @@ def device_time_s(task: Task, device: DeviceSpec, dtype: str) -> float:
     flops_s = 0.0
     if task.op_class == GEMM:
         m, n, k = task.gemm_mnk
-        eff = prof.gemm_efficiency * wave_efficiency(m, n, k, device.sm_count, prof.gemm_tile)
+        eff = (prof.gemm_efficiency * task.efficiency
+               * wave_efficiency(m, n, k, device.sm_count, prof.gemm_tile))
         flops_s = task.flops / (device.peak(task.gemm_dtype or dtype) * eff)
     elif task.op_class == ATTENTION:
         # Attention runs in bf16 (FlashAttention-2) under bf16 and fp8 training (fp8

@@ -75,13 +75,16 @@ def test_dispatch_combine_and_expert_gemms_match_closed_form(imbalance):
     rows = TOKENS * K * imbalance
     a2a = Counter((t.phase, t.label, t.bytes, t.group) for t in tasks if t.op == "all_to_all")
     size = rows * D * 2
+    probs = rows * 2        # Megatron-LM's alltoall dispatcher sends each row's probability
     assert a2a == {("forward", "moe.dispatch", size, ("ep",)): 1,
+                   ("forward", "moe.dispatch_probs", probs, ("ep",)): 1,
                    ("forward", "moe.combine", size, ("ep",)): 1,
                    ("backward", "grad.moe.dispatch", size, ("ep",)): 1,
+                   ("backward", "grad.moe.dispatch_probs", probs, ("ep",)): 1,
                    ("backward", "grad.moe.combine", size, ("ep",)): 1}
     w1 = [t for t in tasks if t.label == "w1.fwd"][0]
     assert w1.flops == 2.0 * rows * D * F
-    assert w1.gemm_mnk == (int(rows / (E // 4)), F, D)        # rows per local expert
+    assert w1.gemm_mnk == (int(rows), F, D)     # one grouped launch over all the rows
     router = [t for t in tasks if t.label == "router.fwd"][0]
     assert router.flops == 2.0 * TOKENS * D * E
     assert [t for t in tasks if t.label == "router.wgrad"]     # the router learns
@@ -117,9 +120,13 @@ def test_moe_with_tp_and_sequence_parallelism_reduces_partials_once():
     prog = _program(ep=2, mesh={"tp": 2}, sharding={"sequence_parallel": True})
     tasks = _layer(prog)
     tp = Counter((t.phase, t.op) for t in tasks if t.group == ("tp",))
-    # Forward: tokens all-gathered for the attention and for the experts, one reduce-
-    # scatter each after wo and after the combine: the expert partials are reduced once.
-    assert tp[("forward", "reduce_scatter")] == 2 and tp[("forward", "all_gather")] == 2
+    # Forward (Megatron-LM's alltoall dispatcher with ETP = TP): tokens all-gathered for the
+    # attention, and after the EP all-to-all the routed rows and their probabilities over
+    # ETP; one reduce-scatter each after wo and before the combine: the expert partials
+    # are reduced once.
+    assert tp[("forward", "reduce_scatter")] == 2 and tp[("forward", "all_gather")] == 3
+    labels = [t.label for t in tasks if t.group == ("tp",) and t.phase == "forward"]
+    assert "moe.dispatch_gather" in labels and "moe.combine_scatter" in labels
 
 
 def test_bundled_moe_plan_simulates():
@@ -127,9 +134,15 @@ def test_bundled_moe_plan_simulates():
     assert s["world_size"] == 32 and s["step_time_s"] > 0 and s["fits_in_memory"]
     t = simulated("moe_mixtral.json").trace.to_pandas()
     a2a = t[(t["op"] == "all_to_all") & (t["phase"] == "forward")]
-    # 32 MoE layers x (dispatch + combine) x 1 micro-batch, 4096 tokens x top-2 x 1.1.
-    assert len(a2a) == 2 * 32
-    assert list(a2a["bytes"]) == pytest.approx([4096 * 2 * 1.1 * 4096 * 2] * 64)
+    # 32 MoE layers x (dispatch, its probabilities, combine) x 1 micro-batch, 4096 tokens
+    # x top-2 x 1.1 rows of 4096 features (the probabilities: one number per row).
+    assert len(a2a) == 3 * 32
+    rows = 4096 * 2 * 1.1
+    sizes = {label: set(a2a[a2a["label"] == label]["bytes"].round(3))
+             for label in ("moe.dispatch", "moe.dispatch_probs", "moe.combine")}
+    assert sizes == {"moe.dispatch": {round(rows * 4096 * 2, 3)},
+                     "moe.dispatch_probs": {round(rows * 2, 3)},
+                     "moe.combine": {round(rows * 4096 * 2, 3)}}
 
 
 @pytest.mark.parametrize("ep, tp", [(8, 1), (4, 2)])

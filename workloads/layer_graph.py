@@ -23,12 +23,27 @@ from .tp_overlap import (USERBUFFERS, chunked_backward, chunked_gemm, gemm_reduc
                          ring_gather)
 
 
+@dataclass(frozen=True)
+class ExplicitComm:
+    """A collective a builder spells out (the MoE dispatchers: workloads/moe/dispatch.py)
+    instead of a TP layout change: its op, group and nccl-tests size in forward, and in
+    backward (bwd_op None: no gradient flows back, e.g. a routing map)."""
+
+    op: str
+    group: tuple[str, ...]
+    nbytes: float
+    bwd_op: str | None
+    bwd_nbytes: float = 0.0
+    grad_layout: str | None = None   # layout of the input gradient it yields (None: as given)
+    stream: str = "ep"
+
+
 @dataclass
 class Node:
     """A tensor produced by an op: its layout, feature width and how it was made."""
 
     id: int
-    kind: str                      # input | elementwise | linear | attention | redistribute
+    kind: str                      # input | elementwise | linear | attention | redistribute | comm
     name: str
     layout: str
     features: int
@@ -40,6 +55,8 @@ class Node:
     rows_scale: float = 1.0        # token rows relative to the layer's (MoE: top_k x imbalance)
     experts: int = 0               # linear only: a grouped GEMM over this many local experts
     bf16: bool = False             # linear only: stays a bf16 GEMM under FP8 training
+    efficiency: float = 1.0        # linear only: relative GEMM efficiency (grouped GEMMs)
+    comm: ExplicitComm | None = None   # kind "comm" only
 
 
 def attention_core(shape: LayerShape, options: BuildOptions) -> LayerBuilder:
@@ -60,7 +77,7 @@ class LayerGraph:
         self.nodes: list[Node] = []
         self._redistributed: dict[tuple[int, str], Node] = {}
         self.wgrad_tasks: dict[str, int] = {}      # projection -> wgrad task (backward)
-        self._ep_grad_layouts: dict[int, str] = {}  # all-to-all node -> its gradient's layout
+        self._ep_grad_layouts: dict[int, str] = {}  # comm node -> its input gradient's layout
         self._attention: LayerBuilder | None = None  # the attention core's builder
         # TP overlap (workloads/tp_overlap.py): task -> the tasks its gathered chunks
         # arrive with; row-linear node -> the task with its reduce-scattered output;
@@ -104,21 +121,24 @@ class LayerGraph:
                           rows_scale=rows)
 
     def linear(self, name: str, x: Node, strategy: str, out_features: int,
-               experts: int = 0, bf16: bool = False) -> Node:
+               experts: int = 0, bf16: bool = False, efficiency: float = 1.0) -> Node:
         """A projection under a strategy (col | row | seq | replicate); `experts` > 0 makes
-        it a grouped GEMM over that many local experts on the input's (dispatched) rows."""
+        it a grouped GEMM over that many local experts on the input's (dispatched) rows,
+        at `efficiency` relative to one large GEMM (workloads/moe/grouped_gemm.py)."""
         needs, produces, _ = STRATEGY_LAYOUTS[strategy]
         x = self.to_layout(x, needs)
         return self._node(kind="linear", name=name, layout=produces if self.shape.tp > 1 else "R",
                           features=out_features, inputs=[x], strategy=strategy,
                           in_features=x.features, rows_scale=x.rows_scale, experts=experts,
-                          bf16=bf16)
+                          bf16=bf16, efficiency=efficiency)
 
-    def ep_all_to_all(self, name: str, x: Node, rows_scale: float) -> Node:
-        """An expert-parallel all-to-all (MoE dispatch or combine) over the "ep" group; the
-        layout is kept, `rows_scale` is the token rows it moves (top_k x imbalance)."""
-        return self._node(kind="ep_a2a", name=name, layout=x.layout, features=x.features,
-                          inputs=[x], rows_scale=rows_scale)
+    def explicit_comm(self, name: str, x: Node, comm: ExplicitComm, layout: str | None = None,
+                      rows_scale: float | None = None, features: int | None = None) -> Node:
+        """A collective spelled out by the builder (an MoE dispatch or combine); its output
+        has `layout` and `rows_scale` (default: the input's)."""
+        return self._node(kind="comm", name=name, layout=layout or x.layout,
+                          features=features or x.features, inputs=[x], comm=comm,
+                          rows_scale=x.rows_scale if rows_scale is None else rows_scale)
 
     def attention(self, q: Node, k: Node, v: Node) -> Node:
         """Head-parallel causal attention core (workloads/attention.py)."""
@@ -137,9 +157,11 @@ class LayerGraph:
         flops = 2.0 * m * k * n
         operand = max(sh.gemm_bytes, 2) if node.bf16 else sh.gemm_bytes
         if node.experts:
-            # Grouped GEMM: the rows split evenly over the local experts, each its weight.
+            # Grouped GEMM: the rows split over the local experts, each its weight; one
+            # launch tiles every expert's rows, so its waves are those of all the rows
+            # (the few-rows-per-expert loss is node.efficiency).
             nbytes = (m * k + node.experts * k * n + m * n) * operand
-            return flops, nbytes, (int(m / node.experts), int(n), int(k))
+            return flops, nbytes, (int(m), int(n), int(k))
         return flops, (m * k + k * n + m * n) * operand, (int(m), int(n), int(k))
 
     def elementwise_task(self, sink: TaskSink, ctx: dict, node: Node, phase: str,
@@ -191,9 +213,10 @@ class LayerGraph:
                 return overlapped
             return sink.add(kind=COMPUTE, stream="compute", op=node.name, phase=phase,
                             deps=deps, flops=flops, bytes=nbytes, op_class=GEMM, gemm_mnk=mnk,
-                            gemm_dtype=self._gemm_dtype(node), label=f"{node.name}.fwd", **ctx)
-        if node.kind == "ep_a2a":
-            return self._ep_a2a(sink, ctx, node, deps, phase, f"moe.{node.name}")
+                            gemm_dtype=self._gemm_dtype(node), label=f"{node.name}.fwd",
+                            efficiency=node.efficiency, **ctx)
+        if node.kind == "comm":
+            return self._explicit_comm(sink, ctx, node, deps, phase, backward=False)
         if node.kind == "attention":
             return self._attention.emit_forward(sink, ctx, deps, phase)
         return self.elementwise_task(sink, ctx, node, phase, deps)
@@ -209,14 +232,15 @@ class LayerGraph:
             return tuple(deps)
         return fp8_cast_task(sink, ctx, self.shape, elements, deps, phase, name)
 
-    def _ep_a2a(self, sink: TaskSink, ctx: dict, node: Node, deps, phase: str, label: str) -> int:
-        """All-to-all over EP of the node's rows; size: this rank's send buffer (the most
-        loaded rank's, imbalance included, sets the time)."""
-        sh = self.shape
-        size = (sh.rows(node.layout) * sh.cols(node.layout, node.features) * node.rows_scale
-                * sh.act_bytes)
-        return sink.add(kind=COMM, stream="ep", op="all_to_all", phase=phase, deps=tuple(deps),
-                        bytes=size, group=("ep",), label=label, **ctx)
+    @staticmethod
+    def _explicit_comm(sink: TaskSink, ctx: dict, node: Node, deps, phase: str,
+                       backward: bool) -> int:
+        """The task of a spelled-out collective, forward or backward."""
+        c = node.comm
+        op, size = (c.bwd_op, c.bwd_nbytes) if backward else (c.op, c.nbytes)
+        label = f"grad.moe.{node.name}" if backward else f"moe.{node.name}"
+        return sink.add(kind=COMM, stream=c.stream, op=op, phase=phase, deps=tuple(deps),
+                        bytes=size, group=c.group, label=label, **ctx)
 
     def _comm(self, sink: TaskSink, ctx: dict, src: str, dst: str, features: int, deps,
               phase: str, label: str, rows_scale: float = 1.0, chunked: bool = False) -> int:
@@ -330,12 +354,12 @@ class LayerGraph:
     def _combine(self, sink: TaskSink, ctx: dict, node: Node, grads) -> int:
         """Convert consumers' gradients to the layout this node's backward needs, sum."""
         target = grad_layout_needed(node.layout) if self.shape.tp > 1 else node.layout
-        if node.kind == "ep_a2a" and len({layout for _, layout in grads}) == 1:
-            # An all-to-all is linear: partial sums over TP pass through it and are
-            # reduced once, on the token rows, before the router's input (Megatron-LM).
+        if node.kind == "comm" and len({layout for _, layout in grads}) == 1:
+            # A dispatcher's collective takes its output gradient as it comes (an
+            # all-to-all is linear: partial sums pass through it).
             target = grads[0][1]
-        if node.kind == "ep_a2a":
-            self._ep_grad_layouts[node.id] = target
+        if node.kind == "comm":
+            self._ep_grad_layouts[node.id] = node.comm.grad_layout or target
         by_layout: dict[str, list[int]] = {}
         for task, layout in grads:
             by_layout.setdefault(layout if self.shape.tp > 1 else target, []).append(task)
@@ -361,7 +385,8 @@ class LayerGraph:
         if node.kind == "linear":
             flops, nbytes, (m, n, k) = self.linear_cost(node)
             common = dict(kind=COMPUTE, stream="compute", phase="backward", flops=flops,
-                          bytes=nbytes, op_class=GEMM, gemm_dtype=self._gemm_dtype(node), **ctx)
+                          bytes=nbytes, op_class=GEMM, gemm_dtype=self._gemm_dtype(node),
+                          efficiency=node.efficiency, **ctx)
             ready, = self._fp8_cast(sink, ctx, node, flops / (2 * k), (ready,), "backward",
                                     f"grad.{node.name}")
             if ready in self._chunks:    # the gathered output gradient, chunk by chunk
@@ -380,8 +405,10 @@ class LayerGraph:
                     self.wgrad_tasks[node.name] = sink.add(**wgrad)
             layout = "R" if tp1 else STRATEGY_LAYOUTS[node.strategy][2]
             return [(node.inputs[0], (dgrad, layout))]
-        if node.kind == "ep_a2a":
-            task = self._ep_a2a(sink, ctx, node, (ready,), "backward", f"grad.moe.{node.name}")
+        if node.kind == "comm":
+            if node.comm.bwd_op is None:
+                return []
+            task = self._explicit_comm(sink, ctx, node, (ready,), "backward", backward=True)
             return [(node.inputs[0], (task, self._ep_grad_layouts[node.id]))]
         if node.kind == "attention":
             task = self._attention.emit_backward(sink, ctx, ready)

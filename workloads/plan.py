@@ -26,6 +26,7 @@ from .frameworks import FRAMEWORKS, framework_values
 from .kernels import KERNEL_MODES, OPTIMIZERS
 from .mesh import Mesh, ParallelDims
 from .models import ModelSpec, load_model
+from .moe_options import MoEOptions, parse_moe
 from .plan_checks import check_resolved
 
 PROJECTIONS = ("wq", "wk", "wv", "wo", "w1", "w3", "w2")
@@ -136,6 +137,7 @@ class Plan:
     topology: str | None = None
     cp_mode: str = "ring"           # context_parallel.mode
     load_imbalance: float = 1.0     # moe.load_imbalance: hottest EP rank's tokens / mean
+    moe: MoEOptions = field(default_factory=MoEOptions)   # the rest of the moe block
     tp_depth: int = 1               # tensor_parallel.depth: the d of 2.5D (Tesseract)
     source: Mapping[str, Any] = field(default_factory=dict, compare=False, repr=False)
 
@@ -171,6 +173,8 @@ class Plan:
         # Bounded: far beyond this the hottest rank would hold more tokens than the batch has.
         check_number(self.load_imbalance, "moe.load_imbalance", 1.0, MAX_LOAD_IMBALANCE,
                      f"a number in [1, {MAX_LOAD_IMBALANCE:g}] (1: balanced)")
+        if not isinstance(self.moe, MoEOptions):
+            raise WorkloadError("moe", self.moe, "an object (workloads/moe_options.py)")
         check_int(self.tp_depth, "tensor_parallel.depth")
         for name, key in (("collective_algorithm", "algorithm"),
                           ("collective_protocol", "protocol")):
@@ -291,20 +295,16 @@ TOP_KEYS = ("name", "model", "training", "mesh", "fsdp", "zero_stage", "sharding
 
 
 def _extensions(raw: dict) -> dict:
-    """context_parallel.mode, moe.load_imbalance, tensor_parallel.depth and collectives
-    (the values are checked by Plan)."""
+    """context_parallel.mode, the moe block (workloads/moe_options.py), tensor_parallel.depth
+    and collectives (the values are checked by Plan)."""
     cp = _obj(raw.get("context_parallel"), "context_parallel")
     _known_keys(cp, "context_parallel", ("mode",))
-    moe = _obj(raw.get("moe"), "moe")
-    _known_keys(moe, "moe", ("load_imbalance",))
-    imbalance = moe.get("load_imbalance", 1.0)
-    if isinstance(imbalance, int) and not isinstance(imbalance, bool):
-        imbalance = float(imbalance)
+    moe = parse_moe(_obj(raw.get("moe"), "moe"))
     tp = _obj(raw.get("tensor_parallel"), "tensor_parallel")
     _known_keys(tp, "tensor_parallel", ("depth",))
     coll = _obj(raw.get("collectives"), "collectives")
     _known_keys(coll, "collectives", ("algorithm", "protocol"))
-    return {"cp_mode": cp.get("mode", "ring"), "load_imbalance": imbalance,
+    return {"cp_mode": cp.get("mode", "ring"), **moe,
             "tp_depth": tp.get("depth", 1),
             "collective_algorithm": coll.get("algorithm"),
             "collective_protocol": coll.get("protocol")}

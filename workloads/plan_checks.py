@@ -27,6 +27,7 @@ CLI prints one line and exits 2. The rules and their sources:
 from __future__ import annotations
 
 from .errors import WorkloadError
+from .moe_options import check_moe_resolved
 
 
 def _divides(value: int, by: int, field_name: str, what: str) -> None:
@@ -126,6 +127,7 @@ def check_experts(plan) -> None:
     if plan.load_imbalance != 1.0 and not m.num_experts:
         raise WorkloadError("moe.load_imbalance", plan.load_imbalance,
                             f"1 for a dense model ({m.name} has no experts)")
+    check_moe_resolved(plan)
     if ep == 1:
         return
     if not m.num_experts:

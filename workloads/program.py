@@ -45,6 +45,8 @@ class Task:
     label: str = ""                 # what it is for, e.g. "wq.input", "grad.w2"
     kernels: int = 1                # kernel launches it stands for (eager: several)
     gemm_dtype: str = ""            # a GEMM's dtype when not the plan's (fp8 plans' bf16 head)
+    efficiency: float = 1.0         # a GEMM's efficiency relative to one large GEMM (grouped
+                                    # GEMMs with few rows per expert: workloads/moe)
     host_s: float = 0.0             # host time to issue it: the task lasts at least this
                                     # (framework host overhead; workloads/frameworks.py)
 

@@ -1,0 +1,231 @@
+"""The token dispatchers: what an MoE layer moves, over which group, as graph events.
+
+Megatron-LM (NVIDIA/Megatron-LM commit d98e8a64, megatron/core/transformer/moe/
+token_dispatcher.py) and DeepEP (deepseek-ai/DeepEP commit dd758caf). T is the tokens a
+rank routes (its sequence shard under sequence parallelism), r the rows the hottest rank's
+experts get per routed token (top_k x imbalance, capacity applied: imbalance.py), d the
+hidden size, b the activation bytes; sizes are nccl-tests sizes (all-to-all: the per-rank
+buffer; all-gather: the output; reduce-scatter: the input). Megatron's expert-TP group
+(ETP, expt_tp) is the TP group when etp = tp; etp = 1 keeps each expert whole on a rank.
+
+alltoall (MoEAlltoAllTokenDispatcher): permute (token rows sorted by expert, k copies);
+  all-to-all over EP of the rows (T r d b) and of their probabilities (T r b); with ETP an
+  all-gather of both over ETP (tp T r d b, tp T r b) and, when a rank holds several
+  experts, sort_chunks_by_idxs (rows regrouped by local expert); the experts; the reverse
+  sort, a reduce-scatter over ETP, the combine all-to-all (T r d b) and unpermute (each
+  token's k rows summed back). Backward: the transpose of each collective, same sizes.
+allgather (MoEAllGatherTokenDispatcher): all-gathers over TP x EP (ETP x EP) of the hidden
+  states (T g d b for a group of g ranks), the probabilities and the routing map (T g E b
+  and T g E bytes: one per token and expert; the map has no gradient); a local permute of
+  the rows for the rank's experts; unpermute back to all g T gathered rows, then a
+  reduce-scatter over the same group (T g d b).
+deepep (Megatron's flex dispatcher with the DeepEP backend, _DeepepManager): one fused
+  dispatch and one fused combine kernel over TP x EP, the probabilities inside; DeepEP
+  sends a token once per destination rank (is_token_in_rank), and across nodes once per
+  destination node over RDMA, forwarded over NVLink inside it (csrc/kernels/legacy/
+  internode.cu; its normal kernels group ranks by 8 NVLink peers, csrc/legacy/buffer.hpp
+  LEGACY_NUM_MAX_NVL_PEERS). The engine prices a flat all-to-all, so the dispatch is one of
+  the per-rank size that puts DeepEP's RDMA bytes on the inter-node links (deepep_bytes).
+  DeepEP's legacy README measures its normal kernels at 153-158 GB/s over NVLink and
+  43-58 GB/s over 400 Gb/s RDMA (docs/legacy.md, "Performance"): the links' bandwidths,
+  which the network model already gives, so no extra factor is applied.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+from ..layer_graph import ExplicitComm
+from ..layouts import R, S
+
+if TYPE_CHECKING:  # pragma: no cover
+    from ..layer_graph import LayerGraph, Node
+
+# DeepEP's normal (legacy) kernels: NVLink peers per node (csrc/legacy/buffer.hpp).
+DEEPEP_NVL_PEERS = 8
+MAP_BYTES = 1   # the routing map is a bool per token and expert
+
+
+@dataclass(frozen=True)
+class Geometry:
+    """Per-rank sizes of one MoE layer for one micro-batch."""
+
+    tokens: float        # tokens this rank routes (T)
+    top_k: int
+    rows: float          # rows per routed token the hottest rank's experts get (r)
+    sent: float          # rows per routed token a rank permutes and sends
+    hidden: int
+    num_experts: int
+    act_bytes: int
+    tp: int
+    etp: int
+    ep: int
+    group: tuple[str, ...]   # the dispatcher's group: ("ep",) or ("tp", "ep") with ETP
+    group_ranks: tuple[int, ...]   # rank 0's members of that group (DeepEP's node split)
+
+    @property
+    def local_experts(self) -> int:
+        """Experts one EP rank holds."""
+        return self.num_experts // self.ep
+
+    @property
+    def group_size(self) -> int:
+        """Ranks of the dispatcher's group."""
+        return len(self.group_ranks)
+
+    @property
+    def expert_layout(self) -> str:
+        """Layout of the expert rows over TP: gathered (R) with ETP, else the rank's own
+        sequence shard (S), or R with no TP."""
+        return R if self.etp > 1 or self.tp == 1 else S
+
+
+def dispatch(g: "LayerGraph", geo: Geometry, dispatcher: str, x: "Node", gate: "Node"):
+    """The dispatch events; returns (expert input rows, the probabilities node the
+    combine consumes)."""
+    return {"alltoall": _alltoall_dispatch, "allgather": _allgather_dispatch,
+            "deepep": _deepep_dispatch}[dispatcher](g, geo, x, gate)
+
+
+def combine(g: "LayerGraph", geo: Geometry, dispatcher: str, y: "Node", probs: list,
+            out_layout: str) -> "Node":
+    """The combine events after the experts' output `y`; returns the tokens in
+    `out_layout` (the dispatcher's input layout)."""
+    return {"alltoall": _alltoall_combine, "allgather": _allgather_combine,
+            "deepep": _deepep_combine}[dispatcher](g, geo, y, probs, out_layout)
+
+
+def _both_ways(op: str, group: tuple[str, ...], nbytes: float, bwd_op: str | None,
+               grad_layout: str | None = None, stream: str = "ep") -> ExplicitComm:
+    return ExplicitComm(op, group, nbytes, bwd_op, nbytes if bwd_op else 0.0, grad_layout,
+                        stream)
+
+
+# ---- alltoall ---------------------------------------------------------------------------
+def _alltoall_dispatch(g, geo: Geometry, x, gate):
+    t, r, d, b = geo.tokens, geo.rows, geo.hidden, geo.act_bytes
+    # permute: read each token once, write its `sent` routed copies
+    rows = g.elementwise("permute", [x], rows_scale=geo.sent, rw=(1.0 / geo.sent, 1.0))
+    probs = gate
+    if geo.ep > 1:
+        a2a = _both_ways("all_to_all", ("ep",), t * r * d * b, "all_to_all")
+        rows = g.explicit_comm("dispatch", rows, a2a, rows_scale=r)
+        pa2a = _both_ways("all_to_all", ("ep",), t * r * b, "all_to_all")
+        probs = g.explicit_comm("dispatch_probs", gate, pa2a, rows_scale=r, features=1)
+    if geo.etp > 1:
+        gather = _both_ways("all_gather", ("tp",), geo.tp * t * r * d * b, "reduce_scatter",
+                            S, stream="tp")
+        rows = g.explicit_comm("dispatch_gather", rows, gather, layout=R, rows_scale=r)
+        pgather = _both_ways("all_gather", ("tp",), geo.tp * t * r * b, "reduce_scatter",
+                             S, stream="tp")
+        probs = g.explicit_comm("dispatch_probs_gather", probs, pgather, layout=R,
+                                rows_scale=r, features=1)
+    if geo.local_experts > 1 and geo.ep > 1:
+        # rows arrive grouped by source rank; regrouped by local expert
+        rows = g.elementwise("sort_chunks", [rows], rw=(1.0, 1.0))
+    return rows, probs
+
+
+def _alltoall_combine(g, geo: Geometry, y, probs, out_layout):
+    t, r, d, b = geo.tokens, geo.rows, geo.hidden, geo.act_bytes
+    if geo.local_experts > 1 and geo.ep > 1:
+        y = g.elementwise("unsort_chunks", [y], rw=(1.0, 1.0))
+    if geo.etp > 1:
+        scatter = _both_ways("reduce_scatter", ("tp",), geo.tp * t * r * d * b, "all_gather",
+                             R, stream="tp")
+        y = g.explicit_comm("combine_scatter", y, scatter, layout=S)
+    if geo.ep > 1:
+        y = g.explicit_comm("combine", y, _both_ways("all_to_all", ("ep",), t * r * d * b,
+                                                     "all_to_all"))
+    # unpermute: each token's routed rows, weighted, summed into one
+    out = g.elementwise("unpermute", [y], layout=out_layout, rows_scale=1.0,
+                        rw=(geo.sent, 1.0))
+    out.inputs.extend(probs)   # probabilities (and aux loss): their gradients flow back
+    return out
+
+
+# ---- allgather --------------------------------------------------------------------------
+def _allgather_dispatch(g, geo: Geometry, x, gate):
+    t, d, b, n, e = geo.tokens, geo.hidden, geo.act_bytes, geo.group_size, geo.num_experts
+    layout = geo.expert_layout
+    rows, probs = x, gate
+    if n > 1:
+        grad = x.layout
+        gather = _both_ways("all_gather", geo.group, t * n * d * b, "reduce_scatter", grad)
+        rows = g.explicit_comm("dispatch", x, gather, layout=layout, rows_scale=geo.ep)
+        pgather = _both_ways("all_gather", geo.group, t * n * e * b, "reduce_scatter",
+                             gate.layout)
+        probs = g.explicit_comm("dispatch_probs", gate, pgather, layout=layout,
+                                rows_scale=geo.ep)
+        mgather = _both_ways("all_gather", geo.group, t * n * e * MAP_BYTES, None)
+        g.explicit_comm("dispatch_map", gate, mgather, layout=layout, rows_scale=geo.ep)
+    # the gathered rows routed to this rank's experts, in expert order
+    rows = g.elementwise("permute", [rows], rows_scale=geo.rows, rw=(1.0, 1.0))
+    return rows, probs
+
+
+def _allgather_combine(g, geo: Geometry, y, probs, out_layout):
+    t, d, b, n = geo.tokens, geo.hidden, geo.act_bytes, geo.group_size
+    # unpermute into all gathered rows (zeros where another rank's experts were)
+    out = g.elementwise("unpermute", [y], rows_scale=float(geo.ep),
+                        rw=(geo.rows / geo.ep, 1.0))
+    out.inputs.extend(probs)   # probabilities (and aux loss): their gradients flow back
+    if n > 1:
+        grad = R if geo.etp > 1 or geo.tp == 1 else S
+        scatter = _both_ways("reduce_scatter", geo.group, t * n * d * b, "all_gather", grad)
+        out = g.explicit_comm("combine", out, scatter, layout=out_layout, rows_scale=1.0)
+    return out
+
+
+# ---- deepep -----------------------------------------------------------------------------
+def _deepep_dispatch(g, geo: Geometry, x, gate):
+    rows = x
+    if geo.group_size > 1:
+        grad = x.layout
+        fused = _both_ways("all_to_all", geo.group, deepep_bytes(geo), "all_to_all", grad)
+        rows = g.explicit_comm("dispatch", x, fused, layout=geo.expert_layout,
+                               rows_scale=geo.rows)
+    # received tokens expanded to one row per local expert they chose, in expert order
+    rows = g.elementwise("permute", [rows], rows_scale=geo.rows, rw=(1.0, 1.0))
+    return rows, gate
+
+
+def _deepep_combine(g, geo: Geometry, y, probs, out_layout):
+    # each received token's local expert rows summed back into one (weighted)
+    out = g.elementwise("unpermute", [y], rw=(1.0, 1.0))
+    out.inputs.extend(probs)   # probabilities (and aux loss): their gradients flow back
+    if geo.group_size > 1:
+        grad = R if geo.etp > 1 or geo.tp == 1 else S
+        fused = _both_ways("all_to_all", geo.group, deepep_bytes(geo), "all_to_all", grad)
+        out = g.explicit_comm("combine", out, fused, layout=out_layout, rows_scale=1.0)
+    return out
+
+
+def _hit(experts: int, held: int, k: int) -> float:
+    """Probability that k distinct experts drawn uniformly from `experts` include one of
+    `held` given ones: 1 - C(experts - held, k) / C(experts, k)."""
+    if k > experts - held:
+        return 1.0
+    return 1.0 - math.comb(experts - held, k) / math.comb(experts, k)
+
+
+def deepep_bytes(geo: Geometry) -> float:
+    """Per-rank all-to-all size that carries DeepEP's traffic through a flat all-to-all.
+
+    The group's ranks split into nodes of DeepEP's NVLink peers (consecutive blocks of
+    DEEPEP_NVL_PEERS ranks). Within one node a token goes once to each rank holding one
+    of its experts: T x (expected ranks hit) rows. Across n nodes it crosses RDMA once per
+    other node holding one of its experts: T (n - 1) P(node hit) rows, and a flat
+    all-to-all puts (g - p) / g of its buffer on other nodes (p group ranks per node), so
+    the buffer is that over (g - p) / g. Routing uniform over experts (an expert's ETP
+    ranks all receive the token), times the hottest rank's imbalance r / top_k.
+    """
+    ranks, k = geo.group_ranks, geo.top_k
+    nodes = {rank // DEEPEP_NVL_PEERS for rank in ranks}
+    g, n = len(ranks), len(nodes)
+    row = geo.tokens * geo.hidden * geo.act_bytes * geo.rows / k
+    if n == 1:
+        return row * geo.ep * _hit(geo.num_experts, geo.local_experts, k) * geo.etp
+    per_node = g // n
+    return row * (n - 1) * _hit(geo.num_experts, geo.num_experts // n, k) * g / (g - per_node)

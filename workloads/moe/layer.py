@@ -1,0 +1,143 @@
+"""The MoE layer as graph events: router, dispatcher, grouped expert GEMMs, combine.
+
+An MoE layer replaces the dense MLP (Shazeer et al. 2017; Fedus et al. 2021, Switch
+Transformer arXiv:2101.03961), as Megatron-LM's MoELayer runs it (NVIDIA/Megatron-LM commit
+d98e8a64, megatron/core/transformer/moe/moe_layer.py, router.py, token_dispatcher.py):
+
+1. router: logits = x W_router (a d x E GEMM on the rank's own tokens: its sequence shard
+   under sequence parallelism, which Megatron-LM requires for MoE with TP), softmax and
+   top-k (router_topk: reads the logits, writes scores and the dense probabilities and
+   routing map), and the load-balancing loss when the plan asks for it (router_aux_loss);
+2. dispatch, experts' input in expert order, combine: the dispatcher's events
+   (workloads/moe/dispatch.py: alltoall, allgather or deepep, with the permute and
+   unpermute copies);
+3. experts: E / ep local experts as grouped GEMMs on the hottest EP rank's rows
+   (workloads/moe/imbalance.py), split over expert TP like the dense MLP when etp = tp, or
+   whole on each rank when etp = 1; each at the grouped-GEMM efficiency of its rows per
+   expert (workloads/moe/grouped_gemm.py);
+4. shared experts (DeepSeek-V3) run as a dense MLP on every token and are added after the
+   combine (Megatron-LM shared_experts.py: their own TP reduction).
+
+EP is a sub-dimension of dp: the ranks with dp indices in one block of ep consecutive
+values form an EP group (the mesh's virtual dim "ep", workloads/mesh.py). Expert weights
+are replicated over the other dp x cp / ep ranks ("edp" x "cp"), and over TP when etp = 1;
+their gradients reduce there, and ZeRO / FSDP shard and gather them over the same ranks.
+"""
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from ..layouts import P, S
+from .dispatch import Geometry, combine, dispatch
+from .grouped_gemm import grouped_gemm_efficiency
+from .imbalance import rows_per_token
+
+if TYPE_CHECKING:  # pragma: no cover
+    from ..layer_graph import LayerGraph, Node
+
+
+def geometry(g: "LayerGraph", plan, x: "Node") -> Geometry:
+    """Sizes of one MoE layer on one rank for the router input `x`."""
+    m, mesh, opt = plan.model, plan.mesh, plan.moe
+    tokens = g.shape.rows(x.layout) if mesh.tp > 1 else g.shape.tokens
+    k, rows = m.experts_per_token, rows_per_token(plan, tokens)
+    # a sender sends k copies of a token (dropless), fewer after drops, a full padded
+    # buffer when padded to capacity
+    sent = rows if opt.pad_to_capacity else (k if opt.dropless else min(k, rows))
+    etp = opt.etp_of(mesh.tp)
+    group = ("tp", "ep") if etp > 1 else ("ep",)
+    return Geometry(tokens=tokens, top_k=k, rows=rows, sent=sent, hidden=m.hidden_size,
+                    num_experts=m.num_experts, act_bytes=g.shape.act_bytes, tp=mesh.tp,
+                    etp=etp, ep=mesh.ep, group=group,
+                    group_ranks=plan.parallel_dims.group_ranks(0, group))
+
+
+def build_moe_mlp(g: "LayerGraph", plan, layer: int, h: "Node", resid: str) -> "Node":
+    """The MoE MLP on the normed input `h`; returns its output in the residual layout."""
+    m, tp = plan.model, plan.mesh.tp
+    x = g.to_layout(h, S) if tp > 1 else h   # each TP rank routes its own sequence shard
+    logits = g.linear("router", x, "seq" if x.layout == S else "replicate", m.num_experts)
+    gate = g.elementwise("router_topk", [logits], rw=(2.0, 2.0))
+    extras = [g.elementwise("router_aux_loss", [gate], rw=(1.5, 0.0))] if plan.moe.aux_loss \
+        else []
+    geo = geometry(g, plan, x)
+    rows, probs = dispatch(g, geo, plan.moe.dispatcher, x, gate)
+    y = _experts(g, plan, layer, geo, rows)
+    routed = combine(g, geo, plan.moe.dispatcher, y, [probs, *extras], x.layout)
+    out = routed
+    if m.num_shared_experts:
+        shared = g.to_layout(_shared_experts(g, plan, layer, h), routed.layout)
+        out = g.elementwise("shared_add", [routed, shared], layout=routed.layout, rw=(2.0, 1.0))
+    return g.to_layout(out, resid)
+
+
+def expert_strategies(plan, layer: int, layout: str) -> tuple[str, str, str]:
+    """Strategies of the routed experts' w1, w3, w2: the plan's (TP-split) under expert
+    TP, else whole weights on the rank's rows ("seq" on a sequence shard)."""
+    st = plan.strategies(layer)
+    if plan.moe.etp_of(plan.mesh.tp) > 1:
+        return st["w1"], st["w3"], st["w2"]
+    whole = "seq" if layout == S and plan.mesh.tp > 1 else "replicate"
+    return whole, whole, whole
+
+
+def _experts(g: "LayerGraph", plan, layer: int, geo: Geometry, rows: "Node") -> "Node":
+    m = plan.model
+    s1, s3, s2 = expert_strategies(plan, layer, rows.layout)
+    # rows per local expert on the hottest rank (with ETP: gathered from the ETP group)
+    per_expert = geo.tokens * geo.rows * geo.etp / geo.local_experts
+    grouped = dict(experts=geo.local_experts, efficiency=grouped_gemm_efficiency(per_expert))
+    a = g.linear("w1", rows, s1, m.moe_ffn_size, **grouped)
+    if m.mlp == "swiglu":
+        b = g.linear("w3", rows, s3, m.moe_ffn_size, **grouped)
+        act = g.elementwise("swiglu", [a, b], layout=_nonpartial(a.layout), rw=(2.0, 1.0))
+    else:
+        act = g.elementwise("gelu", [a], layout=_nonpartial(a.layout))
+    return g.linear("w2", act, s2, m.hidden_size, **grouped)
+
+
+def _shared_experts(g: "LayerGraph", plan, layer: int, h: "Node") -> "Node":
+    m, st = plan.model, plan.strategies(layer)
+    width = m.num_shared_experts * m.moe_ffn_size
+    sa = g.linear("shared_w1", h, st["w1"], width)
+    if m.mlp == "swiglu":
+        sb = g.linear("shared_w3", h, st["w3"], width)
+        sact = g.elementwise("shared_swiglu", [sa, sb], layout=_nonpartial(sa.layout),
+                             rw=(2.0, 1.0))
+    else:
+        sact = g.elementwise("shared_gelu", [sa], layout=_nonpartial(sa.layout))
+    return g.linear("shared_w2", sact, st["w2"], m.hidden_size)
+
+
+def _nonpartial(layout: str) -> str:
+    return "H" if layout == P else layout
+
+
+def moe_param_groups(plan, layer: int, dp_dims: tuple[str, ...]) -> dict:
+    """Parameters one rank holds for an MoE layer's MLP, by gradient-reduction dims.
+
+    Router: replicated over TP; its gradient reduces over TP too (it runs on each TP rank's
+    sequence shard). Shared experts: TP-split like the dense MLP. Routed experts: E / ep
+    experts, split over expert TP; gradients reduce over the expert-data-parallel ranks
+    ("edp", x "cp": dp x cp / ep of them), and over TP as well when etp = 1 (every TP rank
+    then holds whole experts and computes on its own tokens).
+    """
+    m, tp, st = plan.model, plan.mesh.tp, plan.strategies(layer)
+    both = dp_dims + ("tp",) if tp > 1 else dp_dims
+    expert_dims = ("edp", "cp") if plan.mesh.cp > 1 else ("edp",)
+    routed_st = dict(zip(("w1", "w3", "w2"), expert_strategies(plan, layer, S)))
+    groups: dict[tuple[str, ...], float] = {}
+
+    def add(dims, params):
+        groups[dims] = groups.get(dims, 0.0) + params
+
+    add(both, m.hidden_size * m.num_experts)
+    for name in m.mlp_matrices:
+        shared_split = tp if st[name] in ("col", "row") else 1
+        shared = m.num_shared_experts * m.hidden_size * m.moe_ffn_size / shared_split
+        add(both if st[name] == "seq" else dp_dims, shared)
+        strategy = routed_st[name]
+        routed = (m.num_experts // plan.mesh.ep * m.hidden_size * m.moe_ffn_size
+                  / (tp if strategy in ("col", "row") else 1))
+        add(expert_dims + ("tp",) if strategy == "seq" and tp > 1 else expert_dims, routed)
+    return {k: v for k, v in groups.items() if v}

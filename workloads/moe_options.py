@@ -1,0 +1,148 @@
+"""The plan's `moe` block: how an MoE layer dispatches, splits and routes its tokens.
+
+    "moe": {"dispatcher": "alltoall" | "allgather" | "deepep",
+            "etp": 1,                       # expert tensor parallelism (default: mesh.tp)
+            "capacity_factor": 1.25,        # default none: dropless
+            "pad_to_capacity": false,
+            "load_imbalance": 1.2 | [shares...] | {"distribution": "measured", "shares": [...]},
+            "force_balance": false,
+            "aux_loss": false}
+
+Defaults follow Megatron-Core (NVIDIA/Megatron-LM, commit d98e8a64):
+- dispatcher: "alltoall". Megatron-Core's TransformerConfig default is "allgather"
+  (megatron/core/transformer/transformer_config.py, moe_token_dispatcher_type), but its MoE
+  guide recommends alltoall whenever EP > 1 (megatron/core/transformer/moe/README.md,
+  "Set token dispatcher" and the dispatcher table), which is what expert-parallel runs use;
+  "allgather" is one key away.
+- etp: None means mesh.tp (model_parallel_config.py: expert_tensor_parallel_size None "will
+  be set to the value of tensor_model_parallel_size"; training/arguments.py does the same).
+- capacity_factor None: dropless (transformer_config.py moe_expert_capacity_factor None, "no
+  token will be dropped"); pad_to_capacity False (moe_pad_expert_input_to_capacity).
+- aux_loss False: moe_aux_loss_coeff defaults to 0.0, and the router skips the loss at 0
+  (megatron/core/transformer/moe/router.py, get_aux_loss_coeff / "if aux_loss_coeff == 0").
+- force_balance: Megatron's --moe-router-force-load-balancing (router.py: random logits
+  replace the router's, "only for benchmark"); a published run that used it routes
+  uniformly at random (workloads/moe/imbalance.py prices what that leaves).
+
+The scalar `load_imbalance` stays the Plan field it always was; a distribution goes here.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any
+
+from .errors import WorkloadError
+from .fields import check_bool, check_choice, check_number, is_int, known_keys
+
+DISPATCHERS = ("alltoall", "allgather", "deepep")
+DISTRIBUTIONS = ("measured",)
+MOE_KEYS = ("load_imbalance", "dispatcher", "etp", "capacity_factor", "pad_to_capacity",
+            "force_balance", "aux_loss")
+# Bounds: a capacity factor past the number of experts keeps every token anyway (an expert
+# can receive at most all tokens); 4096 shares is beyond any published router (256 experts).
+MAX_CAPACITY_FACTOR = 1024.0
+MAX_SHARES = 4096
+
+
+@dataclass(frozen=True)
+class MoEOptions:
+    """The `moe` block besides the scalar load imbalance (Plan.load_imbalance)."""
+
+    dispatcher: str = "alltoall"
+    etp: int | None = None                  # expert TP degree; None: the plan's mesh.tp
+    capacity_factor: float | None = None    # None: dropless routing
+    pad_to_capacity: bool = False
+    expert_shares: tuple[float, ...] | None = None   # measured token share per expert
+    force_balance: bool = False
+    aux_loss: bool = False
+
+    def __post_init__(self) -> None:
+        check_choice(self.dispatcher, "moe.dispatcher", DISPATCHERS)
+        if self.etp is not None and (not is_int(self.etp) or self.etp < 1):
+            raise WorkloadError("moe.etp", self.etp, "an integer >= 1 (1 or mesh.tp)")
+        if self.capacity_factor is not None:
+            check_number(self.capacity_factor, "moe.capacity_factor", 1e-3, MAX_CAPACITY_FACTOR,
+                         f"a number in (0, {MAX_CAPACITY_FACTOR:g}] or null (dropless)")
+        for name in ("pad_to_capacity", "force_balance", "aux_loss"):
+            check_bool(getattr(self, name), f"moe.{name}")
+        if self.pad_to_capacity and self.capacity_factor is None:
+            raise WorkloadError("moe.pad_to_capacity", True,
+                                "false unless moe.capacity_factor is set (Megatron-LM: "
+                                "padding needs a capacity)")
+        if self.expert_shares is not None:
+            _check_shares(self.expert_shares)
+            if self.force_balance:
+                raise WorkloadError("moe.force_balance", True, "false with a measured "
+                                    "moe.load_imbalance (a force-balanced router routes at "
+                                    "random)")
+
+    @property
+    def dropless(self) -> bool:
+        """No token is dropped (no capacity factor)."""
+        return self.capacity_factor is None
+
+    def etp_of(self, tp: int) -> int:
+        """The expert TP degree under a mesh of TP degree `tp`."""
+        return tp if self.etp is None else self.etp
+
+
+def _check_shares(shares: Any) -> None:
+    where = "moe.load_imbalance.shares"
+    if (not isinstance(shares, tuple) or not 1 <= len(shares) <= MAX_SHARES
+            or any(isinstance(s, bool) or not isinstance(s, (int, float))
+                   or not math.isfinite(s) or s < 0 for s in shares)
+            or not sum(shares) > 0):
+        raise WorkloadError(where, list(shares) if isinstance(shares, tuple) else shares,
+                            f"a list of 1 to {MAX_SHARES} non-negative numbers, not all 0 "
+                            "(each expert's share of the routed tokens)")
+
+
+def parse_moe(raw: dict) -> dict:
+    """Plan keyword arguments from a plan's `moe` object: load_imbalance (scalar) and moe."""
+    known_keys(raw, "moe", MOE_KEYS)
+    imbalance = raw.get("load_imbalance", 1.0)
+    shares = None
+    if isinstance(imbalance, dict):
+        known_keys(imbalance, "moe.load_imbalance", ("distribution", "shares"))
+        check_choice(imbalance.get("distribution"), "moe.load_imbalance.distribution",
+                     DISTRIBUTIONS)
+        shares, imbalance = imbalance.get("shares"), 1.0
+        if not isinstance(shares, list):
+            raise WorkloadError("moe.load_imbalance.shares", shares,
+                                "a list of each expert's share of the routed tokens")
+    elif isinstance(imbalance, list):
+        shares, imbalance = imbalance, 1.0
+    elif is_int(imbalance):
+        imbalance = float(imbalance)
+    capacity = raw.get("capacity_factor")
+    if is_int(capacity):
+        capacity = float(capacity)
+    options = MoEOptions(
+        dispatcher=raw.get("dispatcher", "alltoall"), etp=raw.get("etp"),
+        capacity_factor=capacity, pad_to_capacity=raw.get("pad_to_capacity", False),
+        expert_shares=tuple(shares) if shares is not None else None,
+        force_balance=raw.get("force_balance", False), aux_loss=raw.get("aux_loss", False))
+    return {"load_imbalance": imbalance, "moe": options}
+
+
+def check_moe_resolved(plan) -> None:
+    """What the `moe` block asks of the resolved mesh and the model (plan_checks)."""
+    m, mesh, opt = plan.model, plan.parallel_dims, plan.moe
+    if not m.num_experts:
+        if opt != MoEOptions():
+            raise WorkloadError("moe", "options", f"absent for a dense model ({m.name} has "
+                                "no experts)")
+        return
+    etp = opt.etp_of(mesh.tp)
+    if etp not in (1, mesh.tp):
+        raise WorkloadError("moe.etp", etp, f"1 or mesh.tp ({mesh.tp}): an expert-TP group "
+                            "inside the TP group is not modelled")
+    shares = opt.expert_shares
+    if shares is not None and len(shares) not in (m.num_experts, mesh.ep):
+        raise WorkloadError("moe.load_imbalance.shares", f"{len(shares)} shares",
+                            f"one share per expert ({m.num_experts}) or per EP rank "
+                            f"({mesh.ep})")
+    if plan.load_imbalance != 1.0 and opt.force_balance:
+        raise WorkloadError("moe.force_balance", True, "false with a moe.load_imbalance "
+                            "factor (a force-balanced router routes at random)")
