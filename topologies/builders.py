@@ -46,6 +46,11 @@ class FabricSpec:
     domains_per_leaf: int = DOMAINS_PER_LEAF
     # leaf uplink capacity / downlink capacity; 1.0 = non-blocking fat tree
     spine_taper: float = 1.0
+    # In-network reduction in the fabric's switches (InfiniBand SHARP), which NCCL uses
+    # through its CollNet algorithms (CollNetDirect, CollNetChain) when the CollNet
+    # plugin is loaded [NVIDIA/nccl src/graph/tuning.cc, `collnetEnable`]. Off by default:
+    # it needs SHARP-capable switches and the nccl-rdma-sharp plugin.
+    collnet: bool = False
 
 
 # 400 Gb/s NDR: 50 GB/s per direction raw; "For NDR @ 400Gbps you should see 46-48GB/s
@@ -90,7 +95,8 @@ def build_cluster(name: str, devices: list[DeviceSpec], domain_size: int,
                     devices=list(devices), domain_size=domain_size,
                     nic_Bps=fabric.nic_Bps if fabric else 0.0,
                     nic_nccl_Bps=fabric.nic_nccl_Bps if fabric else 0.0,
-                    rails=rails, domains_per_leaf=per_leaf, description=description)
+                    rails=rails, domains_per_leaf=per_leaf, description=description,
+                    collnet=bool(fabric and fabric.collnet and num_domains > 1))
 
 
 def _add_fabric(g: nx.DiGraph, num_domains: int, domain_size: int, fabric: FabricSpec) -> None:

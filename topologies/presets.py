@@ -16,6 +16,7 @@ from inputs import load_json_file
 
 from .builders import HDR_200G, NDR_400G, FabricSpec, build_cluster
 from .errors import TopologyError
+from .racks import RackLayout, rack_layout
 from .specs import DeviceProfile, DeviceSpec, device
 from .topology import MeasuredCollective, Topology
 
@@ -33,6 +34,9 @@ class ClusterSpec:
     fabric: FabricSpec | None
     description: str = ""
     measured: tuple = ()  # ((op, group_size, MeasuredCollective), ...)
+    # Trays, partial racks and NVLink partitions the domains were cut from (None: whole
+    # nodes); num_domains and domain_size already count the job's NVLink domains.
+    layout: RackLayout | None = None
 
     def build(self, max_gpus: int | None = None) -> Topology:
         """The Topology this spec describes; TopologyError past `max_gpus` GPUs (default
@@ -60,16 +64,21 @@ def _dgx(gpu: str, fabric: FabricSpec, title: str,
     return make
 
 
+# GB200 NVL72: 18 compute trays of 4 GPUs, 72 GPUs in one NVLink5 domain [NVIDIA GB200
+# NVL72 datasheet]; scale-out through one 400 Gb/s ConnectX-7 per GPU, 4 per compute tray
+# (NVIDIA DGX SuperPOD GB200 reference architecture; an assumption to check per
+# deployment, which may use 800 Gb/s ConnectX-8: a topology file says so).
+NVL72_GPUS, NVL72_TRAY_GPUS = 72, 4
+
+
 def _nvl72(racks: int) -> ClusterSpec:
-    # GB200 NVL72: 72 GPUs in one NVLink5 domain [NVIDIA GB200 NVL72 datasheet]; scale-out
-    # through one 400 Gb/s ConnectX-7 per GPU (typical GB200 deployments; an assumption
-    # to check per deployment: docs/references.md, section 4.3).
-    fabric = FabricSpec(nics_per_domain=72, nic_Bps=NDR_400G.nic_Bps,
+    fabric = FabricSpec(nics_per_domain=NVL72_GPUS, nic_Bps=NDR_400G.nic_Bps,
                         nic_nccl_Bps=NDR_400G.nic_nccl_Bps)
     name = "nvl72" if racks == 1 else f"nvl72x{racks}"
-    return ClusterSpec(name, device("gb200"), racks, 72, fabric,
-                       f"{racks} x GB200 NVL72 rack (72 GPUs in one NVLink domain), "
-                       "400 Gb/s InfiniBand per GPU between racks")
+    return ClusterSpec(name, device("gb200"), racks, NVL72_GPUS, fabric,
+                       f"{racks} x GB200 NVL72 rack (18 trays of 4 GPUs in one NVLink "
+                       "domain), 400 Gb/s InfiniBand per GPU between racks",
+                       layout=rack_layout(NVL72_GPUS, NVL72_TRAY_GPUS))
 
 
 # family prefix -> (builder of N, description of N)
@@ -268,7 +277,7 @@ def _fabric(raw: Any) -> FabricSpec | None:
     if not isinstance(raw, dict):
         raise TopologyError("network", raw, "an object with nics_per_domain, nic_GBps")
     _known_keys(raw, "network", ("nics_per_domain", "nic_GBps", "nic_nccl_GBps",
-                                 "domains_per_leaf", "spine_taper"))
+                                 "domains_per_leaf", "spine_taper", "collnet"))
     nic = _number(raw, "nic_GBps", "network") * GB
     return FabricSpec(
         nics_per_domain=_number(raw, "nics_per_domain", "network", integer=True,
@@ -277,7 +286,8 @@ def _fabric(raw: Any) -> FabricSpec | None:
         nic_nccl_Bps=_number(raw, "nic_nccl_GBps", "network", default=nic / GB * 0.96) * GB,
         domains_per_leaf=_number(raw, "domains_per_leaf", "network", default=32, integer=True,
                                  maximum=MAX_COUNT),
-        spine_taper=_number(raw, "spine_taper", "network", default=1.0))
+        spine_taper=_number(raw, "spine_taper", "network", default=1.0),
+        collnet=_flag(raw, "collnet", "network", False))
 
 
 def _measured(raw: Any) -> tuple:
@@ -326,24 +336,45 @@ def load_file(path: Path) -> ClusterSpec:
     if "gpu" not in raw:
         raise TopologyError("gpu", None, "a GPU name or an object")
     # Counts first, bounded, so that no later step sizes anything by an absurd count.
-    domains = _number(raw, "domains", "topology", default=1, integer=True, maximum=MAX_COUNT)
+    racks = _number(raw, "domains", "topology", default=1, integer=True, maximum=MAX_COUNT)
     size = _number(raw, "gpus_per_domain", "topology", integer=True, maximum=MAX_COUNT)
+    layout = _layout(raw, size)
     gpu = _gpu(raw["gpu"])
     fabric = _fabric(raw.get("network"))
+    domains = racks * layout.domains_per_rack
     if domains > 1 and fabric is None:
         raise TopologyError("network", None, "an object when domains > 1")
     if fabric and fabric.nics_per_domain > size:
         raise TopologyError("network.nics_per_domain", fabric.nics_per_domain,
                             f"at most gpus_per_domain ({size})")
+    if fabric:
+        rack_layout(size, layout.tray_gpus, layout.used_gpus, layout.partition_gpus,
+                    fabric.nics_per_domain)
+        fabric = replace(fabric, nics_per_domain=layout.nics_per_domain(fabric.nics_per_domain),
+                         domains_per_leaf=fabric.domains_per_leaf * layout.domains_per_rack)
     if not isinstance(raw.get("calibration", {}), dict):
         raise TopologyError("topology.calibration", raw["calibration"],
                             "an object (the record `validation calibrate` writes)")
-    return ClusterSpec(_text(raw, "name", "topology", path.stem), gpu, domains, size, fabric,
-                       _text(raw, "description", "topology", f"user topology {path.name}"),
-                       _measured(raw.get("measured_collectives")))
+    description = _text(raw, "description", "topology", f"user topology {path.name}")
+    if layout.describe():
+        description += f" ({layout.describe()})"
+    return ClusterSpec(_text(raw, "name", "topology", path.stem), gpu, domains,
+                       layout.domain_gpus, fabric, description,
+                       _measured(raw.get("measured_collectives")), layout)
+
+
+def _layout(raw: dict, size: int) -> RackLayout:
+    """Trays, the GPUs a job uses of each domain, and NVLink partitions (all optional)."""
+    def count(key: str) -> int | None:
+        if key not in raw:
+            return None
+        return _number(raw, key, "topology", integer=True, maximum=MAX_COUNT)
+    return rack_layout(size, count("gpus_per_tray") or 0, count("gpus_used_per_domain"),
+                       count("nvlink_partition"))
 
 
 # Keys of a topology file (docs/design.md); `calibration` is the record of how
 # `validation calibrate` measured the host, kept for the reader and not simulated.
-_FILE_KEYS = ("name", "description", "gpu", "domains", "gpus_per_domain", "network",
+_FILE_KEYS = ("name", "description", "gpu", "domains", "gpus_per_domain", "gpus_per_tray",
+              "gpus_used_per_domain", "nvlink_partition", "network",
               "measured_collectives", "calibration")

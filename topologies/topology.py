@@ -80,6 +80,8 @@ class Topology:
     rails: int = 1                  # NICs per domain; rail r = NIC r of every domain
     domains_per_leaf: int = 1       # domains whose rail-r NICs share one leaf switch
     description: str = ""
+    # Whether the scale-out switches reduce in the network (InfiniBand SHARP, NCCL CollNet).
+    collnet: bool = False
     # op name -> {group size -> MeasuredCollective}; empty for modelled hardware.
     measured: Mapping[str, Mapping[int, MeasuredCollective]] = field(default_factory=dict)
 
@@ -203,6 +205,6 @@ class Topology:
             "name": self.name, "description": self.description,
             "gpus": self.world_size, "domains": self.num_domains,
             "gpus_per_domain": self.domain_size, "devices": devices,
-            "nvls": all(d.nvls for d in self.devices),
+            "nvls": all(d.nvls for d in self.devices), "collnet": self.collnet,
             "links": {k: kinds[k] for k in sorted(kinds)},
         }

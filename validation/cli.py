@@ -84,6 +84,12 @@ def build_parser() -> argparse.ArgumentParser:
     ref.add_argument("--no-write-residuals", action="store_true",
                      help="do not update simulator/data/reference_residuals.json (the bundled "
                           "table's residuals, read by `simulator run` for its band)")
+    col = sub.add_parser("collectives",
+                         help="score the collective model on published nccl-tests points")
+    col.add_argument("--csv", default=None, help="points CSV (default: the bundled table)")
+    col.add_argument("--systems", default=None,
+                     help="system -> topology JSON (default: the bundled mapping)")
+    col.add_argument("--json", action="store_true", help="print one JSON object")
     return p
 
 
@@ -148,12 +154,19 @@ def _references(args: argparse.Namespace) -> int:
     return references_main(args.csv, args.json, args.jobs, not args.no_write_residuals)
 
 
+def _collectives(args: argparse.Namespace) -> int:
+    from .collective_scoring import collectives_main
+
+    return collectives_main(args.csv, args.systems, args.json)
+
+
 def main(argv: list[str] | None = None) -> int:
     """Entry point; returns the exit status."""
     try:
         args = build_parser().parse_args(argv)
         handler = {"run": _run, "calibrate": _calibrate, "compare": _compare,
-                   "references": _references}[args.command]
+                   "references": _references,
+                   "collectives": _collectives}[args.command]
         if args.command == "calibrate" or (args.command == "run" and len(args.plan) == 1):
             output_kind(args.output, "-o")   # before minutes of training or benchmarks
         return handler(args)

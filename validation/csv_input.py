@@ -74,6 +74,14 @@ COLUMNS: dict[str, tuple[str, bool, object]] = {
 
 def read_reference_csv(path: str | Path) -> list[dict[str, str]]:
     """Every row of a reference CSV, each cell checked against COLUMNS."""
+    return read_typed_csv(path, COLUMNS)
+
+
+def read_typed_csv(path: str | Path, columns: dict[str, tuple[str, bool, object]]
+                   ) -> list[dict[str, str]]:
+    """Every row of a CSV whose header and cells must match `columns` (the COLUMNS form:
+    column -> (kind, required, allowed)); a bad cell raises a ValidationError naming the
+    row, the column, the value and what is allowed."""
     path = Path(path)
     try:
         if path.stat().st_size > MAX_BYTES:
@@ -81,12 +89,12 @@ def read_reference_csv(path: str | Path) -> list[dict[str, str]]:
         with open(path, newline="", encoding="utf-8") as fh:
             reader = csv.DictReader(fh)
             header = reader.fieldnames or []
-            _check_header(header, str(path))
+            _check_header(header, str(path), columns)
             rows = []
             for row in reader:
                 if len(rows) == MAX_ROWS:
                     raise ValidationError("--csv", str(path), f"at most {MAX_ROWS:,} rows")
-                rows.append(_checked_row(row, len(rows) + 1))
+                rows.append(_checked_row(row, len(rows) + 1, columns))
     except (OSError, UnicodeDecodeError, csv.Error) as exc:
         reason = exc.strerror if isinstance(exc, OSError) and exc.strerror else str(exc)
         raise ValidationError("--csv", str(path), f"a readable UTF-8 CSV file ({reason})") from None
@@ -95,18 +103,18 @@ def read_reference_csv(path: str | Path) -> list[dict[str, str]]:
     return rows
 
 
-def _check_header(header: list[str], path: str) -> None:
-    missing = [c for c, (_, required, _) in COLUMNS.items() if required and c not in header]
-    unknown = [c for c in header if c not in COLUMNS]
+def _check_header(header: list[str], path: str, columns: dict = COLUMNS) -> None:
+    missing = [c for c, (_, required, _) in columns.items() if required and c not in header]
+    unknown = [c for c in header if c not in columns]
     repeated = sorted({c for c in header if header.count(c) > 1})
     if missing or unknown or repeated:
         what = (f"missing {', '.join(missing)}" if missing else
                 f"unknown column {unknown[0]!r}" if unknown else f"column {repeated[0]!r} twice")
-        raise ValidationError("--csv", path, f"a header of the columns {', '.join(COLUMNS)} "
+        raise ValidationError("--csv", path, f"a header of the columns {', '.join(columns)} "
                                              f"({what})")
 
 
-def _checked_row(row: dict, number: int) -> dict[str, str]:
+def _checked_row(row: dict, number: int, columns: dict = COLUMNS) -> dict[str, str]:
     if None in row:
         raise ValidationError(f"row {number}", row[None], "as many cells as header columns")
     out = {}
@@ -114,12 +122,12 @@ def _checked_row(row: dict, number: int) -> dict[str, str]:
         if cell is None:
             raise ValidationError(f"row {number}", "a short row", "a cell for every column")
         out[column] = cell.strip()
-        _check_cell(out[column], column, number)
+        _check_cell(out[column], column, number, columns)
     return out
 
 
-def _check_cell(cell: str, column: str, number: int) -> None:
-    kind, required, allowed = COLUMNS[column]
+def _check_cell(cell: str, column: str, number: int, columns: dict = COLUMNS) -> None:
+    kind, required, allowed = columns[column]
     where = f"row {number}.{column}"
     if cell == "":
         if required:
