@@ -34,6 +34,7 @@ from typing import Sequence
 
 from .checkpointing import op_checkpoint_features
 from .models import ModelSpec
+from .moe.memory import dispatch_buffer_bytes, expert_rows_factor, gathered_expert_input_bytes
 from .params import unit_param_groups
 from .plan import Plan
 from .precision import precision
@@ -253,9 +254,10 @@ def saved_layer_bytes(plan: Plan, layer: int, recompute: str | None = None) -> f
         return activation_scale(plan) * plan.parallel_dims.grid.resid_fraction * \
             activation_bytes_per_layer(m, s, b, 1, False, recompute, kv_seq_len=tr.seq_len,
                                        kernels=plan.kernels)
-    return activation_scale(plan) * activation_bytes_per_layer(
+    return activation_scale(plan) * (activation_bytes_per_layer(
         m, s, b, tp, sp, recompute, kv_seq_len=tr.seq_len, moe=m.is_moe_layer(layer),
-        load_imbalance=plan.load_imbalance, kernels=plan.kernels)
+        load_imbalance=expert_rows_factor(plan), kernels=plan.kernels)
+        + gathered_expert_input_bytes(plan, layer, recompute))
 
 
 def grad_state_bytes(plan: Plan) -> float:
@@ -364,6 +366,8 @@ def memory_breakdown(plan: Plan, stage: int = 0,
         buffers += prec.grad_reduce_bytes * sum(unit_sizes[:2 if plan.fsdp_prefetch else 1])
     if tp > 1:
         buffers += prec.act_bytes * s * b * m.hidden_size
+    if any(m.is_moe_layer(layer) for layer in own_layers):
+        buffers += dispatch_buffer_bytes(plan, prec.act_bytes)   # workloads/moe/memory.py
     if mesh.pp > 1:
         buffers += 2 * prec.act_bytes * s * b * m.hidden_size / (tp if sp else 1)
     if mesh.cp > 1:

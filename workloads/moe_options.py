@@ -70,6 +70,10 @@ class MoEOptions:
             raise WorkloadError("moe.pad_to_capacity", True,
                                 "false unless moe.capacity_factor is set (Megatron-LM: "
                                 "padding needs a capacity)")
+        if self.pad_to_capacity and self.dispatcher != "alltoall":
+            raise WorkloadError("moe.pad_to_capacity", True,
+                                "false unless moe.dispatcher is alltoall (Megatron-LM pads "
+                                "in MoEAlltoAllTokenDispatcher only)")
         if self.expert_shares is not None:
             _check_shares(self.expert_shares)
             if self.force_balance:

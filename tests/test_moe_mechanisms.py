@@ -1,0 +1,297 @@
+"""MoE mechanisms as events, against counts and sizes worked out by hand.
+
+The small MoE model: d = 1024, E = 8 experts of FFN 1024, top-2, SwiGLU; one micro-batch
+of 2048 tokens per rank (seq 2048, micro-batch 1); bf16 (2 bytes). Sizes are nccl-tests
+sizes: all-to-all the per-rank buffer, all-gather the output, reduce-scatter the input.
+"""
+from __future__ import annotations
+
+import math
+from collections import Counter
+
+import pytest
+
+from simulator.cli import main
+from workloads import plan_from_dict, resolve
+from workloads.lowering import lower
+from workloads.memory import memory_breakdown
+from workloads.moe import imbalance
+from workloads.moe.dispatch import deepep_bytes
+from workloads.moe.grouped_gemm import EFFICIENCY_POINTS, grouped_gemm_efficiency
+from workloads.moe.layer import geometry
+from workloads.layer_graph import LayerGraph
+from workloads.layers import layer_shape
+from workloads.params import unit_param_groups
+
+from conftest import small_plan
+
+E, K, F, D, T = 8, 2, 1024, 1024, 2048
+MOE = {**small_plan()["model"], "num_local_experts": E, "num_experts_per_tok": K,
+       "moe_intermediate_size": F}
+
+
+def _plan(world=8, model=MOE, **over):
+    return resolve(plan_from_dict(small_plan(model=model, **over)), world)
+
+
+def _tasks(plan, layer=1):
+    return [t for t in lower(plan).stages[0] if t.layer == layer and t.microbatch == 0]
+
+
+def _comm(tasks):
+    return Counter((t.phase, t.label, t.op, t.group, round(t.bytes, 6))
+                   for t in tasks if t.kind == "comm" and "moe" in t.label)
+
+
+def _mem(tasks, label):
+    return [t.bytes for t in tasks if t.label == label]
+
+
+# ---- alltoall -----------------------------------------------------------------------
+def test_alltoall_events_without_tp():
+    tasks = _tasks(_plan(mesh={"ep": 4}))
+    rows = T * K                                  # balanced: each rank gets T x top_k rows
+    tokens, probs = rows * D * 2, rows * 2
+    assert _comm(tasks) == {
+        ("forward", "moe.dispatch", "all_to_all", ("ep",), tokens): 1,
+        ("forward", "moe.dispatch_probs", "all_to_all", ("ep",), probs): 1,
+        ("forward", "moe.combine", "all_to_all", ("ep",), tokens): 1,
+        ("backward", "grad.moe.dispatch", "all_to_all", ("ep",), tokens): 1,
+        ("backward", "grad.moe.dispatch_probs", "all_to_all", ("ep",), probs): 1,
+        ("backward", "grad.moe.combine", "all_to_all", ("ep",), tokens): 1}
+    # permute reads each token once and writes its 2 copies; unpermute the reverse; two
+    # local experts, so the rows are sorted by expert after the all-to-all and back before
+    assert _mem(tasks, "permute.fwd") == [T * D * 2 * (1 + K)]
+    assert _mem(tasks, "unpermute.fwd") == [T * D * 2 * (1 + K)]
+    assert _mem(tasks, "sort_chunks.fwd") == [rows * D * 2 * 2]
+    assert _mem(tasks, "unsort_chunks.fwd") == [rows * D * 2 * 2]
+    # backward of a fused copy: its input and output gradient read, its input-gradient
+    # written (workloads/kernels.py FUSED_BACKWARD_FACTOR)
+    assert _mem(tasks, "permute.bwd") == [T * D * 2 * (1 + K) * 1.5]
+    topk = _mem(tasks, "router_topk.fwd")
+    assert topk == [T * E * 2 * 4.0]              # logits read, scores, probs and map
+    assert not _mem(tasks, "router_aux_loss.fwd")
+
+
+def test_alltoall_with_expert_tp_gathers_rows_over_tp():
+    plan = _plan(mesh={"ep": 2, "tp": 2}, sharding={"sequence_parallel": True})
+    tasks = _tasks(plan)
+    t = T / 2                                     # each TP rank routes its sequence shard
+    rows = t * K
+    comm = _comm(tasks)
+    assert comm[("forward", "moe.dispatch", "all_to_all", ("ep",), rows * D * 2)] == 1
+    assert comm[("forward", "moe.dispatch_gather", "all_gather", ("tp",), 2 * rows * D * 2)] == 1
+    assert comm[("forward", "moe.dispatch_probs_gather", "all_gather", ("tp",),
+                 2 * rows * 2)] == 1
+    assert comm[("forward", "moe.combine_scatter", "reduce_scatter", ("tp",),
+                 2 * rows * D * 2)] == 1
+    assert comm[("backward", "grad.moe.dispatch_gather", "reduce_scatter", ("tp",),
+                 2 * rows * D * 2)] == 1
+    assert comm[("backward", "grad.moe.combine_scatter", "all_gather", ("tp",),
+                 2 * rows * D * 2)] == 1
+    w1 = [x for x in tasks if x.label == "w1.fwd"][0]
+    assert w1.gemm_mnk == (int(2 * rows), F // 2, D)   # gathered rows, FFN split over ETP
+
+
+def test_alltoall_with_etp_1_keeps_experts_whole():
+    plan = _plan(mesh={"ep": 2, "tp": 2}, sharding={"sequence_parallel": True},
+                 moe={"etp": 1})
+    tasks = _tasks(plan)
+    assert not [x for x in tasks if x.label.startswith(("moe.dispatch_gather",
+                                                        "moe.combine_scatter"))]
+    w1 = [x for x in tasks if x.label == "w1.fwd"][0]
+    assert w1.gemm_mnk == (T // 2 * K, F, D)          # own rows, whole expert
+    # every TP rank holds the whole local experts: their gradients reduce over edp x tp
+    groups = unit_param_groups(plan, 1)
+    assert groups[("edp", "tp")] == (E // 2) * 3 * D * F
+    assert ("edp",) not in groups
+
+
+# ---- allgather ----------------------------------------------------------------------
+def test_allgather_dispatcher_events():
+    tasks = _tasks(_plan(mesh={"ep": 4}, moe={"dispatcher": "allgather"}))
+    g = 4                                           # the TP x EP group: ep 4
+    hidden, probs, rmap = T * g * D * 2, T * g * E * 2, T * g * E * 1
+    assert _comm(tasks) == {
+        ("forward", "moe.dispatch", "all_gather", ("ep",), hidden): 1,
+        ("forward", "moe.dispatch_probs", "all_gather", ("ep",), probs): 1,
+        ("forward", "moe.dispatch_map", "all_gather", ("ep",), rmap): 1,
+        ("forward", "moe.combine", "reduce_scatter", ("ep",), hidden): 1,
+        ("backward", "grad.moe.dispatch", "reduce_scatter", ("ep",), hidden): 1,
+        ("backward", "grad.moe.dispatch_probs", "reduce_scatter", ("ep",), probs): 1,
+        ("backward", "grad.moe.combine", "all_gather", ("ep",), hidden): 1}
+    # local rows: the gathered tokens routed to this rank's 2 experts, T x top_k
+    assert _mem(tasks, "permute.fwd") == [T * K * D * 2 * 2]
+    # unpermute writes all g T gathered rows (zeros where other ranks' experts were)
+    assert _mem(tasks, "unpermute.fwd") == [(T * K + T * g) * D * 2]
+
+
+def test_allgather_with_expert_tp_spans_tp_and_ep():
+    plan = _plan(mesh={"ep": 2, "tp": 2}, sharding={"sequence_parallel": True},
+                 moe={"dispatcher": "allgather"})
+    comm = _comm(_tasks(plan))
+    hidden = T / 2 * 4 * D * 2                      # each rank's T/2 tokens, 4 ranks
+    assert comm[("forward", "moe.dispatch", "all_gather", ("tp", "ep"), hidden)] == 1
+    assert comm[("forward", "moe.combine", "reduce_scatter", ("tp", "ep"), hidden)] == 1
+
+
+# ---- deepep -------------------------------------------------------------------------
+def test_deepep_inside_a_node_sends_a_token_once_per_rank():
+    plan = _plan(mesh={"ep": 4}, moe={"dispatcher": "deepep"})
+    # 4 EP ranks of 2 experts; P(a rank holds one of a token's 2 experts) =
+    # 1 - C(6, 2) / C(8, 2) = 1 - 15/28
+    size = T * D * 2 * 4 * (1 - 15 / 28)
+    comm = _comm(_tasks(plan))
+    assert comm == {("forward", "moe.dispatch", "all_to_all", ("ep",), round(size, 6)): 1,
+                    ("forward", "moe.combine", "all_to_all", ("ep",), round(size, 6)): 1,
+                    ("backward", "grad.moe.dispatch", "all_to_all", ("ep",), round(size, 6)): 1,
+                    ("backward", "grad.moe.combine", "all_to_all", ("ep",), round(size, 6)): 1}
+    assert size < T * K * D * 2                    # fewer bytes than k copies per token
+
+
+def test_deepep_across_nodes_crosses_rdma_once_per_node():
+    model = {**MOE, "num_local_experts": 16}
+    plan = _plan(world=16, model=model, mesh={"ep": 16},
+                 training={"global_batch": 16}, moe={"dispatcher": "deepep"})
+    graph = LayerGraph(layer_shape(plan))
+    geo = geometry(graph, plan, graph.input("R", D))
+    # 16 ranks in 2 nodes of 8: a token crosses to the other node when one of its 2
+    # experts is there: 1 - C(8, 2) / C(16, 2); the flat all-to-all puts 8/16 of its
+    # buffer on the other node, so the buffer is twice the RDMA bytes
+    rdma = T * D * 2 * (1 - 28 / 120)
+    assert deepep_bytes(geo) == pytest.approx(rdma * 16 / 8)
+
+
+# ---- capacity and imbalance ---------------------------------------------------------
+@pytest.mark.parametrize("moe, rows", [
+    ({"load_imbalance": 1.5}, T * K * 1.5),                               # dropless
+    ({"load_imbalance": 1.5, "capacity_factor": 1.0}, T * K * 1.0),       # dropped at C
+    ({"capacity_factor": 1.25, "pad_to_capacity": True},                  # padded to C
+     math.ceil(T * K / E * 1.25) * E),
+    ({"capacity_factor": 1.25, "pad_to_capacity": True, "load_imbalance": 1.1},
+     math.ceil(T * K / E * 1.25) * E),
+])
+def test_capacity_factor_token_counts(moe, rows):
+    tasks = _tasks(_plan(mesh={"ep": 4}, moe=moe))
+    dispatch = [t for t in tasks if t.label == "moe.dispatch"][0]
+    assert dispatch.bytes == pytest.approx(rows * D * 2)
+    w1 = [t for t in tasks if t.label == "w1.fwd"][0]
+    assert w1.flops == pytest.approx(2 * rows * D * F)
+
+
+SHARES = [4, 1, 1, 1, 1, 1, 1, 1]     # expert 0 takes 4/11 of the routed tokens
+
+
+def test_measured_shares_set_the_critical_rank():
+    plan = _plan(mesh={"ep": 4}, moe={"load_imbalance": {"distribution": "measured",
+                                                          "shares": SHARES}})
+    # rank 0 holds experts 0 and 1: 5/11 of the rows, against 1/4 on average
+    assert imbalance.imbalance(plan, T) == pytest.approx(4 * 5 / 11)
+    assert imbalance.rank_shares(tuple(SHARES), 4) == pytest.approx([5 / 11] + [2 / 11] * 3)
+    per_rank = _plan(mesh={"ep": 4}, moe={"load_imbalance": [3, 1, 1, 1]})
+    assert imbalance.imbalance(per_rank, T) == pytest.approx(2.0)
+    # with a capacity of 1.0 x the mean per expert, expert 0 keeps 1, expert 1 its 8/11
+    capped = _plan(mesh={"ep": 4}, moe={"load_imbalance": SHARES, "capacity_factor": 1.0})
+    assert imbalance.rows_per_token(capped, T) == pytest.approx(K * (1 + 8 / 11) / 2)
+
+
+def test_force_balanced_router_leaves_binomial_imbalance():
+    plan = _plan(mesh={"ep": 4}, moe={"force_balance": True})
+    mu = T * K
+    sigma = math.sqrt(mu * (1 - 1 / 4))
+    assert imbalance.imbalance(plan, T) == pytest.approx(1 + math.sqrt(2 * math.log(4))
+                                                         * sigma / mu)
+    assert 1.0 < imbalance.imbalance(plan, T) < 1.03
+
+
+def test_scalar_imbalance_still_scales_rows_and_memory():
+    flat, skewed = _plan(mesh={"ep": 4}), _plan(mesh={"ep": 4}, moe={"load_imbalance": 2})
+    assert memory_breakdown(skewed).activations_bytes > memory_breakdown(flat).activations_bytes
+
+
+# ---- grouped GEMM efficiency --------------------------------------------------------
+def test_grouped_gemm_efficiency_is_monotone_in_rows_per_expert():
+    rows = [2 ** i for i in range(15)]
+    effs = [grouped_gemm_efficiency(r) for r in rows]
+    assert effs == sorted(effs) and effs[-1] == 1.0 and effs[0] < 0.01
+    assert [e for _, e in EFFICIENCY_POINTS] == sorted(e for _, e in EFFICIENCY_POINTS)
+    # the masked-layout rows: 4 x 256 rows at 932 and 815 TFLOPS against 1346 and 1214
+    assert grouped_gemm_efficiency(256) == pytest.approx((932 / 1346 + 815 / 1214) / 2)
+
+
+def test_few_rows_per_expert_run_slower_per_flop(h100):
+    from simulator.compute import device_time_s
+    many = _tasks(_plan(mesh={"ep": 1}, model={**MOE, "num_local_experts": 64,
+                                                "num_experts_per_tok": 2}))
+    few = [t for t in many if t.label == "w1.fwd"][0]
+    assert few.efficiency == pytest.approx(grouped_gemm_efficiency(T * 2 / 64))
+    assert few.efficiency < 0.5
+    # the same rows over 8 experts: 512 rows each
+    fast = [t for t in _tasks(_plan(mesh={"ep": 1})) if t.label == "w1.fwd"][0]
+    assert fast.efficiency == pytest.approx(grouped_gemm_efficiency(512))
+    assert fast.flops == few.flops and fast.gemm_mnk == few.gemm_mnk
+    device = h100.device(0)
+    ratio = device_time_s(few, device, "bf16") / device_time_s(fast, device, "bf16")
+    # slower per FLOP by up to the efficiency ratio (launch overhead is common to both)
+    assert 2.0 < ratio <= fast.efficiency / few.efficiency
+
+
+# ---- EP with PP and FSDP, aux loss --------------------------------------------------
+def test_ep_with_pipeline_stages_dispatches_on_every_stage():
+    plan = _plan(mesh={"ep": 2, "pp": 2})
+    for stage in lower(plan).stages:
+        labels = Counter(t.label for t in stage if t.microbatch == 0)
+        assert labels["moe.dispatch"] == 2 and labels["grad.moe.combine"] == 2   # 2 layers
+
+
+def test_ep_with_fsdp_gathers_experts_over_expert_data_parallel_ranks():
+    plan = _plan(mesh={"ep": 4}, fsdp={"enabled": True})
+    gathers = {t.group for t in lower(plan).stages[0]
+               if t.op == "all_gather" and t.phase == "forward" and t.layer == 1}
+    assert ("edp",) in gathers and ("dp",) in gathers
+
+
+def test_aux_loss_is_an_event_when_asked():
+    tasks = _tasks(_plan(mesh={"ep": 4}, moe={"aux_loss": True}))
+    assert _mem(tasks, "router_aux_loss.fwd") == [T * E * 2 * 1.5]
+    assert _mem(tasks, "router_aux_loss.bwd")
+
+
+# ---- bad plans ------------------------------------------------------------------------
+BAD = {
+    "unknown dispatcher": ({"dispatcher": "nccl"}, "moe.dispatcher", "alltoall, allgather"),
+    "etp inside tp": ({"etp": 3}, "moe.etp", "1 or mesh.tp"),
+    "etp zero": ({"etp": 0}, "moe.etp", "integer >= 1"),
+    "pad without capacity": ({"pad_to_capacity": True}, "moe.pad_to_capacity", "capacity"),
+    "negative capacity": ({"capacity_factor": -1}, "moe.capacity_factor", "dropless"),
+    "shares of the wrong length": ({"load_imbalance": [1, 2, 3]},
+                                   "moe.load_imbalance.shares", "one share per expert"),
+    "negative share": ({"load_imbalance": [1, -1]}, "moe.load_imbalance.shares",
+                       "non-negative"),
+    "unknown distribution": ({"load_imbalance": {"distribution": "zipf"}},
+                             "moe.load_imbalance.distribution", "measured"),
+    "force balance with shares": ({"force_balance": True, "load_imbalance": SHARES},
+                                  "moe.force_balance", "random"),
+    "force balance with a factor": ({"force_balance": True, "load_imbalance": 1.3},
+                                    "moe.force_balance", "random"),
+    "unknown key": ({"top_k": 2}, "moe.top_k", "keys load_imbalance"),
+    "pad with allgather": ({"capacity_factor": 1.0, "pad_to_capacity": True,
+                            "dispatcher": "allgather"}, "moe.pad_to_capacity", "alltoall"),
+}
+
+
+@pytest.mark.parametrize("case", sorted(BAD))
+def test_bad_moe_block_exits_2(case, write_json, capsys):
+    moe, field, hint = BAD[case]
+    raw = small_plan(model=MOE, mesh={"ep": 2, "tp": 2}, moe=moe)
+    code = main(["run", "--topo", "dgx-h100", "--plan", write_json("bad.json", raw)])
+    out, err = capsys.readouterr()
+    assert code == 2, err
+    assert out == "" and len(err.strip().splitlines()) == 1
+    assert err.startswith(f"error: {field}:") and hint in err, err
+
+
+def test_moe_options_on_a_dense_model_are_refused(write_json, capsys):
+    raw = small_plan(moe={"dispatcher": "allgather"})
+    assert main(["run", "--topo", "dgx-h100", "--plan", write_json("bad.json", raw)]) == 2
+    assert "dense" in capsys.readouterr().err
