@@ -1,13 +1,30 @@
 """Device specifications of the GPUs the simulator knows, each constant with its source.
 
-Units: FLOP/s, bytes, bytes/s, seconds. Peak FLOP/s are dense (no 2:4 sparsity).
+Units: FLOP/s, bytes, bytes/s, seconds, watts. Peak FLOP/s are dense (no 2:4 sparsity):
+NVIDIA's tables print the sparse figure, twice the dense one. HBM capacities are binary:
+NVIDIA's memory "GB" count 2**30 bytes (an H100 "80GB" shows 81,559 MiB in nvidia-smi,
+79.6 GiB after the driver's reservation; DRAM dies hold a power-of-two number of bits:
+stas00/ml-engineering compute/accelerator/README.md, "Memory"), while bandwidths are
+decimal (1 TB/s = 1e12 B/s).
 Sources are abbreviated here; docs/references.md, section 4, has them in full:
   [NV-H100]  NVIDIA H100 Tensor Core GPU datasheet (SXM5 column; dense = sparse / 2)
   [NV-H200]  NVIDIA H200 product page / datasheet (SXM column)
-  [NV-B200]  NVIDIA DGX B200 / HGX B200 datasheet (1000 W B200)
-  [NV-GB200] NVIDIA GB200 NVL72 datasheet (per-GPU = rack figure / 72; 1200 W B200)
+  [NV-BW]    NVIDIA Blackwell datasheet, "Individual Blackwell GPU Specifications" of the
+             GB200 NVL72 and HGX B200 columns (sparse figures; dense = / 2)
+  [NV-GB200] NVIDIA GB200 NVL72 datasheet (rack figures / 72; 1200 W B200)
+  [NV-GB300] NVIDIA GB300 NVL72 datasheet (rack figures / 72; 1400 W Blackwell Ultra)
+  [NV-BWU]   NVIDIA technical blog "Inside NVIDIA Blackwell Ultra: The Chip Powering the
+             AI Factory Era" (2025): 160 SMs, 15 PFLOP/s dense NVFP4, 288 GB HBM3e, 8 TB/s
+  [GK-B200]  glennklockwood.com/garden/processors/B200: dense/sparse tables of the GB200
+             (1200 W) and HGX (1000 W) variants
+  [STAS]     stas00/ml-engineering compute/accelerator/README.md (TFLOPS, memory and
+             power tables)
   [NV-A100]  NVIDIA A100 Tensor Core GPU datasheet (SXM4 80 GB column)
   [NCCL-topo] NVIDIA/nccl src/graph/topo.h, per-link NVLink bandwidth NCCL assumes
+Block-scaled formats: Blackwell's fifth-generation tensor cores run MXFP8 at the FP8 rate
+and NVFP4 at the FP4 rate (the scales are applied inside the MMA: [NV-BW] lists one
+"FP8/FP6" and one "FP4" figure). Hopper has no block-scaled tensor cores, so its specs
+have no mxfp8 or nvfp4 entry and a plan asking for one is refused by `peak`.
 """
 from __future__ import annotations
 
@@ -18,6 +35,7 @@ from typing import Mapping
 from .errors import TopologyError
 
 GB = 1e9
+GiB = 2 ** 30   # NVIDIA's memory "GB" (see above)
 TB = 1e12
 
 
@@ -72,7 +90,7 @@ class DeviceProfile:
 
 @dataclass(frozen=True)
 class DeviceSpec:
-    """One GPU model: dense peak FLOP/s per dtype, HBM, and NVLink per GPU."""
+    """One GPU model: dense peak FLOP/s per dtype, HBM, NVLink per GPU and its power."""
 
     name: str
     peak_flops: Mapping[str, float]  # dtype -> dense FLOP/s
@@ -84,13 +102,17 @@ class DeviceSpec:
     nvls: bool  # NVSwitch in-network reduction (NVLink SHARP) available
     sm_count: int = 132  # streaming multiprocessors (for GEMM wave quantisation)
     profile: DeviceProfile = field(default_factory=DeviceProfile)
+    tdp_w: float = 0.0  # maximum board power (0: not given)
 
     def peak(self, dtype: str) -> float:
-        """Dense peak FLOP/s for a dtype; fp32 matmuls use TF32 tensor cores."""
+        """Dense peak FLOP/s for a dtype; fp32 matmuls use TF32 tensor cores. A dtype the
+        GPU has no tensor cores for (mxfp8/nvfp4 on Hopper, fp8 on A100) is an input
+        error naming the GPU and what it runs."""
         try:
             return self.peak_flops[dtype]
         except KeyError:
-            raise TopologyError("dtype", dtype, ", ".join(sorted(self.peak_flops))) from None
+            raise TopologyError("dtype", dtype, f"{', '.join(sorted(self.peak_flops))} "
+                                f"on {self.name}") from None
 
     @property
     def nccl_nvlink_Bps(self) -> float:
@@ -98,46 +120,91 @@ class DeviceSpec:
         return self.nvlink_links * self.nccl_nvlink_link_Bps
 
 
-def _flops(bf16: float, fp8: float | None, fp32: float) -> Mapping[str, float]:
+def _flops(bf16: float, fp8: float | None, fp32: float,
+           fp4: float | None = None) -> Mapping[str, float]:
+    """Dense peaks by training dtype. `fp4` is given for Blackwell only, whose tensor cores
+    also run the block-scaled formats: MXFP8 at the FP8 rate, NVFP4 at the FP4 rate."""
     peaks = {"bf16": bf16, "fp16": bf16, "fp32": fp32}
     if fp8 is not None:   # GPUs without FP8 tensor cores (A100) have no fp8 entry
         peaks["fp8"] = fp8
+    if fp4 is not None:
+        peaks.update(mxfp8=fp8, nvfp4=fp4)
     return MappingProxyType(peaks)
 
 
+def _blackwell_profile(mamf_efficiency: float) -> DeviceProfile:
+    """The H100 defaults with the GEMM efficiency scaled by the measured best-shape BF16
+    matmul efficiency ("MAMF") of this GPU against H100's: [STAS] measures 80.3 % on H100
+    SXM, from which the H100 default 0.75 takes a margin for real layer shapes; the same
+    margin (0.75 / 0.803) applies here. Assumption: the shape margin is the same on
+    Blackwell (no published layer-shape sweep on B200 was found). Block-scaled MXFP8 and
+    NVFP4 GEMMs get the same efficiency: assumption, resting on FP8 reaching the BF16
+    efficiency within 1.3 points on B200 and 0.6 on GB200 ([STAS] FP8 MAMF table) and on
+    cuBLAS 12.9 running block-scaled FP4 at up to 2.3x its FP8 matmuls on Blackwell
+    (NVIDIA technical blog "Boosting Matrix Multiplication Speed and Flexibility with
+    NVIDIA cuBLAS 12.9", 2025), i.e. at least the FP8 efficiency at the 2x peak."""
+    return DeviceProfile(gemm_efficiency=round(mamf_efficiency * H100_GEMM_MARGIN, 3))
+
+
+# The H100 default GEMM efficiency over its measured best-shape BF16 MAMF (80.3 %, [STAS]).
+H100_GEMM_MARGIN = DeviceProfile().gemm_efficiency / 0.803
+
 DEVICES: dict[str, DeviceSpec] = {
     # A100 SXM4 80GB [NV-A100]: 312 TFLOP/s BF16 dense, 156 TF32, no FP8; 2.039 TB/s
-    # HBM2e; NVLink3 12 links x 25 GB/s/dir = 300 GB/s/dir (600 bidir); 108 SMs.
+    # HBM2e; NVLink3 12 links x 25 GB/s/dir = 300 GB/s/dir (600 bidir); 108 SMs; 400 W.
     # NCCL topo.h SM80 NVLink = 20.0 GB/s per link.
-    "a100": DeviceSpec("a100", _flops(312 * TB, None, 156 * TB), 80 * GB, 2.039 * TB,
-                       300 * GB, 12, 20.0 * GB, nvls=False, sm_count=108),
+    "a100": DeviceSpec("a100", _flops(312 * TB, None, 156 * TB), 80 * GiB, 2.039 * TB,
+                       300 * GB, 12, 20.0 * GB, nvls=False, sm_count=108, tdp_w=400),
     # H100 SXM5 [NV-H100]: 989 TFLOP/s BF16 dense (1979 sparse), 1979 FP8, 494 TF32;
-    # 80 GB HBM3 at 3.35 TB/s; NVLink4 18 links, 900 GB/s bidir = 450/dir.
+    # 80 GB (GiB) HBM3 at 3.35 TB/s; NVLink4 18 links, 900 GB/s bidir = 450/dir; 700 W.
     # NCCL topo.h SM90 NVLink = 20.6 GB/s per link; NVSwitch gen3 has NVLS.
-    "h100": DeviceSpec("h100", _flops(989 * TB, 1979 * TB, 494 * TB), 80 * GB, 3.35 * TB,
-                       450 * GB, 18, 20.6 * GB, nvls=True),
+    "h100": DeviceSpec("h100", _flops(989 * TB, 1979 * TB, 494 * TB), 80 * GiB, 3.35 * TB,
+                       450 * GB, 18, 20.6 * GB, nvls=True, tdp_w=700),
     # H100 SXM with 96 GB HBM2e at 2.4 TB/s and a 500 W limit, Meta's Grand Teton variant
     # [torchtitan benchmarks/llama3_h100_202412_torchtitan.md, hardware section]. Its peak
     # is unpublished: "between SXM and NVL, and we don't know its exact value" (same page,
     # footnote 2). Assumption: the midpoint of H100 NVL's 835 and SXM's 989 TFLOP/s BF16
     # dense [NVIDIA H100 product page], 912, with FP8 and TF32 in the SXM ratios (2x, 1/2).
     # NVLink4 and NVSwitch as the SXM5 board (the page: "fully connected with NVLink").
-    "h100-hbm2e": DeviceSpec("h100-hbm2e", _flops(912 * TB, 1824 * TB, 456 * TB), 96 * GB,
-                             2.4 * TB, 450 * GB, 18, 20.6 * GB, nvls=True),
-    # H200 SXM [NV-H200]: same die as H100 (989 / 1979 / 494); 141 GB HBM3e at 4.8 TB/s;
-    # NVLink4 900 GB/s bidir. H100 SXM5 and H200 have 132 SMs [NVIDIA H100 whitepaper].
-    "h200": DeviceSpec("h200", _flops(989 * TB, 1979 * TB, 494 * TB), 141 * GB, 4.8 * TB,
-                       450 * GB, 18, 20.6 * GB, nvls=True),
-    # B200 in HGX/DGX B200 at 1000 W [NV-B200]: 2250 TFLOP/s BF16 dense, 4500 FP8,
-    # 1100 TF32; 180 GB HBM3e (DGX B200: 1440 GB / 8) at 8 TB/s; NVLink5 18 links,
-    # 1.8 TB/s bidir = 900/dir. NCCL topo.h SM100 NVLink = 40.1 GB/s per link.
-    # 148 SMs [NVIDIA Blackwell architecture technical brief; assumption for GB200 too].
-    "b200": DeviceSpec("b200", _flops(2250 * TB, 4500 * TB, 1100 * TB), 180 * GB, 8 * TB,
-                       900 * GB, 18, 40.1 * GB, nvls=True, sm_count=148),
-    # B200 inside GB200 at 1200 W [NV-GB200]: 2500 BF16 dense, 5000 FP8, 1250 TF32
-    # (rack: 360 PF dense BF16 / 72); 186 GB HBM3e at 8 TB/s; NVLink5 1.8 TB/s bidir.
-    "gb200": DeviceSpec("gb200", _flops(2500 * TB, 5000 * TB, 1250 * TB), 186 * GB, 8 * TB,
-                        900 * GB, 18, 40.1 * GB, nvls=True, sm_count=148),
+    "h100-hbm2e": DeviceSpec("h100-hbm2e", _flops(912 * TB, 1824 * TB, 456 * TB),
+                             96 * GiB, 2.4 * TB, 450 * GB, 18, 20.6 * GB, nvls=True,
+                             tdp_w=500),
+    # H200 SXM [NV-H200]: same die as H100 (989 / 1979 / 494); 141 GB (GiB) HBM3e at
+    # 4.8 TB/s; NVLink4 900 GB/s bidir; 700 W. H100 SXM5 and H200 have 132 SMs [NVIDIA
+    # H100 whitepaper].
+    "h200": DeviceSpec("h200", _flops(989 * TB, 1979 * TB, 494 * TB), 141 * GiB, 4.8 * TB,
+                       450 * GB, 18, 20.6 * GB, nvls=True, tdp_w=700),
+    # B200 in HGX/DGX B200 at 1000 W [NV-BW HGX B200 column; GK-B200 HGX table; STAS]:
+    # 2250 TFLOP/s BF16 dense (4.5 PF sparse), 4500 FP8 and MXFP8 (9 PF sparse), 9000 FP4
+    # and NVFP4 (18 PF sparse), 1100 TF32 (2.2 PF sparse); 180 GB (GiB) HBM3e at 7.7 TB/s
+    # [NV-BW] (the DGX B200 datasheet's 64 TB/s for 8 GPUs rounds it to 8); NVLink5 18
+    # links, 1.8 TB/s bidir = 900/dir; 1000 W. NCCL topo.h SM100 NVLink = 40.1 GB/s per
+    # link. 148 SMs, 592 tensor cores (hmc-tech.com B200 spec page, from the device's
+    # reported configuration). Best-shape BF16 matmul: 1745 of 2250 TFLOP/s, 77.6 % [STAS].
+    "b200": DeviceSpec("b200", _flops(2250 * TB, 4500 * TB, 1100 * TB, 9000 * TB),
+                       180 * GiB, 7.7 * TB, 900 * GB, 18, 40.1 * GB, nvls=True,
+                       sm_count=148, profile=_blackwell_profile(0.776), tdp_w=1000),
+    # B200 inside GB200 at 1200 W [NV-BW GB200 NVL72 column; NV-GB200; GK-B200 GB200
+    # table]: 2500 BF16 dense (5 PF sparse; rack 360 PF sparse / 72), 5000 FP8 and MXFP8,
+    # 10000 FP4 and NVFP4 (20 PF sparse; rack 1440 PF sparse / 72), 1250 TF32; 186 GB (GiB)
+    # HBM3e at 8 TB/s (rack 13.4 TB and 576 TB/s / 72); NVLink5 1.8 TB/s bidir; 1200 W;
+    # 148 SMs (hmc-tech.com GB200 page: 296 for the superchip's two GPUs). Best-shape BF16
+    # matmul: 1822 of 2500 TFLOP/s, 72.9 % [STAS].
+    "gb200": DeviceSpec("gb200", _flops(2500 * TB, 5000 * TB, 1250 * TB, 10000 * TB),
+                        186 * GiB, 8 * TB, 900 * GB, 18, 40.1 * GB, nvls=True,
+                        sm_count=148, profile=_blackwell_profile(0.729), tdp_w=1200),
+    # Blackwell Ultra inside GB300 at 1400 W [NV-GB300; NV-BWU; STAS]: 2500 BF16 dense
+    # (rack 360 PF sparse / 72), 5000 FP8 and MXFP8 (rack 720 PF sparse / 72), 15000 FP4
+    # and NVFP4 dense (rack 1080 PF dense / 72; NV-BWU "15 PetaFLOPS dense NVFP4"), 1250
+    # TF32 (rack 180 PF sparse / 72); HBM3e 279 GB (GiB) per GPU (rack "20 TB" / 72; the
+    # 288 GB of NV-BWU are the eight 12-high stacks before the reservation, as 192 vs
+    # 180/186 on B200) at 8 TB/s (rack 576 TB/s / 72); NVLink5 1.8 TB/s bidir, 18 links,
+    # NCCL's SM100 per-link figure (same NVLink generation); 160 SMs [NV-BWU]; 1400 W
+    # [STAS power table; NVIDIA's GB300 rack-planning example: four 1.4 kW GPUs per tray].
+    # Best-shape BF16 matmul: GB300 unmeasured; B300 SXM reaches 78.6 % [STAS], used here.
+    "gb300": DeviceSpec("gb300", _flops(2500 * TB, 5000 * TB, 1250 * TB, 15000 * TB),
+                        279 * GiB, 8 * TB, 900 * GB, 18, 40.1 * GB, nvls=True,
+                        sm_count=160, profile=_blackwell_profile(0.786), tdp_w=1400),
 }
 
 
