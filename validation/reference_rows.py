@@ -179,7 +179,9 @@ def topology_for(row: dict[str, str]):
 def _nvl72_job(gpus: int, rack_gpus: int):
     """A job on `rack_gpus` GPUs of each GB200 NVL72 rack (a job smaller than one rack's
     share is one NVLink domain of its size): the GPUs it does not use carry none of its
-    traffic, so the job sees NVLink domains of the GPUs it uses."""
+    traffic, so the job sees NVLink domains of the GPUs it uses, with their NICs. Where the
+    topology models racks (a ClusterSpec `layout`), the partial rack is built as a topology
+    file's `gpus_used_per_domain` is."""
     from topologies.presets import cluster_spec
 
     used = min(gpus, rack_gpus)
@@ -189,8 +191,19 @@ def _nvl72_job(gpus: int, rack_gpus: int):
     spec = cluster_spec("nvl72" if racks == 1 else f"nvl72x{racks}")
     if used == spec.domain_size:
         return spec.build()
-    fabric = replace(spec.fabric, nics_per_domain=used) if spec.fabric else None
-    return replace(spec, domain_size=used, fabric=fabric).build()
+    layout = getattr(spec, "layout", None)
+    if layout is None:
+        fabric = replace(spec.fabric, nics_per_domain=used) if spec.fabric else None
+        return replace(spec, domain_size=used, fabric=fabric).build()
+    from topologies.racks import rack_layout
+
+    nics = spec.fabric.nics_per_domain
+    part = rack_layout(layout.rack_gpus, layout.tray_gpus, used, None, nics)
+    fabric = replace(spec.fabric, nics_per_domain=part.nics_per_domain(nics),
+                     domains_per_leaf=spec.fabric.domains_per_leaf * part.domains_per_rack)
+    return replace(spec, num_domains=racks * part.domains_per_rack,
+                   domain_size=part.domain_gpus, fabric=fabric, layout=part,
+                   description=f"{spec.description} ({part.describe()})").build()
 
 
 def cannot_express(row: dict[str, str]) -> str | None:
