@@ -7,7 +7,7 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from topologies import Topology
+from topologies import Topology, TopologyError
 from workloads import Plan, WorkloadError, resolve
 from workloads.budget import MAX_TASKS, check_work
 from workloads.lowering import lower
@@ -80,6 +80,17 @@ def _with_plan_collectives(options: SimOptions, plan: Plan) -> SimOptions:
     return replace(options, comm=comm)
 
 
+def check_dtype(plan: Plan, topology: Topology) -> None:
+    """Every GPU of the topology has tensor cores for the plan's training dtype (Hopper
+    has none for mxfp8/nvfp4, A100 none for fp8): TopologyError naming the dtype, the GPU
+    and the dtypes it runs, before anything is built."""
+    for spec in {d.name: d for d in topology.devices}.values():
+        if plan.training.dtype not in spec.peak_flops:
+            raise TopologyError("training.dtype", plan.training.dtype,
+                                f"{', '.join(sorted(spec.peak_flops))} on {spec.name} "
+                                "(its tensor cores)")
+
+
 def simulate(plan: Plan, topology: Topology, options: SimOptions | None = None,
              max_tasks: int = MAX_TASKS) -> Result:
     """Lower a plan for a topology's world size and replay one training step.
@@ -89,6 +100,7 @@ def simulate(plan: Plan, topology: Topology, options: SimOptions | None = None,
     """
     options = _with_plan_collectives(options or SimOptions(), plan)
     plan = resolve(plan, topology.world_size)
+    check_dtype(plan, topology)
     check_work(plan, topology.world_size if options.full else plan.mesh.pp, max_tasks)
     program = lower(plan)
     engine = Engine(program, topology, options)

@@ -12,7 +12,8 @@ mesh symmetries that fix the faults:
   then carries both rails' traffic; topologies.Topology.route).
 - The rank index is split into digits: the mesh dims (pp, dp, cp, tp), their virtual
   sub-dims (ep, edp, the TP grid axes) and the NVLink-domain boundary, each a contiguous
-  run of the mixed-radix rank number. Two values of a digit are interchangeable when
+  run of the mixed-radix rank number (dp two runs, ep's and edp's, when the plan's
+  mesh.order puts other dims between them). Two values of a digit are interchangeable when
   swapping them leaves every colour in place; the values of a digit fall into blocks of
   interchangeable ones, and the group H permutes each digit's values inside their blocks.
   H fixes every faulted rank, so its orbits (a rank's stage and the block of each digit)
@@ -68,7 +69,7 @@ class RankClasses:
     def varied_digits(self, dims: tuple[str, ...]) -> np.ndarray:
         """Mask of the digits a group over `dims` runs through (the others it fixes)."""
         mask = np.zeros(len(self.digit_spans), dtype=bool)
-        for low, high in (self.mesh.span(d) for d in dims):
+        for low, high in (run for d in dims for run in self.mesh.spans(d)):
             for i, (lo, hi) in enumerate(self.digit_spans):
                 if low <= lo and hi <= high:
                     mask[i] = True
@@ -87,7 +88,8 @@ def _digit_spans(mesh: ParallelDims, topology: Topology) -> list[tuple[int, int]
     for dim in MESH_DIMS + VIRTUAL_DIMS:
         if dim in GRID_DIMS and mesh.grid is None:
             continue
-        cuts.update(mesh.span(dim))
+        for run in mesh.spans(dim):   # dp is two runs when mesh.order splits it
+            cuts.update(run)
     if 1 < topology.domain_size < world:
         cuts.add(topology.domain_size)
     ordered = sorted(c for c in cuts if 1 <= c <= world)

@@ -152,8 +152,9 @@ def test_fp8_gemms_cast_their_activation_operands():
 
 def test_grand_teton_h100_sits_between_nvl_and_sxm():
     # torchtitan's benchmark cluster: 96 GB HBM2e at 2.4 TB/s, peak "between SXM and NVL"
+    # (NVIDIA's memory GB are binary: topologies/specs.py)
     gpu = build("grandteton-h100x2").devices[0]
-    assert gpu.hbm_Bps == 2.4e12 and gpu.hbm_bytes == 96e9
+    assert gpu.hbm_Bps == 2.4e12 and gpu.hbm_bytes == 96 * 2 ** 30
     assert 835e12 < gpu.peak("bf16") < 989e12
 
 

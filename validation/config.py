@@ -154,8 +154,10 @@ def check_expressible(plan: Plan, dtype: str) -> None:
                                   "context or expert parallelism)")
     if plan.model.num_experts:
         raise ValidationError("model.num_experts", plan.model.num_experts, "0 (dense models only)")
-    if plan.training.dtype == "fp8":
-        raise ValidationError("training.dtype", "fp8", "bf16 (fp8 training needs torchao float8)")
+    if plan.training.dtype in ("fp8", "mxfp8", "nvfp4"):
+        raise ValidationError("training.dtype", plan.training.dtype,
+                              "bf16 (fp8, mxfp8 and nvfp4 training need torchao or "
+                              "Transformer Engine)")
     if dtype not in RUN_DTYPES:
         raise ValidationError("--dtype", dtype, ", ".join(RUN_DTYPES))
     if plan.recompute == "selective_op":

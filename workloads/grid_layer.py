@@ -98,9 +98,9 @@ class GridLayer:
         m, n, k = mnk
         return self.sink.add(kind=COMPUTE, stream="compute", op=name, phase=phase,
                              deps=tuple(d for d in deps if d >= 0), flops=2.0 * m * n * k,
-                             bytes=(m * k + k * n + m * n) * self.shape.gemm_bytes,
+                             bytes=(m * k + k * n + m * n) * self.shape.operand_bytes(),
                              op_class=GEMM, gemm_mnk=(int(m), int(n), int(k)), label=label,
-                             **self.ctx)
+                             gemm_dtype=self.shape.gemm_dtype(), **self.ctx)
 
     def _cast(self, elements, deps, phase, label) -> tuple[int, ...]:
         """FP8 training: the cast of a GEMM's activation operand; the GEMM's deps."""

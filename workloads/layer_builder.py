@@ -8,16 +8,17 @@ builders implement the contract: the 1D tensor-parallel LayerGraph
 workloads/context_parallel.py across a context-parallel group).
 
 What a builder needs besides the layer's sizes (LayerShape) comes in one BuildOptions,
-made once from the plan; every builder prices its memory-bound ops and its FP8 casts
+made once from the plan; every builder prices its memory-bound ops and its FP8/FP4 casts
 through `memory_task` and `fp8_cast_task` below, so `"kernels"` and the training dtype
-mean the same in all of them.
+mean the same in all of them, and asks LayerShape which linears stay in BF16.
 """
 from __future__ import annotations
 
 from dataclasses import dataclass
 from typing import Protocol
 
-from .kernels import FP8_CAST_BYTES_PER_ELEMENT, eager_cost
+from .kernels import eager_cost
+from .precision import BF16_BYTES, GemmRecipe
 from .program import COMPUTE, MEMORY, Task
 
 
@@ -45,14 +46,30 @@ class LayerShape:
     kv_heads: int
     head_dim: int
     act_bytes: int         # bytes per activation element (bf16: 2)
-    gemm_bytes: int        # bytes per GEMM operand element (bf16: 2, fp8: 1)
+    gemm_bytes: float      # bytes per GEMM operand element (bf16: 2, fp8: 1, with scales)
     cp: int = 1            # context-parallel degree (workloads/context_parallel.py)
     cp_mode: str = "ring"  # ring | all_gather | all_to_all
+    recipe: GemmRecipe | None = None   # low-precision GEMMs (workloads/precision.py)
+    bf16_gemms: bool = False   # this layer's linears stay BF16 under the recipe
 
     @property
-    def fp8(self) -> bool:
-        """GEMMs take FP8 operands (training dtype fp8)."""
-        return self.gemm_bytes == 1
+    def quantized(self) -> bool:
+        """GEMMs take FP8/FP4 operands (a low-precision training dtype)."""
+        return self.recipe is not None
+
+    def stays_bf16(self, bf16_linear: bool) -> bool:
+        """Whether a linear (`bf16_linear`: one every recipe keeps in BF16, the output
+        layer) runs in BF16 while the plan's GEMMs are quantised."""
+        return self.quantized and (bf16_linear or self.bf16_gemms)
+
+    def gemm_dtype(self, bf16_linear: bool = False) -> str:
+        """A linear's GEMM dtype when it is not the plan's ("": the plan's)."""
+        return "bf16" if self.stays_bf16(bf16_linear) else ""
+
+    def operand_bytes(self, bf16_linear: bool = False) -> float:
+        """Bytes per operand element of a linear's GEMMs."""
+        return max(self.gemm_bytes, BF16_BYTES) if self.stays_bf16(bf16_linear) \
+            else self.gemm_bytes
 
     def rows(self, layout: str) -> float:
         """Local token rows of a tensor in a layout."""
@@ -130,12 +147,15 @@ def memory_task(sink: TaskSink, ctx: dict, options: BuildOptions, act_bytes: int
 
 
 def fp8_cast_task(sink: TaskSink, ctx: dict, shape: LayerShape, elements: float, deps,
-                  phase: str, label: str) -> tuple[int, ...]:
-    """Under FP8 GEMMs, the cast (and transpose) of `elements` of an activation operand
-    before a GEMM (workloads/kernels.py FP8_CAST_BYTES_PER_ELEMENT); returns the GEMM's
-    dependencies (unchanged for bf16 and fp32 GEMMs)."""
-    if not shape.fp8:
+                  phase: str, label: str, bf16_linear: bool = False) -> tuple[int, ...]:
+    """Under FP8/FP4 GEMMs, the cast of `elements` of an activation operand before a GEMM
+    into the recipe's operand layouts (workloads/precision.py RECIPES: its bytes per
+    element and kernels); returns the GEMM's dependencies (unchanged for bf16 and fp32
+    GEMMs and for the linears that stay in BF16)."""
+    if not shape.quantized or shape.stays_bf16(bf16_linear):
         return tuple(deps)
-    return (sink.add(kind=COMPUTE, stream="compute", op="fp8_cast", phase=phase,
-                     deps=tuple(deps), bytes=elements * FP8_CAST_BYTES_PER_ELEMENT,
-                     op_class=MEMORY, label=f"{label}.fp8_cast", **ctx),)
+    recipe = shape.recipe
+    return (sink.add(kind=COMPUTE, stream="compute", op=f"{recipe.name}_cast", phase=phase,
+                     deps=tuple(deps), bytes=elements * recipe.cast_bytes_per_element,
+                     op_class=MEMORY, kernels=recipe.cast_kernels,
+                     label=f"{label}.{recipe.name}_cast", **ctx),)

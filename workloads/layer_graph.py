@@ -54,7 +54,7 @@ class Node:
     task: int = -1                 # id of the task that produced it in forward
     rows_scale: float = 1.0        # token rows relative to the layer's (MoE: top_k x imbalance)
     experts: int = 0               # linear only: a grouped GEMM over this many local experts
-    bf16: bool = False             # linear only: stays a bf16 GEMM under FP8 training
+    bf16: bool = False             # linear only: stays a bf16 GEMM under FP8/FP4 training
     efficiency: float = 1.0        # linear only: relative GEMM efficiency (grouped GEMMs)
     comm: ExplicitComm | None = None   # kind "comm" only
 
@@ -155,7 +155,7 @@ class LayerGraph:
         k = node.in_features / sh.tp if (st == "row" and sh.tp > 1) else node.in_features
         n = node.features / sh.tp if (st == "col" and sh.tp > 1) else node.features
         flops = 2.0 * m * k * n
-        operand = max(sh.gemm_bytes, 2) if node.bf16 else sh.gemm_bytes
+        operand = sh.operand_bytes(node.bf16)
         if node.experts:
             # Grouped GEMM: the rows split over the local experts, each its weight; one
             # launch tiles every expert's rows, so its waves are those of all the rows
@@ -222,15 +222,13 @@ class LayerGraph:
         return self.elementwise_task(sink, ctx, node, phase, deps)
 
     def _gemm_dtype(self, node: Node) -> str:
-        return "bf16" if node.bf16 and self.shape.fp8 else ""
+        return self.shape.gemm_dtype(node.bf16)
 
     def _fp8_cast(self, sink: TaskSink, ctx: dict, node: Node, elements: float, deps,
                   phase: str, name: str) -> tuple[int, ...]:
-        """Under FP8 GEMMs, the cast (and transpose) of an activation operand before the
-        GEMM, except for the linears that stay in bf16; returns the GEMM's dependencies."""
-        if node.bf16:
-            return tuple(deps)
-        return fp8_cast_task(sink, ctx, self.shape, elements, deps, phase, name)
+        """Under FP8/FP4 GEMMs, the cast of an activation operand before the GEMM, except
+        for the linears that stay in bf16; returns the GEMM's dependencies."""
+        return fp8_cast_task(sink, ctx, self.shape, elements, deps, phase, name, node.bf16)
 
     @staticmethod
     def _explicit_comm(sink: TaskSink, ctx: dict, node: Node, deps, phase: str,

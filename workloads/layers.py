@@ -6,6 +6,8 @@ parallelism); the embedding and the output layer are small LayerGraphs.
 """
 from __future__ import annotations
 
+from dataclasses import replace
+
 from .grid_layer import GridLayer
 from .layer_builder import BuildOptions, LayerBuilder, LayerShape
 from .layer_graph import LayerGraph
@@ -19,11 +21,12 @@ from .schedules import EMBED, HEAD
 def layer_shape(plan: Plan) -> LayerShape:
     """Per-rank sizes of one micro-batch through one layer of a resolved plan."""
     tr, m = plan.training, plan.model
+    prec = precision(tr.dtype)
     return LayerShape(tokens=tr.micro_batch * tr.seq_len // plan.mesh.cp, seq_len=tr.seq_len,
                       tp=plan.mesh.tp, heads=m.num_heads, kv_heads=m.num_kv_heads,
-                      head_dim=m.head_dim, act_bytes=precision(tr.dtype).act_bytes,
-                      gemm_bytes=precision(tr.dtype).gemm_bytes, cp=plan.mesh.cp,
-                      cp_mode=plan.cp_mode)
+                      head_dim=m.head_dim, act_bytes=prec.act_bytes,
+                      gemm_bytes=prec.gemm_bytes, cp=plan.mesh.cp,
+                      cp_mode=plan.cp_mode, recipe=prec.recipe)
 
 
 def unit_builder(plan: Plan, unit, shape: LayerShape, options: BuildOptions) -> LayerBuilder:
@@ -32,6 +35,8 @@ def unit_builder(plan: Plan, unit, shape: LayerShape, options: BuildOptions) -> 
         return build_embedding(plan, shape, options)
     if unit == HEAD:
         return build_head(plan, shape, options)
+    if shape.recipe is not None and shape.recipe.keeps_bf16(unit, plan.model.num_layers):
+        shape = replace(shape, bf16_gemms=True)   # the recipe's BF16 layers
     if plan.grid_strategy is not None:
         return GridLayer(plan, unit, shape, options)
     return build_layer(plan, unit, shape, options)
@@ -89,9 +94,9 @@ def build_head(plan: Plan, shape: LayerShape, options: BuildOptions | None = Non
     g = LayerGraph(shape, options or BuildOptions.from_plan(plan))
     x = g.input(S if plan.sequence_parallel else R, m.hidden_size)
     h = g.elementwise("final_norm", [x])
-    # The output layer stays in bf16 under FP8 training: torchtitan's float8 conversion
-    # skips it (filter_fqns ["output"]) and Megatron-LM/Transformer Engine run only the
-    # transformer layers' linears in FP8.
+    # The output layer stays in bf16 under FP8/FP4 training (workloads/precision.py):
+    # torchtitan's float8 conversion skips it (filter_fqns ["output"]) and
+    # Megatron-LM/Transformer Engine quantise only the transformer layers' linears.
     logits = g.linear("output", h, "col", m.vocab_size, bf16=True)
     # Cross-entropy on fp32 logits: read logits, write softmax (Megatron's vocab-parallel
     # cross-entropy keeps its input for backward).

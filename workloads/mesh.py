@@ -7,8 +7,18 @@ coordinates, process groups, point-to-point peers, the ranks of a pipeline stage
 The Program, the lowering, the memory model and the simulator's engine all ask it.
 
 Mesh dims, outermost first by default: pp, dp, cp, tp (tp ranks contiguous, so a TP
-group stays inside a node, as Megatron-LM and torchtitan lay it out). `order` permutes
-them; plan files do not choose an order yet, so every plan uses the default.
+group stays inside a node, as Megatron-LM and torchtitan lay it out), with the ep digit
+the innermost part of dp. `order` permutes them, ep included: a plan's `mesh.order` names
+them innermost first, as Megatron-LM's `order` string does (default "tp-cp-ep-dp-pp",
+megatron/core/parallel_state.py initialize_model_parallel and RankGenerator: rank =
+tp_rank + tp * (cp_rank + cp * (ep_rank + ...)); the default order here is that one.
+The rank number is mixed-radix in the order's digits: pp, cp, tp, ep (size ep) and the
+rest of dp (size dp / ep); a rank's dp coordinate is ep digit + ep x that rest, wherever
+the order puts the two digits.
+Megatron-LM lays its expert layers out with a second generator over the same order, with
+the expert data parallelism folded over cp x dp (an EP group may span cp ranks there);
+here an EP group stays inside dp (expert data parallelism is edp x cp), so the two agree
+whenever cp = 1.
 
 Virtual sub-dimensions vary one "digit" (stride, size) of their parent's index:
   ep    blocks of ep consecutive dp indices (an expert-parallel group); ep folds into dp
@@ -26,12 +36,14 @@ for a world size; `ParallelDims.from_plan` builds the geometry of a resolved pla
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from typing import Mapping
 
 from .errors import WorkloadError
 
 MESH_DIMS = ("pp", "dp", "cp", "tp")  # the default order, outermost first
+ORDER_DIMS = ("tp", "cp", "ep", "dp", "pp")  # a plan's mesh.order: Megatron-LM's default,
+                                             # innermost first
 GRID_DIMS = ("tpx", "tpy", "tpz")   # the axes of a 2D/2.5D/3D TP grid
 VIRTUAL_DIMS = ("ep", "edp") + GRID_DIMS
 
@@ -58,11 +70,25 @@ class Mesh:
     cp: int = 1
     tp: int = 1
     ep: int = 1
+    order: tuple[str, ...] | None = None   # innermost first; None: the default layout
 
     def __post_init__(self) -> None:
         for dim in ("pp", "cp", "tp", "ep"):
             _degree(getattr(self, dim), f"mesh.{dim}")
         _degree(self.dp, "mesh.dp", 0, 'an integer >= 1 or "auto"')
+        if self.order is not None and (
+                not isinstance(self.order, tuple)
+                or not all(isinstance(d, str) for d in self.order)
+                or sorted(self.order) != sorted(ORDER_DIMS)):
+            raise WorkloadError("mesh.order", list(self.order) if isinstance(
+                self.order, tuple) else self.order, "a list of " + ", ".join(ORDER_DIMS)
+                + " each once, innermost first (Megatron-LM's default: "
+                + ", ".join(ORDER_DIMS) + ")")
+
+    @property
+    def outermost_first(self) -> tuple[str, ...]:
+        """The order as ParallelDims takes it (outermost first, ep included)."""
+        return MESH_DIMS if self.order is None else tuple(reversed(self.order))
 
     def resolved(self, world_size: int) -> "Mesh":
         """These degrees with `dp: auto` filled in, checked against the GPU count."""
@@ -179,31 +205,43 @@ class ParallelDims:
     tp: int = 1
     ep: int = 1
     grid: GridSplit | None = None
-    order: tuple[str, ...] = MESH_DIMS
+    order: tuple[str, ...] = MESH_DIMS   # outermost first; "ep" optional (inside dp)
+    # (digit, size) of the rank number, outermost first: pp, cp, tp, ep and "edp" (the
+    # part of dp outside its EP block, dp / ep values)
+    _digits: tuple[tuple[str, int], ...] = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         for dim in MESH_DIMS + ("ep",):
             _degree(getattr(self, dim), f"mesh.{dim}")
-        if sorted(self.order) != sorted(MESH_DIMS):
+        if sorted(self.order) not in (sorted(MESH_DIMS), sorted(MESH_DIMS + ("ep",))):
             raise WorkloadError("mesh.order", self.order,
-                                "each of " + ", ".join(MESH_DIMS) + " once, outermost first")
+                                "each of " + ", ".join(MESH_DIMS) + " once (and ep at most "
+                                "once), outermost first")
         if self.dp % self.ep:
             raise WorkloadError("mesh.ep", self.ep, f"a divisor of dp ({self.dp}): expert "
                                 "parallelism splits the data-parallel ranks into EP groups")
         if self.grid is not None and math.prod(self.grid.axes) != self.tp:
             raise WorkloadError("mesh.tp", self.tp, f"the product of the {self.grid.mode} "
                                 f"grid's axes ({'*'.join(map(str, self.grid.axes))})")
+        order = list(self.order)
+        if "ep" not in order:      # the EP block is the innermost part of dp
+            order.insert(order.index("dp") + 1, "ep")
+        sizes = {"pp": self.pp, "dp": self.dp // self.ep, "cp": self.cp, "tp": self.tp,
+                 "ep": self.ep}
+        object.__setattr__(self, "_digits", tuple(
+            ("edp" if d == "dp" else d, sizes[d]) for d in order))
 
     @classmethod
     def from_plan(cls, plan) -> "ParallelDims":
-        """The mesh of a resolved plan (mesh.dp a number; `resolve` fills it in)."""
+        """The mesh of a resolved plan (mesh.dp a number; `resolve` fills it in), in the
+        plan's `mesh.order` (the default layout when it gives none)."""
         mesh = plan.mesh
         if mesh.dp == 0:
             raise ValueError(f"plan {plan.name!r} is not resolved (mesh.dp is auto): "
                              "call resolve(plan, world_size) first")
         mode = plan.grid_strategy
         grid = GridSplit.of(mode, mesh.tp, plan.tp_depth) if mode in _GRID_SHAPES else None
-        return cls(mesh.pp, mesh.dp, mesh.cp, mesh.tp, mesh.ep, grid)
+        return cls(mesh.pp, mesh.dp, mesh.cp, mesh.tp, mesh.ep, grid, mesh.outermost_first)
 
     # ---- sizes ----------------------------------------------------------------------------
     @property
@@ -245,41 +283,72 @@ class ParallelDims:
         return out
 
     # ---- coordinates ----------------------------------------------------------------------
-    def place_value(self, dim: str) -> int:
-        """What one step along a mesh dim (pp, dp, cp, tp) adds to the rank number."""
+    def _digit_place(self, digit: str) -> int:
+        """Place value of one digit (pp, cp, tp, ep, edp) of the rank number."""
         place = 1
-        for d in reversed(self.order):
-            if d == dim:
+        for d, size in reversed(self._digits):
+            if d == digit:
                 return place
-            place *= getattr(self, d)
-        raise ValueError(f"unknown mesh dim {dim!r}: one of {', '.join(self.order)}")
+            place *= size
+        raise ValueError(f"unknown mesh dim {digit!r}: one of {', '.join(self.order)}")
+
+    def _dp_contiguous(self) -> bool:
+        """Whether dp's two digits (ep inside, edp outside) sit side by side in that
+        order, so that dp is one digit of the rank number (always so without `order`)."""
+        return (self.ep == 1 or self.ep == self.dp
+                or self._digit_place("edp") == self._digit_place("ep") * self.ep)
+
+    def place_value(self, dim: str) -> int:
+        """What one step along a mesh dim (pp, dp, cp, tp) adds to the rank number; dp has
+        one only when the order keeps its EP block inside it (ValueError otherwise)."""
+        if dim == "dp":
+            if not self._dp_contiguous():
+                raise ValueError(f"mesh.order {self.order} splits dp around other dims")
+            return self._digit_place("ep" if self.ep > 1 else "edp")
+        if dim not in MESH_DIMS:
+            raise ValueError(f"unknown mesh dim {dim!r}: one of {', '.join(self.order)}")
+        return self._digit_place(dim)
 
     def span(self, dim: str) -> tuple[int, int]:
         """[low, high) place values of a mesh dim or virtual sub-dim in the rank number:
-        its coordinate is (rank // low) % (high // low)."""
+        its coordinate is (rank // low) % (high // low). ValueError for dp when the order
+        splits it (`spans` gives its two runs)."""
+        if dim in ("ep", "edp"):
+            low = self._digit_place(dim)
+            return low, low * self.size(dim)
         parent, stride, size = self.layout(dim)
         low = self.place_value(parent) * stride
         return low, low * size
 
+    def spans(self, dim: str) -> tuple[tuple[int, int], ...]:
+        """The runs [low, high) of the rank number's digits a dim varies: one, except dp
+        under an order that puts other dims between its EP block and the rest of it."""
+        if dim == "dp" and not self._dp_contiguous():
+            return (self.span("ep"), self.span("edp"))
+        return (self.span(dim),)
+
     def coords(self, rank: int) -> dict[str, int]:
-        """Mesh coordinates of a rank (the last dim of `order` varies fastest)."""
+        """Mesh coordinates of a rank (the last digit of the order varies fastest)."""
         if not 0 <= rank < self.world_size:
             raise ValueError(f"rank {rank} outside the mesh of {self.world_size}")
-        out: dict[str, int] = {}
-        for dim in reversed(self.order):
-            size = getattr(self, dim)
-            out[dim] = rank % size
+        digit: dict[str, int] = {}
+        for d, size in reversed(self._digits):
+            digit[d] = rank % size
             rank //= size
-        return out
+        return {"pp": digit["pp"], "dp": digit["ep"] + self.ep * digit["edp"],
+                "cp": digit["cp"], "tp": digit["tp"]}
 
     def rank_of(self, coords: Mapping[str, int]) -> int:
         """Rank of mesh coordinates (one per mesh dim)."""
-        rank = 0
-        for dim in self.order:
+        for dim in MESH_DIMS:
             size = getattr(self, dim)
             if not 0 <= coords[dim] < size:
                 raise ValueError(f"{dim} coordinate {coords[dim]} outside 0..{size - 1}")
-            rank = rank * size + coords[dim]
+        digit = {"pp": coords["pp"], "cp": coords["cp"], "tp": coords["tp"],
+                 "ep": coords["dp"] % self.ep, "edp": coords["dp"] // self.ep}
+        rank = 0
+        for d, size in self._digits:
+            rank = rank * size + digit[d]
         return rank
 
     def index(self, rank: int, dim: str) -> int:

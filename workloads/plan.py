@@ -42,7 +42,7 @@ ALL_STRATEGIES = STRATEGIES + GRID_STRATEGIES
 # Context parallelism: ring attention (KV blocks around the CP ring), Llama 3's all-gather
 # of K and V, or Ulysses all-to-all.
 CP_MODES = ("ring", "all_gather", "all_to_all")
-DTYPES = ("bf16", "fp8", "fp32")
+DTYPES = ("bf16", "fp8", "fp32", "mxfp8", "nvfp4")   # workloads/precision.py
 # selective: the attention core (Korthikanti et al. 2022); selective_op: torchtitan's
 # op-level selective checkpointing (every other matmul and attention kept); full: the layer.
 RECOMPUTE = ("none", "selective", "selective_op", "full")
@@ -269,13 +269,17 @@ def _layer_overrides(raw: dict, num_layers: int) -> tuple:
 
 
 def _mesh(raw: dict) -> Mesh:
-    _known_keys(raw, "mesh", ("dp", "tp", "pp", "cp", "ep"))
+    """The mesh object: degrees, and optionally `order`, the dims innermost first (a list
+    of tp, cp, ep, dp, pp; checked by Mesh)."""
+    _known_keys(raw, "mesh", ("dp", "tp", "pp", "cp", "ep", "order"))
     dp = raw.get("dp", "auto")
     if dp != "auto":
         dp = _int(raw, "dp", "mesh")
+    order = raw.get("order")
     return Mesh(pp=_int(raw, "pp", "mesh", 1), dp=0 if dp == "auto" else dp,
                 cp=_int(raw, "cp", "mesh", 1), tp=_int(raw, "tp", "mesh", 1),
-                ep=_int(raw, "ep", "mesh", 1))
+                ep=_int(raw, "ep", "mesh", 1),
+                order=tuple(order) if isinstance(order, list) else order)
 
 
 def _pipeline(raw: dict) -> Pipeline:

@@ -1,28 +1,110 @@
-"""Bytes per element of each tensor class, by training dtype (one place).
+"""Bytes per element of each tensor class, by training dtype, and the low-precision GEMM
+recipes with the GEMMs each keeps in BF16 (one place).
 
-Mixed precision (bf16, fp8): activations and the weights' compute copy in bf16 (also
-under fp8 GEMMs, as Transformer Engine keeps them), GEMM operands in the GEMM dtype.
-Gradients are reduced in fp32: torchtitan's default mixed_precision_reduce = "float32" and
-Megatron-LM's default main_grad accumulation in fp32. fp32 training keeps everything in
-fp32 (what the CPU validation runs use).
+Mixed precision (bf16, fp8, mxfp8, nvfp4): activations and the weights' compute copy in
+bf16 (also under FP8/FP4 GEMMs, as Transformer Engine keeps them), GEMM operands in the
+recipe's format. Gradients are reduced in fp32: torchtitan's default
+mixed_precision_reduce = "float32" and Megatron-LM's default main_grad accumulation in fp32.
+fp32 training keeps everything in fp32 (what the CPU validation runs use).
+
+The recipes quantise the linear layers' three GEMMs (forward, data gradient, weight
+gradient) of every transformer layer they do not keep in BF16. What stays BF16 in every
+recipe: the output layer (torchtitan's float8 conversion skips it, filter_fqns
+["output"]; Megatron-LM's output layer is not a Transformer Engine module; the NVFP4
+recipe keeps the output projection head in BF16, arXiv:2509.25149 section 4), the
+embedding (a lookup), and the attention core's batched GEMMs (workloads/attention.py;
+Transformer Engine quantises only its linear layers, and the NVFP4 recipe keeps softmax,
+QK^T and the score-value GEMMs in BF16, same section). The recipes differ in which
+transformer layers stay BF16 (`GemmRecipe.bf16_first_layers` / `bf16_last_layers`).
 """
 from __future__ import annotations
 
 from dataclasses import dataclass
 
+from .kernels import FP8_CAST_BYTES_PER_ELEMENT
+
+BF16_BYTES = 2
+
+
+@dataclass(frozen=True)
+class GemmRecipe:
+    """How a low-precision training dtype runs the linear layers' GEMMs: the operand
+    format with its block scales, the cast that produces the operands, and the transformer
+    layers whose linears stay in BF16."""
+
+    name: str
+    element_bytes: float          # one element of a GEMM operand
+    block: int                    # elements that share one scale (0: one per tensor)
+    scale_bytes: int              # bytes of one block scale
+    cast_bytes_per_element: float  # HBM bytes per bf16 activation element the cast moves
+    cast_kernels: int             # kernels of one cast
+    bf16_first_layers: int = 0    # transformer layers at the start kept in BF16
+    bf16_last_layers: int = 0     # transformer layers at the end kept in BF16
+    source: str = ""
+
+    @property
+    def operand_bytes(self) -> float:
+        """Bytes per GEMM operand element, block scales included."""
+        return self.element_bytes + (self.scale_bytes / self.block if self.block else 0.0)
+
+    def keeps_bf16(self, layer: int, num_layers: int) -> bool:
+        """Whether transformer layer `layer` (0-based) of `num_layers` runs its linears
+        in BF16 under this recipe."""
+        return layer < self.bf16_first_layers or layer >= num_layers - self.bf16_last_layers
+
+
+# Block-scaled quantisation writes each operand twice: an MX/NVFP4 block runs along the
+# GEMM's reduction dimension, which is the features for the forward GEMM and the tokens
+# for the weight-gradient GEMM, so the transpose of a block-scaled tensor is not one and
+# Transformer Engine quantises the high-precision input both row-wise and column-wise
+# (Transformer Engine user guide, "Using FP8 with Transformer Engine", MXFP8 section).
+RECIPES = {
+    # Per-tensor FP8 (torchao Float8Linear tensorwise, Transformer Engine delayed /
+    # current scaling): E4M3 / E5M2, one FP32 scale per tensor; the cast reads bf16 and
+    # writes the FP8 copy and its transpose (workloads/kernels.py).
+    "fp8": GemmRecipe("fp8", 1, 0, 0, FP8_CAST_BYTES_PER_ELEMENT, 1,
+                      source="torchao float8 tensorwise; Transformer Engine Float8 recipes"),
+    # MXFP8 (OCP Microscaling Formats (MX) Specification v1.0): FP8 E4M3 elements, one E8M0
+    # scale byte per 32 elements along the reduction dimension. Cast: read 2 B, write the
+    # row-wise and the column-wise copies with their scales, 2 x (1 + 1/32) B, in one kernel
+    # (Transformer Engine's MXFP8BlockScaling recipe quantises both usages at once). Every
+    # transformer layer quantised: Megatron-LM keeps first/last layers in BF16 only when
+    # asked (--first-last-layers-bf16, off by default; Megatron Core 0.12 changelog).
+    "mxfp8": GemmRecipe("mxfp8", 1, 32, 1, 2 + 2 * (1 + 1 / 32), 1,
+                        source="OCP MX v1.0; Transformer Engine MXFP8BlockScaling"),
+    # NVFP4 (arXiv:2509.25149, "Pretraining Large Language Models with NVFP4", sections 2
+    # and 4; Transformer Engine NVFP4BlockScaling): FP4 E2M1 elements (0.5 B), one FP8 E4M3
+    # scale per 16 elements, and one FP32 scale per tensor computed from the tensor's
+    # absolute maximum before the blocks are scaled. Cast: an amax pass reading the bf16
+    # tensor (2 B), then a kernel reading it again (2 B) and writing both layouts,
+    # 2 x (0.5 + 1/16) B: 5.125 B and two kernels per element. The weight-gradient
+    # operands get a 16 x 16 random Hadamard transform and the gradients stochastic
+    # rounding; assumption: both fused into that cast (Transformer Engine fuses the
+    # Hadamard transform with the column-wise cast), costing no extra pass. Weights use
+    # 16 x 16 2D blocks, one quantisation for both layouts, cached across micro-batches as
+    # the FP8 weights are (not priced, as for fp8). The recipe keeps some linear layers in
+    # BF16 (training diverged with all of them in FP4): about 15 % of them, most at the
+    # end; the 12B model kept its first two and last eight of 62 blocks (section 4).
+    "nvfp4": GemmRecipe("nvfp4", 0.5, 16, 1, 2 + 2 + 2 * (0.5 + 1 / 16), 2,
+                        bf16_first_layers=2, bf16_last_layers=8,
+                        source="arXiv:2509.25149; Transformer Engine NVFP4BlockScaling"),
+}
+
 
 @dataclass(frozen=True)
 class Precision:
     """Bytes per element: activations, gathered weights, GEMM operands, reduced grads,
-    and the per-parameter model states (ZeRO paper, arXiv:1910.02054, section 3.1)."""
+    and the per-parameter model states (ZeRO paper, arXiv:1910.02054, section 3.1);
+    `recipe`: the GEMM recipe of a low-precision dtype (None: GEMMs in the dtype itself)."""
 
     act_bytes: int
     param_bytes: int
-    gemm_bytes: int
+    gemm_bytes: float
     grad_reduce_bytes: int
     param_state_bytes: int      # the weights as the model holds them
     grad_state_bytes: int       # the gradients as accumulated
     optimizer_state_bytes: int  # Adam: fp32 master (mixed precision only), m and v
+    recipe: GemmRecipe | None = None
 
 
 # Mixed-precision Adam: 2 + 2 + 12 = 16 bytes per parameter; fp32 Adam: 4 + 4 + 8 = 16.
@@ -30,12 +112,14 @@ _MIXED = dict(act_bytes=2, param_bytes=2, grad_reduce_bytes=4, param_state_bytes
               grad_state_bytes=2, optimizer_state_bytes=12)
 PRECISIONS = {
     "bf16": Precision(gemm_bytes=2, **_MIXED),
-    "fp8": Precision(gemm_bytes=1, **_MIXED),
+    **{name: Precision(gemm_bytes=r.operand_bytes, recipe=r, **_MIXED)
+       for name, r in RECIPES.items()},
     "fp32": Precision(act_bytes=4, param_bytes=4, gemm_bytes=4, grad_reduce_bytes=4,
                       param_state_bytes=4, grad_state_bytes=4, optimizer_state_bytes=8),
 }
+DTYPES = tuple(PRECISIONS)   # the training dtypes a plan may ask for
 
 
 def precision(dtype: str) -> Precision:
-    """The byte sizes of a training dtype (bf16, fp8 or fp32)."""
+    """The byte sizes of a training dtype (bf16, fp8, mxfp8, nvfp4 or fp32)."""
     return PRECISIONS[dtype]

@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import re
 
+from workloads.mesh import ParallelDims
+
 from .collectives import CollectiveModel, CommOptions
 from .constants import bus_factor
 
@@ -94,10 +96,12 @@ def group_ranks(topology, expr: str | int) -> tuple[int, ...]:
         raise ValueError(f"group {text!r}: {product} ranks do not divide the world of {world}")
     sizes = {d: dims.get(d, 1) for d in MESH_ORDER}
     sizes["tp" if "tp" not in dims else "dp"] *= world // product
-    stride = 1
-    for d in MESH_ORDER[MESH_ORDER.index(named) + 1:]:
-        stride *= sizes[d]
-    return tuple(i * stride for i in range(dims[named]))
+    # The plans' mesh geometry in this layout: ep is the EP block inside dp there, so dp
+    # here is the rest of it ("edp"). The group is the named count of its ranks: what is
+    # left of the world extends dp outward, past the named dp ranks.
+    mesh = ParallelDims(pp=sizes["pp"], dp=sizes["dp"] * sizes["ep"], cp=sizes["cp"],
+                        tp=sizes["tp"], ep=sizes["ep"], order=MESH_ORDER)
+    return mesh.group_ranks(0, ("edp" if named == "dp" else named,))[:dims[named]]
 
 
 def collective_table(topology, op: str, ranks: tuple[int, ...], sizes: list[int],

@@ -1,0 +1,147 @@
+"""Low-precision GEMM recipes (workloads/precision.py): MXFP8 and NVFP4 beside per-tensor
+FP8, their operand and cast traffic, the layers each keeps in BF16, Blackwell's peaks for
+them, and the refusal on GPUs without block-scaled tensor cores."""
+from __future__ import annotations
+
+from dataclasses import replace
+
+import pytest
+
+import topologies
+from simulator import simulate
+from simulator.cli import main
+from simulator.compute import device_time_s
+from topologies.specs import DEVICES, GiB
+from workloads import WorkloadError, plan_from_dict
+from workloads.lowering import lower
+from workloads.plan import resolve
+from workloads.precision import RECIPES, precision
+from workloads.program import GEMM
+
+from conftest import small_plan
+
+
+def test_recipe_operand_and_cast_bytes():
+    # per-tensor FP8: 1 B, cast reads 2 B and writes the copy and its transpose
+    assert RECIPES["fp8"].operand_bytes == 1 and RECIPES["fp8"].cast_bytes_per_element == 4
+    # MXFP8: 1 B + one E8M0 byte per 32; cast writes row- and column-wise copies
+    assert RECIPES["mxfp8"].operand_bytes == 1 + 1 / 32
+    assert RECIPES["mxfp8"].cast_bytes_per_element == 2 + 2 * (1 + 1 / 32)
+    # NVFP4: 0.5 B + one E4M3 byte per 16; amax pass, then the cast writing both layouts
+    assert RECIPES["nvfp4"].operand_bytes == 0.5 + 1 / 16
+    assert RECIPES["nvfp4"].cast_bytes_per_element == 2 + 2 + 2 * (0.5 + 1 / 16)
+    assert RECIPES["nvfp4"].cast_kernels == 2
+    assert precision("mxfp8").gemm_bytes == RECIPES["mxfp8"].operand_bytes
+    # model states and activations as bf16 mixed precision
+    for dtype in ("fp8", "mxfp8", "nvfp4"):
+        p, bf16 = precision(dtype), precision("bf16")
+        assert (p.act_bytes, p.param_state_bytes, p.optimizer_state_bytes) == \
+            (bf16.act_bytes, bf16.param_state_bytes, bf16.optimizer_state_bytes)
+    assert precision("bf16").recipe is None and precision("fp32").recipe is None
+
+
+def test_which_layers_each_recipe_keeps_in_bf16():
+    # the NVFP4 12B model's 62 blocks: the first two and the last eight in BF16 (16 %)
+    kept = [layer for layer in range(62) if RECIPES["nvfp4"].keeps_bf16(layer, 62)]
+    assert kept == [0, 1] + list(range(54, 62))
+    assert not any(RECIPES[r].keeps_bf16(layer, 62) for r in ("fp8", "mxfp8")
+                   for layer in range(62))
+
+
+def _program(dtype: str, layers: int = 12, world: int = 8):
+    model = {**small_plan()["model"], "num_hidden_layers": layers}
+    raw = small_plan(model=model, training={"dtype": dtype, "global_batch": 8})
+    return lower(resolve(plan_from_dict(raw), world))
+
+
+def test_nvfp4_lowering_keeps_the_recipes_layers_and_the_head_in_bf16():
+    tasks = [t for st in _program("nvfp4").stages for t in st]
+    gemms = [t for t in tasks if t.op_class == GEMM]
+    quantised = {t.layer for t in gemms if t.gemm_dtype == ""}
+    assert quantised == {2, 3}                                   # 12 layers: 0-1, 4-11 kept
+    assert {t.gemm_dtype for t in gemms if t.layer not in (2, 3)} == {"bf16"}
+    casts = [t for t in tasks if t.op == "nvfp4_cast"]
+    assert casts and {t.layer for t in casts} == {2, 3} and {t.kernels for t in casts} == {2}
+    # a bf16-kept GEMM moves 2-byte operands, a quantised one 0.5625-byte ones
+    wq = {t.layer: t for t in gemms if t.op == "wq" and t.phase == "forward"}
+    assert wq[0].bytes == pytest.approx(wq[2].bytes * 2 / (0.5 + 1 / 16))
+
+
+def test_mxfp8_quantises_every_layer_and_casts_both_layouts():
+    fp8, mx = (_program(d) for d in ("fp8", "mxfp8"))
+    casts = {d: [t for st in p.stages for t in st if t.op == f"{d}_cast"]
+             for d, p in (("fp8", fp8), ("mxfp8", mx))}
+    assert len(casts["mxfp8"]) == len(casts["fp8"]) > 0
+    assert {t.layer for t in casts["mxfp8"]} == set(range(12))
+    ratio = sum(t.bytes for t in casts["mxfp8"]) / sum(t.bytes for t in casts["fp8"])
+    assert ratio == pytest.approx((2 + 2 * (1 + 1 / 32)) / 4)
+    head = [t for st in mx.stages for t in st if t.op == "output"]
+    assert head and {t.gemm_dtype for t in head} == {"bf16"}
+
+
+@pytest.mark.parametrize("gpu, fp8, fp4", [("b200", 4500e12, 9000e12),
+                                           ("gb200", 5000e12, 10000e12),
+                                           ("gb300", 5000e12, 15000e12)])
+def test_blackwell_runs_mxfp8_at_the_fp8_rate_and_nvfp4_at_the_fp4_rate(gpu, fp8, fp4):
+    spec = DEVICES[gpu]
+    assert spec.peak("fp8") == spec.peak("mxfp8") == fp8 and spec.peak("nvfp4") == fp4
+    assert spec.peak("bf16") == fp8 / 2
+    # a large compute-bound GEMM: NVFP4 takes the FP8 time over the FP4/FP8 peak ratio
+    gemm = next(t for st in _program("nvfp4").stages for t in st
+                if t.op == "w1" and t.layer == 2 and t.phase == "forward")
+    big = replace(gemm, flops=1e15, bytes=1e9)
+    assert device_time_s(big, spec, "nvfp4") == pytest.approx(
+        (device_time_s(big, spec, "mxfp8") - spec.profile.launch_overhead_s) * fp8 / fp4
+        + spec.profile.launch_overhead_s)
+
+
+def test_blackwell_specs_and_gemm_efficiency():
+    b200, gb200, gb300 = DEVICES["b200"], DEVICES["gb200"], DEVICES["gb300"]
+    assert (b200.hbm_bytes, gb200.hbm_bytes, gb300.hbm_bytes) == (180 * GiB, 186 * GiB,
+                                                                 279 * GiB)
+    assert (b200.hbm_Bps, gb200.hbm_Bps, gb300.hbm_Bps) == (7.7e12, 8e12, 8e12)
+    assert {d.nvlink_Bps * 2 for d in (b200, gb200, gb300)} == {1.8e12}
+    assert (b200.sm_count, gb300.sm_count) == (148, 160)
+    assert (b200.tdp_w, gb200.tdp_w, gb300.tdp_w) == (1000, 1200, 1400)
+    # best-shape BF16 matmul efficiency x H100's layer-shape margin (0.75 / 0.803)
+    assert b200.profile.gemm_efficiency == round(0.776 * 0.75 / 0.803, 3) == 0.725
+    assert gb200.profile.gemm_efficiency == 0.681 and gb300.profile.gemm_efficiency == 0.734
+    assert DEVICES["h100"].profile.gemm_efficiency == 0.75
+    assert DEVICES["h100"].hbm_bytes == 80 * GiB
+
+
+def test_step_times_order_by_precision_on_a_blackwell_rack():
+    model = {**small_plan()["model"], "num_hidden_layers": 24, "hidden_size": 4096,
+             "intermediate_size": 14336, "num_attention_heads": 32}
+    topo = topologies.build("nvl72")
+    step, layer5 = {}, {}
+    for dtype in ("bf16", "fp8", "mxfp8", "nvfp4"):
+        raw = small_plan(model=model, training={"dtype": dtype, "global_batch": 72,
+                                                "seq_len": 4096})
+        result = simulate(plan_from_dict(raw), topo)
+        step[dtype] = result.summary["step_time_s"]
+        layer5[dtype] = sum(r["end_s"] - r["start_s"] for r in result.trace.to_pylist()
+                            if r["layer"] == 5 and r["stream"] == "compute")
+    # MXFP8 runs at the FP8 rate with more cast and scale traffic
+    assert step["fp8"] < step["mxfp8"] < step["bf16"]
+    # a layer NVFP4 quantises (5 of 24) computes faster than under MXFP8; ten of the 24
+    # layers stay BF16, so the whole step gains less
+    assert layer5["nvfp4"] < layer5["mxfp8"] < layer5["bf16"]
+    assert step["nvfp4"] < step["bf16"]
+
+
+@pytest.mark.parametrize("dtype", ["mxfp8", "nvfp4"])
+def test_hopper_has_no_block_scaled_tensor_cores(dtype, write_json, capsys):
+    path = write_json("plan.json", small_plan(training={"dtype": dtype, "global_batch": 8}))
+    code = main(["run", "--topo", "dgx-h100", "--plan", path])
+    out, err = capsys.readouterr()
+    assert code == 2 and out == "" and len(err.strip().splitlines()) == 1, err
+    assert err.startswith(f"error: training.dtype: got '{dtype}'")
+    assert "on h100" in err and "bf16, fp16, fp32, fp8" in err
+
+
+def test_an_unknown_dtype_names_the_allowed_ones():
+    with pytest.raises(WorkloadError) as err:
+        plan_from_dict(small_plan(training={"dtype": "fp4"}))
+    assert err.value.field == "training.dtype" and "mxfp8" in err.value.allowed \
+        and "nvfp4" in err.value.allowed
