@@ -154,6 +154,10 @@ def check_expressible(plan: Plan, dtype: str) -> None:
                                   "context or expert parallelism)")
     if plan.model.num_experts:
         raise ValidationError("model.num_experts", plan.model.num_experts, "0 (dense models only)")
+    for name in ("kv_lora_rank", "sliding_window", "attention_sinks"):
+        if getattr(plan.model, name):
+            raise ValidationError(f"model.{name}", getattr(plan.model, name),
+                                  "unset (the harness's attention is full multi-head / GQA)")
     if plan.training.dtype in ("fp8", "mxfp8", "nvfp4"):
         raise ValidationError("training.dtype", plan.training.dtype,
                               "bf16 (fp8, mxfp8 and nvfp4 training need torchao or "

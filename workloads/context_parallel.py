@@ -25,8 +25,9 @@ All-to-all (DeepSpeed-Ulysses, Jacobs et al. 2023, arXiv:2309.14509): all-to-all
 attention runs locally, and one all-to-all turns the output back: 4 all-to-alls forward
 and 4 backward (dO in; dQ, dK, dV out), each of a rank's local tensor.
 
-Sizes (workloads/attention.py AttentionCost): a K+V block is tokens_local x 2 kv_heads/tp x
-head_dim x 2 bytes; an all-to-all's nccl-tests size is the per-rank buffer (the local
+Sizes (workloads/attention.py AttentionCost): a K+V block is tokens_local x kv_heads/tp x
+(head_dim + v_head_dim) x 2 bytes (MLA: the up-projected per-head K and V, not the latent,
+as Transformer Engine's context parallelism receives them); an all-to-all's nccl-tests size is the per-rank buffer (the local
 tensor). The attention compute tasks are workloads/attention.py's.
 """
 from __future__ import annotations
@@ -92,17 +93,17 @@ class ContextParallelAttention(AttentionCore):
         if len(deps) == 1:   # a recompute starts q, k and v from one task
             deps = deps * 3
         moved = [_a2a(sink, ctx, size, (d,), phase, f"cp.a2a.{name}")
-                 for name, size, d in zip(("q", "k", "v"), (c.q_bytes, c.kv_bytes, c.kv_bytes),
+                 for name, size, d in zip(("q", "k", "v"), (c.q_bytes, c.kv_bytes, c.v_bytes),
                                           deps)]
         core = attention_task(sink, ctx, c, phase, moved)
-        return _a2a(sink, ctx, c.q_bytes, (core,), phase, "cp.a2a.out")
+        return _a2a(sink, ctx, c.o_bytes, (core,), phase, "cp.a2a.out")
 
     def _ulysses_backward(self, sink, ctx, ready) -> int:
         c = self.cost
-        d_out = _a2a(sink, ctx, c.q_bytes, (ready,), "backward", "cp.a2a.grad_out")
+        d_out = _a2a(sink, ctx, c.o_bytes, (ready,), "backward", "cp.a2a.grad_out")
         core = attention_task(sink, ctx, c, "backward", (d_out,))
         back = [_a2a(sink, ctx, size, (core,), "backward", f"cp.a2a.grad_{name}")
-                for name, size in (("q", c.q_bytes), ("k", c.kv_bytes), ("v", c.kv_bytes))]
+                for name, size in (("q", c.q_bytes), ("k", c.kv_bytes), ("v", c.v_bytes))]
         return _join(sink, ctx, back, "backward", "cp.a2a.grads")
 
     # ---- ring ----------------------------------------------------------------------

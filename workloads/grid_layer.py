@@ -77,7 +77,8 @@ class GridLayer:
         self.last = layer == plan.model.num_layers - 1
         self.attention = LocalAttention(
             AttentionCost.of_layer(shape, options.flash_attention, queries=self.rows,
-                                   head_split=self.split.feature_split), options)
+                                   head_split=self.split.feature_split,
+                                   window=plan.model.window_at(layer)), options)
         self._output = -1
 
     # ---- sizes ------------------------------------------------------------------------

@@ -101,6 +101,9 @@ def model_from_dict(raw: dict[str, Any], default_name: str = "custom") -> ModelS
                                     "(" + ", ".join(sorted(HF_KEYS)) + ") or ModelSpec fields")
             continue
         if value is not None:
+            if target in values and values[target] != value:   # two names, one field
+                raise WorkloadError(f"model.{key}", value,
+                                    f"{values[target]!r}, as {written[target]} sets it")
             values[target] = value
             written[target] = key
     for key in REQUIRED:

@@ -51,6 +51,7 @@ class LayerShape:
     cp_mode: str = "ring"  # ring | all_gather | all_to_all
     recipe: GemmRecipe | None = None   # low-precision GEMMs (workloads/precision.py)
     bf16_gemms: bool = False   # this layer's linears stay BF16 under the recipe
+    v_head_dim: int = 0    # value head dim when it differs from head_dim (MLA), else 0
 
     @property
     def quantized(self) -> bool:

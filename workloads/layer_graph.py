@@ -59,10 +59,10 @@ class Node:
     comm: ExplicitComm | None = None   # kind "comm" only
 
 
-def attention_core(shape: LayerShape, options: BuildOptions) -> LayerBuilder:
-    """The attention core of a 1D tensor-parallel layer: local to the rank, or across its
-    context-parallel group."""
-    cost = AttentionCost.of_layer(shape, options.flash_attention)
+def attention_core(shape: LayerShape, options: BuildOptions, window: int = 0) -> LayerBuilder:
+    """The attention core of a 1D tensor-parallel layer (sliding `window`, 0: none): local
+    to the rank, or across its context-parallel group."""
+    cost = AttentionCost.of_layer(shape, options.flash_attention, window=window)
     if shape.cp > 1:
         return ContextParallelAttention(cost, options, shape.cp, shape.cp_mode)
     return LocalAttention(cost, options)
@@ -79,6 +79,8 @@ class LayerGraph:
         self.wgrad_tasks: dict[str, int] = {}      # projection -> wgrad task (backward)
         self._ep_grad_layouts: dict[int, str] = {}  # comm node -> its input gradient's layout
         self._attention: LayerBuilder | None = None  # the attention core's builder
+        self._head_shared: set[int] = set()   # attention inputs every head uses (MLA's RoPE key)
+        self._weight_keys: dict[int, str] = {}  # linear node -> its key in wgrad_tasks
         # TP overlap (workloads/tp_overlap.py): task -> the tasks its gathered chunks
         # arrive with; row-linear node -> the task with its reduce-scattered output;
         # wgrads held back to overlap a dgrad's reduce-scatter (userbuffers' bulk method)
@@ -127,6 +129,11 @@ class LayerGraph:
         at `efficiency` relative to one large GEMM (workloads/moe/grouped_gemm.py)."""
         needs, produces, _ = STRATEGY_LAYOUTS[strategy]
         x = self.to_layout(x, needs)
+        node_id = len(self.nodes)
+        # one wgrad entry per weight: a name used again in this graph (the output layer
+        # of a multi-token-prediction module) is told apart by its node
+        self._weight_keys[node_id] = (name if name not in self._weight_keys.values()
+                                      else f"{name}#{node_id}")
         return self._node(kind="linear", name=name, layout=produces if self.shape.tp > 1 else "R",
                           features=out_features, inputs=[x], strategy=strategy,
                           in_features=x.features, rows_scale=x.rows_scale, experts=experts,
@@ -140,12 +147,19 @@ class LayerGraph:
                           features=features or x.features, inputs=[x], comm=comm,
                           rows_scale=x.rows_scale if rows_scale is None else rows_scale)
 
-    def attention(self, q: Node, k: Node, v: Node) -> Node:
-        """Head-parallel causal attention core (workloads/attention.py)."""
-        self._attention = attention_core(self.shape, self.options)
-        ins = [self.to_layout(t, "H") for t in (q, k, v)]
+    def attention(self, q: Node, k: Node, v: Node | None, window: int = 0,
+                  features: int | None = None, head_shared: tuple[Node, ...] = ()) -> Node:
+        """Head-parallel causal attention core (workloads/attention.py) with a sliding
+        `window` (0: none), `features` out (default q's); v None: k holds the values too
+        (MLA's wkv_b). `head_shared` inputs are used whole by every local head (MLA's
+        RoPE key): their gradient is a partial sum over the heads of all TP ranks."""
+        self._attention = attention_core(self.shape, self.options, window)
+        own = [self.to_layout(t, "H") for t in (q, k, v) if t is not None]
+        shared = [self.to_layout(t, "H") for t in head_shared]
+        self._head_shared = {x.id for x in shared}
+        ins = own + shared
         return self._node(kind="attention", name="attention", layout="H" if self.shape.tp > 1 else "R",
-                          features=q.features, inputs=ins)
+                          features=features or q.features, inputs=ins)
 
     # ---- costs ------------------------------------------------------------------------
     def linear_cost(self, node: Node) -> tuple[float, float, tuple[int, int, int]]:
@@ -388,7 +402,7 @@ class LayerGraph:
             ready, = self._fp8_cast(sink, ctx, node, flops / (2 * k), (ready,), "backward",
                                     f"grad.{node.name}")
             if ready in self._chunks:    # the gathered output gradient, chunk by chunk
-                dgrad, self.wgrad_tasks[node.name] = chunked_backward(
+                dgrad, self.wgrad_tasks[self._weight_keys[node.id]] = chunked_backward(
                     sink, self._chunks[ready], flops, nbytes, (m, n, k), node.name,
                     op=node.name, phase="backward", gemm_dtype=self._gemm_dtype(node), **ctx)
             else:
@@ -398,9 +412,9 @@ class LayerGraph:
                              label=f"{node.name}.wgrad", **common)
                 if self.options.tp_overlap == USERBUFFERS and node.strategy == "col":
                     # bulk overlap: the dgrad's reduce-scatter runs beside this wgrad
-                    self._deferred.append((node.name, wgrad))
+                    self._deferred.append((self._weight_keys[node.id], wgrad))
                 else:
-                    self.wgrad_tasks[node.name] = sink.add(**wgrad)
+                    self.wgrad_tasks[self._weight_keys[node.id]] = sink.add(**wgrad)
             layout = "R" if tp1 else STRATEGY_LAYOUTS[node.strategy][2]
             return [(node.inputs[0], (dgrad, layout))]
         if node.kind == "comm":
@@ -410,7 +424,8 @@ class LayerGraph:
             return [(node.inputs[0], (task, self._ep_grad_layouts[node.id]))]
         if node.kind == "attention":
             task = self._attention.emit_backward(sink, ctx, ready)
-            return [(x, (task, "R" if tp1 else "H")) for x in node.inputs]
+            return [(x, (task, "R" if tp1 else "P" if x.id in self._head_shared else "H"))
+                    for x in node.inputs]
         task = self.elementwise_task(sink, ctx, node, "backward", (ready,))
         # A partial-sum output's gradient is whole (R) on every rank, and so is its input's.
         return [(x, (task, grad_layout_needed(node.layout) if not tp1 else node.layout))

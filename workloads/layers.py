@@ -2,7 +2,9 @@
 
 A transformer layer is a LayerGraph under the plan's per-projection strategies (1D tensor
 parallelism, with an MoE MLP where the model has one) or a GridLayer (2D/2.5D/3D tensor
-parallelism); the embedding and the output layer are small LayerGraphs.
+parallelism); the embedding and the output layer are small LayerGraphs, the output layer
+with the multi-token-prediction modules where the model trains with them (on the last
+pipeline stage, as Megatron-LM places them).
 """
 from __future__ import annotations
 
@@ -10,8 +12,9 @@ from dataclasses import replace
 
 from .grid_layer import GridLayer
 from .layer_builder import BuildOptions, LayerBuilder, LayerShape
-from .layer_graph import LayerGraph
-from .layouts import H, R, S
+from .layer_graph import LayerGraph, Node
+from .latent_attention import build_mla, layer_strategies
+from .layouts import H, P, R, S
 from .moe import build_moe_mlp
 from .plan import Plan
 from .precision import precision
@@ -26,7 +29,8 @@ def layer_shape(plan: Plan) -> LayerShape:
                       tp=plan.mesh.tp, heads=m.num_heads, kv_heads=m.num_kv_heads,
                       head_dim=m.head_dim, act_bytes=prec.act_bytes,
                       gemm_bytes=prec.gemm_bytes, cp=plan.mesh.cp,
-                      cp_mode=plan.cp_mode, recipe=prec.recipe)
+                      cp_mode=plan.cp_mode, recipe=prec.recipe,
+                      v_head_dim=m.value_head_dim if m.value_head_dim != m.head_dim else 0)
 
 
 def unit_builder(plan: Plan, unit, shape: LayerShape, options: BuildOptions) -> LayerBuilder:
@@ -45,23 +49,35 @@ def unit_builder(plan: Plan, unit, shape: LayerShape, options: BuildOptions) -> 
 def build_layer(plan: Plan, layer: int, shape: LayerShape,
                 options: BuildOptions | None = None) -> LayerGraph:
     """Forward graph of one transformer layer under the plan's strategies (1D TP)."""
-    m, st = plan.model, plan.strategies(layer)
     resid = S if plan.sequence_parallel else R
     g = LayerGraph(shape, options or BuildOptions.from_plan(plan))
-    x = g.input(resid, m.hidden_size)
+    add_layer(g, plan, layer, g.input(resid, plan.model.hidden_size))
+    return g
+
+
+def add_layer(g: LayerGraph, plan: Plan, layer: int, x: Node) -> Node:
+    """Transformer layer `layer` on the residual stream `x` (in the residual layout), into
+    `g`; returns the node with its output."""
+    m, st = plan.model, layer_strategies(plan, layer)
+    resid = S if plan.sequence_parallel else R
     h = g.elementwise("attention_norm", [x])
-    q = g.linear("wq", h, st["wq"], m.q_size)
-    k = g.linear("wk", h, st["wk"], m.kv_size)
-    v = g.linear("wv", h, st["wv"], m.kv_size)
-    q = g.elementwise("rope", [q], layout=_elementwise_layout(q.layout))
-    k = g.elementwise("rope_k", [k], layout=_elementwise_layout(k.layout))
-    o = g.attention(q, k, v)
+    window = m.window_at(layer)
+    if m.mla:     # multi-head latent attention (workloads/latent_attention.py)
+        q, kv, k_pe = build_mla(g, m, st, h)
+        o = g.attention(q, kv, None, window, m.o_size, head_shared=(k_pe,))
+    else:
+        q = g.linear("wq", h, st["wq"], m.q_size)
+        k = g.linear("wk", h, st["wk"], m.kv_size)
+        v = g.linear("wv", h, st["wv"], m.v_size)
+        q = g.elementwise("rope", [q], layout=_elementwise_layout(q.layout))
+        k = g.elementwise("rope_k", [k], layout=_elementwise_layout(k.layout))
+        o = g.attention(q, k, v, window)
     y = g.to_layout(g.linear("wo", o, st["wo"], m.hidden_size), resid)
     x = g.elementwise("residual_add", [x, y], rw=(2.0, 1.0))
     h = g.elementwise("ffn_norm", [x])
     if m.is_moe_layer(layer):
-        g.elementwise("residual_add", [x, build_moe_mlp(g, plan, layer, h, resid)], rw=(2.0, 1.0))
-        return g
+        return g.elementwise("residual_add", [x, build_moe_mlp(g, plan, layer, h, resid)],
+                             rw=(2.0, 1.0))
     a = g.linear("w1", h, st["w1"], m.ffn_size)
     if m.mlp == "swiglu":
         b = g.linear("w3", h, st["w3"], m.ffn_size)
@@ -69,8 +85,7 @@ def build_layer(plan: Plan, layer: int, shape: LayerShape,
     else:
         act = g.elementwise("gelu", [a], layout=_elementwise_layout(a.layout))
     y = g.to_layout(g.linear("w2", act, st["w2"], m.hidden_size), resid)
-    g.elementwise("residual_add", [x, y], rw=(2.0, 1.0))
-    return g
+    return g.elementwise("residual_add", [x, y], rw=(2.0, 1.0))
 
 
 def _elementwise_layout(layout: str) -> str:
@@ -89,16 +104,47 @@ def build_embedding(plan: Plan, shape: LayerShape,
 
 
 def build_head(plan: Plan, shape: LayerShape, options: BuildOptions | None = None) -> LayerGraph:
-    """Final norm, vocab-parallel output projection (column-parallel) and the loss."""
+    """Final norm, vocab-parallel output projection (column-parallel) and the loss; then
+    the multi-token-prediction modules, if the model trains with them."""
     m = plan.model
+    resid = S if plan.sequence_parallel else R
     g = LayerGraph(shape, options or BuildOptions.from_plan(plan))
-    x = g.input(S if plan.sequence_parallel else R, m.hidden_size)
-    h = g.elementwise("final_norm", [x])
+    x = g.input(resid, m.hidden_size)
+    losses = [_output_and_loss(g, x, "final_norm", m.vocab_size)]
+    for depth in range(m.mtp_layers):
+        x = _mtp_module(g, plan, depth, x, resid)
+        losses.append(_output_and_loss(g, x, "mtp_norm", m.vocab_size))
+    if len(losses) > 1:
+        # the step's loss adds the MTP losses (weighted) to the main one: the backward
+        # starts from every cross-entropy
+        g.elementwise("loss_sum", losses, features=1, rw=(float(len(losses)), 1.0))
+    return g
+
+
+def _output_and_loss(g: LayerGraph, x: Node, norm: str, vocab: int) -> Node:
+    """A norm, the output projection and the cross-entropy on `x`."""
+    h = g.elementwise(norm, [x])
     # The output layer stays in bf16 under FP8/FP4 training (workloads/precision.py):
     # torchtitan's float8 conversion skips it (filter_fqns ["output"]) and
     # Megatron-LM/Transformer Engine quantise only the transformer layers' linears.
-    logits = g.linear("output", h, "col", m.vocab_size, bf16=True)
+    logits = g.linear("output", h, "col", vocab, bf16=True)
     # Cross-entropy on fp32 logits: read logits, write softmax (Megatron's vocab-parallel
     # cross-entropy keeps its input for backward).
-    g.elementwise("cross_entropy", [logits], rw=(2.0, 2.0))
-    return g
+    return g.elementwise("cross_entropy", [logits], rw=(2.0, 2.0))
+
+
+def _mtp_module(g: LayerGraph, plan: Plan, depth: int, x: Node, resid: str) -> Node:
+    """Multi-token-prediction module `depth` (DeepSeek-V3, arXiv:2412.19437 section 2.2;
+    Megatron-LM megatron/core/transformer/multi_token_prediction.py): the previous depth's
+    output and the embedding of the tokens `depth` + 1 ahead, each RMS-normed and
+    concatenated, projected 2d -> d by the column-parallel eh_proj (whose output is
+    gathered over TP, then sliced to the sequence shard under SP), then one transformer
+    block built like the model's last layer."""
+    m, tp = plan.model, g.shape.tp
+    hidden = g.elementwise("mtp_hnorm", [x])
+    emb = g.elementwise("mtp_embedding", [], layout=P if tp > 1 else R,
+                        features=m.hidden_size, rw=(1.0, 1.0))     # vocab-parallel lookup
+    emb = g.elementwise("mtp_enorm", [g.to_layout(emb, resid)])
+    cat = g.elementwise("mtp_concat", [hidden, emb], features=2 * m.hidden_size)
+    proj = g.linear("mtp_proj", cat, "col", m.hidden_size)
+    return add_layer(g, plan, m.mtp_layer_index(depth), g.to_layout(g.to_layout(proj, R), resid))

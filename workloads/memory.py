@@ -149,8 +149,17 @@ def _layer_tensors(model: ModelSpec, kv_seq: int, dropout: bool,
     t = [("attn_norm_input", 2 * h, "replicated"), ("qkv_input", 2 * h, "replicated"),
          ("q", 2 * q, "sharded"), ("k", 2 * kv, "sharded"),              # for QK^T
          ("softmax_output", 2 * a * kv_seq, "scores"),
-         ("v", 2 * kv, "sharded"), ("out_proj_input", 2 * q, "sharded"),
+         ("v", 2 * model.v_size, "sharded"), ("out_proj_input", 2 * model.o_size, "sharded"),
          ("mlp_norm_input", 2 * h, "replicated"), ("mlp_input", 2 * h, "replicated")]
+    if model.mla:
+        # MLA's latents: each RMSNorm keeps its input and each up-projection its (normed)
+        # input, whole on every TP rank (sequence-sharded under SP: Transformer Engine's
+        # sequence-parallel linear keeps its local input and gathers it again for wgrad).
+        # q and k above are the per-head nope + rope features, v the v_head_dim ones.
+        latents = (model.q_lora_rank, model.kv_lora_rank)
+        t += [(f"{name}_latent_{use}", 2 * width, "replicated")
+              for name, width in zip(("q", "kv"), latents) if width
+              for use in ("norm_input", "up_input")]
     if model.mlp == "gelu":
         t += [("gelu_input", 2 * f, "sharded"), ("fc2_input", 2 * f, "sharded")]
     elif fused_swiglu:
@@ -260,6 +269,18 @@ def saved_layer_bytes(plan: Plan, layer: int, recompute: str | None = None) -> f
         + gathered_expert_input_bytes(plan, layer, recompute))
 
 
+def mtp_activation_bytes(plan: Plan, depth: int) -> float:
+    """Activations of multi-token-prediction module `depth` for one micro-batch (not
+    recomputed: it runs in the output layer's unit): its block's, as a layer without
+    recompute keeps them, the inputs of its two norms and of eh_proj (4h per token,
+    sequence-sharded under SP), and its output layer's (Korthikanti section 4.3)."""
+    m, tr, tp = plan.model, plan.training, plan.mesh.tp
+    s, b, sp = tr.seq_len // plan.mesh.cp, tr.micro_batch, plan.sequence_parallel
+    inputs = BF16_BYTES * 4 * m.hidden_size * s * b / (tp if sp else 1)
+    return saved_layer_bytes(plan, m.mtp_layer_index(depth), "none") + activation_scale(plan) \
+        * (inputs + output_layer_activation_bytes(m, s, b, tp, sp))
+
+
 def grad_state_bytes(plan: Plan) -> float:
     """Bytes per accumulated gradient: the precision's, except Megatron-Core's DDP, whose
     gradient buffer (main_grad) is fp32 when grad_reduce_in_fp32 is set, as the
@@ -351,6 +372,8 @@ def memory_breakdown(plan: Plan, stage: int = 0,
         last_in_flight = plan.micro_batches if gpipe else 1
         activations += last_in_flight * activation_scale(plan) * \
             output_layer_activation_bytes(m, s, b, tp, sp)
+        activations += last_in_flight * sum(mtp_activation_bytes(plan, k)
+                                            for k in range(m.mtp_layers))
     if 0 in chunks and _default_dropout(m):
         # Embedding dropout mask, 1 byte (Korthikanti section 4.3: sbhp/t on the first stage).
         activations += in_flight * s * b * m.hidden_size / (tp if sp else 1)
@@ -374,7 +397,7 @@ def memory_breakdown(plan: Plan, stage: int = 0,
         # Ring attention: the KV block being sent and the one being received (the dK/dV
         # partials travel in the same-size buffers); all-gather: the gathered K and V, kept
         # for the backward of each layer in flight; Ulysses: the all-to-all outputs q, k, v.
-        kv_block = 2 * prec.act_bytes * s * b * m.kv_size / tp
+        kv_block = prec.act_bytes * s * b * (m.kv_size + m.v_size) / tp
         q_local = prec.act_bytes * s * b * m.q_size / tp
         if plan.cp_mode == "all_gather" and plan.recompute in ("none", "selective"):
             # kept for each layer's backward (recompute gathers them again instead)

@@ -13,8 +13,8 @@ from .model_spec import FULL, SLIDING, ModelSpec
 # query latent of 1536, a KV latent of 512, head dims 128 (no RoPE) + 64 (RoPE) for q and
 # k and 128 for v; the first 3 layers dense (FFN 18432), then 1 shared + 256 routed
 # experts of FFN 2048 (SwiGLU), top-8; vocab 129280. 671B parameters, 37B activated
-# per token (report, abstract). MTP depth 1 in training (section 4.2), off here; the
-# "-mtp" preset turns it on.
+# per token (report, abstract). MTP depth 1 in training (section 4.2): off in
+# "deepseek-v3", on in "deepseek-v3-mtp".
 _DEEPSEEK_V3 = dict(hidden_size=7168, num_layers=61, num_heads=128, num_kv_heads=128,
                     ffn_size=18432, vocab_size=129280, num_experts=256, experts_per_token=8,
                     num_shared_experts=1, moe_ffn_size=2048, first_dense_layers=3,

@@ -6,7 +6,10 @@ also what ZeRO/FSDP shard them over.
 """
 from __future__ import annotations
 
+from collections import Counter
+
 from .attention import causal_attention_flops
+from .latent_attention import layer_strategies
 from .moe import moe_param_groups
 from .plan import Plan
 from .schedules import EMBED, HEAD
@@ -38,15 +41,21 @@ def layer_param_groups(plan: Plan, layer: int) -> dict[tuple[str, ...], float]:
     moe = m.is_moe_layer(layer)
     if moe:
         groups.update(moe_param_groups(plan, layer, dp_dims))
+    strategies = layer_strategies(plan, layer)
     for name, (fan_in, fan_out) in m.projection_shapes().items():
         if moe and name in m.mlp_matrices:
             continue
-        strategy = plan.strategies(layer)[name]
+        strategy = strategies[name]
         params = fan_in * fan_out / (tp if strategy in ("col", "row") else 1)
         key = both if strategy == "seq" else dp_dims
         groups[key] = groups.get(key, 0.0) + params
+    # Norms (MLA's latent norms too) run on the sequence shards under SP; attention
+    # sinks are per head, split over TP with the heads.
+    sinks = m.num_heads if m.attention_sinks else 0
     norm_key = both if plan.sequence_parallel else dp_dims
-    groups[norm_key] = groups.get(norm_key, 0.0) + 2 * m.hidden_size
+    groups[norm_key] = groups.get(norm_key, 0.0) + m.layer_vector_params() - sinks
+    if sinks:
+        groups[dp_dims] = groups.get(dp_dims, 0.0) + sinks / tp
     return groups
 
 
@@ -62,19 +71,48 @@ def unit_param_groups(plan: Plan, unit) -> dict[tuple[str, ...], float]:
         # stage when the first stage is elsewhere (Megatron); on one stage it is the
         # embedding. Plus the final norm.
         tied = m.tie_word_embeddings and plan.mesh.pp == 1
-        return {dp_dims: (0 if tied else m.vocab_size * m.hidden_size / tp) + m.hidden_size}
+        groups = {dp_dims: (0 if tied else m.vocab_size * m.hidden_size / tp) + m.hidden_size}
+        return _add_mtp_groups(plan, groups) if m.mtp_layers else groups
     return layer_param_groups(plan, unit)
+
+
+def _add_mtp_groups(plan: Plan, groups: dict) -> dict:
+    """The output layer's groups plus the multi-token-prediction modules (on the last
+    stage): each its transformer block, eh_proj (2d x d, column-parallel) and three
+    norms; and, when the embedding is on another stage and not tied to the output
+    layer, a copy of the vocab-parallel embedding for the MTP lookups (Megatron-LM keeps
+    one on the last stage for them)."""
+    m, tp = plan.model, plan.mesh.tp
+    dp_dims = weight_dp_dims(plan)
+    norm_key = dp_dims + ("tp",) if plan.sequence_parallel and tp > 1 else dp_dims
+    groups = dict(groups)
+    extra = [(dp_dims, m.mtp_layers * 2 * m.hidden_size * m.hidden_size / tp),
+             (norm_key, m.mtp_layers * 3 * m.hidden_size)]
+    if plan.mesh.pp > 1 and not m.tie_word_embeddings:
+        extra.append((dp_dims, m.vocab_size * m.hidden_size / tp))
+    for depth in range(m.mtp_layers):
+        extra += layer_param_groups(plan, m.mtp_layer_index(depth)).items()
+    for key, params in extra:
+        groups[key] = groups.get(key, 0.0) + params
+    return groups
 
 
 def model_flops(plan: Plan) -> float:
     """Model FLOPs of one step: 6 x tokens x matmul params (output layer included, input
     embedding excluded; Kaplan et al. 2020 / Narayanan et al. 2021 eq. 3 convention) plus
-    causal attention 3 x forward (forward + 2x backward). Recompute is not counted (MFU,
-    not HFU; Chowdhery et al. 2022, appendix B)."""
+    causal attention 3 x forward (forward + 2x backward), each layer with its head dims
+    and sliding window; the multi-token-prediction modules too (their projection, block
+    and a second pass through the output layer, as Megatron-LM counts them). Recompute is not counted (MFU, not HFU; Chowdhery et al. 2022, appendix B)."""
     m, tr = plan.model, plan.training
     tokens = tr.global_batch * tr.seq_len
     layers = (m.num_layers * m.layer_matmul_params() if not m.num_experts else
               sum(m.active_matmul_params_at(i) for i in range(m.num_layers)))
     matmul = layers + m.vocab_size * m.hidden_size   # MoE: active (routed top-k) params
-    attention_fwd = causal_attention_flops(tokens, tr.seq_len, m.head_dim, m.num_heads)
-    return 6.0 * tokens * matmul + 3.0 * m.num_layers * attention_fwd
+    d = m.hidden_size
+    matmul += sum(2 * d * d + m.active_matmul_params_at(m.mtp_layer_index(k))
+                  + m.vocab_size * d for k in range(m.mtp_layers))
+    windows = Counter(m.window_at(i) for i in range(m.num_layers + m.mtp_layers))
+    attention = sum(3.0 * count * causal_attention_flops(
+        tokens, tr.seq_len, m.head_dim, m.num_heads, m.value_head_dim, window)
+        for window, count in sorted(windows.items()))
+    return 6.0 * tokens * matmul + attention

@@ -15,6 +15,9 @@ CLI prints one line and exits 2. The rules and their sources:
   arXiv:2105.14500, Bian et al. 2021 arXiv:2105.14450) uses one strategy for every
   projection and splits the micro-batch over its token axes; the mesh checks that the
   TP degree is a square / d x square / cube.
+- Multi-head latent attention (workloads/latent_attention.py) is built for 1D TP only,
+  with one strategy for wk and wv (one up-projection makes both); a sliding window is not
+  combined with ring context parallelism (workloads/attention.py).
 - Pipeline: pp x virtual_stages chunks of at least one layer each; a layer split adds up.
 - Framework mechanisms only where they exist (check_framework_keys): the parameter
   all-gather overlap needs ZeRO 1/2 (Megatron: --overlap-param-gather requires the
@@ -66,6 +69,12 @@ def check_resolved(plan) -> None:
         check_grid(plan)
         _divides(tr.seq_len, dims.cp, "mesh.cp", "seq_len")
     check_context_parallel(plan)
+    if m.mtp_layers and plan.grid_strategy is not None:
+        raise WorkloadError("model.mtp_layers", m.mtp_layers,
+                            "0 with a 2D/2.5D/3D TP grid: the multi-token-prediction block "
+                            "sits in the output layer's unit, which is built for 1D TP")
+    check_mla_plan(plan)
+    check_sliding_window_plan(plan)
     check_experts(plan)
     if tr.global_batch % (dims.dp * tr.micro_batch):
         raise WorkloadError("training.global_batch", tr.global_batch,
@@ -199,3 +208,33 @@ def check_pipeline(plan) -> None:
         if any(n == 0 for n in pipe.layer_split[1:-1]):
             raise WorkloadError("pipeline.layer_split", list(pipe.layer_split),
                                 "positive entries (only the first and last may be 0)")
+
+
+def check_mla_plan(plan) -> None:
+    """What an MLA model cannot combine with yet, one line each (exit 2)."""
+    if not plan.model.mla:
+        return
+    if plan.grid_strategy is not None:
+        raise WorkloadError("sharding", plan.grid_strategy,
+                            "1D strategies for an MLA model: 2D/2.5D/3D TP grids fuse wq, "
+                            "wk and wv, which multi-head latent attention does not have")
+    if plan.recompute == "selective_op":
+        raise WorkloadError("recompute", plan.recompute,
+                            "none, selective or full for an MLA model: the op-level policy's "
+                            "saved tensors are counted for wq/wk/wv layers")
+    for layer in range(plan.model.num_layers):
+        st = plan.strategies(layer)
+        if st["wv"] != st["wk"]:
+            raise WorkloadError("sharding.wv", st["wv"],
+                                f"wk's strategy ({st['wk']}) for an MLA model: one "
+                                "up-projection (wkv_b) makes the keys and the values")
+
+
+def check_sliding_window_plan(plan) -> None:
+    """A sliding window with ring context parallelism is refused (exit 2): the ring would
+    skip the KV blocks outside every local query's window, which it does not model.
+    All-gather and all-to-all CP compute each query against the keys it needs locally."""
+    if plan.model.sliding_window and plan.mesh.cp > 1 and plan.cp_mode == "ring":
+        raise WorkloadError("context_parallel.mode", plan.cp_mode,
+                            "all_gather or all_to_all with a sliding-window model (ring "
+                            "attention's skipped blocks outside the window are not modelled)")

@@ -32,12 +32,13 @@ def grid_param_groups(plan, layer: int, dp_dims: tuple[str, ...]) -> dict:
     """Parameters one rank holds for a grid-TP layer, by gradient-reduction dims.
 
     Weights: 1/N (2D, 3D) or 1/q^2 replicated over the 2.5D depth (reduced over tpz too).
-    Norm weights: split over the feature axis, their gradients partial over the token axes.
+    Norm weights (and attention sinks, per head): split over the feature axis, their
+    gradients partial over the token axes.
     """
     m, g = plan.model, grid_split(plan)
     weights = m.layer_matmul_params() / g.weight_split
     dims = dp_dims + ("tpz",) if g.mode == "tp2.5d" else dp_dims
     groups = {dims: weights}
     norm_dims = dp_dims + g.token_axes
-    groups[norm_dims] = groups.get(norm_dims, 0.0) + 2 * m.hidden_size / g.feature_split
+    groups[norm_dims] = groups.get(norm_dims, 0.0) + m.layer_vector_params() / g.feature_split
     return groups

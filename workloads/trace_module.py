@@ -28,6 +28,7 @@ from torch import nn
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils.flop_counter import FlopCounterMode
 
+from .errors import WorkloadError
 from .models import ModelSpec
 
 PHASES = ("forward", "backward")
@@ -149,6 +150,9 @@ class DecoderLayer(nn.Module):
 
 def build_layer(model: ModelSpec, dtype: torch.dtype = torch.bfloat16) -> DecoderLayer:
     """The reference decoder layer of `model` on the meta device (no memory allocated)."""
+    if model.mla or model.sliding_window or model.attention_sinks:
+        raise WorkloadError("model", model.name, "a model with full multi-head / GQA "
+                            "attention (the reference layer has no MLA, window or sinks)")
     with torch.device("meta"):
         return DecoderLayer(model).to(dtype)
 

@@ -135,7 +135,27 @@ def _model(get: _Getter, findings: Findings) -> ModelSpec:
     experts = get.int("num-experts", 0, 0)
     if experts:
         values.update(_experts(get, experts, ffn, findings))
+    if get.on("multi-latent-attention"):
+        values.update(_latent_attention(get))
+    values["mtp_layers"] = get.int("mtp-num-layers", 0, 0)
     return ModelSpec(**values)
+
+
+# MLA flag -> ModelSpec field; the sizes are required (their defaults are not DeepSeek's)
+_MLA_FLAGS = {"kv-lora-rank": "kv_lora_rank", "qk-head-dim": "qk_nope_head_dim",
+              "qk-pos-emb-head-dim": "qk_rope_head_dim", "v-head-dim": "v_head_dim"}
+
+
+def _latent_attention(get: _Getter) -> dict[str, Any]:
+    """The MLA sizes (--q-lora-rank absent: no query latent, as Megatron-LM's None)."""
+    values = {"q_lora_rank": get.int("q-lora-rank", 0, 0), "head_dim": 0}
+    for flag, name in _MLA_FLAGS.items():
+        value = get.int(flag)
+        if value is None:
+            raise JobConfigError(get.name(flag), None, "a positive integer with "
+                                 "--multi-latent-attention (its default is not DeepSeek's)")
+        values[name] = value
+    return values
 
 
 def _vocab(get: _Getter) -> int:
@@ -296,6 +316,10 @@ def write_megatron(plan: Plan) -> Exported:
     if plan.mesh.dp:
         notes.insert(0, f"not expressible in Megatron-LM: mesh.dp = {plan.mesh.dp} (the DP "
                         "size is the world size over TP x PP x CP, set by the launcher)")
+    for name in ("sliding_window", "attention_sinks"):
+        if getattr(plan.model, name):
+            notes.append(f"not expressible in these flags: model.{name} = "
+                         f"{getattr(plan.model, name)} (the flags write full attention)")
     return Exported(text, notes)
 
 
@@ -304,8 +328,14 @@ def _model_flags(m: ModelSpec) -> list[str]:
            f"--ffn-hidden-size {m.ffn_size}", f"--num-attention-heads {m.num_heads}"]
     if m.num_kv_heads != m.num_heads:
         out += ["--group-query-attention", f"--num-query-groups {m.num_kv_heads}"]
-    if m.head_dim * m.num_heads != m.hidden_size:
+    if m.head_dim * m.num_heads != m.hidden_size and not m.mla:
         out.append(f"--kv-channels {m.head_dim}")
+    if m.mla:
+        out += ["--multi-latent-attention", "--qk-layernorm"]
+        out += [f"--q-lora-rank {m.q_lora_rank}"] if m.q_lora_rank else []
+        out += [f"--{flag} {getattr(m, name)}" for flag, name in _MLA_FLAGS.items()]
+    if m.mtp_layers:
+        out.append(f"--mtp-num-layers {m.mtp_layers}")
     out.append(f"--padded-vocab-size {m.vocab_size}")
     out += ["--swiglu"] if m.mlp == "swiglu" else []
     out += [] if m.tie_word_embeddings else ["--untie-embeddings-and-output-weights"]

@@ -45,6 +45,13 @@ MAPPED = {
     "use-flash-attn": "attention (flash)",
     "cp-comm-type": "context_parallel.mode (p2p: ring, allgather, a2a: all_to_all)",
     "enable-cuda-graph": "cuda_graphs",
+    # multi-head latent attention (MLATransformerConfig) and multi-token prediction
+    "multi-latent-attention": "model (MLA: the ranks and head dims below)",
+    "q-lora-rank": "model.q_lora_rank", "kv-lora-rank": "model.kv_lora_rank",
+    "qk-head-dim": "model.qk_nope_head_dim", "qk-pos-emb-head-dim": "model.qk_rope_head_dim",
+    "v-head-dim": "model.v_head_dim",
+    "qk-layernorm": "model (MLA: its latent norms; other models: q/k norms, not priced)",
+    "mtp-num-layers": "model.mtp_layers",
 }
 
 # flag -> (core_v0.15.0's default, the values the simulator models, what others change).
@@ -63,7 +70,6 @@ UNMODELLED = {
     "use-megatron-fsdp": (False, (False,), "Megatron FSDP"),
     "data-parallel-sharding-strategy": ("no_shard", ("no_shard",), "Megatron FSDP sharding"),
     "use-precision-aware-optimizer": (False, (False,), "low-precision optimizer states"),
-    "multi-latent-attention": (False, (False,), "multi-latent attention"),
     "moe-grouped-gemm": (False, (False,), "grouped expert GEMMs"),
     "cuda-graph-impl": ("none", ("none",), "CUDA graphs by another implementation"),
     "cpu-offloading": (False, (False,), "activation offload to the host"),
