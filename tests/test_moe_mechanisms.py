@@ -91,6 +91,9 @@ def test_alltoall_with_expert_tp_gathers_rows_over_tp():
                  2 * rows * D * 2)] == 1
     w1 = [x for x in tasks if x.label == "w1.fwd"][0]
     assert w1.gemm_mnk == (int(2 * rows), F // 2, D)   # gathered rows, FFN split over ETP
+    # permutes are linear: the experts' partial input gradients reach the reduce-scatter
+    # of the ETP all-gather's backward unreduced (no all-reduce over TP)
+    assert not [x for x in tasks if x.op == "all_reduce"]
 
 
 def test_alltoall_with_etp_1_keeps_experts_whole():
@@ -133,6 +136,8 @@ def test_allgather_with_expert_tp_spans_tp_and_ep():
     hidden = T / 2 * 4 * D * 2                      # each rank's T/2 tokens, 4 ranks
     assert comm[("forward", "moe.dispatch", "all_gather", ("tp", "ep"), hidden)] == 1
     assert comm[("forward", "moe.combine", "reduce_scatter", ("tp", "ep"), hidden)] == 1
+    assert comm[("backward", "grad.moe.dispatch", "reduce_scatter", ("tp", "ep"), hidden)] == 1
+    assert not [x for x in _tasks(plan) if x.op == "all_reduce"]
 
 
 # ---- deepep -------------------------------------------------------------------------
@@ -295,3 +300,38 @@ def test_moe_options_on_a_dense_model_are_refused(write_json, capsys):
     raw = small_plan(moe={"dispatcher": "allgather"})
     assert main(["run", "--topo", "dgx-h100", "--plan", write_json("bad.json", raw)]) == 2
     assert "dense" in capsys.readouterr().err
+
+
+# ---- Megatron flags -------------------------------------------------------------------
+MIXTRAL = {"framework": "megatron-core", "model": "mixtral-8x7b",
+           "training": {"global_batch": 32, "micro_batch": 1, "seq_len": 4096},
+           "mesh": {"dp": "auto", "tp": 2, "ep": 8}, "sharding": {"sequence_parallel": True},
+           "zero_stage": 1, "overlap": {"grad_reduce": True, "param_gather": True}}
+
+
+@pytest.mark.parametrize("moe", [
+    {}, {"dispatcher": "allgather"}, {"dispatcher": "deepep", "etp": 1},
+    {"capacity_factor": 1.25, "pad_to_capacity": True, "aux_loss": True},
+    {"force_balance": True, "etp": 1}])
+def test_moe_block_round_trips_through_megatron_flags(moe):
+    import dataclasses
+    from workloads.jobs import read_megatron, write_megatron
+    plan = plan_from_dict({**MIXTRAL, "moe": moe, "name": "original"})
+    exported = write_megatron(plan)
+    assert exported.notes == []
+    back = plan_from_dict(read_megatron(exported.text).plan)
+    assert back.moe == plan.moe
+    assert dataclasses.replace(back, name=plan.name, model=plan.model) == plan
+
+
+def test_megatron_default_dispatcher_is_allgather_and_flex_deepep_is_deepep():
+    from workloads.jobs import read_megatron, write_megatron
+    flags = write_megatron(plan_from_dict({**MIXTRAL, "name": "x"})).text
+    assert "--moe-token-dispatcher-type alltoall" in flags
+    # Megatron-LM's flag default (core_v0.15.0 arguments.py) is allgather
+    default = flags.replace("--moe-token-dispatcher-type alltoall \\\n", "")
+    assert "dispatcher-type" not in default
+    assert plan_from_dict(read_megatron(default).plan).moe.dispatcher == "allgather"
+    flex = flags.replace("--moe-token-dispatcher-type alltoall",
+                         "--moe-token-dispatcher-type flex --moe-enable-deepep")
+    assert plan_from_dict(read_megatron(flex).plan).moe.dispatcher == "deepep"

@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 
 from .attention import AttentionCost, LocalAttention
 from .context_parallel import ContextParallelAttention
+from .explicit_comm import ExplicitComm
 from .kernels import fused_cost
 from .layer_builder import BuildOptions, LayerBuilder, LayerShape, TaskSink, fp8_cast_task, \
     memory_task
@@ -21,21 +22,6 @@ from .layouts import STRATEGY_LAYOUTS, collective, collective_bytes, grad_layout
 from .program import COMM, COMPUTE, GEMM, MEMORY, RELAYOUT
 from .tp_overlap import (USERBUFFERS, chunked_backward, chunked_gemm, gemm_reduce_scatter,
                          ring_gather)
-
-
-@dataclass(frozen=True)
-class ExplicitComm:
-    """A collective a builder spells out (the MoE dispatchers: workloads/moe/dispatch.py)
-    instead of a TP layout change: its op, group and nccl-tests size in forward, and in
-    backward (bwd_op None: no gradient flows back, e.g. a routing map)."""
-
-    op: str
-    group: tuple[str, ...]
-    nbytes: float
-    bwd_op: str | None
-    bwd_nbytes: float = 0.0
-    grad_layout: str | None = None   # layout of the input gradient it yields (None: as given)
-    stream: str = "ep"
 
 
 @dataclass
@@ -57,6 +43,7 @@ class Node:
     bf16: bool = False             # linear only: stays a bf16 GEMM under FP8/FP4 training
     efficiency: float = 1.0        # linear only: relative GEMM efficiency (grouped GEMMs)
     comm: ExplicitComm | None = None   # kind "comm" only
+    passthrough: bool = False      # elementwise: a row permutation, gradients in any layout
 
 
 def attention_core(shape: LayerShape, options: BuildOptions, window: int = 0) -> LayerBuilder:
@@ -77,7 +64,7 @@ class LayerGraph:
         self.nodes: list[Node] = []
         self._redistributed: dict[tuple[int, str], Node] = {}
         self.wgrad_tasks: dict[str, int] = {}      # projection -> wgrad task (backward)
-        self._ep_grad_layouts: dict[int, str] = {}  # comm node -> its input gradient's layout
+        self._ep_grad_layouts: dict[int, str] = {}  # comm/permute node -> its input grad's layout
         self._attention: LayerBuilder | None = None  # the attention core's builder
         self._head_shared: set[int] = set()   # attention inputs every head uses (MLA's RoPE key)
         self._weight_keys: dict[int, str] = {}  # linear node -> its key in wgrad_tasks
@@ -111,16 +98,18 @@ class LayerGraph:
 
     def elementwise(self, name: str, inputs: list[Node], layout: str | None = None,
                     features: int | None = None, rw: tuple[float, float] = (1.0, 1.0),
-                    rows_scale: float | None = None) -> Node:
+                    rows_scale: float | None = None, passthrough: bool = False) -> Node:
         """A memory-bound op; all inputs are first brought to one layout. By default it
-        works on as many token rows as its inputs (MoE: the dispatched expert rows)."""
+        works on as many token rows as its inputs (MoE: the dispatched expert rows).
+        `passthrough`: it only moves rows (MoE permutes), so its gradient may stay a
+        partial sum."""
         layout = layout or inputs[0].layout
         inputs = [self.to_layout(x, layout) for x in inputs]
         rows = max((x.rows_scale for x in inputs), default=1.0) if rows_scale is None \
             else rows_scale
         return self._node(kind="elementwise", name=name, layout=layout,
                           features=features or inputs[0].features, inputs=inputs, rw=rw,
-                          rows_scale=rows)
+                          rows_scale=rows, passthrough=passthrough)
 
     def linear(self, name: str, x: Node, strategy: str, out_features: int,
                experts: int = 0, bf16: bool = False, efficiency: float = 1.0) -> Node:
@@ -230,7 +219,7 @@ class LayerGraph:
                             gemm_dtype=self._gemm_dtype(node), label=f"{node.name}.fwd",
                             efficiency=node.efficiency, **ctx)
         if node.kind == "comm":
-            return self._explicit_comm(sink, ctx, node, deps, phase, backward=False)
+            return node.comm.emit(sink, ctx, node.name, deps, phase, backward=False)
         if node.kind == "attention":
             return self._attention.emit_forward(sink, ctx, deps, phase)
         return self.elementwise_task(sink, ctx, node, phase, deps)
@@ -243,16 +232,6 @@ class LayerGraph:
         """Under FP8/FP4 GEMMs, the cast of an activation operand before the GEMM, except
         for the linears that stay in bf16; returns the GEMM's dependencies."""
         return fp8_cast_task(sink, ctx, self.shape, elements, deps, phase, name, node.bf16)
-
-    @staticmethod
-    def _explicit_comm(sink: TaskSink, ctx: dict, node: Node, deps, phase: str,
-                       backward: bool) -> int:
-        """The task of a spelled-out collective, forward or backward."""
-        c = node.comm
-        op, size = (c.bwd_op, c.bwd_nbytes) if backward else (c.op, c.nbytes)
-        label = f"grad.moe.{node.name}" if backward else f"moe.{node.name}"
-        return sink.add(kind=COMM, stream=c.stream, op=op, phase=phase, deps=tuple(deps),
-                        bytes=size, group=c.group, label=label, **ctx)
 
     def _comm(self, sink: TaskSink, ctx: dict, src: str, dst: str, features: int, deps,
               phase: str, label: str, rows_scale: float = 1.0, chunked: bool = False) -> int:
@@ -366,12 +345,14 @@ class LayerGraph:
     def _combine(self, sink: TaskSink, ctx: dict, node: Node, grads) -> int:
         """Convert consumers' gradients to the layout this node's backward needs, sum."""
         target = grad_layout_needed(node.layout) if self.shape.tp > 1 else node.layout
-        if node.kind == "comm" and len({layout for _, layout in grads}) == 1:
-            # A dispatcher's collective takes its output gradient as it comes (an
-            # all-to-all is linear: partial sums pass through it).
+        moves_rows = node.kind == "comm" or node.passthrough
+        if moves_rows and len({layout for _, layout in grads}) == 1:
+            # A dispatcher's collective or permute takes its output gradient as it comes
+            # (they are linear: partial sums pass through them).
             target = grads[0][1]
-        if node.kind == "comm":
-            self._ep_grad_layouts[node.id] = node.comm.grad_layout or target
+        if moves_rows:
+            given = node.comm.grad_layout if node.comm else None
+            self._ep_grad_layouts[node.id] = given or target
         by_layout: dict[str, list[int]] = {}
         for task, layout in grads:
             by_layout.setdefault(layout if self.shape.tp > 1 else target, []).append(task)
@@ -420,7 +401,7 @@ class LayerGraph:
         if node.kind == "comm":
             if node.comm.bwd_op is None:
                 return []
-            task = self._explicit_comm(sink, ctx, node, (ready,), "backward", backward=True)
+            task = node.comm.emit(sink, ctx, node.name, (ready,), "backward", backward=True)
             return [(node.inputs[0], (task, self._ep_grad_layouts[node.id]))]
         if node.kind == "attention":
             task = self._attention.emit_backward(sink, ctx, ready)
@@ -428,5 +409,6 @@ class LayerGraph:
                     for x in node.inputs]
         task = self.elementwise_task(sink, ctx, node, "backward", (ready,))
         # A partial-sum output's gradient is whole (R) on every rank, and so is its input's.
-        return [(x, (task, grad_layout_needed(node.layout) if not tp1 else node.layout))
-                for x in node.inputs]
+        layout = (self._ep_grad_layouts[node.id] if node.passthrough else
+                  grad_layout_needed(node.layout) if not tp1 else node.layout)
+        return [(x, (task, layout)) for x in node.inputs]

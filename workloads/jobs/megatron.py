@@ -17,6 +17,7 @@ from . import megatron_keys as K
 from .common import Exported, Imported, model_ref, unexpressed
 from .findings import Findings, JobConfigError, need_choice, need_int
 from .megatron_args import Flags, parse_args_text, parse_bridge_yaml
+from .megatron_moe import moe_block, moe_flags
 
 CP_COMM = {"p2p": "ring", "allgather": "all_gather", "a2a": "all_to_all"}
 EAGER_ATTENTION = ("unfused", "local")
@@ -183,10 +184,6 @@ def _experts(get: _Getter, experts: int, ffn: int, findings: Findings) -> dict[s
     if str(freq) != "1":     # a Python list expression in Megatron: data here, never run
         findings.problem(get.name("moe-layer-freq"), freq, "a dense/MoE layer pattern (simulated "
                          "as every layer MoE)")
-    dispatcher = get.str("moe-token-dispatcher-type", "allgather")
-    if dispatcher != "alltoall":
-        findings.problem(get.name("moe-token-dispatcher-type"), dispatcher,
-                         "the simulator models the all-to-all dispatcher")
     return {"num_experts": experts, "experts_per_token": get.int("moe-router-topk", 2),
             "moe_ffn_size": moe_ffn, "num_shared_experts": shared // moe_ffn}
 
@@ -222,6 +219,8 @@ def _plan(get: _Getter, spec: ModelSpec, ref, findings: Findings) -> dict[str, A
     }
     if get.int("ddp-bucket-size") is not None and not fsdp:
         plan["ddp"] = {"bucket_params": get.int("ddp-bucket-size")}
+    if spec.num_experts:
+        plan["moe"] = moe_block(get, tp, findings)   # megatron_moe.py
     return plan
 
 
@@ -344,7 +343,7 @@ def _model_flags(m: ModelSpec) -> list[str]:
             "--accumulate-allreduce-grads-in-fp32"]
     if m.num_experts:
         out += [f"--num-experts {m.num_experts}", f"--moe-router-topk {m.experts_per_token}",
-                f"--moe-ffn-hidden-size {m.moe_ffn_size}", "--moe-token-dispatcher-type alltoall"]
+                f"--moe-ffn-hidden-size {m.moe_ffn_size}"]
         if m.num_shared_experts:
             out.append(f"--moe-shared-expert-intermediate-size "
                        f"{m.num_shared_experts * m.moe_ffn_size}")
@@ -362,7 +361,7 @@ def _run_flags(plan: Plan) -> list[str]:
     out += [f"--tensor-model-parallel-size {mesh.tp}",
             f"--pipeline-model-parallel-size {mesh.pp}",
             f"--context-parallel-size {mesh.cp}", f"--expert-model-parallel-size {mesh.ep}"]
-    out += _pipeline_flags(plan)
+    out += _pipeline_flags(plan) + moe_flags(plan)
     switches = [("--sequence-parallel", plan.sequence_parallel),
                 ("--use-torch-fsdp2", plan.fsdp),
                 ("--use-distributed-optimizer", plan.zero_stage == 1 and not plan.fsdp),

@@ -36,7 +36,7 @@ import math
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from ..layer_graph import ExplicitComm
+from ..explicit_comm import ExplicitComm
 from ..layouts import R, S
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -106,7 +106,8 @@ def _both_ways(op: str, group: tuple[str, ...], nbytes: float, bwd_op: str | Non
 def _alltoall_dispatch(g, geo: Geometry, x, gate):
     t, r, d, b = geo.tokens, geo.rows, geo.hidden, geo.act_bytes
     # permute: read each token once, write its `sent` routed copies
-    rows = g.elementwise("permute", [x], rows_scale=geo.sent, rw=(1.0 / geo.sent, 1.0))
+    rows = g.elementwise("permute", [x], rows_scale=geo.sent, rw=(1.0 / geo.sent, 1.0),
+                         passthrough=True)
     probs = gate
     if geo.ep > 1:
         a2a = _both_ways("all_to_all", ("ep",), t * r * d * b, "all_to_all")
@@ -123,14 +124,14 @@ def _alltoall_dispatch(g, geo: Geometry, x, gate):
                                 rows_scale=r, features=1)
     if geo.local_experts > 1 and geo.ep > 1:
         # rows arrive grouped by source rank; regrouped by local expert
-        rows = g.elementwise("sort_chunks", [rows], rw=(1.0, 1.0))
+        rows = g.elementwise("sort_chunks", [rows], rw=(1.0, 1.0), passthrough=True)
     return rows, probs
 
 
 def _alltoall_combine(g, geo: Geometry, y, probs, out_layout):
     t, r, d, b = geo.tokens, geo.rows, geo.hidden, geo.act_bytes
     if geo.local_experts > 1 and geo.ep > 1:
-        y = g.elementwise("unsort_chunks", [y], rw=(1.0, 1.0))
+        y = g.elementwise("unsort_chunks", [y], rw=(1.0, 1.0), passthrough=True)
     if geo.etp > 1:
         scatter = _both_ways("reduce_scatter", ("tp",), geo.tp * t * r * d * b, "all_gather",
                              R, stream="tp")
@@ -140,7 +141,7 @@ def _alltoall_combine(g, geo: Geometry, y, probs, out_layout):
                                                      "all_to_all"))
     # unpermute: each token's routed rows, weighted, summed into one
     out = g.elementwise("unpermute", [y], layout=out_layout, rows_scale=1.0,
-                        rw=(geo.sent, 1.0))
+                        rw=(geo.sent, 1.0), passthrough=True)
     out.inputs.extend(probs)   # probabilities (and aux loss): their gradients flow back
     return out
 
@@ -161,7 +162,8 @@ def _allgather_dispatch(g, geo: Geometry, x, gate):
         mgather = _both_ways("all_gather", geo.group, t * n * e * MAP_BYTES, None)
         g.explicit_comm("dispatch_map", gate, mgather, layout=layout, rows_scale=geo.ep)
     # the gathered rows routed to this rank's experts, in expert order
-    rows = g.elementwise("permute", [rows], rows_scale=geo.rows, rw=(1.0, 1.0))
+    rows = g.elementwise("permute", [rows], rows_scale=geo.rows, rw=(1.0, 1.0),
+                         passthrough=True)
     return rows, probs
 
 
@@ -169,7 +171,7 @@ def _allgather_combine(g, geo: Geometry, y, probs, out_layout):
     t, d, b, n = geo.tokens, geo.hidden, geo.act_bytes, geo.group_size
     # unpermute into all gathered rows (zeros where another rank's experts were)
     out = g.elementwise("unpermute", [y], rows_scale=float(geo.ep),
-                        rw=(geo.rows / geo.ep, 1.0))
+                        rw=(geo.rows / geo.ep, 1.0), passthrough=True)
     out.inputs.extend(probs)   # probabilities (and aux loss): their gradients flow back
     if n > 1:
         grad = R if geo.etp > 1 or geo.tp == 1 else S
@@ -187,13 +189,14 @@ def _deepep_dispatch(g, geo: Geometry, x, gate):
         rows = g.explicit_comm("dispatch", x, fused, layout=geo.expert_layout,
                                rows_scale=geo.rows)
     # received tokens expanded to one row per local expert they chose, in expert order
-    rows = g.elementwise("permute", [rows], rows_scale=geo.rows, rw=(1.0, 1.0))
+    rows = g.elementwise("permute", [rows], rows_scale=geo.rows, rw=(1.0, 1.0),
+                         passthrough=True)
     return rows, gate
 
 
 def _deepep_combine(g, geo: Geometry, y, probs, out_layout):
     # each received token's local expert rows summed back into one (weighted)
-    out = g.elementwise("unpermute", [y], rw=(1.0, 1.0))
+    out = g.elementwise("unpermute", [y], rw=(1.0, 1.0), passthrough=True)
     out.inputs.extend(probs)   # probabilities (and aux loss): their gradients flow back
     if geo.group_size > 1:
         grad = R if geo.etp > 1 or geo.tp == 1 else S

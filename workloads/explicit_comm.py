@@ -1,0 +1,35 @@
+"""A collective a layer builder spells out instead of deriving it from a TP layout change.
+
+The MoE dispatchers (workloads/moe/dispatch.py) move token rows over the EP group, the
+expert-TP group or both, with sizes the TP layouts cannot express; the layer graph
+(workloads/layer_graph.py) emits them, forward and backward, through `emit`.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from .layer_builder import TaskSink
+from .program import COMM
+
+
+@dataclass(frozen=True)
+class ExplicitComm:
+    """Op, group and nccl-tests size of a collective in forward and in backward (bwd_op
+    None: no gradient flows back, e.g. a routing map); grad_layout: the layout of the
+    input gradient its backward yields (None: the layout its output gradient came in)."""
+
+    op: str
+    group: tuple[str, ...]
+    nbytes: float
+    bwd_op: str | None
+    bwd_nbytes: float = 0.0
+    grad_layout: str | None = None
+    stream: str = "ep"
+
+    def emit(self, sink: TaskSink, ctx: dict, name: str, deps, phase: str,
+             backward: bool) -> int:
+        """The collective's task in forward (or recompute) or backward."""
+        op, size = (self.bwd_op, self.bwd_nbytes) if backward else (self.op, self.nbytes)
+        label = f"grad.moe.{name}" if backward else f"moe.{name}"
+        return sink.add(kind=COMM, stream=self.stream, op=op, phase=phase, deps=tuple(deps),
+                        bytes=size, group=self.group, label=label, **ctx)
