@@ -42,10 +42,14 @@ def test_ring_allgather_reducescatter_8xh100(h100, op, size):
     assert plan.closed_form_s == pytest.approx(measured_s, rel=0.10)
 
 
-@pytest.mark.parametrize("size", LARGE)
+@pytest.mark.parametrize("size", LARGE[2:] + [8 << 30])
 def test_nvls_allreduce_8xh100_busbw_480(h100, size):
     # NVLS all-reduce (NCCL's default on 8xH100): busbw ~480, algbw ~275 GB/s
-    # [NVIDIA/nccl-tests issue 212; NVIDIA/nccl issue 1455].
+    # [NVIDIA/nccl-tests issue 212; NVIDIA/nccl issue 1455]. That is the plateau: NVLS
+    # ramps up slowly (it moves the message in waves of 16 channels x 8 heads x chunk),
+    # so 64 and 256 MiB measure well below it (8 x H100, NCCL_ALGO=NVLS: 362 and 423 GB/s
+    # [Azure/AI-benchmarking-guide, Azure_Results/ND_H100_v5_results.md]); this test
+    # expected 480 there too, which its sources do not say.
     bw, plan = busbw_GBps(h100, "all_reduce", range(8), size)
     assert plan.algorithm == "nvls" and plan.nvls and not plan.uses_sms
     assert bw == pytest.approx(480, rel=0.10)

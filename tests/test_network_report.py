@@ -35,7 +35,12 @@ def test_collective_table_rows():
     topo = build("dgx-h100")
     rows = collective_table(topo, "all_reduce", tuple(range(8)), parse_sizes("1K:1G"))
     assert set(rows[0]) == {"size_bytes", "time_us", "algbw_GBps", "busbw_GBps",
-                            "algorithm", "protocol"}
+                            "algorithm", "protocol", "channels", "latency_us", "fill_us",
+                            "bandwidth_us", "host_floor_us", "chunk_bytes"}
+    for r in rows:   # the split adds up to the time, and every row has its channels
+        parts = r["latency_us"] + r["fill_us"] + r["bandwidth_us"]
+        assert parts == pytest.approx(r["time_us"], rel=1e-9) and r["channels"] >= 1
+    assert rows[-1]["chunk_bytes"] > 0 and rows[0]["chunk_bytes"] == 0   # NVLS vs ring
     assert rows[0]["protocol"] == "LL" and rows[-1]["algorithm"] == "nvls"
     assert rows[-1]["busbw_GBps"] == pytest.approx(rows[-1]["algbw_GBps"] * 14 / 8)
     times = [r["time_us"] for r in rows]

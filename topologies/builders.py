@@ -51,6 +51,10 @@ class FabricSpec:
     # plugin is loaded [NVIDIA/nccl src/graph/tuning.cc, `collnetEnable`]. Off by default:
     # it needs SHARP-capable switches and the nccl-rdma-sharp plugin.
     collnet: bool = False
+    # Extra latency per network step that the NCCL net plugin reports (ncclNetProperties
+    # `latency`, NCCL's graph->latencyInter, added once per inter-node step and twice with
+    # Simple [tuning.cc]). 0 for InfiniBand verbs; a file sets it for other transports.
+    latency_s: float = 0.0
 
 
 # 400 Gb/s NDR: 50 GB/s per direction raw; "For NDR @ 400Gbps you should see 46-48GB/s
@@ -96,7 +100,8 @@ def build_cluster(name: str, devices: list[DeviceSpec], domain_size: int,
                     nic_Bps=fabric.nic_Bps if fabric else 0.0,
                     nic_nccl_Bps=fabric.nic_nccl_Bps if fabric else 0.0,
                     rails=rails, domains_per_leaf=per_leaf, description=description,
-                    collnet=bool(fabric and fabric.collnet and num_domains > 1))
+                    collnet=bool(fabric and fabric.collnet and num_domains > 1),
+                    net_latency_s=fabric.latency_s if fabric else 0.0)
 
 
 def _add_fabric(g: nx.DiGraph, num_domains: int, domain_size: int, fabric: FabricSpec) -> None:

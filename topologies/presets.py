@@ -277,7 +277,7 @@ def _fabric(raw: Any) -> FabricSpec | None:
     if not isinstance(raw, dict):
         raise TopologyError("network", raw, "an object with nics_per_domain, nic_GBps")
     _known_keys(raw, "network", ("nics_per_domain", "nic_GBps", "nic_nccl_GBps",
-                                 "domains_per_leaf", "spine_taper", "collnet"))
+                                 "domains_per_leaf", "spine_taper", "collnet", "latency_us"))
     nic = _number(raw, "nic_GBps", "network") * GB
     return FabricSpec(
         nics_per_domain=_number(raw, "nics_per_domain", "network", integer=True,
@@ -287,7 +287,9 @@ def _fabric(raw: Any) -> FabricSpec | None:
         domains_per_leaf=_number(raw, "domains_per_leaf", "network", default=32, integer=True,
                                  maximum=MAX_COUNT),
         spine_taper=_number(raw, "spine_taper", "network", default=1.0),
-        collnet=_flag(raw, "collnet", "network", False))
+        collnet=_flag(raw, "collnet", "network", False),
+        latency_s=_number(raw, "latency_us", "network", default=0.0, maximum=1e6,
+                          allow_minimum=True) * 1e-6)
 
 
 def _measured(raw: Any) -> tuple:

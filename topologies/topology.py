@@ -82,6 +82,8 @@ class Topology:
     description: str = ""
     # Whether the scale-out switches reduce in the network (InfiniBand SHARP, NCCL CollNet).
     collnet: bool = False
+    # Extra latency per network step the net plugin reports (NCCL graph->latencyInter).
+    net_latency_s: float = 0.0
     # op name -> {group size -> MeasuredCollective}; empty for modelled hardware.
     measured: Mapping[str, Mapping[int, MeasuredCollective]] = field(default_factory=dict)
 

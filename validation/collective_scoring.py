@@ -156,8 +156,9 @@ def predict(points: list[Point], systems: dict[str, dict]
         if len(ranks) != p.gpus:
             raise ValidationError(f"systems.{p.system}.group", system["group"],
                                   f"a group of {p.gpus} ranks (the row's gpus)")
-        row = collective_table(topo, p.collective, ranks, [p.size_bytes],
-                               CommOptions(algorithm=FORCED[p.algorithm]))[0]
+        options = CommOptions(algorithm=FORCED[p.algorithm],
+                              gpus_per_process=int(system.get("gpus_per_process", 1)))
+        row = collective_table(topo, p.collective, ranks, [p.size_bytes], options)[0]
         scored.append(_with_prediction(p, row))
     return scored, skipped
 

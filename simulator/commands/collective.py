@@ -22,7 +22,12 @@ def register(sub) -> None:
     p.add_argument("--sizes", default="1K:8G", help="MIN:MAX bytes, doubling (nccl-tests -f 2)")
     p.add_argument("--algorithm", choices=ALGORITHMS, help="force an algorithm")
     p.add_argument("--protocol", choices=PROTOCOLS, help="force a protocol")
-    p.add_argument("--json", action="store_true", help="print the rows as JSON")
+    p.add_argument("--gpus-per-process", type=int, default=1, metavar="N",
+                   help="GPUs one process drives (nccl-tests -g N): an iteration takes at "
+                        "least N host enqueues (default 1)")
+    p.add_argument("--json", action="store_true",
+                   help="print the rows as JSON (with algorithm, protocol, channels and the "
+                        "latency / fill / bandwidth split)")
     add_limits(p, tasks=False)
     p.add_argument("--debug", action="store_true", help=argparse.SUPPRESS)
     p.set_defaults(handler=handle)
@@ -39,17 +44,24 @@ def handle(args: argparse.Namespace) -> int:
         sizes = parse_sizes(args.sizes)
     except ValueError as exc:
         raise UsageError("--sizes", args.sizes, str(exc)) from None
+    if not 1 <= args.gpus_per_process <= 1024:
+        raise UsageError("--gpus-per-process", args.gpus_per_process, "an integer 1..1024")
     if args.op == "send_recv" and len(ranks) != 2:
         raise UsageError("--group", args.group, "two ranks (source, destination) for send_recv")
     rows = collective_table(topo, args.op, ranks, sizes,
-                            CommOptions(algorithm=args.algorithm, protocol=args.protocol))
+                            CommOptions(algorithm=args.algorithm, protocol=args.protocol,
+                                        gpus_per_process=args.gpus_per_process))
     if args.json:
         print_json(rows)
         return 0
-    print(f"# {args.op} on {topo.name}, {len(ranks)} ranks ({args.group})")
+    print(f"# {args.op} on {topo.name}, {len(ranks)} ranks ({args.group}); "
+          "nccl-tests out-of-place time")
     print(f"{'size (B)':>14} {'time (us)':>12} {'algbw (GB/s)':>13} {'busbw (GB/s)':>13}  "
-          f"{'algorithm':<10} protocol")
+          f"{'algorithm':<14} {'protocol':<8} {'ch':>3} {'lat (us)':>9} {'fill':>8} "
+          f"{'bw (us)':>10}")
     for r in rows:
         print(f"{r['size_bytes']:>14} {r['time_us']:>12.2f} {r['algbw_GBps']:>13.2f} "
-              f"{r['busbw_GBps']:>13.2f}  {r['algorithm']:<10} {r['protocol']}")
+              f"{r['busbw_GBps']:>13.2f}  {r['algorithm']:<14} {r['protocol']:<8} "
+              f"{r['channels']:>3} {r['latency_us']:>9.2f} {r['fill_us']:>8.2f} "
+              f"{r['bandwidth_us']:>10.2f}")
     return 0

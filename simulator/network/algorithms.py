@@ -24,8 +24,14 @@ and 7):
   * hierarchical: ring reduce-scatter inside each domain, ring all-reduce across domains
     on S/ppn per rail, ring all-gather inside, all pipelined. Not an NCCL
     algorithm (NCCL's form of it is nvls_tree): only used when forced.
+  * collnet_direct / collnet_chain (InfiniBand SHARP, when the fabric has it): inside each
+    domain a reduce-scatter (Direct: every GPU with its NIC is a head) or a chain to the
+    channel's head (Chain), then each head sends its S/ppn share up to its leaf switch,
+    which reduces across domains and sends the result back, then the domain all-gathers.
   * p2p: all-to-all sends S/n from every rank to every other rank (PXN routes), send_recv
     one flow.
+NVLS uses at most NCCL_MAX_NVLS_ARITY = 32 heads per domain [search.cc, device.h], so
+NVLS_Tree crosses domains on at most 32 rails.
 """
 from __future__ import annotations
 
@@ -34,9 +40,10 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from topologies.topology import gpu_node, nvswitch_node
+from topologies.topology import SPINE, gpu_node, leaf_node, nic_node, nvswitch_node
 
-from .constants import bus_factor, nvls_efficiency
+from .channels import MAX_NVLS_ARITY, MAX_RING_SEARCH_CHANNELS
+from .constants import COLLNET_MAX_LOCAL_RANKS, bus_factor, nvls_efficiency
 from .fluid import Flow, idle_time_s
 
 
@@ -101,7 +108,7 @@ def _rot(seq: tuple[int, ...], c: int) -> tuple[int, ...]:
 def _ring_pairs(shape: GroupShape, op: str, root: int) -> list[tuple[int, int, float]]:
     n = shape.n
     per_edge = bus_factor(op, n)
-    channels = shape.channels if shape.num_domains > 1 else 1
+    channels = ring_rails(shape) if shape.num_domains > 1 else 1
     pairs = []
     for c in range(channels):
         order = [r for m in shape.members for r in _rot(m, c)]
@@ -147,8 +154,14 @@ def _tree_between(heads: list[int], share: float) -> list[tuple[int, int, float]
     return pairs
 
 
+def ring_rails(shape: GroupShape) -> int:
+    """Rings (and trees) with their own NIC: one per search channel, at most
+    MAXCHANNELS / 2 = 32 [NVIDIA/nccl src/init.cc ringGraph->maxChannels]."""
+    return min(shape.channels, MAX_RING_SEARCH_CHANNELS)
+
+
 def _tree_pairs(shape: GroupShape) -> list[tuple[int, int, float]]:
-    channels = shape.channels
+    channels = ring_rails(shape)
     pairs = []
     for c in range(channels):
         chains = [_rot(m, c) for m in shape.members]
@@ -171,17 +184,73 @@ def _hier_pairs(shape: GroupShape) -> list[tuple[int, int, float]]:
     return pairs
 
 
-def _nvls_links(topology, shape: GroupShape, eff: float) -> list[Flow]:
-    """Per-GPU up and down NVSwitch flows of (n_d+1)/n_d x S / eff (in-switch AR)."""
+def _nvls_links(topology, shape: GroupShape, eff: float, op: str) -> list[Flow]:
+    """Per-GPU up and down NVSwitch flows (per byte of S, / eff) of in-switch collectives.
+
+    all-reduce: (n_d+1)/n_d x S each way; all-gather: S/n up, S down (multicast);
+    reduce-scatter: S up (multimem.ld_reduce reads every slice), S/n down.
+    """
     flows = []
     for dom, m in zip(shape.domains, shape.members):
-        per_gpu = (len(m) + 1) / len(m) / eff
+        k = len(m)
+        up, down = {"all_gather": (1 / k, 1.0), "reduce_scatter": (1.0, 1 / k)}.get(
+            op, ((k + 1) / k, (k + 1) / k))
         sw = nvswitch_node(dom)
         for r in m:
             g = gpu_node(r)
-            flows += [((topology.edge_id[(g, sw)],), per_gpu),
-                      ((topology.edge_id[(sw, g)],), per_gpu)]
+            flows += [((topology.edge_id[(g, sw)],), up / eff),
+                      ((topology.edge_id[(sw, g)],), down / eff)]
     return flows
+
+
+def nvls_heads(shape: GroupShape) -> int:
+    """GPUs per domain that lead an NVLS channel (and carry NVLS_Tree's network part)."""
+    return min(MAX_NVLS_ARITY, shape.channels)
+
+
+def _collnet_links(topology, shape: GroupShape) -> list[Flow]:
+    """Each head's NIC sends its S/ppn share to its leaf switch (SHARP reduces there) and
+    receives the result; leaves of different groups meet at the spine the same way."""
+    ppn = shape.ppn
+    flows: list[Flow] = []
+    per_leaf = max(topology.domains_per_leaf, 1)
+    groups = sorted({d // per_leaf for d in shape.domains})
+    for k in range(ppn):
+        rail = topology.local_index(shape.members[0][k]) % max(topology.rails, 1)
+        for dom, m in zip(shape.domains, shape.members):
+            leaf, nic, relay = leaf_node(dom // per_leaf, rail), nic_node(dom, rail), \
+                gpu_node(dom * topology.domain_size + rail)
+            for a, b in ((relay, nic), (nic, leaf)):
+                flows += [((topology.edge_id[(a, b)],), 1.0 / ppn),
+                          ((topology.edge_id[(b, a)],), 1.0 / ppn)]
+        if len(groups) > 1:
+            for g in groups:
+                leaf = leaf_node(g, rail)
+                flows += [((topology.edge_id[(leaf, SPINE)],), 1.0 / ppn),
+                          ((topology.edge_id[(SPINE, leaf)],), 1.0 / ppn)]
+    return flows
+
+
+def _collnet_pairs(shape: GroupShape, chain: bool) -> list[tuple[int, int, float]]:
+    """NVLink part of CollNet: reduce-scatter + all-gather inside (Direct) or a chain to
+    and from the head (Chain)."""
+    if chain:
+        return _tree_pairs_intra(shape)
+    pairs = []
+    for m in shape.members:
+        p = len(m)
+        pairs += [(a, b, 2.0 / p) for a in m for b in m if a != b]
+    return pairs
+
+
+def _tree_pairs_intra(shape: GroupShape) -> list[tuple[int, int, float]]:
+    pairs = []
+    channels = shape.channels
+    for c in range(channels):
+        for chain in (_rot(m, c) for m in shape.members):
+            for a, b in zip(chain, chain[1:]):
+                pairs += [(b, a, 1.0 / channels), (a, b, 1.0 / channels)]
+    return pairs
 
 
 def _p2p_pairs(shape: GroupShape, op: str) -> list[tuple[int, int, float]]:
@@ -197,21 +266,28 @@ def available(topology, shape: GroupShape, op: str) -> tuple[str, ...]:
         return ()
     if op in ("all_to_all", "send_recv"):
         return ("p2p",)
+    nvls = all(topology.devices[r].nvls for r in shape.ranks)
+    if op in ("all_gather", "reduce_scatter"):
+        # NVLS AG/RS: one domain, at most NCCL_MAX_NVLS_ARITY local ranks [enqueue.cc].
+        one = nvls and shape.num_domains == 1 and shape.n <= MAX_NVLS_ARITY
+        return ("ring", "nvls") if one else ("ring",)
     if op != "all_reduce":
         return ("ring",)
     algos = ["ring", "tree"]
-    nvls = all(topology.devices[r].nvls for r in shape.ranks)
     if nvls and shape.num_domains == 1:
         algos.append("nvls")
     if shape.num_domains > 1 and shape.regular:
         if nvls and shape.ppn >= 2:
             algos.append("nvls_tree")
+        if getattr(topology, "collnet", False) and shape.ppn <= COLLNET_MAX_LOCAL_RANKS:
+            algos += ["collnet_direct", "collnet_chain"]
         algos.append("hierarchical")
     return tuple(algos)
 
 
 def build_template(topology, shape: GroupShape, op: str, algorithm: str) -> Template:
     """Flows (per byte of S) of `op` run with `algorithm` on the group, on idle links."""
+    extra: list[Flow] = []
     if algorithm == "ring":
         pairs = _ring_pairs(shape, op, shape.ranks[0])
     elif algorithm == "tree":
@@ -220,11 +296,17 @@ def build_template(topology, shape: GroupShape, op: str, algorithm: str) -> Temp
         pairs = _hier_pairs(shape)
     elif algorithm == "p2p":
         pairs = _p2p_pairs(shape, op)
+    elif algorithm in ("collnet_direct", "collnet_chain"):
+        pairs = _collnet_pairs(shape, chain=algorithm == "collnet_chain")
+        extra = _collnet_links(topology, shape)
     elif algorithm in ("nvls", "nvls_tree"):
         pairs = []
         if algorithm == "nvls_tree":
-            for k in range(shape.ppn):
-                pairs += _tree_between([m[k] for m in shape.members], 1.0 / shape.ppn)
+            heads = nvls_heads(shape)
+            for k in range(heads):
+                pairs += _tree_between([m[k] for m in shape.members], 1.0 / heads)
+        eff = nvls_efficiency(topology.devices[shape.ranks[0]].name)
+        extra = _nvls_links(topology, shape, eff, op)
     else:
         raise ValueError(f"unknown algorithm {algorithm!r}")
     agg: dict[tuple[int, ...], float] = defaultdict(float)
@@ -232,10 +314,8 @@ def build_template(topology, shape: GroupShape, op: str, algorithm: str) -> Temp
         route = topology.route(a, b)
         if route and w > 0:
             agg[route] += w
-    if algorithm in ("nvls", "nvls_tree"):
-        eff = nvls_efficiency(topology.devices[shape.ranks[0]].name)
-        for route, w in _nvls_links(topology, shape, eff):
-            agg[route] += w
+    for route, w in extra:
+        agg[route] += w
     flows = tuple(sorted(agg.items()))
     caps = np.asarray(topology.link_nccl_Bps, dtype=float)
     return Template(algorithm, flows, idle_time_s(flows, caps))

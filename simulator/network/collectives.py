@@ -11,22 +11,28 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from .algorithms import GroupShape, Template, available, build_template, group_shape
-from .constants import (LATENCY_INTER_S, NET_OVERHEAD_S, RING_EFFICIENCY,
-                        RING_PLATEAU_FACTOR, TREE_EFFICIENCY, TREE_LL128_ONE_NODE_EFFICIENCY,
-                        base_latency_s, bus_factor, hw_latency_s, ll_max_bw_Bps,
-                        tree_correction)
+from .algorithms import (GroupShape, Template, available, build_template, group_shape,
+                         nvls_heads, ring_rails)
+from .channels import (ONE_NODE_SEARCH_CHANNELS, coll_channels, device_arch, nvls_channels,
+                       nvls_search_speed_GBps, tuned_channels)
+from .constants import (COLLNET_DIRECT_SM90_EFFICIENCY, RING_EFFICIENCY, TREE_EFFICIENCY,
+                        TREE_LL128_ONE_NODE_EFFICIENCY, bus_factor, ll_max_bw_Bps,
+                        nvls_efficiency, per_channel_cap_Bps, tree_correction)
 from .fluid import Flow
+from .latency import host_floor_s, nccl_latency_s, nvls_fill_s
 
 OPS = ("all_reduce", "all_gather", "reduce_scatter", "all_to_all", "broadcast", "reduce",
        "send_recv")
-ALGORITHMS = ("ring", "tree", "nvls", "nvls_tree", "hierarchical")
-# NVLS and NVLS_Tree run Simple only [tuning.cc]. NCCL's p2p path
+ALGORITHMS = ("ring", "tree", "nvls", "nvls_tree", "collnet_direct", "collnet_chain",
+              "hierarchical")
+# NVLS, NVLS_Tree and CollNet run Simple only [tuning.cc]. NCCL's p2p path
 # uses LL below NCCL_P2P_LL_THRESHOLD and Simple above (no LL128).
-_PROTOCOLS = {"nvls": ("Simple",), "nvls_tree": ("Simple",), "p2p": ("LL", "Simple")}
+_PROTOCOLS = {"nvls": ("Simple",), "nvls_tree": ("Simple",), "collnet_direct": ("Simple",),
+              "collnet_chain": ("Simple",), "p2p": ("LL", "Simple")}
 _ALL_PROTOCOLS = ("LL", "LL128", "Simple")
 # Algorithms the tuner may pick by itself; "hierarchical" only when forced (not NCCL's).
-_AUTO = ("ring", "tree", "nvls", "nvls_tree", "p2p")
+_AUTO = ("ring", "tree", "nvls", "nvls_tree", "collnet_direct", "collnet_chain", "p2p")
+_NVLS = ("nvls", "nvls_tree")
 
 
 @dataclass(frozen=True)
@@ -42,6 +48,9 @@ class CommOptions:
     algorithm: str | None = None
     protocol: str | None = None
     flow_sharing: bool = True
+    # GPUs one process drives (nccl-tests -g N): an nccl-tests iteration takes at least
+    # N host enqueues. 1 = one process per GPU, as training jobs (and mpirun -np N) run.
+    gpus_per_process: int = 1
 
 
 @dataclass(frozen=True)
@@ -56,15 +65,15 @@ class CollectivePlan:
     closed_form_s: float        # latency_s + transfer time on idle links
     uses_sms: bool              # False for in-switch reduction (NVLS): little SM work
     nvls: bool
+    channels: int = 0           # CUDA blocks NCCL runs it on
+    fill_s: float = 0.0         # NVLS pipeline fill, part of latency_s
+    floor_s: float = 0.0        # host-floor excess (nccl-tests -g N), part of latency_s
+    chunk_bytes: int = 0        # NVLS chunk per channel and head (0: not NVLS)
 
     @property
     def transfer_s(self) -> float:
         """Transfer part of the closed form (idle links)."""
         return self.closed_form_s - self.latency_s
-
-
-def _log2i(x: int) -> int:
-    return max(int(x).bit_length() - 1, 0)
 
 
 class CollectiveModel:
@@ -141,14 +150,56 @@ class CollectiveModel:
             template = self.template(op, ranks, algo)
             for proto in self._protocols(algo):
                 eff = self._efficiency(shape, op, algo, proto, size, template)
-                lat = self._latency_s(shape, op, algo, proto, size)
-                t = lat + template.unit_time_s * size / eff
-                if best is None or t < best[0]:
-                    best = (t, lat, algo, proto, eff, template)
-        t, lat, algo, proto, eff, template = best
+                channels = self._channels(shape, algo, proto, size)
+                lat = nccl_latency_s(shape, op, algo, proto, size, channels,
+                                     self.topology.net_latency_s)
+                fill, chunk = 0.0, 0
+                if algo in _NVLS:
+                    fill, chunk = nvls_fill_s(op, algo, shape, size, channels,
+                                              nvls_heads(shape), template.unit_time_s)
+                # NCCL's tuner chooses by its own model, which has no pipeline fill
+                # [enqueue.cc topoGetAlgoInfo]; the fill is paid after the choice.
+                tuned = lat + template.unit_time_s * size / eff
+                if best is None or tuned < best[0]:
+                    best = (tuned, lat, fill, chunk, channels, algo, proto, eff, template)
+        tuned, lat, fill, chunk, channels, algo, proto, eff, template = best
+        t = tuned + fill
+        floor = max(host_floor_s(self.options.gpus_per_process) - t, 0.0)
         flows = tuple((route, w * size / eff) for route, w in template.flows)
-        is_nvls = algo in ("nvls", "nvls_tree")
-        return CollectivePlan(op, algo, proto, lat, flows, t, not is_nvls, is_nvls)
+        is_nvls = algo in _NVLS
+        return CollectivePlan(op, algo, proto, lat + fill + floor, flows, t + floor,
+                              not is_nvls, is_nvls, channels, fill, floor, chunk)
+
+    def _channels(self, shape: GroupShape, algo: str, proto: str, size: float) -> int:
+        """Channels NCCL runs the collective on (enqueue.cc topoGetAlgoInfo)."""
+        device = self.topology.devices[shape.ranks[0]]
+        arch = device_arch(device.name)
+        if algo in _NVLS:
+            return nvls_channels(arch, shape.num_domains, shape.ppn,
+                                 self.topology.nic_nccl_Bps / 1e9)
+        base = coll_channels(arch, shape.num_domains, min(shape.channels, self.topology.rails)
+                             if shape.num_domains > 1 else 0)
+        return tuned_channels(base, algo, proto, size, shape.n)
+
+    def _nvls_search_algbw(self, shape: GroupShape, op: str) -> float:
+        """NVLS algorithm bandwidth (bytes/s) at NCCL's searched per-head speed: heads x
+        speed x nvlsEfficiency x (heads-1)/heads, x2 for all-reduce ("pipelines two
+        operations", then x n/nsteps) or x (n-1)/n for all-gather / reduce-scatter
+        [tuning.cc ncclTopoTuneModel]; unbounded when every GPU is a head."""
+        device = self.topology.devices[shape.ranks[0]]
+        heads, n = nvls_heads(shape), shape.n
+        if heads < 2 or heads >= shape.ppn:
+            # One head per GPU (<= 32 GPUs per domain): the links alone match nccl-tests
+            # (5-8 x H100 NVLS 420-480 GB/s, NVIDIA/nccl issue 1455), where the search's
+            # quantised speed would say 408 at 7 GPUs. With more GPUs than heads (NVL72),
+            # every GPU's NVLink carries 33 head paths at one searched speed.
+            return float("inf")
+        speed = nvls_search_speed_GBps(device_arch(device.name), heads,
+                                       device.nccl_nvlink_Bps / 1e9) * 1e9
+        per_head = speed * nvls_efficiency(device.name) * (heads - 1) / heads
+        if op == "all_reduce":
+            return heads * per_head * 2 * n / (2 * (n - 1))
+        return heads * per_head * (n - 1) / n
 
     def _protocols(self, algo: str) -> tuple[str, ...]:
         protos = _PROTOCOLS.get(algo, _ALL_PROTOCOLS)
@@ -162,8 +213,21 @@ class CollectiveModel:
         NCCL's llMaxBw cap on LL bus bandwidth becomes a lower payload fraction, so the
         flows carry it too: eff = min(LL factor, llMaxBw / link-limited busBw).
         """
-        if algo in ("nvls", "nvls_tree"):
-            return 1.0  # nvlsEfficiency is in the template's flows
+        device = self.topology.devices[shape.ranks[0]]
+        if algo in _NVLS and template.unit_time_s > 0:
+            # nvlsEfficiency is in the template's flows; NCCL's searched per-head speed
+            # bounds the in-domain part, and NVLS_Tree's heads have NCCL's per-channel cap.
+            eff = min(1.0, self._nvls_search_algbw(shape, op) * template.unit_time_s)
+            if algo == "nvls_tree":
+                cap = nvls_heads(shape) * per_channel_cap_Bps(
+                    "nvls_tree", device_arch(device.name), shape.num_domains)
+                eff = min(eff, cap * template.unit_time_s / bus_factor(op, shape.n))
+            return eff
+        if algo in _NVLS or algo == "collnet_chain":
+            return 1.0
+        if algo == "collnet_direct":
+            hopper_on = device_arch(device.name) in ("hopper", "blackwell")
+            return COLLNET_DIRECT_SM90_EFFICIENCY if hopper_on else 1.0
         if algo == "tree":
             eff = TREE_EFFICIENCY[proto]
             if proto == "LL128" and shape.num_domains == 1:
@@ -174,43 +238,13 @@ class CollectiveModel:
             eff = RING_EFFICIENCY[proto]
             link_busbw = bus_factor(op, shape.n) / template.unit_time_s
         if proto == "LL" and algo != "p2p" and template.unit_time_s > 0:
-            device = self.topology.devices[shape.ranks[0]].name
-            eff = min(eff, ll_max_bw_Bps(device, shape.num_domains) / link_busbw)
+            eff = min(eff, ll_max_bw_Bps(device.name, shape.num_domains) / link_busbw)
+        kind = {("ring", "LL128"): "ring_LL128", ("tree", "LL128"): "tree_LL128"}.get(
+            (algo, proto), "tree" if algo == "tree" else None)
+        if kind and template.unit_time_s > 0:
+            search = ring_rails(shape) if shape.num_domains > 1 else ONE_NODE_SEARCH_CHANNELS
+            cap = search * per_channel_cap_Bps(kind, device_arch(device.name),
+                                               shape.num_domains)
+            eff = min(eff, cap / link_busbw * (tree_correction(proto, size)
+                                               if algo == "tree" else 1.0))
         return eff
-
-    @staticmethod
-    def _latency_s(shape: GroupShape, op: str, algo: str, proto: str, size: float) -> float:
-        """NCCL tuning.cc latency of (algorithm, protocol) on this group (references 1.3)."""
-        n, nodes, ppn = shape.n, shape.num_domains, shape.ppn
-        multi = nodes > 1
-        lat_algo = "ring" if algo in ("p2p", "hierarchical") else algo
-        base = base_latency_s(lat_algo, proto)
-        intra = hw_latency_s("nvlink", lat_algo, proto)
-        # NCCL: with one GPU per node the network step costs Tree's NET latency.
-        inter = hw_latency_s("net", "tree" if ppn == 1 and lat_algo == "ring" else lat_algo,
-                             proto)
-        inter += LATENCY_INTER_S * (2 if proto == "Simple" else 1)
-        net_oh = NET_OVERHEAD_S * (3 if proto == "Simple" else 1) if multi else 0.0
-        step = max(intra, net_oh)
-        if algo == "nvls":
-            return intra
-        if algo == "nvls_tree":
-            return base + intra + 2 * _log2i(nodes) * inter
-        if algo == "tree":
-            return base + 2 * ((ppn - 1) * intra + _log2i(nodes) * inter)
-        if algo == "hierarchical":   # assumption: RS + AG ring steps inside, AR ring across
-            return base + 2 * (ppn - 1) * step + 2 * (nodes - 1) * inter
-        if op == "send_recv":        # assumption: one ring step (NCCL has no p2p model)
-            return base + (inter if multi else intra)
-        if op == "all_reduce":
-            nsteps, n_inter = 2 * (n - 1), 2 * (nodes - 1)
-        elif op in ("all_gather", "reduce_scatter", "all_to_all"):
-            # all-to-all: assumption, priced like a ring all-gather (NCCL has no model)
-            nsteps, n_inter = n - 1, nodes - 1
-        else:
-            nsteps, n_inter = n, nodes - 1
-        lat = base + (nsteps - n_inter) * step + n_inter * inter
-        if (op == "all_reduce" and proto == "Simple" and multi
-                and size / (max(shape.channels, 1) * n) >= 64):
-            lat *= RING_PLATEAU_FACTOR
-        return lat

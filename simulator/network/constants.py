@@ -17,16 +17,27 @@ _P = {p: i for i, p in enumerate(PROTOCOLS)}
 _BASE_LAT_US = {
     "ring": (6.6, 14.0, 8.4),
     "tree": (6.8, 14.0, 8.4),
+    "collnet_direct": (0.0, 0.0, 0.0),
+    "collnet_chain": (0.0, 0.0, 0.0),
     "nvls": (0.0, 0.0, 0.0),
     "nvls_tree": (0.0, 0.0, 0.0),
 }
 # hwLatencies (us per step) for NVLINK and NET [tuning.cc].
 _HW_LAT_US = {
     "nvlink": {"ring": (0.6, 1.9, 3.4), "tree": (0.6, 1.25, 4.0),
+               "collnet_direct": (0.0, 0.0, 3.7), "collnet_chain": (0.0, 0.0, 2.8),
                "nvls": (0.0, 0.0, 25.0), "nvls_tree": (0.0, 0.0, 25.0)},
     "net": {"ring": (2.7, 4.0, 14.0), "tree": (5.0, 8.5, 14.0),
+            "collnet_direct": (0.0, 0.0, 31.0), "collnet_chain": (0.0, 0.0, 30.0),
             "nvls": (0.0, 0.0, 18.0), "nvls_tree": (0.0, 0.0, 20.9)},
 }
+# CollNetDirect: 0.4 us of "arity serialization latency" per local rank [tuning.cc].
+COLLNET_ARITY_LAT_S = 0.4 * US
+# CollNetDirect and CollNetChain run only with at most NCCL_MAX_DIRECT_ARITY + 1 = 8 GPUs
+# per node [enqueue.cc updateCollCostTable; device.h]; CollNetDirect's bandwidth is x0.85
+# from SM90 on [tuning.cc].
+COLLNET_MAX_LOCAL_RANKS = 8
+COLLNET_DIRECT_SM90_EFFICIENCY = 0.85
 # getNetOverhead(): 1.0 us on Intel x86 (2.0 on AMD) [tuning.cc].
 # Assumption: Intel hosts (DGX H100 ships Xeon 8480C). Tripled for Simple.
 NET_OVERHEAD_S = 1.0 * US
@@ -70,6 +81,30 @@ LL_MAX_BW_ONE_NODE_DEFAULT_BPS = 141e9   # assumption: Hopper row for custom dev
 LL_MAX_BW_MULTI_NODE_BPS = (39e9, 20.4e9)  # Intel row, [2 nodes, >= 3 nodes]
 
 
+# Per-channel bus-bandwidth caps (GB/s) NCCL's tuner applies, by architecture and by
+# [1 node, 2 nodes, >= 3 nodes] [tuning.cc perChMaxRingLL128Bws, perChMaxTreeLL128Bws,
+# perChMaxTreeBws, perChMaxNVLSTreeBws]: what one channel (one CUDA block) sustains.
+PER_CHANNEL_CAP_GBPS = {
+    "ring_LL128": {"ampere": (20.0, 20.0, 20.0), "hopper": (36.7, 36.7, 36.7),
+                   "blackwell": (40.0, 40.0, 40.0)},
+    "tree_LL128": {"ampere": (20.0, 20.0, 20.0), "hopper": (36.7, 36.7, 29.0),
+                   "blackwell": (55.6, 31.67, 20.0)},
+    "tree": {"ampere": (24.0, 23.6, 17.8), "hopper": (38.7, 41.4, 36.0),
+             "blackwell": (70.0, 42.8, 24.0)},
+    "nvls_tree": {"ampere": (24.0, 23.6, 17.8), "hopper": (0.0, 57.7, 45.5),
+                  "blackwell": (0.0, 96.0, 80.0)},
+}
+
+
+def per_channel_cap_Bps(kind: str, arch: str, nodes: int) -> float:
+    """NCCL's per-channel cap for (kind, architecture, node count); inf when none."""
+    row = PER_CHANNEL_CAP_GBPS[kind].get(arch)
+    if row is None:
+        return float("inf")
+    value = row[0 if nodes <= 1 else 1 if nodes == 2 else 2]
+    return value * 1e9 if value > 0 else float("inf")
+
+
 def ll_max_bw_Bps(device_name: str, nodes: int) -> float:
     """NCCL llMaxBw: the cap on LL bus bandwidth."""
     if nodes <= 1:
@@ -96,6 +131,18 @@ def tree_correction(protocol: str, size_bytes: float) -> float:
     return float(table[log_size]) if log_size < 23 else 1.0
 
 
+# NCCL's compute-capability classes [tuning.cc compCapIndex]: the devices the simulator
+# knows, by name. Assumption: a custom device with NVLS is Hopper-class, else Ampere.
+_ARCH = {"a100": "ampere", "h100": "hopper", "h100-hbm2e": "hopper", "h200": "hopper",
+         "h20": "hopper", "b200": "blackwell", "gb200": "blackwell", "b300": "blackwell",
+         "gb300": "blackwell"}
+
+
+def arch_of(device_name: str, nvls: bool = True) -> str:
+    """volta / ampere / hopper / blackwell for a device name."""
+    return _ARCH.get(device_name.lower(), "hopper" if nvls else "ampere")
+
+
 def nvls_efficiency(device_name: str) -> float:
     """NCCL nvlsEfficiency for a device (Hopper 0.85, Blackwell 0.74)."""
     return NVLS_EFFICIENCY.get(device_name.lower(), NVLS_EFFICIENCY_DEFAULT)
@@ -110,3 +157,49 @@ def bus_factor(op: str, n: int) -> float:
     if op in ("all_gather", "reduce_scatter", "all_to_all"):
         return (n - 1) / n
     return 1.0  # broadcast, reduce, send_recv
+
+
+# -- nccl-tests' measurement and the NCCL kernels' pipelines --------------------------
+# nccl-tests times a loop of back-to-back collectives; with `-g N` one host thread
+# enqueues the collective on N GPUs per iteration (ncclGroupStart/End around N calls),
+# so an iteration cannot take less than N host enqueues [NVIDIA/nccl-tests
+# src/common.cu, startColl/completeColl]. Host cost of one enqueue: 3.85 us, an
+# ESTIMATE from one system's measurement (Azure ND GB200 v6, -g 4, all-reduce of 1 KiB
+# forced to Ring: 15.4 us per iteration / 4 GPUs [Azure/AI-benchmarking-guide,
+# Azure_Results/ND_GB200_v6_results.md]); it binds only when N x 3.85 us exceeds the
+# device time, i.e. for small messages driven by one process per node.
+HOST_ENQUEUE_S = 3.85 * US
+# Data movements of one chunk through NCCL's NVLS kernels [src/device/all_reduce.h
+# RunWorkColl NVLS: scatter into the NVLS buffer, reduce through the switch
+# (multimem.ld_reduce), multicast store, gather out of the buffer; all_gather.h and
+# reduce_scatter.h NVLS: three]. A pipeline of k stages fills in k - 1 waves of
+# channels x heads x chunk bytes.
+NVLS_STAGES = {"all_reduce": 4, "all_gather": 3, "reduce_scatter": 3}
+
+# Assumptions and estimates of the collective model, for `validation collectives` to
+# list: (name, value, what it rests on).
+ASSUMPTIONS = (
+    ("NET_OVERHEAD_S", "1.0 us", "NCCL getNetOverhead() on Intel x86 hosts (2.0 on AMD); "
+     "Intel assumed [nccl src/graph/tuning.cc]"),
+    ("LATENCY_INTER_S", "0", "graph->latencyInter, the extra latency a net plugin reports; "
+     "0 assumed for InfiniBand"),
+    ("NVLS_EFFICIENCY_DEFAULT", "0.85", "Hopper's nvlsEfficiency for NVLS-capable devices "
+     "NCCL's table does not name [tuning.cc]"),
+    ("LL_MAX_BW_ONE_NODE_DEFAULT_BPS", "141 GB/s", "Hopper's llMaxBw row for custom devices"),
+    ("LL_MAX_BW_MULTI_NODE_BPS", "39 / 20.4 GB/s", "llMaxBw across nodes, Intel CPU row"),
+    ("hierarchical base latency", "ring's", "not an NCCL algorithm; only when forced"),
+    ("HOST_ENQUEUE_S", "3.85 us per GPU a process drives",
+     "ESTIMATED on azure-nd-gb200-v6-4 (1 KiB, -g 4, Ring: 15.4 us / 4); in-sample there, "
+     "scored on the other -g N systems"),
+    ("NVLS_STAGES", "AR 4, AG/RS 3 chunk movements",
+     "NCCL NVLS kernels' warp groups (scatter, reduce, multicast, gather) [all_reduce.h]"),
+    ("ONE_NODE_SEARCH_CHANNELS", "16 (32 coll channels)", "NCCL INIT log of 8 x H100; "
+     "reported channels only, the links set the bandwidth"),
+    ("NVLS heads", "min(32, GPUs per domain)", "NCCL_MAX_NVLS_ARITY [search.cc, device.h]"),
+    ("nvl72 scale-out", "one 400 Gb/s NIC per GPU", "typical GB200 deployments; a topology "
+     "file sets another"),
+    ("HDR_200G nic_nccl_Bps", "24 GB/s", "96 % of 25 GB/s, the ratio NDR reaches "
+     "(46-48 of 50 GB/s, NVIDIA/nccl-tests issue 290)"),
+    ("CollNet (SHARP)", "switch reduces at NIC rate", "off unless network.collnet; "
+     "NCCL's CollNet latencies and x0.85 Direct factor [tuning.cc]"),
+)

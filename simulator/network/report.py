@@ -1,6 +1,7 @@
 """nccl-tests-style tables of the collective model (`python -m simulator collective`).
 
-Sizes follow nccl-tests: `-b 1K -e 8G -f 2` is `parse_sizes("1K:8G")`; K/M/G are powers
+Rows predict nccl-tests' out-of-place figure (the closed-form time on idle links; NCCL
+runs in-place the same way, nccl-tests reports both). Sizes follow nccl-tests: `-b 1K -e 8G -f 2` is `parse_sizes("1K:8G")`; K/M/G are powers
 of 1024 as in nccl-tests. Rows report algbw = S / t and busbw = algbw x bus factor
 (doc/PERFORMANCE.md), in GB/s of 1e9 bytes.
 """
@@ -106,7 +107,10 @@ def group_ranks(topology, expr: str | int) -> tuple[int, ...]:
 
 def collective_table(topology, op: str, ranks: tuple[int, ...], sizes: list[int],
                      options: CommOptions = CommOptions()) -> list[dict]:
-    """One nccl-tests-like row per size: size, time, algbw, busbw, algorithm, protocol."""
+    """One nccl-tests-like row per size: size, time, algbw, busbw, and why it costs that:
+    NCCL's algorithm, protocol and channels, and the time split into latency (NCCL's
+    per-step latencies, plus the host floor of nccl-tests -g N), pipeline fill (NVLS) and
+    bandwidth (the bytes on the links)."""
     model = CollectiveModel(topology, options)
     factor = bus_factor(op, len(ranks))
     rows = []
@@ -115,6 +119,12 @@ def collective_table(topology, op: str, ranks: tuple[int, ...], sizes: list[int]
         t = plan.closed_form_s
         algbw = size / t / 1e9 if t > 0 else 0.0
         rows.append({"size_bytes": int(size), "time_us": float(t * 1e6),
-                     "algbw_GBps": float(algbw), "busbw_GBps": float(algbw * factor), "algorithm": plan.algorithm,
-                     "protocol": plan.protocol})
+                     "algbw_GBps": float(algbw), "busbw_GBps": float(algbw * factor),
+                     "algorithm": plan.algorithm, "protocol": plan.protocol,
+                     "channels": int(plan.channels),
+                     "latency_us": float((plan.latency_s - plan.fill_s) * 1e6),
+                     "fill_us": float(plan.fill_s * 1e6),
+                     "bandwidth_us": float(plan.transfer_s * 1e6),
+                     "host_floor_us": float(plan.floor_s * 1e6),
+                     "chunk_bytes": int(plan.chunk_bytes)})
     return rows

@@ -1,0 +1,93 @@
+"""Latency of one collective: NCCL's per-algorithm model, the NVLS pipeline fill, and the
+host floor of nccl-tests' loop.
+
+  * `nccl_latency_s`: NCCL's tuning model [NVIDIA/nccl src/graph/tuning.cc
+    ncclTopoTuneModel, ncclTopoGetAlgoTime]: base latency + per-step hardware latencies
+    (NVLink inside a domain, network across), by algorithm, protocol, GPU count and node
+    count.
+  * `nvls_fill_s`: NVLS and NVLS_Tree move the message in waves of channels x heads x
+    chunk bytes [enqueue.cc calcCollChunking]; a chunk passes NVLS_STAGES data movements
+    in one domain and, with NVLS_Tree, one network hop per tree level up and down, so the
+    pipeline fills in (stages - 1 + 2 x depth) waves before it streams.
+  * `host_floor_s`: an nccl-tests iteration takes at least the host's enqueue of the
+    collective on every GPU its process drives (`-g N`).
+"""
+from __future__ import annotations
+
+from .algorithms import GroupShape
+from .channels import nvls_chunk_bytes
+from .constants import (COLLNET_ARITY_LAT_S, HOST_ENQUEUE_S, LATENCY_INTER_S,
+                        NET_OVERHEAD_S, NVLS_STAGES, RING_PLATEAU_FACTOR, base_latency_s,
+                        hw_latency_s)
+
+
+def _log2i(x: int) -> int:
+    return max(int(x).bit_length() - 1, 0)
+
+
+def nccl_latency_s(shape: GroupShape, op: str, algo: str, proto: str, size: float,
+                   channels: int, latency_inter_s: float = LATENCY_INTER_S) -> float:
+    """NCCL tuning.cc latency of (algorithm, protocol) on this group; `latency_inter_s` is
+    the net plugin's reported latency (graph->latencyInter)."""
+    n, nodes, ppn = shape.n, shape.num_domains, shape.ppn
+    multi = nodes > 1
+    lat_algo = "ring" if algo in ("p2p", "hierarchical") else algo
+    base = base_latency_s(lat_algo, proto)
+    intra = hw_latency_s("nvlink", lat_algo, proto)
+    # NCCL: with one GPU per node the network step costs Tree's NET latency.
+    inter = hw_latency_s("net", "tree" if ppn == 1 and lat_algo == "ring" else lat_algo,
+                         proto)
+    inter += latency_inter_s * (2 if proto == "Simple" else 1)
+    net_oh = NET_OVERHEAD_S * (3 if proto == "Simple" else 1) if multi else 0.0
+    step = max(intra, net_oh)
+    if algo == "nvls":
+        return intra + (inter if multi else 0.0)
+    if algo == "nvls_tree":
+        return base + intra + 2 * _log2i(nodes) * inter
+    if algo == "tree":
+        return base + 2 * ((ppn - 1) * intra + _log2i(nodes) * inter)
+    if algo == "collnet_direct":
+        return base + 2 * (min(1, ppn - 1) * intra + (ppn - 1) * COLLNET_ARITY_LAT_S) + inter
+    if algo == "collnet_chain":
+        return base + 2 * (ppn - 1) * intra + inter
+    if algo == "hierarchical":   # assumption: RS + AG ring steps inside, AR ring across
+        return base + 2 * (ppn - 1) * step + 2 * (nodes - 1) * inter
+    if op == "send_recv":        # assumption: one ring step (NCCL has no p2p model)
+        return base + (inter if multi else intra)
+    if op == "all_reduce":
+        nsteps, n_inter = 2 * (n - 1), 2 * (nodes - 1)
+    elif op in ("all_gather", "reduce_scatter", "all_to_all"):
+        # all-to-all: assumption, priced like a ring all-gather (NCCL has no model)
+        nsteps, n_inter = n - 1, nodes - 1
+    else:
+        nsteps, n_inter = n, nodes - 1
+    lat = base + (nsteps - n_inter) * step + n_inter * inter
+    if (op == "all_reduce" and proto == "Simple" and multi
+            and size / (max(channels, 1) * n) >= 64):
+        lat *= RING_PLATEAU_FACTOR
+    return lat
+
+
+def tree_depth(nodes: int) -> int:
+    """Levels of NCCL's binary tree over `nodes` nodes [trees.cc ncclGetBtree]."""
+    return (nodes - 1).bit_length() if nodes > 1 else 0
+
+
+def nvls_fill_s(op: str, algo: str, shape: GroupShape, size: float, channels: int,
+                heads: int, unit_time_s: float) -> tuple[float, int]:
+    """(pipeline-fill seconds, chunk bytes) of an NVLS or NVLS_Tree collective.
+
+    `unit_time_s` is the streaming time per byte of S on idle links, so a wave of W bytes
+    streams in W x unit_time_s.
+    """
+    chunk = nvls_chunk_bytes(algo, size, channels, heads, shape.num_domains)
+    wave = min(channels * heads * chunk, size)
+    stages = NVLS_STAGES.get(op, 3) - 1
+    if algo == "nvls_tree":
+        stages += 2 * tree_depth(shape.num_domains)
+    return stages * wave * unit_time_s, chunk
+
+
+def host_floor_s(gpus_per_process: int) -> float:
+    """Least time of one nccl-tests iteration: one host enqueue per GPU of the process."""
+    return max(gpus_per_process, 0) * HOST_ENQUEUE_S
