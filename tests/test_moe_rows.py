@@ -151,3 +151,10 @@ def test_groups_cross_model_kind_and_gpu():
     assert g["class:dense-b200"]["bias_pct"] == -4.0
     assert g["model:dense"]["n"] == 2 and "class:dense-a100" not in g
     assert set(CLASSES.values()) == {"moe-hopper", "moe-blackwell", "dense-b200", "dense-gb200"}
+
+
+def test_a_recipe_with_other_bf16_layers_is_not_priced_as_the_simulators():
+    row = dict(next(r for r in _rows() if r["id"] == "mb-llama3-8b-gb200-fp8-8"))
+    assert cannot_express(row) is None            # fp8: every layer quantised, as the run
+    reason = cannot_express(dict(row, dtype="bf16", bf16_layers="2"))
+    assert reason and "BF16" in reason and "bf16_layers" not in reason

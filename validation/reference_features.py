@@ -112,6 +112,26 @@ def _plan_moe_keys() -> tuple[str, ...]:
     return tuple(MOE_KEYS)
 
 
+def check_bf16_layers(dtype: str, bf16_layers: int) -> None:
+    """CannotExpress unless the simulator's recipe for `dtype` keeps as many transformer
+    layers in BF16 at each end as the row's precision recipe does (Megatron-Bridge's
+    performance recipes keep none: `first_last_layers_bf16` False, mixed_precision.py)."""
+    try:
+        from workloads.precision import RECIPES
+    except ImportError:
+        RECIPES = {}
+    recipe = RECIPES.get(dtype)
+    kept = (getattr(recipe, "bf16_first_layers", 0), getattr(recipe, "bf16_last_layers", 0))
+    if recipe is None and not bf16_layers:
+        return
+    if recipe is None or kept != (bf16_layers, bf16_layers):
+        have = (f"the simulator's {dtype} recipe keeps the first {kept[0]} and last {kept[1]}"
+                if recipe is not None else "the plan has no per-layer precision")
+        raise CannotExpress(f"{dtype} with {bf16_layers} transformer layers at each end in "
+                            f"BF16 (the run's precision recipe): {have}, and no plan key "
+                            "sets them")
+
+
 def explain_plan_error(exc: Exception) -> str:
     """'cannot express: ...' from the plan parser's or topology builder's refusal."""
     field = getattr(exc, "field", None)

@@ -26,7 +26,8 @@ from typing import Any
 
 from .csv_input import read_reference_csv
 from .errors import ValidationError
-from .reference_features import CannotExpress, explain_plan_error, model_ref, moe_block
+from .reference_features import (CannotExpress, check_bf16_layers, explain_plan_error,
+                                 model_ref, moe_block)
 
 REFERENCE_DIR = Path(__file__).parent / "references"
 DEFAULT_CSV = REFERENCE_DIR / "training_runs.csv"
@@ -143,9 +144,8 @@ def plan_dict(row: dict[str, str]) -> dict[str, Any]:
         moe = moe_block(row, num("tp"))
         if moe:
             raw["moe"] = moe
-    if num("bf16_layers", 0):
-        raise CannotExpress(f"{row['bf16_layers']} transformer layers at each end kept in BF16 "
-                            "by the precision recipe: the plan has no per-layer precision")
+    if row.get("bf16_layers"):
+        check_bf16_layers(row.get("dtype") or "bf16", num("bf16_layers", 0))
     if num("cp") > 1:
         raw["context_parallel"] = {"mode": row.get("cp_mode") or "ring"}
     if num("tp") > 1:
