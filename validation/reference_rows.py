@@ -213,15 +213,20 @@ def cannot_express(row: dict[str, str]) -> str | None:
     row needs is checked against the code as it is, not against a list kept here.
     """
     from topologies import TopologyError
-    from workloads import WorkloadError, plan_from_dict
+    from workloads import WorkloadError, plan_from_dict, resolve
 
     try:
-        plan_from_dict(plan_dict(row))
+        resolve(plan_from_dict(plan_dict(row)), int(row["gpus"]))   # the mesh on its GPUs
         topology_for(row)
     except CannotExpress as exc:
         return f"cannot express: {exc}"
     except (WorkloadError, TopologyError) as exc:
-        return f"cannot express: {explain_plan_error(exc)}"
+        why = explain_plan_error(exc)
+        if getattr(exc, "field", "") == "mesh.ep" and int(row.get("etp") or 1) < int(row["tp"]):
+            # Megatron-Core folds EP x expert TP into TP x DP (x CP) when expert TP < TP
+            why += (f" (the run's EP {row['ep']} with expert TP {row.get('etp') or 1} spans "
+                    f"its TP {row['tp']} x DP {row['dp']} ranks)")
+        return f"cannot express: {why}"
     return None
 
 
