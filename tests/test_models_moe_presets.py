@@ -49,6 +49,21 @@ def test_presets_match_published_parameter_counts(name, total, active, with_embe
     assert _active(m, with_embedding=with_embedding) == pytest.approx(active, rel=rel)
 
 
+def test_published_breakdowns():
+    # Qwen3 model cards: 29.9B and 234B non-embedding parameters; gpt-oss model card
+    # Table 1: attention 0.96B, embedding + unembedding 1.16B, MLP 114.71B (its 0.04B of
+    # biases not modelled).
+    for name, non_embedding in (("qwen3-30b-a3b", 29.9e9), ("qwen3-235b-a22b", 234e9)):
+        m = PRESETS[name]
+        assert m.total_params() - m.embedding_params() - m.output_params() == \
+            pytest.approx(non_embedding, rel=0.005)
+    m = PRESETS["gpt-oss-120b"]
+    assert 36 * m.attention_matmul_params() == pytest.approx(0.96e9, rel=0.01)
+    assert m.embedding_params() + m.output_params() == pytest.approx(1.16e9, rel=0.01)
+    mlp = 36 * (m.hidden_size * 128 + 128 * m.expert_params())
+    assert mlp == pytest.approx(114.71e9, rel=0.001)
+
+
 def test_deepseek_v3_counts_by_hand():
     m = PRESETS["deepseek-v3"]
     d, heads = 7168, 128
@@ -349,3 +364,31 @@ def test_sliding_window_with_ring_context_parallelism_exits_2():
     assert err.value.field == "context_parallel.mode"
     resolve(plan_from_dict(small_plan(model=SW, mesh={"cp": 2},
                                       context_parallel={"mode": "all_to_all"})), 8)
+
+
+# ---- Megatron-LM flags ------------------------------------------------------------------
+def test_megatron_mla_and_mtp_flags_round_trip():
+    from workloads.jobs.megatron import read_megatron, write_megatron
+    plan = plan_from_dict({"model": "deepseek-v3-mtp", "mesh": {"dp": "auto", "tp": 8},
+                           "training": {"global_batch": 64, "micro_batch": 1,
+                                        "seq_len": 4096}})
+    text = write_megatron(plan).text
+    assert "--multi-latent-attention" in text and "--mtp-num-layers 1" in text
+    model = read_megatron(text, lenient=True).plan["model"]
+    m = PRESETS["deepseek-v3-mtp"]
+    assert {k: model[k] for k in ("q_lora_rank", "kv_lora_rank", "qk_nope_head_dim",
+                                  "qk_rope_head_dim", "v_head_dim", "mtp_layers")} == \
+        {"q_lora_rank": m.q_lora_rank, "kv_lora_rank": m.kv_lora_rank,
+         "qk_nope_head_dim": m.qk_nope_head_dim, "qk_rope_head_dim": m.qk_rope_head_dim,
+         "v_head_dim": m.value_head_dim, "mtp_layers": 1}
+
+
+def test_megatron_mla_without_its_sizes_is_refused():
+    from workloads.jobs.megatron import read_megatron
+    text = ("--num-layers 4 --hidden-size 1024 --num-attention-heads 16 "
+            "--multi-latent-attention --qk-head-dim 64 --qk-pos-emb-head-dim 32 "
+            "--v-head-dim 64 --padded-vocab-size 8192 --seq-length 2048 --micro-batch-size 1 "
+            "--global-batch-size 8")
+    with pytest.raises(WorkloadError) as err:
+        read_megatron(text, lenient=True)
+    assert err.value.field == "--kv-lora-rank"

@@ -27,8 +27,8 @@ and 4 backward (dO in; dQ, dK, dV out), each of a rank's local tensor.
 
 Sizes (workloads/attention.py AttentionCost): a K+V block is tokens_local x kv_heads/tp x
 (head_dim + v_head_dim) x 2 bytes (MLA: the up-projected per-head K and V, not the latent,
-as Transformer Engine's context parallelism receives them); an all-to-all's nccl-tests size is the per-rank buffer (the local
-tensor). The attention compute tasks are workloads/attention.py's.
+as Transformer Engine's context parallelism receives them); an all-to-all's nccl-tests
+size is the per-rank buffer (the local tensor). The attention compute tasks are workloads/attention.py's.
 """
 from __future__ import annotations
 

@@ -27,9 +27,9 @@ row-parallel. Here the down projections take the "seq" strategy under sequence
 parallelism and "replicate" otherwise; wq_b takes wq's strategy, wkv_b wk's (and wv's,
 which must be the same: one projection makes K and V), wo its own.
 
-Not combined yet (workloads/plan_checks.py check_mla_plan, exit 2): 2D/2.5D/3D TP grids (they fuse wq, wk, wv into
-one GEMM, which MLA does not have) and torchtitan's op-level selective recompute (its
-saved-tensor count is the wq/wk/wv layer's).
+Not combined yet (workloads/plan_checks.py check_mla_plan, exit 2): 2D/2.5D/3D TP grids
+(they fuse wq, wk, wv into one GEMM, which MLA does not have) and torchtitan's op-level
+selective recompute (its saved-tensor count is the wq/wk/wv layer's).
 """
 from __future__ import annotations
 
@@ -40,8 +40,6 @@ from .layouts import P, R
 if TYPE_CHECKING:  # pragma: no cover
     from .layer_graph import LayerGraph, Node
     from .model_spec import ModelSpec
-
-DOWN_PROJECTIONS = ("wq_a", "wkv_a")
 
 
 def mla_strategies(strategies: Mapping[str, str], sequence_parallel: bool) -> dict[str, str]:

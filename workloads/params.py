@@ -102,7 +102,8 @@ def model_flops(plan: Plan) -> float:
     embedding excluded; Kaplan et al. 2020 / Narayanan et al. 2021 eq. 3 convention) plus
     causal attention 3 x forward (forward + 2x backward), each layer with its head dims
     and sliding window; the multi-token-prediction modules too (their projection, block
-    and a second pass through the output layer, as Megatron-LM counts them). Recompute is not counted (MFU, not HFU; Chowdhery et al. 2022, appendix B)."""
+    and a second pass through the output layer, as Megatron-LM counts them). Recompute
+    is not counted (MFU, not HFU; Chowdhery et al. 2022, appendix B)."""
     m, tr = plan.model, plan.training
     tokens = tr.global_batch * tr.seq_len
     layers = (m.num_layers * m.layer_matmul_params() if not m.num_experts else
