@@ -68,6 +68,8 @@ def test_alltoall_events_without_tp():
     # backward of a fused copy: its input and output gradient read, its input-gradient
     # written (workloads/kernels.py FUSED_BACKWARD_FACTOR)
     assert _mem(tasks, "permute.bwd") == [T * D * 2 * (1 + K) * 1.5]
+    one_each = _tasks(_plan(mesh={"ep": 8}))       # one expert per rank: nothing to sort
+    assert not _mem(one_each, "sort_chunks.fwd") and _mem(one_each, "permute.fwd")
     topk = _mem(tasks, "router_topk.fwd")
     assert topk == [T * E * 2 * 4.0]              # logits read, scores, probs and map
     assert not _mem(tasks, "router_aux_loss.fwd")
@@ -165,6 +167,38 @@ def test_deepep_across_nodes_crosses_rdma_once_per_node():
     # buffer on the other node, so the buffer is twice the RDMA bytes
     rdma = T * D * 2 * (1 - 28 / 120)
     assert deepep_bytes(geo) == pytest.approx(rdma * 16 / 8)
+
+
+def test_deepep_moves_less_over_rdma_than_alltoall(h100x2):
+    from simulator import simulate
+    model = {**MOE, "num_local_experts": 16, "num_experts_per_tok": 4}
+
+    def ep_seconds(dispatcher):
+        raw = small_plan(model=model, mesh={"ep": 16}, training={"global_batch": 16},
+                         moe={"dispatcher": dispatcher})
+        t = simulate(plan_from_dict(raw), h100x2).trace.to_pandas()
+        ep = t[(t["rank"] == 0) & (t["stream"] == "ep")]
+        return (ep.end_s - ep.start_s).sum()
+    # top-4 of 16 experts on 2 nodes: alltoall sends 4 copies of a token, half of them
+    # across; DeepEP crosses once when the other node holds one of its experts (0.96)
+    assert ep_seconds("deepep") < 0.75 * ep_seconds("alltoall")
+
+
+def test_dispatch_buffers_and_gathered_expert_inputs_in_memory():
+    def mem(**moe):
+        return memory_breakdown(_plan(mesh={"ep": 2, "tp": 2},
+                                      sharding={"sequence_parallel": True}, moe=moe))
+    t = T / 2                                       # tokens each TP rank routes
+    alltoall, allgather = mem(), mem(dispatcher="allgather")
+    # allgather: the gathered hidden states, probabilities and routing map of the 4 TP x EP
+    # ranks replace the permuted send buffer (t x top_k rows)
+    assert allgather.buffers_bytes - alltoall.buffers_bytes == pytest.approx(
+        t * 4 * (D * 2 + E * 3) - t * K * D * 2)
+    # ETP = TP keeps the gathered expert inputs whole; ETP = 1 keeps the rank's own rows
+    whole = mem(etp=1)
+    layers = 4 * 1                                  # 4 MoE layers, 1 micro-batch in flight
+    assert alltoall.activations_bytes - whole.activations_bytes == pytest.approx(
+        layers * 2 * D * (t * K * 2) * (1 - 1 / 2))
 
 
 # ---- capacity and imbalance ---------------------------------------------------------

@@ -33,6 +33,7 @@ REASONS = {
                 "stage layer counts",
     "async_tp": "torch async TP is torchtitan's (Megatron: --tp-comm-overlap)",
     "load_imbalance": "routing balance depends on the data",
+    "moe": "a measured routing distribution depends on the data",
     "collective_algorithm": "NCCL_ALGO is an environment variable",
     "collective_protocol": "NCCL_PROTO is an environment variable",
     "zero_stage": "Megatron shards optimizer states (--use-distributed-optimizer) only",

@@ -122,15 +122,16 @@ def _alltoall_dispatch(g, geo: Geometry, x, gate):
                              S, stream="tp")
         probs = g.explicit_comm("dispatch_probs_gather", probs, pgather, layout=R,
                                 rows_scale=r, features=1)
-    if geo.local_experts > 1 and geo.ep > 1:
-        # rows arrive grouped by source rank; regrouped by local expert
+    if geo.local_experts > 1:
+        # rows arrive grouped by source rank; regrouped by local expert (Megatron-LM
+        # sort_chunks_by_idxs runs whenever a rank holds several experts)
         rows = g.elementwise("sort_chunks", [rows], rw=(1.0, 1.0), passthrough=True)
     return rows, probs
 
 
 def _alltoall_combine(g, geo: Geometry, y, probs, out_layout):
     t, r, d, b = geo.tokens, geo.rows, geo.hidden, geo.act_bytes
-    if geo.local_experts > 1 and geo.ep > 1:
+    if geo.local_experts > 1:
         y = g.elementwise("unsort_chunks", [y], rw=(1.0, 1.0), passthrough=True)
     if geo.etp > 1:
         scatter = _both_ways("reduce_scatter", ("tp",), geo.tp * t * r * d * b, "all_gather",

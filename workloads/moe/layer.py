@@ -57,6 +57,11 @@ def build_moe_mlp(g: "LayerGraph", plan, layer: int, h: "Node", resid: str) -> "
     m, tp = plan.model, plan.mesh.tp
     x = g.to_layout(h, S) if tp > 1 else h   # each TP rank routes its own sequence shard
     logits = g.linear("router", x, "seq" if x.layout == S else "replicate", m.num_experts)
+    # Passes over the [tokens, E] logits (Megatron-LM moe_utils.topk_routing_with_score_
+    # function, unfused): softmax reads the logits and writes the scores, top-k reads the
+    # scores, the dense probabilities are written; the bool routing map (half a bf16
+    # tensor) is left out. The aux loss reads the probabilities and the map (1.5) and
+    # writes E sums.
     gate = g.elementwise("router_topk", [logits], rw=(2.0, 2.0))
     extras = [g.elementwise("router_aux_loss", [gate], rw=(1.5, 0.0))] if plan.moe.aux_loss \
         else []
