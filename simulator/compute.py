@@ -47,8 +47,8 @@ def device_time_s(task: Task, device: DeviceSpec, dtype: str) -> float:
                * wave_efficiency(m, n, k, device.sm_count, prof.gemm_tile))
         flops_s = task.flops / (device.peak(task.gemm_dtype or dtype) * eff)
     elif task.op_class == ATTENTION:
-        # Attention runs in bf16 (FlashAttention-2) under bf16 and fp8 training (fp8
-        # attention is not assumed), in fp32 under fp32 training.
+        # Attention runs in bf16 (FlashAttention-2) under bf16 and FP8/FP4 training (no
+        # recipe quantises attention: workloads/precision.py), in fp32 under fp32 training.
         peak = min(device.peak(dtype), device.peak("bf16"))
         flops_s = task.flops / (peak * prof.attention_efficiency)
     return max(flops_s, memory_s) + prof.launch_overhead_s * task.kernels

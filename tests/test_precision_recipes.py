@@ -13,6 +13,7 @@ from simulator.cli import main
 from simulator.compute import device_time_s
 from topologies.specs import DEVICES, GiB
 from workloads import WorkloadError, plan_from_dict
+from workloads.jobs import read_megatron, write_megatron
 from workloads.lowering import lower
 from workloads.plan import resolve
 from workloads.precision import RECIPES, precision
@@ -49,8 +50,12 @@ def test_which_layers_each_recipe_keeps_in_bf16():
 
 
 def _program(dtype: str, layers: int = 12, world: int = 8):
+    return _program_with(training={"dtype": dtype}, layers=layers, world=world)
+
+
+def _program_with(training: dict, layers: int = 12, world: int = 8):
     model = {**small_plan()["model"], "num_hidden_layers": layers}
-    raw = small_plan(model=model, training={"dtype": dtype, "global_batch": 8})
+    raw = small_plan(model=model, training={"global_batch": 8, **training})
     return lower(resolve(plan_from_dict(raw), world))
 
 
@@ -145,3 +150,49 @@ def test_an_unknown_dtype_names_the_allowed_ones():
         plan_from_dict(small_plan(training={"dtype": "fp4"}))
     assert err.value.field == "training.dtype" and "mxfp8" in err.value.allowed \
         and "nvfp4" in err.value.allowed
+
+
+# ------------------------------------------------------------------ Megatron job configs
+MEGATRON_BASE = {"framework": "megatron-core", "model": "llama3-70b",
+                 "training": {"global_batch": 32, "micro_batch": 1, "seq_len": 8192},
+                 "mesh": {"dp": "auto", "tp": 8}, "sharding": {"sequence_parallel": True},
+                 "zero_stage": 1,
+                 "overlap": {"grad_reduce": True, "param_gather": True, "tp_comm": True}}
+
+
+@pytest.mark.parametrize("training", [{"dtype": "mxfp8"}, {"dtype": "nvfp4"},
+                                      {"dtype": "nvfp4", "bf16_layers": [0, 0]},
+                                      {"dtype": "fp8", "bf16_layers": [1, 1]}])
+def test_megatron_round_trip_of_the_recipes(training):
+    raw = {**MEGATRON_BASE, "training": {**MEGATRON_BASE["training"], **training}}
+    plan = plan_from_dict({**raw, "name": "original"})
+    exported = write_megatron(plan)
+    assert exported.notes == [], exported.notes
+    back = plan_from_dict(read_megatron(exported.text).plan)
+    assert back.training == plan.training
+
+
+def test_megatron_flags_give_the_recipe_and_its_bf16_layers():
+    text = write_megatron(plan_from_dict({**MEGATRON_BASE, "training": {
+        **MEGATRON_BASE["training"], "dtype": "nvfp4"}})).text
+    assert "--fp4-format e2m1" in text and "--num-layers-at-end-in-bf16 8" in text
+    # Megatron quantises every layer unless --first-last-layers-bf16 (then 1 and 1)
+    bare = text.replace("--first-last-layers-bf16", "").replace(
+        "--num-layers-at-start-in-bf16 2", "").replace("--num-layers-at-end-in-bf16 8", "")
+    assert read_megatron(bare).plan["training"]["bf16_layers"] == [0, 0]
+    one = bare + " --first-last-layers-bf16\n"
+    assert read_megatron(one).plan["training"]["bf16_layers"] == [1, 1]
+    mx = text.replace("--fp4-format e2m1", "--fp8-format e4m3 --fp8-recipe mxfp8")
+    assert read_megatron(mx.replace("--fp4-recipe nvfp4", "")).plan["training"]["dtype"] \
+        == "mxfp8"
+
+
+def test_bf16_layers_need_a_low_precision_dtype():
+    with pytest.raises(WorkloadError) as err:
+        plan_from_dict(small_plan(training={"bf16_layers": [1, 1]}))
+    assert err.value.field == "training.bf16_layers" and "nvfp4" in err.value.allowed
+    with pytest.raises(WorkloadError, match="two integers"):
+        plan_from_dict(small_plan(training={"dtype": "fp8", "bf16_layers": [1]}))
+    kept = _program_with(training={"dtype": "nvfp4", "bf16_layers": [0, 1]})
+    assert {t.layer for st in kept.stages for t in st if t.op == "nvfp4_cast"} == \
+        set(range(11))

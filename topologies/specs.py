@@ -179,8 +179,8 @@ DEVICES: dict[str, DeviceSpec] = {
     # and NVFP4 (18 PF sparse), 1100 TF32 (2.2 PF sparse); 180 GB (GiB) HBM3e at 7.7 TB/s
     # [NV-BW] (the DGX B200 datasheet's 64 TB/s for 8 GPUs rounds it to 8); NVLink5 18
     # links, 1.8 TB/s bidir = 900/dir; 1000 W. NCCL topo.h SM100 NVLink = 40.1 GB/s per
-    # link. 148 SMs, 592 tensor cores (hmc-tech.com B200 spec page, from the device's
-    # reported configuration). Best-shape BF16 matmul: 1745 of 2250 TFLOP/s, 77.6 % [STAS].
+    # link. 148 SMs, 592 tensor cores (hmc-tech.com B200 spec page; NVIDIA publishes no
+    # SM count for B200). Best-shape BF16 matmul: 1745 of 2250 TFLOP/s, 77.6 % [STAS].
     "b200": DeviceSpec("b200", _flops(2250 * TB, 4500 * TB, 1100 * TB, 9000 * TB),
                        180 * GiB, 7.7 * TB, 900 * GB, 18, 40.1 * GB, nvls=True,
                        sm_count=148, profile=_blackwell_profile(0.776), tdp_w=1000),

@@ -25,11 +25,15 @@ def layer_shape(plan: Plan) -> LayerShape:
     """Per-rank sizes of one micro-batch through one layer of a resolved plan."""
     tr, m = plan.training, plan.model
     prec = precision(tr.dtype)
+    recipe = prec.recipe
+    if recipe is not None and tr.bf16_layers is not None:   # the plan's own BF16 layers
+        recipe = replace(recipe, bf16_first_layers=tr.bf16_layers[0],
+                         bf16_last_layers=tr.bf16_layers[1])
     return LayerShape(tokens=tr.micro_batch * tr.seq_len // plan.mesh.cp, seq_len=tr.seq_len,
                       tp=plan.mesh.tp, heads=m.num_heads, kv_heads=m.num_kv_heads,
                       head_dim=m.head_dim, act_bytes=prec.act_bytes,
                       gemm_bytes=prec.gemm_bytes, cp=plan.mesh.cp,
-                      cp_mode=plan.cp_mode, recipe=prec.recipe,
+                      cp_mode=plan.cp_mode, recipe=recipe,
                       v_head_dim=m.value_head_dim if m.value_head_dim != m.head_dim else 0)
 
 

@@ -43,6 +43,7 @@ ALL_STRATEGIES = STRATEGIES + GRID_STRATEGIES
 # of K and V, or Ulysses all-to-all.
 CP_MODES = ("ring", "all_gather", "all_to_all")
 DTYPES = ("bf16", "fp8", "fp32", "mxfp8", "nvfp4")   # workloads/precision.py
+LOW_PRECISION = ("fp8", "mxfp8", "nvfp4")            # dtypes with a GEMM recipe
 # selective: the attention core (Korthikanti et al. 2022); selective_op: torchtitan's
 # op-level selective checkpointing (every other matmul and attention kept); full: the layer.
 RECOMPUTE = ("none", "selective", "selective_op", "full")
@@ -70,11 +71,25 @@ class Training:
     micro_batch: int        # sequences per micro-batch per DP rank
     seq_len: int
     dtype: str = "bf16"
+    # Layers kept in BF16 at the start and the end under an FP8/FP4 dtype (Megatron-LM's
+    # --num-layers-at-start/end-in-bf16); None: the recipe's (workloads/precision.py).
+    bf16_layers: tuple[int, int] | None = None
 
     def __post_init__(self) -> None:
         for name in ("global_batch", "micro_batch", "seq_len"):
             check_int(getattr(self, name), f"training.{name}")
         check_choice(self.dtype, "training.dtype", DTYPES)
+        layers = self.bf16_layers
+        if layers is None:
+            return
+        if not (isinstance(layers, tuple) and len(layers) == 2
+                and all(is_int(n) and 0 <= n <= MAX_INT for n in layers)):
+            raise WorkloadError("training.bf16_layers", list(layers) if isinstance(
+                layers, tuple) else layers, "[first, last]: two integers >= 0")
+        if self.dtype not in LOW_PRECISION:
+            raise WorkloadError("training.bf16_layers", list(layers), "only with dtype "
+                                + ", ".join(LOW_PRECISION) + f" (a {self.dtype} plan's "
+                                "GEMMs are not quantised)")
 
     @property
     def tokens(self) -> int:
@@ -323,9 +338,12 @@ def plan_from_dict(raw: Any, base_dir: Path | None = None, default_name: str = "
         raise WorkloadError("model", None, "a preset name, a model JSON path or an object")
     model = load_model(raw["model"], base_dir)
     tr = _obj(raw.get("training"), "training")
-    _known_keys(tr, "training", ("global_batch", "micro_batch", "seq_len", "dtype"))
+    _known_keys(tr, "training", ("global_batch", "micro_batch", "seq_len", "dtype",
+                                 "bf16_layers"))
+    bf16_layers = tr.get("bf16_layers")
     training = Training(_required(tr, "global_batch", "training"), tr.get("micro_batch", 1),
-                        _required(tr, "seq_len", "training"), tr.get("dtype", "bf16"))
+                        _required(tr, "seq_len", "training"), tr.get("dtype", "bf16"),
+                        tuple(bf16_layers) if isinstance(bf16_layers, list) else bf16_layers)
     sharding_raw = _obj(raw.get("sharding"), "sharding")
     strategies = _strategies(sharding_raw, "sharding", True)
     return Plan(

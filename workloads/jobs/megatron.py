@@ -12,6 +12,7 @@ from typing import Any
 
 from ..models import ModelSpec, load_model
 from ..plan import MEGATRON, Plan
+from ..precision import precision
 from ..schedules import stage_layer_ranges
 from . import megatron_keys as K
 from .common import Exported, Imported, model_ref, unexpressed
@@ -199,7 +200,7 @@ def _plan(get: _Getter, spec: ModelSpec, ref, findings: Findings) -> dict[str, A
         "framework": "megatron-core", "model": ref,
         "training": {"global_batch": get.int("global-batch-size"),
                      "micro_batch": get.int("micro-batch-size"),
-                     "seq_len": get.int("seq-length"), "dtype": _dtype(get)},
+                     "seq_len": get.int("seq-length"), **_precision(get)},
         "mesh": {"dp": "auto", "tp": tp, "pp": pp, "cp": get.int("context-parallel-size", 1),
                  "ep": get.int("expert-model-parallel-size", 1)},
         "fsdp": {"enabled": fsdp, "reshard_after_forward": True, "version": 2},
@@ -226,10 +227,31 @@ def _plan(get: _Getter, spec: ModelSpec, ref, findings: Findings) -> dict[str, A
 
 
 def _dtype(get: _Getter) -> str:
+    if get.str("fp4-format") is not None:      # FP4 and FP8 exclude each other in Megatron
+        need_choice(get.str("fp4-format"), get.name("fp4-format"), ("e2m1",))
+        return "nvfp4"
     if get.str("fp8-format") is not None:
         need_choice(get.str("fp8-format"), get.name("fp8-format"), ("e4m3", "hybrid"))
-        return "fp8"
+        return "mxfp8" if get.str("fp8-recipe") == "mxfp8" else "fp8"
     return "bf16" if get.on("bf16") else "fp32"
+
+
+def _precision(get: _Getter) -> dict[str, Any]:
+    """training.dtype, and training.bf16_layers where Megatron's first/last BF16 layers
+    differ from the recipe's own (workloads/precision.py): Megatron keeps none unless
+    --first-last-layers-bf16 (then 1 and 1 by default)."""
+    dtype = _dtype(get)
+    out: dict[str, Any] = {"dtype": dtype}
+    recipe = precision(dtype).recipe
+    if recipe is None:
+        return out
+    layers = (0, 0)
+    if get.on("first-last-layers-bf16"):
+        layers = (get.int("num-layers-at-start-in-bf16", 1, minimum=0),
+                  get.int("num-layers-at-end-in-bf16", 1, minimum=0))
+    if layers != (recipe.bf16_first_layers, recipe.bf16_last_layers):
+        out["bf16_layers"] = list(layers)
+    return out
 
 
 def _recompute(get: _Getter, spec: ModelSpec, pp: int, findings: Findings) -> str:
@@ -351,13 +373,27 @@ def _model_flags(m: ModelSpec) -> list[str]:
     return out
 
 
+def _precision_flags(tr) -> list[str]:
+    """The FP8/FP4 recipe flags of a low-precision plan, with its BF16 layers."""
+    recipe = precision(tr.dtype).recipe
+    if recipe is None:
+        return []
+    out = {"fp8": ["--fp8-format hybrid"],
+           "mxfp8": ["--fp8-format e4m3", "--fp8-recipe mxfp8"],
+           "nvfp4": ["--fp4-format e2m1", "--fp4-recipe nvfp4"]}[tr.dtype]
+    first, last = tr.bf16_layers or (recipe.bf16_first_layers, recipe.bf16_last_layers)
+    if first or last:
+        out += ["--first-last-layers-bf16", f"--num-layers-at-start-in-bf16 {first}",
+                f"--num-layers-at-end-in-bf16 {last}"]
+    return out
+
+
 def _run_flags(plan: Plan) -> list[str]:
     tr, mesh = plan.training, plan.mesh
     out = [f"--seq-length {tr.seq_len}", f"--micro-batch-size {tr.micro_batch}",
            f"--global-batch-size {tr.global_batch}", "--bf16"]
-    if tr.dtype == "fp8":
-        out.append("--fp8-format hybrid")
-    elif tr.dtype == "fp32":
+    out += _precision_flags(tr)
+    if tr.dtype == "fp32":
         out.remove("--bf16")
     out += [f"--tensor-model-parallel-size {mesh.tp}",
             f"--pipeline-model-parallel-size {mesh.pp}",

@@ -125,14 +125,20 @@ def _set_flag(flags: Flags, key: str, flag: str, value: Any) -> None:
 
 
 def _mixed_precision_recipe(name: str, flags: Flags, findings: Findings) -> None:
-    """Bridge's named recipes: bf16_mixed, or bf16_with_fp8_* (FP8 GEMMs)."""
+    """Bridge's named recipes: bf16_mixed, bf16_with_fp8_* (FP8 GEMMs), bf16_with_mxfp8_mixed
+    (fp8 e4m3, fp8_recipe mxfp8) and bf16_with_nvfp4_mixed (fp4 e2m1, fp4_recipe nvfp4)
+    (Megatron-Bridge src/megatron/bridge/training/mixed_precision.py)."""
     if name == "bf16_mixed":
         flags["bf16"] = True
+    elif name == "bf16_with_mxfp8_mixed":
+        flags.update({"bf16": True, "fp8-format": "e4m3", "fp8-recipe": "mxfp8"})
+    elif name == "bf16_with_nvfp4_mixed":
+        flags.update({"bf16": True, "fp4-format": "e2m1", "fp4-recipe": "nvfp4"})
     elif name.startswith("bf16_with_fp8_"):
         flags["bf16"] = True
         flags["fp8-format"] = "hybrid"
         if "delayed" not in name and "current" not in name:
             findings.problem("mixed_precision", name, "an FP8 recipe other than tensor-wise")
     else:
-        findings.problem("mixed_precision", name, "a precision recipe other than bf16_mixed "
-                         "or bf16_with_fp8_*")
+        findings.problem("mixed_precision", name, "a precision recipe other than bf16_mixed, "
+                         "bf16_with_fp8_*, bf16_with_mxfp8_mixed or bf16_with_nvfp4_mixed")
