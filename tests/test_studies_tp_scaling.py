@@ -72,8 +72,10 @@ def test_simulator_rows_side_by_side():
     assert sim[(8, "nvlink")]["topology"].startswith("dgx-h100")
     assert sim[(16, "nvlink")]["gpu"] == "gb200"
     # Over the network the all-reduces cost more than the compute at t = 8, over NVLink
-    # far less; the simulator agrees with the analysis within a factor of 1.5 there.
-    assert sim[(8, "network")]["comm_over_compute"] > 1 > 5 * sim[(8, "nvlink")]["comm_over_compute"]
+    # far less (the 128 MiB NVLS all-reduce takes ~590 us: 8 x H100 measure 586 us
+    # [Azure/AI-benchmarking-guide, ND_H100_v5_results.md]); the simulator agrees with the
+    # analysis within a factor of 1.5 there.
+    assert sim[(8, "network")]["comm_over_compute"] > 1 > 4 * sim[(8, "nvlink")]["comm_over_compute"]
     for link in ("nvlink", "network"):
         analysis = analysis_row(LLAMA70, 8, link)["comm_over_compute"]
         assert analysis / 1.5 < sim[(8, link)]["comm_over_compute"] < analysis * 1.5

@@ -140,3 +140,15 @@ def test_collective_json_rows_explain_the_time(capsys):
     rows = json.loads(capsys.readouterr().out)
     assert code == 0 and rows[0]["host_floor_us"] > 0 and rows[1]["algorithm"] == "nvls"
     assert rows[1]["channels"] == 16 and rows[1]["fill_us"] > 0
+
+
+def test_pat_with_one_gpu_per_node():
+    # NCCL's PAT (all-gather / reduce-scatter, one GPU per node): latency 8 + log2(nodes) x
+    # 14 / 3.5 + 2.8 us per rank, bandwidth x0.75 of the ring's [tuning.cc].
+    topo = build("dgx-h100x4")
+    ranks = (0, 8, 16, 24)
+    pat = CollectiveModel(topo, CommOptions("pat")).plan("all_gather", ranks, 1 << 30)
+    ring = CollectiveModel(topo, CommOptions("ring", "Simple")).plan("all_gather", ranks, 1 << 30)
+    assert pat.algorithm == "pat" and pat.latency_s == pytest.approx((8 + 2 * 14 / 3.5 + 4 * 2.8) * 1e-6)
+    assert pat.transfer_s == pytest.approx(ring.transfer_s / 0.75)
+    assert "pat" not in CollectiveModel(topo).algorithms("all_gather", tuple(range(32)))

@@ -28,6 +28,8 @@ and 7):
     domain a reduce-scatter (Direct: every GPU with its NIC is a head) or a chain to the
     channel's head (Chain), then each head sends its S/ppn share up to its leaf switch,
     which reduces across domains and sends the result back, then the domain all-gathers.
+  * pat: NCCL's Parallel Aggregated Trees for all-gather / reduce-scatter with one GPU per
+    node: each rank's NIC moves what the ring's does, at 0.75 of the bandwidth [tuning.cc].
   * p2p: all-to-all sends S/n from every rank to every other rank (PXN routes), send_recv
     one flow.
 NVLS uses at most NCCL_MAX_NVLS_ARITY = 32 heads per domain [search.cc, device.h], so
@@ -270,7 +272,9 @@ def available(topology, shape: GroupShape, op: str) -> tuple[str, ...]:
     if op in ("all_gather", "reduce_scatter"):
         # NVLS AG/RS: one domain, at most NCCL_MAX_NVLS_ARITY local ranks [enqueue.cc].
         one = nvls and shape.num_domains == 1 and shape.n <= MAX_NVLS_ARITY
-        return ("ring", "nvls") if one else ("ring",)
+        # PAT: one GPU per node only (nNodes == nRanks) [tuning.cc ncclPatEnable].
+        pat = shape.num_domains == shape.n
+        return ("ring",) + (("nvls",) if one else ()) + (("pat",) if pat else ())
     if op != "all_reduce":
         return ("ring",)
     algos = ["ring", "tree"]
@@ -288,7 +292,7 @@ def available(topology, shape: GroupShape, op: str) -> tuple[str, ...]:
 def build_template(topology, shape: GroupShape, op: str, algorithm: str) -> Template:
     """Flows (per byte of S) of `op` run with `algorithm` on the group, on idle links."""
     extra: list[Flow] = []
-    if algorithm == "ring":
+    if algorithm in ("ring", "pat"):   # PAT moves what the ring moves, per NIC
         pairs = _ring_pairs(shape, op, shape.ranks[0])
     elif algorithm == "tree":
         pairs = _tree_pairs(shape)

@@ -101,17 +101,42 @@ def tuned_channels(base: int, algorithm: str, protocol: str, size_bytes: float,
     return nc
 
 
+def nvls_tree_max_chunk(arch: str, nodes: int, ppn: int, nic_GBps: float,
+                        nic_behind_switch: bool) -> tuple[int, int]:
+    """(nvlsChunkSize, nvlsTreeMaxChunkSize) [nvls.cc ncclNvlsTuning and, on Blackwell
+    across nodes, ncclNvlsTreeSm100Tuning: by node count, NIC speed, GPUs per node and
+    whether the GPU reaches its NIC through a PCIe switch (PATH_PXB)]."""
+    chunk, tree_max = NVLS_CHUNK_BYTES, 0
+    if arch == "blackwell" and nodes > 1:
+        if nodes == 2 and nic_GBps >= 48:
+            tree_max = 128 * 1024
+            if ppn <= 4:
+                chunk = tree_max = 256 * 1024
+            elif ppn >= 16 or (ppn <= 8 and nic_behind_switch and nic_GBps < 96):
+                tree_max = 64 * 1024
+        elif nic_GBps >= 96:
+            if ppn <= 8:
+                chunk = tree_max = 256 * 1024
+            else:
+                tree_max = 128 * 1024 if ppn < 32 else 64 * 1024
+        elif nic_GBps >= 48:
+            tree_max = 64 * 1024 if nic_behind_switch else 128 * 1024
+    if tree_max == 0:
+        tree_max = 65536 if nodes >= 4 else chunk
+    return chunk, tree_max
+
+
 def nvls_chunk_bytes(algorithm: str, size_bytes: float, channels: int, heads: int,
-                     nodes: int) -> int:
+                     chunk: int = NVLS_CHUNK_BYTES, tree_max: int = NVLS_CHUNK_BYTES) -> int:
     """The chunk an NVLS or NVLS_Tree collective moves per step [enqueue.cc calcCollChunking]."""
     ops = channels * heads
     if algorithm == "nvls":
-        chunk = NVLS_CHUNK_BYTES
+        chunk = min(chunk, NVLS_CHUNK_BYTES)
         for factor, limit in ((64, 65536), (8, 32768), (2, 16384)):
             if size_bytes < factor * ops * chunk and chunk > limit:
                 chunk = limit
         return chunk
-    chunk = min(NVLS_CHUNK_BYTES, 65536 if nodes >= 4 else NVLS_CHUNK_BYTES)
+    chunk = min(chunk, tree_max)
     for factor, limit in ((32, 262144), (16, 131072), (4, 65536), (1, 32768)):
         if size_bytes < factor * ops * chunk and chunk > limit:
             chunk = limit

@@ -15,7 +15,7 @@ from .algorithms import (GroupShape, Template, available, build_template, group_
                          nvls_heads, ring_rails)
 from .channels import (ONE_NODE_SEARCH_CHANNELS, coll_channels, device_arch, nvls_channels,
                        nvls_search_speed_GBps, tuned_channels)
-from .constants import (COLLNET_DIRECT_SM90_EFFICIENCY, RING_EFFICIENCY, TREE_EFFICIENCY,
+from .constants import (COLLNET_DIRECT_SM90_EFFICIENCY, PAT_EFFICIENCY, RING_EFFICIENCY, TREE_EFFICIENCY,
                         TREE_LL128_ONE_NODE_EFFICIENCY, bus_factor, ll_max_bw_Bps,
                         nvls_efficiency, per_channel_cap_Bps, tree_correction)
 from .fluid import Flow
@@ -23,15 +23,15 @@ from .latency import host_floor_s, nccl_latency_s, nvls_fill_s
 
 OPS = ("all_reduce", "all_gather", "reduce_scatter", "all_to_all", "broadcast", "reduce",
        "send_recv")
-ALGORITHMS = ("ring", "tree", "nvls", "nvls_tree", "collnet_direct", "collnet_chain",
+ALGORITHMS = ("ring", "tree", "nvls", "nvls_tree", "collnet_direct", "collnet_chain", "pat",
               "hierarchical")
 # NVLS, NVLS_Tree and CollNet run Simple only [tuning.cc]. NCCL's p2p path
 # uses LL below NCCL_P2P_LL_THRESHOLD and Simple above (no LL128).
 _PROTOCOLS = {"nvls": ("Simple",), "nvls_tree": ("Simple",), "collnet_direct": ("Simple",),
-              "collnet_chain": ("Simple",), "p2p": ("LL", "Simple")}
+              "collnet_chain": ("Simple",), "pat": ("Simple",), "p2p": ("LL", "Simple")}
 _ALL_PROTOCOLS = ("LL", "LL128", "Simple")
 # Algorithms the tuner may pick by itself; "hierarchical" only when forced (not NCCL's).
-_AUTO = ("ring", "tree", "nvls", "nvls_tree", "collnet_direct", "collnet_chain", "p2p")
+_AUTO = ("ring", "tree", "nvls", "nvls_tree", "collnet_direct", "collnet_chain", "pat", "p2p")
 _NVLS = ("nvls", "nvls_tree")
 
 
@@ -155,8 +155,8 @@ class CollectiveModel:
                                      self.topology.net_latency_s)
                 fill, chunk = 0.0, 0
                 if algo in _NVLS:
-                    fill, chunk = nvls_fill_s(op, algo, shape, size, channels,
-                                              nvls_heads(shape), template.unit_time_s)
+                    fill, chunk = self._nvls_fill(op, algo, shape, size, channels,
+                                                  template.unit_time_s)
                 # NCCL's tuner chooses by its own model, which has no pipeline fill
                 # [enqueue.cc topoGetAlgoInfo]; the fill is paid after the choice.
                 tuned = lat + template.unit_time_s * size / eff
@@ -169,6 +169,18 @@ class CollectiveModel:
         is_nvls = algo in _NVLS
         return CollectivePlan(op, algo, proto, lat + fill + floor, flows, t + floor,
                               not is_nvls, is_nvls, channels, fill, floor, chunk)
+
+    def _nvls_fill(self, op: str, algo: str, shape: GroupShape, size: float, channels: int,
+                   unit_time_s: float) -> tuple[float, int]:
+        """NVLS pipeline fill and chunk. The GPU reaches its NIC through a PCIe switch
+        (PATH_PXB) on 8-GPU HGX/DGX boards (NVIDIA DGX B200 user guide: GPUs and NICs
+        share PCIe switches); assumption: not on GB200, where each compute tray's
+        ConnectX NICs attach to the superchips directly."""
+        device = self.topology.devices[shape.ranks[0]]
+        behind_switch = device.name.lower() not in ("gb200", "gb300")
+        return nvls_fill_s(op, algo, shape, size, channels, nvls_heads(shape), unit_time_s,
+                           device_arch(device.name), self.topology.nic_nccl_Bps / 1e9,
+                           behind_switch)
 
     def _channels(self, shape: GroupShape, algo: str, proto: str, size: float) -> int:
         """Channels NCCL runs the collective on (enqueue.cc topoGetAlgoInfo)."""
@@ -225,6 +237,8 @@ class CollectiveModel:
             return eff
         if algo in _NVLS or algo == "collnet_chain":
             return 1.0
+        if algo == "pat":
+            return PAT_EFFICIENCY
         if algo == "collnet_direct":
             hopper_on = device_arch(device.name) in ("hopper", "blackwell")
             return COLLNET_DIRECT_SM90_EFFICIENCY if hopper_on else 1.0

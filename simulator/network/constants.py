@@ -21,16 +21,25 @@ _BASE_LAT_US = {
     "collnet_chain": (0.0, 0.0, 0.0),
     "nvls": (0.0, 0.0, 0.0),
     "nvls_tree": (0.0, 0.0, 0.0),
+    "pat": (8.0, 8.0, 8.0),
 }
 # hwLatencies (us per step) for NVLINK and NET [tuning.cc].
 _HW_LAT_US = {
     "nvlink": {"ring": (0.6, 1.9, 3.4), "tree": (0.6, 1.25, 4.0),
                "collnet_direct": (0.0, 0.0, 3.7), "collnet_chain": (0.0, 0.0, 2.8),
-               "nvls": (0.0, 0.0, 25.0), "nvls_tree": (0.0, 0.0, 25.0)},
+               "nvls": (0.0, 0.0, 25.0), "nvls_tree": (0.0, 0.0, 25.0),
+               "pat": (0.0, 0.0, 4.0)},
     "net": {"ring": (2.7, 4.0, 14.0), "tree": (5.0, 8.5, 14.0),
             "collnet_direct": (0.0, 0.0, 31.0), "collnet_chain": (0.0, 0.0, 30.0),
-            "nvls": (0.0, 0.0, 18.0), "nvls_tree": (0.0, 0.0, 20.9)},
+            "nvls": (0.0, 0.0, 18.0), "nvls_tree": (0.0, 0.0, 20.9),
+            "pat": (0.0, 0.0, 14.0)},
 }
+# PAT (Parallel Aggregated Trees, all-gather / reduce-scatter with one GPU per node): its
+# bandwidth is x0.75 of the graph's, its latency base + log2(nodes) x NET / 3.5 + 2.8 us
+# per rank [tuning.cc].
+PAT_EFFICIENCY = 0.75
+PAT_PER_RANK_LAT_S = 2.8 * US
+PAT_NET_DIVISOR = 3.5
 # CollNetDirect: 0.4 us of "arity serialization latency" per local rank [tuning.cc].
 COLLNET_ARITY_LAT_S = 0.4 * US
 # CollNetDirect and CollNetChain run only with at most NCCL_MAX_DIRECT_ARITY + 1 = 8 GPUs
@@ -181,8 +190,9 @@ NVLS_STAGES = {"all_reduce": 4, "all_gather": 3, "reduce_scatter": 3}
 ASSUMPTIONS = (
     ("NET_OVERHEAD_S", "1.0 us", "NCCL getNetOverhead() on Intel x86 hosts (2.0 on AMD); "
      "Intel assumed [nccl src/graph/tuning.cc]"),
-    ("LATENCY_INTER_S", "0", "graph->latencyInter, the extra latency a net plugin reports; "
-     "0 assumed for InfiniBand"),
+    ("LATENCY_INTER_S", "0 unless network.latency_us", "graph->latencyInter, the latency a "
+     "net plugin reports; 0 for InfiniBand verbs, a topology file sets it for other "
+     "transports (EFA, TCPX)"),
     ("NVLS_EFFICIENCY_DEFAULT", "0.85", "Hopper's nvlsEfficiency for NVLS-capable devices "
      "NCCL's table does not name [tuning.cc]"),
     ("LL_MAX_BW_ONE_NODE_DEFAULT_BPS", "141 GB/s", "Hopper's llMaxBw row for custom devices"),
@@ -194,7 +204,14 @@ ASSUMPTIONS = (
     ("NVLS_STAGES", "AR 4, AG/RS 3 chunk movements",
      "NCCL NVLS kernels' warp groups (scatter, reduce, multicast, gather) [all_reduce.h]"),
     ("ONE_NODE_SEARCH_CHANNELS", "16 (32 coll channels)", "NCCL INIT log of 8 x H100; "
-     "reported channels only, the links set the bandwidth"),
+     "the channels NCCL's per-channel caps multiply in one node (links bind first there)"),
+    ("NVLS_Tree fill", "+2 waves per tree level", "a chunk crosses one network hop per "
+     "level up and down (NCCL's double binary tree [trees.cc]), pipelined like the stages"),
+    ("NVLS search speed", "only with more GPUs than heads (NVL72)", "NCCL's search fits "
+     "(heads+1) x speed in each GPU's NVLink [search.cc]; with one head per GPU the links "
+     "match 5-8 x H100 NVLS (NVIDIA/nccl issue 1455)"),
+    ("GB200 NIC path", "not behind a PCIe switch", "selects ncclNvlsTreeSm100Tuning's chunk; "
+     "HGX/DGX boards are (DGX B200 user guide)"),
     ("NVLS heads", "min(32, GPUs per domain)", "NCCL_MAX_NVLS_ARITY [search.cc, device.h]"),
     ("nvl72 scale-out", "one 400 Gb/s NIC per GPU", "typical GB200 deployments; a topology "
      "file sets another"),

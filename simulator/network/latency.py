@@ -15,10 +15,10 @@ host floor of nccl-tests' loop.
 from __future__ import annotations
 
 from .algorithms import GroupShape
-from .channels import nvls_chunk_bytes
+from .channels import nvls_chunk_bytes, nvls_tree_max_chunk
 from .constants import (COLLNET_ARITY_LAT_S, HOST_ENQUEUE_S, LATENCY_INTER_S,
-                        NET_OVERHEAD_S, NVLS_STAGES, RING_PLATEAU_FACTOR, base_latency_s,
-                        hw_latency_s)
+                        NET_OVERHEAD_S, NVLS_STAGES, PAT_NET_DIVISOR, PAT_PER_RANK_LAT_S,
+                        RING_PLATEAU_FACTOR, base_latency_s, hw_latency_s)
 
 
 def _log2i(x: int) -> int:
@@ -35,8 +35,8 @@ def nccl_latency_s(shape: GroupShape, op: str, algo: str, proto: str, size: floa
     base = base_latency_s(lat_algo, proto)
     intra = hw_latency_s("nvlink", lat_algo, proto)
     # NCCL: with one GPU per node the network step costs Tree's NET latency.
-    inter = hw_latency_s("net", "tree" if ppn == 1 and lat_algo == "ring" else lat_algo,
-                         proto)
+    inter = hw_latency_s("net", "tree" if ppn == 1 and lat_algo in ("ring", "pat")
+                         else lat_algo, proto)
     inter += latency_inter_s * (2 if proto == "Simple" else 1)
     net_oh = NET_OVERHEAD_S * (3 if proto == "Simple" else 1) if multi else 0.0
     step = max(intra, net_oh)
@@ -50,6 +50,8 @@ def nccl_latency_s(shape: GroupShape, op: str, algo: str, proto: str, size: floa
         return base + 2 * (min(1, ppn - 1) * intra + (ppn - 1) * COLLNET_ARITY_LAT_S) + inter
     if algo == "collnet_chain":
         return base + 2 * (ppn - 1) * intra + inter
+    if algo == "pat":
+        return base + _log2i(nodes) * inter / PAT_NET_DIVISOR + n * PAT_PER_RANK_LAT_S
     if algo == "hierarchical":   # assumption: RS + AG ring steps inside, AR ring across
         return base + 2 * (ppn - 1) * step + 2 * (nodes - 1) * inter
     if op == "send_recv":        # assumption: one ring step (NCCL has no p2p model)
@@ -74,13 +76,16 @@ def tree_depth(nodes: int) -> int:
 
 
 def nvls_fill_s(op: str, algo: str, shape: GroupShape, size: float, channels: int,
-                heads: int, unit_time_s: float) -> tuple[float, int]:
+                heads: int, unit_time_s: float, arch: str = "hopper", nic_GBps: float = 0.0,
+                nic_behind_switch: bool = True) -> tuple[float, int]:
     """(pipeline-fill seconds, chunk bytes) of an NVLS or NVLS_Tree collective.
 
     `unit_time_s` is the streaming time per byte of S on idle links, so a wave of W bytes
     streams in W x unit_time_s.
     """
-    chunk = nvls_chunk_bytes(algo, size, channels, heads, shape.num_domains)
+    base, tree_max = nvls_tree_max_chunk(arch, shape.num_domains, shape.ppn, nic_GBps,
+                                         nic_behind_switch)
+    chunk = nvls_chunk_bytes(algo, size, channels, heads, base, tree_max)
     wave = min(channels * heads * chunk, size)
     stages = NVLS_STAGES.get(op, 3) - 1
     if algo == "nvls_tree":
