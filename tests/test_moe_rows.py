@@ -153,8 +153,17 @@ def test_groups_cross_model_kind_and_gpu():
     assert set(CLASSES.values()) == {"moe-hopper", "moe-blackwell", "dense-b200", "dense-gb200"}
 
 
-def test_a_recipe_with_other_bf16_layers_is_not_priced_as_the_simulators():
-    row = dict(next(r for r in _rows() if r["id"] == "mb-llama3-8b-gb200-fp8-8"))
-    assert cannot_express(row) is None            # fp8: every layer quantised, as the run
-    reason = cannot_express(dict(row, dtype="bf16", bf16_layers="2"))
-    assert reason and "BF16" in reason and "bf16_layers" not in reason
+def test_the_runs_bf16_layers_reach_the_plan_or_are_reported():
+    from dataclasses import fields
+
+    from workloads.plan import Training
+
+    row = dict(next(r for r in _rows() if r["id"] == "mb-llama3-8b-gb200-mxfp8-8"))
+    two = dict(row, bf16_layers="2")
+    if "bf16_layers" in {f.name for f in fields(Training)}:
+        assert plan_dict(two)["training"]["bf16_layers"] == [2, 2]
+        assert plan_dict(row)["training"]["bf16_layers"] == [0, 0]
+        assert cannot_express(two) is None
+    else:   # no plan key: only a recipe that keeps as many layers is priced
+        reason = cannot_express(two)
+        assert reason and "BF16" in reason

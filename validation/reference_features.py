@@ -112,10 +112,29 @@ def _plan_moe_keys() -> tuple[str, ...]:
     return tuple(MOE_KEYS)
 
 
+def bf16_layers_key(dtype: str, bf16_layers: int) -> list[int] | None:
+    """The plan's `training.bf16_layers` ([first, last]) for a row whose precision recipe
+    keeps `bf16_layers` transformer layers at each end in BF16 (Megatron-Bridge's
+    performance recipes keep none: `first_last_layers_bf16` False, mixed_precision.py), or
+    None where the simulator's recipe for `dtype` already keeps as many (or the dtype has no
+    recipe). CannotExpress where they differ and the plan has no such key."""
+    from dataclasses import fields as dataclass_fields
+
+    from workloads.plan import Training
+
+    if "bf16_layers" not in {f.name for f in dataclass_fields(Training)}:
+        check_bf16_layers(dtype, bf16_layers)
+        return None
+    try:
+        from workloads.precision import RECIPES
+    except ImportError:
+        RECIPES = {}
+    return [bf16_layers, bf16_layers] if dtype in RECIPES else None
+
+
 def check_bf16_layers(dtype: str, bf16_layers: int) -> None:
     """CannotExpress unless the simulator's recipe for `dtype` keeps as many transformer
-    layers in BF16 at each end as the row's precision recipe does (Megatron-Bridge's
-    performance recipes keep none: `first_last_layers_bf16` False, mixed_precision.py)."""
+    layers in BF16 at each end as the row's precision recipe does."""
     try:
         from workloads.precision import RECIPES
     except ImportError:

@@ -26,7 +26,7 @@ from typing import Any
 
 from .csv_input import read_reference_csv
 from .errors import ValidationError
-from .reference_features import (CannotExpress, check_bf16_layers, explain_plan_error,
+from .reference_features import (CannotExpress, bf16_layers_key, explain_plan_error,
                                  model_ref, moe_block)
 
 REFERENCE_DIR = Path(__file__).parent / "references"
@@ -145,7 +145,9 @@ def plan_dict(row: dict[str, str]) -> dict[str, Any]:
         if moe:
             raw["moe"] = moe
     if row.get("bf16_layers"):
-        check_bf16_layers(row.get("dtype") or "bf16", num("bf16_layers", 0))
+        layers = bf16_layers_key(row.get("dtype") or "bf16", num("bf16_layers", 0))
+        if layers is not None:
+            raw["training"]["bf16_layers"] = layers
     if num("cp") > 1:
         raw["context_parallel"] = {"mode": row.get("cp_mode") or "ring"}
     if num("tp") > 1:
