@@ -7,8 +7,8 @@ import json
 import pytest
 
 from simulator.band import describe_band, prediction_band
-from validation.reference_rows import (DEFAULT_CSV, load_excluded, load_rows, measured_step_s,
-                                       parallelism_name, plan_dict)
+from validation.reference_rows import (DEFAULT_CSV, cannot_express, load_excluded, load_rows,
+                                       measured_step_s, parallelism_name, plan_dict)
 from validation.reference_scoring import groups, residuals_document, score
 from workloads import plan_from_dict
 
@@ -39,6 +39,8 @@ def test_table_has_the_rows_and_sources_the_claim_rests_on():
 
 def test_every_row_is_a_valid_plan_with_its_mesh():
     for row in load_rows(DEFAULT_CSV):
+        if cannot_express(row):   # listed with the reason (tests/test_moe_rows.py)
+            continue
         plan = plan_from_dict(plan_dict(row))
         mesh = plan.mesh
         assert (mesh.dp, mesh.tp, mesh.pp, mesh.cp) == tuple(

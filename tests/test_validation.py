@@ -224,8 +224,11 @@ def test_reference_csv_is_cited_and_plannable():
     sources = {r["source"].split(",")[0].split(" ")[0] for r in rows}
     assert len(sources) >= 3
     assert rows[0]["hardware"].startswith("H100")
+    from validation.reference_rows import cannot_express
     for row in rows:
         assert row["source"] and float(row["value"]) > 0
+        if cannot_express(row):   # a setting the simulator lacks, reported with its reason
+            continue
         plan = resolve(plan_from_dict(plan_dict(row)), int(row["gpus"]))
         assert plan.mesh.dp == int(row["dp"])
 

@@ -28,6 +28,7 @@ TEXT, INT, NUMBER, BOOL = "text", "integer", "number", "bool"
 # (validation/reference_rows.py turns each into a step time).
 METRICS = ("tokens_per_s_per_gpu", "tflops_per_gpu", "step_time_s")
 FLOPS_FORMULAS = ("megatron", "narayanan", "nemo-llama2", "nemo-llama2-full")
+MOE_DISPATCHERS = ("alltoall", "allgather", "deepep", "hybridep")
 # column -> (kind, required, allowed): allowed is (low, high) for numbers, a tuple of
 # names for text choices, None for free text.
 COLUMNS: dict[str, tuple[str, bool, object]] = {
@@ -40,7 +41,10 @@ COLUMNS: dict[str, tuple[str, bool, object]] = {
     "global_batch_seqs": (INT, True, (1, MAX_INT)), "seq_len": (INT, True, (1, MAX_INT)),
     "metric": (TEXT, True, METRICS),
     "value": (NUMBER, True, (0.0, math.inf)),
-    "dtype": (TEXT, False, ("bf16", "fp8", "fp8_rowwise", "fp32")),
+    # fp8_rowwise: torchao's row-wise FP8 recipe; mxfp8: MX FP8 (32-element blocks, E8M0
+    # scales); nvfp4: NVFP4 (16-element blocks, E4M3 scales), the Transformer Engine recipes
+    # of Blackwell rows (reference_rows.py maps them)
+    "dtype": (TEXT, False, ("bf16", "fp8", "fp8_rowwise", "fp32", "mxfp8", "nvfp4")),
     "micro_batch": (INT, False, (1, MAX_INT)), "virtual_stages": (INT, False, (1, MAX_INT)),
     "fsdp": (BOOL, False, None), "reshard_after_forward": (BOOL, False, None),
     "zero_stage": (INT, False, (0, 3)), "recompute": (TEXT, False, None),
@@ -52,6 +56,20 @@ COLUMNS: dict[str, tuple[str, bool, object]] = {
     "fsdp_version": (INT, False, (1, 2)), "overlap": (TEXT, False, None),
     "cuda_graphs": (BOOL, False, None), "measured_mem_gib": (NUMBER, False, (0.0, math.inf)),
     "mem_quantity": (TEXT, False, None), "settings": (TEXT, False, None),
+    # mixture of experts and Blackwell rows (reference_rows.py turns them into plan keys):
+    # ep / etp: expert-parallel and expert-tensor-parallel sizes; moe_dispatcher: the token
+    # dispatcher (Megatron-Core alltoall | allgather, or the flex dispatcher's DeepEP or
+    # HybridEP kernels); force_balanced: the router forced to balance tokens over experts;
+    # capacity_factor: token-drop capacity (empty: dropless); mtp_layers: multi-token
+    # prediction layers; bf16_layers: transformer layers at each end kept in BF16 by the
+    # precision recipe; rack_gpus: GPUs the job uses in each NVLink domain (64 of an NVL72
+    # rack's 72); release: the table's release (container) the row was read from.
+    "ep": (INT, False, (1, MAX_INT)), "etp": (INT, False, (1, MAX_INT)),
+    "moe_dispatcher": (TEXT, False, MOE_DISPATCHERS),
+    "force_balanced": (BOOL, False, None),
+    "capacity_factor": (NUMBER, False, (0.0, 1024.0)),
+    "mtp_layers": (INT, False, (0, 64)), "bf16_layers": (INT, False, (0, 1024)),
+    "rack_gpus": (INT, False, (1, 1024)), "release": (TEXT, False, None),
 }
 
 

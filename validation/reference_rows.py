@@ -25,6 +25,9 @@ from pathlib import Path
 from typing import Any
 
 from .csv_input import read_reference_csv
+from .errors import ValidationError
+from .reference_features import (CannotExpress, bf16_layers_key, explain_plan_error,
+                                 model_ref, moe_block)
 
 REFERENCE_DIR = Path(__file__).parent / "references"
 DEFAULT_CSV = REFERENCE_DIR / "training_runs.csv"
@@ -39,12 +42,43 @@ STATED_OVERLAP = {"megatron-core": ("grad_reduce", "param_gather", "tp_comm"),
 
 
 def load_rows(path: str | Path) -> list[dict[str, str]]:
-    """Rows of a reference CSV, checked for the required columns and metrics.
+    """Rows of a reference CSV, checked for the required columns and metrics, and with no
+    configuration repeated across the releases of one table.
 
     The one place the CSV is read: typed checks of each field go here.
     """
     # every cell typed, unknown or missing columns refused (validation/csv_input.py)
-    return read_reference_csv(path)
+    rows = read_reference_csv(path)
+    check_release_repeats(rows, str(path))
+    return rows
+
+
+# The settings that make two rows of a release-tracked table the same configuration: a
+# table republished with each container release prints the same run again and again; it
+# counts once (the newest release, the others named in its notes).
+CONFIG_COLUMNS = ("source_family", "model", "topology", "gpus", "tp", "pp", "cp", "dp", "ep",
+                  "etp", "virtual_stages", "micro_batch", "global_batch_seqs", "seq_len",
+                  "dtype", "fsdp", "capacity_factor", "mtp_layers", "rack_gpus")
+
+
+def config_key(row: dict[str, str]) -> tuple[str, ...]:
+    """The configuration a row measures (CONFIG_COLUMNS; a blank mesh size reads 1)."""
+    ones = ("tp", "pp", "cp", "ep", "virtual_stages", "micro_batch")
+    return tuple((row.get(c) or ("1" if c in ones else "")) for c in CONFIG_COLUMNS)
+
+
+def check_release_repeats(rows: list[dict[str, str]], where: str) -> None:
+    """ValidationError when two rows that name a release measure one configuration."""
+    seen: dict[tuple[str, ...], dict[str, str]] = {}
+    for row in rows:
+        if not row.get("release"):
+            continue
+        first = seen.setdefault(config_key(row), row)
+        if first is not row:
+            raise ValidationError(f"{where}: row {row_id(row)}", row["release"],
+                                  f"a configuration not already measured (row {row_id(first)}, "
+                                  f"release {first['release']}): keep the newest release and "
+                                  "name the others in its notes")
 
 
 def load_excluded(path: str | Path = EXCLUDED_CSV) -> list[dict[str, str]]:
@@ -73,13 +107,14 @@ def plan_dict(row: dict[str, str]) -> dict[str, Any]:
     """The plan object a reference row describes.
 
     The row's framework profile (workloads/frameworks.py) sets the defaults; what the row
-    states (from the table or the recipe) overrides them.
+    states (from the table or the recipe) overrides them. CannotExpress when the row needs
+    a model feature the simulator lacks (validation/reference_features.py).
     """
     def num(key: str, default: int = 1) -> int:
         return int(row.get(key) or default)
-    models = _reference_models()
+    model = model_ref(row["model"], _reference_models(), num("mtp_layers", 0))
     raw: dict[str, Any] = {
-        "name": row_id(row), "model": models.get(row["model"], row["model"]),
+        "name": row_id(row), "model": model,
         "framework": row.get("framework") or "generic",
         "training": {"global_batch": num("global_batch_seqs"), "micro_batch": num("micro_batch"),
                      "seq_len": num("seq_len"), "dtype": row.get("dtype") or "bf16"},
@@ -103,6 +138,16 @@ def plan_dict(row: dict[str, str]) -> dict[str, Any]:
     if "overlap" in row and flags:
         on = {f for f in (row.get("overlap") or "").split(";") if f}
         raw["overlap"] = {f: f in on for f in flags}
+    if num("ep") > 1:
+        raw["mesh"]["ep"] = num("ep")
+    if row.get("ep") or row.get("moe_dispatcher"):
+        moe = moe_block(row, num("tp"))
+        if moe:
+            raw["moe"] = moe
+    if row.get("bf16_layers"):
+        layers = bf16_layers_key(row.get("dtype") or "bf16", num("bf16_layers", 0))
+        if layers is not None:
+            raw["training"]["bf16_layers"] = layers
     if num("cp") > 1:
         raw["context_parallel"] = {"mode": row.get("cp_mode") or "ring"}
     if num("tp") > 1:
@@ -116,17 +161,81 @@ def plan_dict(row: dict[str, str]) -> dict[str, Any]:
 
 def topology_for(row: dict[str, str]):
     """The row's topology: its preset family with gpus / 8 nodes; a run on fewer than 8
-    GPUs gets one node of that many GPUs on the same NVSwitch."""
+    GPUs gets one node of that many GPUs on the same NVSwitch. An NVL72 row uses
+    `rack_gpus` GPUs of each rack (default 72): gpus / rack_gpus NVLink domains of that many
+    GPUs, each with as many scale-out NICs (one per GPU)."""
     from topologies import build
     from topologies.presets import cluster_spec
 
     gpus = int(row["gpus"])
     family = row.get("topology") or "dgx-h100"
+    if family == "nvl72":
+        return _nvl72_job(gpus, int(row.get("rack_gpus") or 72))
     if gpus < 8:
         return replace(cluster_spec(family), domain_size=gpus).build()
     if gpus % 8:
         raise ValueError(f"{gpus} GPUs do not fill nodes of 8")
     return build(family if gpus == 8 else f"{family}x{gpus // 8}")
+
+
+def _nvl72_job(gpus: int, rack_gpus: int):
+    """A job on `rack_gpus` GPUs of each GB200 NVL72 rack (a job smaller than one rack's
+    share is one NVLink domain of its size): the GPUs it does not use carry none of its
+    traffic, so the job sees NVLink domains of the GPUs it uses, with their NICs. Where the
+    topology models racks (a ClusterSpec `layout`), the partial rack is built as a topology
+    file's `gpus_used_per_domain` is."""
+    from topologies.presets import cluster_spec
+
+    used = min(gpus, rack_gpus)
+    if gpus % used:
+        raise ValueError(f"{gpus} GPUs do not fill NVL72 racks of {used} used GPUs")
+    racks = gpus // used
+    spec = cluster_spec("nvl72" if racks == 1 else f"nvl72x{racks}")
+    if used == spec.domain_size:
+        return spec.build()
+    layout = getattr(spec, "layout", None)
+    if layout is None:
+        fabric = replace(spec.fabric, nics_per_domain=used) if spec.fabric else None
+        return replace(spec, domain_size=used, fabric=fabric).build()
+    from topologies.racks import rack_layout
+
+    nics = spec.fabric.nics_per_domain
+    part = rack_layout(layout.rack_gpus, layout.tray_gpus, used, None, nics)
+    fabric = replace(spec.fabric, nics_per_domain=part.nics_per_domain(nics),
+                     domains_per_leaf=spec.fabric.domains_per_leaf * part.domains_per_rack)
+    return replace(spec, num_domains=racks * part.domains_per_rack,
+                   domain_size=part.domain_gpus, fabric=fabric, layout=part,
+                   description=f"{spec.description} ({part.describe()})").build()
+
+
+def cannot_express(row: dict[str, str]) -> str | None:
+    """Why the simulator cannot express a row ("cannot express: ..."), or None.
+
+    The plan parser, the model spec and the topology builder are asked directly, so what a
+    row needs is checked against the code as it is, not against a list kept here.
+    """
+    from topologies import TopologyError
+    from workloads import WorkloadError, plan_from_dict, resolve
+
+    try:
+        resolve(plan_from_dict(plan_dict(row)), int(row["gpus"]))   # the mesh on its GPUs
+        topology_for(row)
+    except CannotExpress as exc:
+        return f"cannot express: {exc}"
+    except (WorkloadError, TopologyError) as exc:
+        why = explain_plan_error(exc)
+        if getattr(exc, "field", "") == "mesh.ep" and int(row.get("etp") or 1) < int(row["tp"]):
+            # Megatron-Core folds EP x expert TP into TP x DP (x CP) when expert TP < TP
+            why += (f" (the run's EP {row['ep']} with expert TP {row.get('etp') or 1} spans "
+                    f"its TP {row['tp']} x DP {row['dp']} ranks)")
+        return f"cannot express: {why}"
+    return None
+
+
+def model_kind(row: dict[str, str]) -> str:
+    """'moe' for a mixture-of-experts model, 'dense' otherwise (from the row's columns,
+    so that rows the simulator cannot express are grouped too)."""
+    return "moe" if row.get("ep") or row.get("moe_dispatcher") else "dense"
 
 
 def model_flops_per_step(plan) -> float:
@@ -191,4 +300,4 @@ def hardware_name(row: dict[str, str]) -> str:
     """The hardware group: the GPU of the row's topology family."""
     family = row.get("topology") or "dgx-h100"
     return {"dgx-h100": "h100", "grandteton-h100": "h100-hbm2e", "dgx-a100": "a100",
-            "dgx-b200": "b200", "dgx-h200": "h200"}.get(family, family)
+            "dgx-b200": "b200", "dgx-h200": "h200", "nvl72": "gb200"}.get(family, family)

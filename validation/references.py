@@ -15,8 +15,9 @@ from multiprocessing import get_context
 from pathlib import Path
 from typing import Any
 
-from .reference_rows import (DEFAULT_CSV, REQUIRED, hardware_name, load_excluded, load_rows,
-                             measured_step_s, parallelism_name, plan_dict, row_id, topology_for)
+from .reference_rows import (DEFAULT_CSV, REQUIRED, cannot_express, hardware_name,
+                             load_excluded, load_rows, measured_step_s, model_kind,
+                             parallelism_name, plan_dict, row_id, topology_for)
 from .reference_scoring import (format_groups, memory_score, score, write_residuals)
 
 __all__ = ["DEFAULT_CSV", "REQUIRED", "load_rows", "plan_dict", "simulate_row",
@@ -47,6 +48,7 @@ def simulate_row(row: dict[str, str]) -> dict[str, Any]:
         "id": row_id(row), "source": row.get("source_family") or row["source"].split(",")[0],
         "hardware": topology.device(0).name if topology.world_size else hardware_name(row),
         "framework": plan.framework, "parallelism": parallelism_name(row),
+        "model": model_kind(row),
         "topology": topology.name, "metric": row["metric"], "measured": measured_value,
         "simulated": _metric_value(row["metric"], step, measured, measured_value),
         "measured_step_s": measured, "simulated_step_s": step,
@@ -62,10 +64,15 @@ def simulate_row(row: dict[str, str]) -> dict[str, Any]:
 
 
 def _simulate_or_skip(row: dict[str, str]) -> tuple[str, dict[str, Any]]:
-    """("row", result) or ("skipped", reason) for one row (runs in a worker process)."""
+    """("row", result), ("inexpressible", reason) for a row that needs a setting the
+    simulator does not model, or ("skipped", reason) (runs in a worker process)."""
     from topologies import TopologyError
     from workloads import WorkloadError
 
+    reason = cannot_express(row)
+    if reason:
+        return "inexpressible", {"id": row_id(row), "reason": reason,
+                                 "model": model_kind(row), "hardware": hardware_name(row)}
     try:
         return "row", simulate_row(row)
     except (WorkloadError, TopologyError, ValueError) as exc:
@@ -87,8 +94,11 @@ def run_references(path: str | Path | None = None, jobs: int | None = None) -> d
         with ProcessPoolExecutor(jobs, mp_context=get_context("spawn")) as pool:
             outcomes = list(pool.map(_simulate_or_skip, rows))
     results = [r for kind, r in outcomes if kind == "row"]
+    inexpressible = [r for kind, r in outcomes if kind == "inexpressible"]
     report: dict[str, Any] = {"rows": results,
                               "skipped": [r for kind, r in outcomes if kind == "skipped"],
+                              "inexpressible": inexpressible,
+                              "inexpressible_fraction": len(inexpressible) / len(rows),
                               "excluded": load_excluded() if path is None else []}
     report.update(score(results))
     report["memory"] = memory_score(results)
@@ -106,6 +116,8 @@ def format_table(report: dict[str, Any]) -> str:
                      f"| {r['error_pct']:+.1f} % | {fits} |")
     for s in report["skipped"]:
         lines.append(f"| {s['id']} | | skipped: {s['reason']} | | | | |")
+    for s in report["inexpressible"]:
+        lines.append(f"| {s['id']} | | {s['reason']} | | | | |")
     lines.append("")
     if report["n"]:
         lines.append(format_groups(report))
@@ -116,6 +128,10 @@ def format_table(report: dict[str, Any]) -> str:
         lines += ["", f"memory: {mem['n']} rows with a measured peak, MAPE "
                       f"{mem['mape_pct']:.1f} %, bias {mem['bias_pct']:+.1f} % (simulated "
                       "allocated-like peak against the source's quantity, mostly reserved)"]
+    if report["inexpressible"]:
+        lines += ["", f"cannot express: {len(report['inexpressible'])} rows "
+                      f"({100 * report['inexpressible_fraction']:.1f} % of the table), "
+                      "each with its reason above"]
     if report["excluded"]:
         lines += ["", f"excluded: {len(report['excluded'])} rows "
                       "(validation/references/excluded_runs.csv gives each reason)"]
