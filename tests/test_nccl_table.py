@@ -33,7 +33,7 @@ def test_table_parses_with_150_or_more_points_each_cited(points):
             assert row["source_location"], row["id"]
 
 
-def test_coverage_the_issue_asks_for(points):
+def test_coverage_generations_sizes_collectives(points):
     generations = {GENERATIONS[p.gpu] for p in points}
     assert {"Ampere", "Hopper", "Blackwell"} <= generations
     assert min(p.gpus for p in points) <= 4 and max(p.gpus for p in points) >= 1000
