@@ -12,6 +12,7 @@ from workloads import Plan, WorkloadError, resolve
 from workloads.budget import MAX_TASKS, check_work
 from workloads.lowering import lower
 from workloads.memory import peak_memory
+from workloads.precision import DTYPES
 from workloads.program import Program
 
 from .engine import Engine, SimOptions
@@ -86,8 +87,9 @@ def check_dtype(plan: Plan, topology: Topology) -> None:
     and the dtypes it runs, before anything is built."""
     for spec in {d.name: d for d in topology.devices}.values():
         if plan.training.dtype not in spec.peak_flops:
+            runs = sorted(d for d in DTYPES if d in spec.peak_flops)
             raise TopologyError("training.dtype", plan.training.dtype,
-                                f"{', '.join(sorted(spec.peak_flops))} on {spec.name} "
+                                f"{', '.join(runs)} on {spec.name} "
                                 "(its tensor cores)")
 
 
