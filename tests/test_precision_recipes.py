@@ -200,6 +200,9 @@ def test_bf16_layers_need_a_low_precision_dtype():
     assert err.value.field == "training.bf16_layers" and "nvfp4" in err.value.allowed
     with pytest.raises(WorkloadError, match="two integers"):
         plan_from_dict(small_plan(training={"dtype": "fp8", "bf16_layers": [1]}))
+    with pytest.raises(WorkloadError) as err:   # small_plan has 4 layers
+        resolve(plan_from_dict(small_plan(training={"dtype": "fp8", "bf16_layers": [2, 3]})), 8)
+    assert err.value.field == "training.bf16_layers" and "num_layers (4)" in err.value.allowed
     kept = _program_with(training={"dtype": "nvfp4", "bf16_layers": [0, 1]})
     assert {t.layer for st in kept.stages for t in st if t.op == "nvfp4_cast"} == \
         set(range(11))
