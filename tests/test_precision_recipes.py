@@ -42,9 +42,18 @@ def test_recipe_operand_and_cast_bytes():
 
 
 def test_which_layers_each_recipe_keeps_in_bf16():
-    # the NVFP4 12B model's 62 blocks: the first two and the last eight in BF16 (16 %)
+    # the NVFP4 12B model's 62 blocks: the first two and the last eight in BF16 (16 %),
+    # as arXiv:2509.25149 section 4 states for that model
     kept = [layer for layer in range(62) if RECIPES["nvfp4"].keeps_bf16(layer, 62)]
     assert kept == [0, 1] + list(range(54, 62))
+    # other depths keep the same shares, rounded half up: 80 layers 2.58 -> 3 first and
+    # 10.3 -> 10 last; 24 layers 0.77 -> 1 and 3.1 -> 3; 12 layers 0.39 -> 0 and 1.5 -> 2;
+    # 2 layers: one last layer still (the most sensitive, same section)
+    assert RECIPES["nvfp4"].bf16_layers(80) == (3, 10)
+    assert RECIPES["nvfp4"].bf16_layers(24) == (1, 3)
+    assert RECIPES["nvfp4"].bf16_layers(12) == (0, 2)
+    assert RECIPES["nvfp4"].bf16_layers(2) == (0, 1)
+    assert RECIPES["nvfp4"].bf16_layers(1) == (0, 1)
     assert not any(RECIPES[r].keeps_bf16(layer, 62) for r in ("fp8", "mxfp8")
                    for layer in range(62))
 
@@ -63,13 +72,15 @@ def test_nvfp4_lowering_keeps_the_recipes_layers_and_the_head_in_bf16():
     tasks = [t for st in _program("nvfp4").stages for t in st]
     gemms = [t for t in tasks if t.op_class == GEMM]
     quantised = {t.layer for t in gemms if t.gemm_dtype == ""}
-    assert quantised == {2, 3}                                   # 12 layers: 0-1, 4-11 kept
-    assert {t.gemm_dtype for t in gemms if t.layer not in (2, 3)} == {"bf16"}
+    # 12 layers: 12 x 2/62 rounds to 0 first, 12 x 8/62 to 2 last layers kept in BF16
+    assert quantised == set(range(10))
+    assert {t.gemm_dtype for t in gemms if t.layer not in range(10)} == {"bf16"}
     casts = [t for t in tasks if t.op == "nvfp4_cast"]
-    assert casts and {t.layer for t in casts} == {2, 3} and {t.kernels for t in casts} == {2}
+    assert casts and {t.layer for t in casts} == set(range(10))
+    assert {t.kernels for t in casts} == {2}
     # a bf16-kept GEMM moves 2-byte operands, a quantised one 0.5625-byte ones
     wq = {t.layer: t for t in gemms if t.op == "wq" and t.phase == "forward"}
-    assert wq[0].bytes == pytest.approx(wq[2].bytes * 2 / (0.5 + 1 / 16))
+    assert wq[11].bytes == pytest.approx(wq[2].bytes * 2 / (0.5 + 1 / 16))
 
 
 def test_mxfp8_quantises_every_layer_and_casts_both_layouts():
@@ -129,8 +140,8 @@ def test_step_times_order_by_precision_on_a_blackwell_rack():
                             if r["layer"] == 5 and r["stream"] == "compute")
     # MXFP8 runs at the FP8 rate with more cast and scale traffic
     assert step["fp8"] < step["mxfp8"] < step["bf16"]
-    # a layer NVFP4 quantises (5 of 24) computes faster than under MXFP8; ten of the 24
-    # layers stay BF16, so the whole step gains less
+    # a layer NVFP4 quantises (5 of 24) computes faster than under MXFP8; four of the 24
+    # layers stay BF16 (1 first, 3 last), so the whole step gains less
     assert layer5["nvfp4"] < layer5["mxfp8"] < layer5["bf16"]
     assert step["nvfp4"] < step["bf16"]
 
@@ -182,10 +193,11 @@ def test_megatron_round_trip_of_the_recipes(training):
 def test_megatron_flags_give_the_recipe_and_its_bf16_layers():
     text = write_megatron(plan_from_dict({**MEGATRON_BASE, "training": {
         **MEGATRON_BASE["training"], "dtype": "nvfp4"}})).text
-    assert "--fp4-format e2m1" in text and "--num-layers-at-end-in-bf16 8" in text
+    # llama3-70b's 80 layers: 2/62 and 8/62 of them, 3 first and 10 last
+    assert "--fp4-format e2m1" in text and "--num-layers-at-end-in-bf16 10" in text
     # Megatron quantises every layer unless --first-last-layers-bf16 (then 1 and 1)
     bare = text.replace("--first-last-layers-bf16", "").replace(
-        "--num-layers-at-start-in-bf16 2", "").replace("--num-layers-at-end-in-bf16 8", "")
+        "--num-layers-at-start-in-bf16 3", "").replace("--num-layers-at-end-in-bf16 10", "")
     assert read_megatron(bare).plan["training"]["bf16_layers"] == [0, 0]
     one = bare + " --first-last-layers-bf16\n"
     assert read_megatron(one).plan["training"]["bf16_layers"] == [1, 1]

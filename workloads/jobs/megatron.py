@@ -200,7 +200,7 @@ def _plan(get: _Getter, spec: ModelSpec, ref, findings: Findings) -> dict[str, A
         "framework": "megatron-core", "model": ref,
         "training": {"global_batch": get.int("global-batch-size"),
                      "micro_batch": get.int("micro-batch-size"),
-                     "seq_len": get.int("seq-length"), **_precision(get)},
+                     "seq_len": get.int("seq-length"), **_precision(get, spec.num_layers)},
         "mesh": {"dp": "auto", "tp": tp, "pp": pp, "cp": get.int("context-parallel-size", 1),
                  "ep": get.int("expert-model-parallel-size", 1)},
         "fsdp": {"enabled": fsdp, "reshard_after_forward": True, "version": 2},
@@ -236,7 +236,7 @@ def _dtype(get: _Getter) -> str:
     return "bf16" if get.on("bf16") else "fp32"
 
 
-def _precision(get: _Getter) -> dict[str, Any]:
+def _precision(get: _Getter, num_layers: int) -> dict[str, Any]:
     """training.dtype, and training.bf16_layers where Megatron's first/last BF16 layers
     differ from the recipe's own (workloads/precision.py): Megatron keeps none unless
     --first-last-layers-bf16 (then 1 and 1 by default)."""
@@ -249,7 +249,7 @@ def _precision(get: _Getter) -> dict[str, Any]:
     if get.on("first-last-layers-bf16"):
         layers = (get.int("num-layers-at-start-in-bf16", 1, minimum=0),
                   get.int("num-layers-at-end-in-bf16", 1, minimum=0))
-    if layers != (recipe.bf16_first_layers, recipe.bf16_last_layers):
+    if layers != recipe.bf16_layers(num_layers):
         out["bf16_layers"] = list(layers)
     return out
 
@@ -373,7 +373,7 @@ def _model_flags(m: ModelSpec) -> list[str]:
     return out
 
 
-def _precision_flags(tr) -> list[str]:
+def _precision_flags(tr, num_layers: int) -> list[str]:
     """The FP8/FP4 recipe flags of a low-precision plan, with its BF16 layers."""
     recipe = precision(tr.dtype).recipe
     if recipe is None:
@@ -381,7 +381,7 @@ def _precision_flags(tr) -> list[str]:
     out = {"fp8": ["--fp8-format hybrid"],
            "mxfp8": ["--fp8-format e4m3", "--fp8-recipe mxfp8"],
            "nvfp4": ["--fp4-format e2m1", "--fp4-recipe nvfp4"]}[tr.dtype]
-    first, last = tr.bf16_layers or (recipe.bf16_first_layers, recipe.bf16_last_layers)
+    first, last = tr.bf16_layers or recipe.bf16_layers(num_layers)
     if first or last:
         out += ["--first-last-layers-bf16", f"--num-layers-at-start-in-bf16 {first}",
                 f"--num-layers-at-end-in-bf16 {last}"]
@@ -392,7 +392,7 @@ def _run_flags(plan: Plan) -> list[str]:
     tr, mesh = plan.training, plan.mesh
     out = [f"--seq-length {tr.seq_len}", f"--micro-batch-size {tr.micro_batch}",
            f"--global-batch-size {tr.global_batch}", "--bf16"]
-    out += _precision_flags(tr)
+    out += _precision_flags(tr, plan.model.num_layers)
     if tr.dtype == "fp32":
         out.remove("--bf16")
     out += [f"--tensor-model-parallel-size {mesh.tp}",
