@@ -215,6 +215,7 @@ def _plan(get: _Getter, spec: ModelSpec, ref, findings: Findings) -> dict[str, A
         "overlap": {"fsdp_prefetch": True, "async_tp": False,
                     "grad_reduce": fsdp or get.on("overlap-grad-reduce"),
                     "param_gather": get.on("overlap-param-gather"),
+                    "param_gather_align": not get.on("no-align-param-gather"),
                     "tp_comm": get.on("tp-comm-overlap")},
         "context_parallel": {"mode": _cp_mode(get, findings)},
         "cuda_graphs": get.on("enable-cuda-graph"),
@@ -333,8 +334,11 @@ def write_megatron(plan: Plan) -> Exported:
     ref = model_ref(plan.model)
     back = read_megatron(text, lenient=True)
     mesh = {**back.plan["mesh"], "dp": plan.mesh.dp or "auto"}   # noted below
-    notes = unexpressed(plan, {**back.plan, "model": ref, "mesh": mesh}, "Megatron-LM",
-                        REASONS)
+    overlap = dict(back.plan["overlap"])
+    if plan.pipeline.schedule != "interleaved":   # no chunks to align: the flag is moot
+        overlap["param_gather_align"] = plan.param_gather_align
+    notes = unexpressed(plan, {**back.plan, "model": ref, "mesh": mesh, "overlap": overlap},
+                        "Megatron-LM", REASONS)
     if plan.mesh.dp:
         notes.insert(0, f"not expressible in Megatron-LM: mesh.dp = {plan.mesh.dp} (the DP "
                         "size is the world size over TP x PP x CP, set by the launcher)")
@@ -404,6 +408,8 @@ def _run_flags(plan: Plan) -> list[str]:
                 ("--use-distributed-optimizer", plan.zero_stage == 1 and not plan.fsdp),
                 ("--overlap-grad-reduce", plan.grad_reduce_overlap and not plan.fsdp),
                 ("--overlap-param-gather", plan.param_gather_overlap),
+                ("--no-align-param-gather", not plan.param_gather_align
+                 and plan.pipeline.schedule == "interleaved"),
                 ("--tp-comm-overlap", plan.tp_comm_overlap),
                 ("--enable-cuda-graph", plan.cuda_graphs)]
     out += [flag for flag, on in switches if on]
