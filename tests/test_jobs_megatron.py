@@ -33,6 +33,7 @@ EXPRESSIBLE = {
     "interleaved-unaligned": {"mesh": {"tp": 8, "pp": 4},
                               "pipeline": {"schedule": "interleaved", "virtual_stages": 2},
                               "overlap": {**BASE["overlap"], "param_gather_align": False}},
+    "tp-pp-dp-order": {"mesh": {"tp": 8, "pp": 4, "order": ["tp", "cp", "ep", "pp", "dp"]}},
     "first-last-split": {"mesh": {"tp": 8, "pp": 4},
                          "pipeline": {"layer_split": [18, 22, 22, 18]}},
     "fp8-cp": {"training": {**BASE["training"], "dtype": "fp8"}, "mesh": {"tp": 4, "cp": 2},
@@ -71,6 +72,23 @@ def test_param_gather_alignment_is_the_no_align_flag_where_it_acts():
     imported = read_megatron(ARGS.format(extra="--no-align-param-gather"))
     assert imported.plan["overlap"]["param_gather_align"] is False
     assert read_megatron(ARGS.format(extra="")).plan["overlap"]["param_gather_align"] is True
+
+
+def test_mesh_order_is_megatrons_tp_pp_dp_mapping_where_it_matches():
+    text = write_megatron(_plan(EXPRESSIBLE["tp-pp-dp-order"])).text
+    assert "--use-tp-pp-dp-mapping" in text
+    assert read_megatron(text).plan["mesh"]["order"] == ["tp", "cp", "ep", "pp", "dp"]
+    assert "--use-tp-pp-dp-mapping" not in write_megatron(_plan(EXPRESSIBLE["dist-opt"])).text
+    # Megatron-LM's default order given explicitly: no flag, nothing to note
+    default = write_megatron(_plan({"mesh": {"tp": 8, "pp": 4,
+                                             "order": ["tp", "cp", "ep", "dp", "pp"]}}))
+    assert "--use-tp-pp-dp-mapping" not in default.text and default.notes == []
+    # an order Megatron-LM has no mapping for is noted, with the two it has
+    other = write_megatron(_plan({"mesh": {"tp": 8, "pp": 4,
+                                           "order": ["cp", "tp", "ep", "dp", "pp"]}}))
+    assert "--use-tp-pp-dp-mapping" not in other.text
+    assert len(other.notes) == 1 and other.notes[0].startswith(
+        "not expressible in Megatron-LM: mesh") and "--use-tp-pp-dp-mapping" in other.notes[0]
 
 
 def test_export_writes_only_megatron_flags():

@@ -10,6 +10,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+from ..mesh import ORDER_DIMS
 from ..models import ModelSpec, load_model
 from ..plan import MEGATRON, Plan
 from ..precision import precision
@@ -42,7 +43,12 @@ REASONS = {
     "framework": "a Megatron config runs under the megatron-core profile",
     "host_kernel_s": "host time per kernel is the megatron-core profile's",
     "host_step_s": "host time per step is the megatron-core profile's",
+    "mesh": "Megatron-LM orders ranks tp-cp-ep-dp-pp, or tp-cp-ep-pp-dp with "
+            "--use-tp-pp-dp-mapping",
 }
+# --use-tp-pp-dp-mapping: initialize_model_parallel(order="tp-cp-ep-pp-dp") instead of
+# the default "tp-cp-ep-dp-pp" (megatron/training/initialize.py), innermost first.
+TP_PP_DP_ORDER = ("tp", "cp", "ep", "pp", "dp")
 
 
 def read_megatron(text: str, source: str = "args.txt", lenient: bool = False,
@@ -202,7 +208,8 @@ def _plan(get: _Getter, spec: ModelSpec, ref, findings: Findings) -> dict[str, A
                      "micro_batch": get.int("micro-batch-size"),
                      "seq_len": get.int("seq-length"), **_precision(get, spec.num_layers)},
         "mesh": {"dp": "auto", "tp": tp, "pp": pp, "cp": get.int("context-parallel-size", 1),
-                 "ep": get.int("expert-model-parallel-size", 1)},
+                 "ep": get.int("expert-model-parallel-size", 1),
+                 **({"order": list(TP_PP_DP_ORDER)} if get.on("use-tp-pp-dp-mapping") else {})},
         "fsdp": {"enabled": fsdp, "reshard_after_forward": True, "version": 2},
         "zero_stage": 0 if fsdp else int(get.on("use-distributed-optimizer")),
         "sharding": {**MEGATRON, "sequence_parallel": get.on("sequence-parallel")},
@@ -334,6 +341,8 @@ def write_megatron(plan: Plan) -> Exported:
     ref = model_ref(plan.model)
     back = read_megatron(text, lenient=True)
     mesh = {**back.plan["mesh"], "dp": plan.mesh.dp or "auto"}   # noted below
+    if plan.mesh.order == ORDER_DIMS:    # Megatron's default order, given explicitly
+        mesh["order"] = list(ORDER_DIMS)
     overlap = dict(back.plan["overlap"])
     if plan.pipeline.schedule != "interleaved":   # no chunks to align: the flag is moot
         overlap["param_gather_align"] = plan.param_gather_align
@@ -402,6 +411,8 @@ def _run_flags(plan: Plan) -> list[str]:
     out += [f"--tensor-model-parallel-size {mesh.tp}",
             f"--pipeline-model-parallel-size {mesh.pp}",
             f"--context-parallel-size {mesh.cp}", f"--expert-model-parallel-size {mesh.ep}"]
+    if mesh.order == TP_PP_DP_ORDER:
+        out.append("--use-tp-pp-dp-mapping")
     out += _pipeline_flags(plan) + moe_flags(plan)
     switches = [("--sequence-parallel", plan.sequence_parallel),
                 ("--use-torch-fsdp2", plan.fsdp),

@@ -41,6 +41,7 @@ MAPPED = {
     "num-layers-at-end-in-bf16": "training.bf16_layers",
     "tensor-model-parallel-size": "mesh.tp", "pipeline-model-parallel-size": "mesh.pp",
     "context-parallel-size": "mesh.cp", "expert-model-parallel-size": "mesh.ep",
+    "use-tp-pp-dp-mapping": "mesh.order (tp, cp, ep, pp, dp)",
     "num-layers-per-virtual-pipeline-stage": "pipeline.virtual_stages (interleaved)",
     "num-virtual-stages-per-pipeline-rank": "pipeline.virtual_stages (interleaved)",
     "decoder-first-pipeline-num-layers": "pipeline.layer_split",
