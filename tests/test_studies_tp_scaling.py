@@ -94,6 +94,15 @@ def test_tp_scaling_cli_json_and_plot(tmp_path, capsys):
     assert main(["study", "tp-scaling", "--tp", "0"]) == 2
 
 
+def test_nvl72_study_offers_the_framework_profiles():
+    import argparse
+    from workloads.frameworks import FRAMEWORKS
+    parser = argparse.ArgumentParser()
+    registry()["nvl72"].add_arguments(parser)
+    action = next(a for a in parser._actions if a.dest == "framework")
+    assert tuple(action.choices) == FRAMEWORKS
+
+
 def test_nvl72_study_small(capsys):
     rc = main(["study", "nvl72", "--racks", "1", "--models", "llama3-70b", "--tp", "8,72",
                "--global-batch", "9",
