@@ -218,3 +218,11 @@ def test_bf16_layers_need_a_low_precision_dtype():
     kept = _program_with(training={"dtype": "nvfp4", "bf16_layers": [0, 1]})
     assert {t.layer for st in kept.stages for t in st if t.op == "nvfp4_cast"} == \
         set(range(11))
+
+
+def test_the_plan_takes_its_dtypes_and_byte_sizes_from_precision():
+    import inspect
+
+    from workloads import memory, plan, precision as prec
+    assert plan.DTYPES == prec.DTYPES and plan.LOW_PRECISION == tuple(RECIPES)
+    assert "BF16_BYTES = " not in inspect.getsource(memory)

@@ -37,11 +37,10 @@ from .models import ModelSpec
 from .moe.memory import dispatch_buffer_bytes, expert_rows_factor, gathered_expert_input_bytes
 from .params import unit_param_groups
 from .plan import Plan
-from .precision import precision
+from .precision import BF16_BYTES, precision
 from .schedules import chunk_units, stage_layers
 
 FP32_BYTES = 4
-BF16_BYTES = 2
 PARAM_BYTES_PER_PARAM = 2        # bf16 working copy (ZeRO paper section 3.1)
 GRAD_BYTES_PER_PARAM = 2         # bf16 gradient
 OPTIMIZER_BYTES_PER_PARAM = 12   # fp32 master + Adam momentum + variance ("K = 12")

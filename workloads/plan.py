@@ -28,6 +28,7 @@ from .mesh import Mesh, ParallelDims
 from .models import ModelSpec, load_model
 from .moe_options import MoEOptions, parse_moe
 from .plan_checks import check_resolved
+from .precision import DTYPES, RECIPES
 
 PROJECTIONS = ("wq", "wk", "wv", "wo", "w1", "w3", "w2")
 # 1D Megatron-style strategies, then the 2D/2.5D/3D tensor-parallel layouts (Xu et al.
@@ -42,8 +43,7 @@ ALL_STRATEGIES = STRATEGIES + GRID_STRATEGIES
 # Context parallelism: ring attention (KV blocks around the CP ring), Llama 3's all-gather
 # of K and V, or Ulysses all-to-all.
 CP_MODES = ("ring", "all_gather", "all_to_all")
-DTYPES = ("bf16", "fp8", "fp32", "mxfp8", "nvfp4")   # workloads/precision.py
-LOW_PRECISION = ("fp8", "mxfp8", "nvfp4")            # dtypes with a GEMM recipe
+LOW_PRECISION = tuple(RECIPES)   # the training dtypes with a GEMM recipe
 # selective: the attention core (Korthikanti et al. 2022); selective_op: torchtitan's
 # op-level selective checkpointing (every other matmul and attention kept); full: the layer.
 RECOMPUTE = ("none", "selective", "selective_op", "full")
