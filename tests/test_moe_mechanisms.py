@@ -369,3 +369,26 @@ def test_megatron_default_dispatcher_is_allgather_and_flex_deepep_is_deepep():
     flex = flags.replace("--moe-token-dispatcher-type alltoall",
                          "--moe-token-dispatcher-type flex --moe-enable-deepep")
     assert plan_from_dict(read_megatron(flex).plan).moe.dispatcher == "deepep"
+
+
+# ---- one formula for the routed tokens and the rows sent ------------------------------
+@pytest.mark.parametrize("moe", [{}, {"capacity_factor": 1.0},
+                                 {"capacity_factor": 1.0, "pad_to_capacity": True}])
+def test_dispatch_buffer_holds_the_rows_the_dispatch_sends(moe):
+    from workloads.moe.memory import dispatch_buffer_bytes
+    plan = _plan(mesh={"ep": 2, "tp": 2}, sharding={"sequence_parallel": True}, moe=moe)
+    graph = LayerGraph(layer_shape(plan))
+    geo = geometry(graph, plan, graph.input("S", D))
+    assert geo.tokens == T / 2 == imbalance.routed_tokens(plan)
+    assert dispatch_buffer_bytes(plan, 2) == geo.tokens * geo.sent * D * 2
+
+
+def test_gathered_expert_inputs_are_in_the_activation_dtype():
+    from workloads.moe.memory import gathered_expert_input_bytes
+    bytes_of = {dtype: gathered_expert_input_bytes(_plan(
+        mesh={"ep": 2, "tp": 2}, sharding={"sequence_parallel": True},
+        training={**small_plan()["training"], "dtype": dtype}), 1, "selective")
+        for dtype in ("bf16", "fp32")}
+    # T tokens x top_k rows (balanced), d features, gathered over tp = 2: half from the peer
+    assert bytes_of["bf16"] == pytest.approx(2 * D * T * K / 2)
+    assert bytes_of["fp32"] == pytest.approx(4 * D * T * K / 2)

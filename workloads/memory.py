@@ -262,10 +262,10 @@ def saved_layer_bytes(plan: Plan, layer: int, recompute: str | None = None) -> f
         return activation_scale(plan) * plan.parallel_dims.grid.resid_fraction * \
             activation_bytes_per_layer(m, s, b, 1, False, recompute, kv_seq_len=tr.seq_len,
                                        kernels=plan.kernels)
-    return activation_scale(plan) * (activation_bytes_per_layer(
+    return activation_scale(plan) * activation_bytes_per_layer(
         m, s, b, tp, sp, recompute, kv_seq_len=tr.seq_len, moe=m.is_moe_layer(layer),
-        load_imbalance=expert_rows_factor(plan), kernels=plan.kernels)
-        + gathered_expert_input_bytes(plan, layer, recompute))
+        load_imbalance=expert_rows_factor(plan), kernels=plan.kernels) \
+        + gathered_expert_input_bytes(plan, layer, recompute)
 
 
 def mtp_activation_bytes(plan: Plan, depth: int) -> float:
@@ -275,9 +275,10 @@ def mtp_activation_bytes(plan: Plan, depth: int) -> float:
     sequence-sharded under SP), and its output layer's (Korthikanti section 4.3)."""
     m, tr, tp = plan.model, plan.training, plan.mesh.tp
     s, b, sp = tr.seq_len // plan.mesh.cp, tr.micro_batch, plan.sequence_parallel
-    inputs = BF16_BYTES * 4 * m.hidden_size * s * b / (tp if sp else 1)
-    return saved_layer_bytes(plan, m.mtp_layer_index(depth), "none") + activation_scale(plan) \
-        * (inputs + output_layer_activation_bytes(m, s, b, tp, sp))
+    act_bytes = precision(tr.dtype).act_bytes
+    inputs = act_bytes * 4 * m.hidden_size * s * b / (tp if sp else 1)
+    return saved_layer_bytes(plan, m.mtp_layer_index(depth), "none") + inputs \
+        + activation_scale(plan) * output_layer_activation_bytes(m, s, b, tp, sp)
 
 
 def grad_state_bytes(plan: Plan) -> float:
