@@ -392,3 +392,24 @@ def test_gathered_expert_inputs_are_in_the_activation_dtype():
     # T tokens x top_k rows (balanced), d features, gathered over tp = 2: half from the peer
     assert bytes_of["bf16"] == pytest.approx(2 * D * T * K / 2)
     assert bytes_of["fp32"] == pytest.approx(4 * D * T * K / 2)
+
+
+# ---- DeepEP's blocks of 8 NVLink peers on the topology --------------------------------
+def _nodes_of(gpus_per_node: int, nodes: int):
+    import dataclasses
+
+    import topologies
+    spec = topologies.cluster_spec("dgx-h100")
+    return dataclasses.replace(spec, num_domains=nodes, domain_size=gpus_per_node).build()
+
+
+def test_deepep_is_refused_where_a_node_holds_fewer_than_its_8_peers():
+    from simulator import simulate
+    from topologies import TopologyError
+    raw = small_plan(model=MOE, mesh={"ep": 8}, moe={"dispatcher": "deepep"})
+    with pytest.raises(TopologyError) as err:   # 8 EP ranks over two 4-GPU nodes
+        simulate(plan_from_dict(raw), _nodes_of(4, 2))
+    assert err.value.field == "moe.dispatcher" and "4 GPUs per NVLink domain" in err.value.allowed
+    # 4 EP ranks inside each 4-GPU node: one of DeepEP's blocks per node, it runs
+    inside = small_plan(model=MOE, mesh={"ep": 4}, moe={"dispatcher": "deepep"})
+    assert simulate(plan_from_dict(inside), _nodes_of(4, 2)).summary["step_time_s"] > 0

@@ -36,6 +36,11 @@ if TYPE_CHECKING:  # pragma: no cover
     from ..layer_graph import LayerGraph, Node
 
 
+def dispatch_dims(plan) -> tuple[str, ...]:
+    """The mesh dims a token dispatch spans: EP, with TP when the experts are TP-sharded."""
+    return ("tp", "ep") if plan.moe.etp_of(plan.mesh.tp) > 1 else ("ep",)
+
+
 def geometry(g: "LayerGraph", plan, x: "Node") -> Geometry:
     """Sizes of one MoE layer on one rank for the router input `x`."""
     m, mesh, opt = plan.model, plan.mesh, plan.moe
@@ -43,7 +48,7 @@ def geometry(g: "LayerGraph", plan, x: "Node") -> Geometry:
     k, rows = m.experts_per_token, rows_per_token(plan, tokens)
     sent = rows_sent(plan, rows)
     etp = opt.etp_of(mesh.tp)
-    group = ("tp", "ep") if etp > 1 else ("ep",)
+    group = dispatch_dims(plan)
     return Geometry(tokens=tokens, top_k=k, rows=rows, sent=sent, hidden=m.hidden_size,
                     num_experts=m.num_experts, act_bytes=g.shape.act_bytes, tp=mesh.tp,
                     etp=etp, ep=mesh.ep, group=group,
