@@ -22,15 +22,29 @@ from workloads.program import GEMM
 from conftest import small_plan
 
 
+# Bit widths and block sizes as the format specifications give them.
+BF16_BITS = 16                        # bfloat16: 1 sign, 8 exponent, 7 mantissa bits
+FP8_E4M3_BITS = 8                     # OCP 8-bit Floating Point Specification (OFP8) v1.0
+MX_BLOCK, MX_E8M0_SCALE_BITS = 32, 8  # OCP Microscaling Formats (MX) v1.0, table 1: MXFP8
+FP4_E2M1_BITS = 4                     # MX v1.0 section 5.3.3 (E2M1), NVFP4's element
+NVFP4_BLOCK = 16                      # arXiv:2509.25149 section 2: one E4M3 scale per 16
+
+
 def test_recipe_operand_and_cast_bytes():
-    # per-tensor FP8: 1 B, cast reads 2 B and writes the copy and its transpose
-    assert RECIPES["fp8"].operand_bytes == 1 and RECIPES["fp8"].cast_bytes_per_element == 4
-    # MXFP8: 1 B + one E8M0 byte per 32; cast writes row- and column-wise copies
-    assert RECIPES["mxfp8"].operand_bytes == 1 + 1 / 32
-    assert RECIPES["mxfp8"].cast_bytes_per_element == 2 + 2 * (1 + 1 / 32)
-    # NVFP4: 0.5 B + one E4M3 byte per 16; amax pass, then the cast writing both layouts
-    assert RECIPES["nvfp4"].operand_bytes == 0.5 + 1 / 16
-    assert RECIPES["nvfp4"].cast_bytes_per_element == 2 + 2 + 2 * (0.5 + 1 / 16)
+    # per-tensor FP8: 8 bits, one FP32 scale per tensor (nothing per element); the cast
+    # reads the bf16 tensor and writes the FP8 copy and its transpose
+    assert RECIPES["fp8"].operand_bytes == FP8_E4M3_BITS / 8 == 1
+    assert RECIPES["fp8"].cast_bytes_per_element == (BF16_BITS + 2 * FP8_E4M3_BITS) / 8
+    # MXFP8: 8.25 bits per element, 33/32 B
+    mxfp8_bits = FP8_E4M3_BITS + MX_E8M0_SCALE_BITS / MX_BLOCK
+    assert RECIPES["mxfp8"].operand_bytes == mxfp8_bits / 8 == 33 / 32
+    # the cast reads bf16 and writes the row-wise and column-wise copies
+    assert RECIPES["mxfp8"].cast_bytes_per_element == (BF16_BITS + 2 * mxfp8_bits) / 8
+    # NVFP4: 4.5 bits per element, 9/16 B (0.5 + 1/16)
+    nvfp4_bits = FP4_E2M1_BITS + FP8_E4M3_BITS / NVFP4_BLOCK
+    assert RECIPES["nvfp4"].operand_bytes == nvfp4_bits / 8 == 9 / 16
+    # an amax pass reading bf16, then the cast reading it again and writing both layouts
+    assert RECIPES["nvfp4"].cast_bytes_per_element == (2 * BF16_BITS + 2 * nvfp4_bits) / 8
     assert RECIPES["nvfp4"].cast_kernels == 2
     assert precision("mxfp8").gemm_bytes == RECIPES["mxfp8"].operand_bytes
     # model states and activations as bf16 mixed precision
