@@ -376,7 +376,7 @@ def test_sliding_window_with_ring_context_parallelism_exits_2():
 
 # ---- Megatron-LM flags ------------------------------------------------------------------
 def test_megatron_mla_and_mtp_flags_round_trip():
-    from workloads.jobs.megatron import read_megatron, write_megatron
+    from workloads.jobs import read_megatron, write_megatron
     plan = plan_from_dict({"model": "deepseek-v3-mtp", "mesh": {"dp": "auto", "tp": 8},
                            "training": {"global_batch": 64, "micro_batch": 1,
                                         "seq_len": 4096}})
