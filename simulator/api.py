@@ -12,6 +12,9 @@ from workloads import Plan, WorkloadError, resolve
 from workloads.budget import MAX_TASKS, check_work
 from workloads.lowering import lower
 from workloads.memory import peak_memory
+from workloads.moe.dispatch import DEEPEP_NVL_PEERS, deepep_blocks
+from workloads.moe.layer import dispatch_dims
+from workloads.precision import DTYPES
 from workloads.program import Program
 
 from .engine import Engine, SimOptions
@@ -86,9 +89,28 @@ def check_dtype(plan: Plan, topology: Topology) -> None:
     and the dtypes it runs, before anything is built."""
     for spec in {d.name: d for d in topology.devices}.values():
         if plan.training.dtype not in spec.peak_flops:
+            runs = sorted(d for d in DTYPES if d in spec.peak_flops)
             raise TopologyError("training.dtype", plan.training.dtype,
-                                f"{', '.join(sorted(spec.peak_flops))} on {spec.name} "
+                                f"{', '.join(runs)} on {spec.name} "
                                 "(its tensor cores)")
+
+
+def check_deepep(plan: Plan, topology: Topology) -> None:
+    """DeepEP treats each block of DEEPEP_NVL_PEERS consecutive ranks as one node's NVLink
+    peers (workloads/moe/dispatch.py): a deepep plan whose dispatch group puts two ranks of
+    one block in different NVLink domains of the topology cannot run. TopologyError
+    naming moe.dispatcher and the domain size."""
+    if plan.moe.dispatcher != "deepep" or not plan.model.num_experts \
+            or topology.domain_size % DEEPEP_NVL_PEERS == 0:
+        return
+    dims, dense = dispatch_dims(plan), plan.parallel_dims
+    groups = {dense.group_ranks(rank, dims) for rank in range(topology.world_size)}
+    for group in groups:
+        if not all(topology.same_domain(block) for block in deepep_blocks(group)):
+            raise TopologyError("moe.dispatcher", "deepep",
+                                f"alltoall or allgather on {topology.domain_size} GPUs per "
+                                f"NVLink domain (DeepEP's kernels take each "
+                                f"{DEEPEP_NVL_PEERS} consecutive ranks as NVLink peers)")
 
 
 def simulate(plan: Plan, topology: Topology, options: SimOptions | None = None,
@@ -101,6 +123,7 @@ def simulate(plan: Plan, topology: Topology, options: SimOptions | None = None,
     options = _with_plan_collectives(options or SimOptions(), plan)
     plan = resolve(plan, topology.world_size)
     check_dtype(plan, topology)
+    check_deepep(plan, topology)
     check_work(plan, topology.world_size if options.full else plan.mesh.pp, max_tasks)
     program = lower(plan)
     engine = Engine(program, topology, options)

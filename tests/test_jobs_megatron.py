@@ -30,6 +30,10 @@ EXPRESSIBLE = {
     "interleaved": {"mesh": {"tp": 8, "pp": 4}, "pipeline": {"schedule": "interleaved",
                                                             "virtual_stages": 2},
                     "recompute": "selective"},
+    "interleaved-unaligned": {"mesh": {"tp": 8, "pp": 4},
+                              "pipeline": {"schedule": "interleaved", "virtual_stages": 2},
+                              "overlap": {**BASE["overlap"], "param_gather_align": False}},
+    "tp-pp-dp-order": {"mesh": {"tp": 8, "pp": 4, "order": ["tp", "cp", "ep", "pp", "dp"]}},
     "first-last-split": {"mesh": {"tp": 8, "pp": 4},
                          "pipeline": {"layer_split": [18, 22, 22, 18]}},
     "fp8-cp": {"training": {**BASE["training"], "dtype": "fp8"}, "mesh": {"tp": 4, "cp": 2},
@@ -56,6 +60,35 @@ def test_round_trip_gives_an_equal_plan(name):
     back = plan_from_dict(read_megatron(exported.text).plan)
     model = dataclasses.replace(back.model, name=plan.model.name)   # a model's name aside
     assert dataclasses.replace(back, name=plan.name, model=model) == plan
+
+
+def test_param_gather_alignment_is_the_no_align_flag_where_it_acts():
+    aligned = write_megatron(_plan(EXPRESSIBLE["interleaved"])).text
+    unaligned = write_megatron(_plan(EXPRESSIBLE["interleaved-unaligned"])).text
+    assert "--no-align-param-gather" not in aligned and "--no-align-param-gather" in unaligned
+    # without virtual stages there are no chunks to align: neither a flag nor a note
+    flat = write_megatron(_plan({"overlap": {**BASE["overlap"], "param_gather_align": False}}))
+    assert "--no-align-param-gather" not in flat.text and flat.notes == []
+    imported = read_megatron(ARGS.format(extra="--no-align-param-gather"))
+    assert imported.plan["overlap"]["param_gather_align"] is False
+    assert read_megatron(ARGS.format(extra="")).plan["overlap"]["param_gather_align"] is True
+
+
+def test_mesh_order_is_megatrons_tp_pp_dp_mapping_where_it_matches():
+    text = write_megatron(_plan(EXPRESSIBLE["tp-pp-dp-order"])).text
+    assert "--use-tp-pp-dp-mapping" in text
+    assert read_megatron(text).plan["mesh"]["order"] == ["tp", "cp", "ep", "pp", "dp"]
+    assert "--use-tp-pp-dp-mapping" not in write_megatron(_plan(EXPRESSIBLE["dist-opt"])).text
+    # Megatron-LM's default order given explicitly: no flag, nothing to note
+    default = write_megatron(_plan({"mesh": {"tp": 8, "pp": 4,
+                                             "order": ["tp", "cp", "ep", "dp", "pp"]}}))
+    assert "--use-tp-pp-dp-mapping" not in default.text and default.notes == []
+    # an order Megatron-LM has no mapping for is noted, with the two it has
+    other = write_megatron(_plan({"mesh": {"tp": 8, "pp": 4,
+                                           "order": ["cp", "tp", "ep", "dp", "pp"]}}))
+    assert "--use-tp-pp-dp-mapping" not in other.text
+    assert len(other.notes) == 1 and other.notes[0].startswith(
+        "not expressible in Megatron-LM: mesh") and "--use-tp-pp-dp-mapping" in other.notes[0]
 
 
 def test_export_writes_only_megatron_flags():
@@ -206,6 +239,16 @@ def test_reads_a_megatron_bridge_yaml():
     for key in ("model._target_", "optimizer.lr", "checkpoint.save", "logger.log_interval",
                 "train.train_iters"):
         assert sum(n.startswith(f"ignored: {key} (") for n in imported.notes) == 1, key
+
+
+def test_bridge_yaml_align_param_gather():
+    text = BRIDGE.format(extra="").replace(
+        "  use_distributed_optimizer: true\noptimizer:",
+        "  use_distributed_optimizer: true\n  align_param_gather: false\noptimizer:")
+    assert "align_param_gather" in text
+    plan = plan_from_dict(read_megatron(text, "run.yaml").plan)
+    assert plan.param_gather_align is False
+    assert plan_from_dict(_bridge().plan).param_gather_align is True
 
 
 def test_bridge_yaml_refusals(tmp_path):

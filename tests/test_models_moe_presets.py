@@ -320,6 +320,14 @@ def test_transformers_head_dim_alias_of_mla_is_the_rope_part():
     assert parsed.head_dim == 192 and parsed.value_head_dim == 128
 
 
+def test_mla_config_without_head_dims_names_the_missing_field():
+    # kv_lora_rank given, neither head_dim nor qk_rope_head_dim: a field error, not a crash
+    config = {k: v for k, v in DEEPSEEK_V3_CONFIG.items() if k != "qk_rope_head_dim"}
+    with pytest.raises(WorkloadError) as err:
+        model_from_dict(config)
+    assert err.value.field == "model.qk_rope_head_dim"
+
+
 @pytest.mark.parametrize("change,field", [
     ({"decoder_sparse_step": 2}, "model.decoder_sparse_step"),
     ({"mlp_only_layers": [0]}, "model.mlp_only_layers"),
@@ -368,7 +376,7 @@ def test_sliding_window_with_ring_context_parallelism_exits_2():
 
 # ---- Megatron-LM flags ------------------------------------------------------------------
 def test_megatron_mla_and_mtp_flags_round_trip():
-    from workloads.jobs.megatron import read_megatron, write_megatron
+    from workloads.jobs import read_megatron, write_megatron
     plan = plan_from_dict({"model": "deepseek-v3-mtp", "mesh": {"dp": "auto", "tp": 8},
                            "training": {"global_batch": 64, "micro_batch": 1,
                                         "seq_len": 4096}})

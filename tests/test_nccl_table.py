@@ -33,7 +33,7 @@ def test_table_parses_with_150_or_more_points_each_cited(points):
             assert row["source_location"], row["id"]
 
 
-def test_coverage_the_issue_asks_for(points):
+def test_coverage_generations_sizes_collectives(points):
     generations = {GENERATIONS[p.gpu] for p in points}
     assert {"Ampere", "Hopper", "Blackwell"} <= generations
     assert min(p.gpus for p in points) <= 4 and max(p.gpus for p in points) >= 1000
@@ -125,6 +125,37 @@ def test_inexpressible_points_are_listed_not_scored(tmp_path):
     assert len(skipped) == sum(p.system == "h100-8-nccl1047" for p in pts) > 0
     assert all(why == "NVL partition not modelled" for _, why in skipped)
     assert len(scored) + len(skipped) == len(pts)
+
+
+@pytest.mark.parametrize("change,field", [
+    ({"group": "tp=zz"}, "systems.h100-8-nccl1047.group"),
+    ({"group": "xx=8"}, "systems.h100-8-nccl1047.group"),
+    ({"group": "tp=8,tp=8"}, "systems.h100-8-nccl1047.group"),
+    ({"gpus_per_process": "x"}, "systems.h100-8-nccl1047.gpus_per_process"),
+    ({"gpus_per_process": 0}, "systems.h100-8-nccl1047.gpus_per_process"),
+])
+def test_bad_system_fields_are_input_errors(tmp_path, change, field):
+    systems = json.loads(DEFAULT_SYSTEMS.read_text())
+    systems["h100-8-nccl1047"].update(change)
+    path = tmp_path / "systems.json"
+    path.write_text(json.dumps(systems))
+    with pytest.raises(ValidationError) as err:
+        load_systems(path)
+    assert err.value.field == field
+
+
+def test_group_outside_the_topology_is_an_input_error(tmp_path):
+    systems = json.loads(DEFAULT_SYSTEMS.read_text())
+    for entry in systems.values():
+        if isinstance(entry, dict) and entry["topology"].endswith(".json"):
+            entry["topology"] = str(DEFAULT_SYSTEMS.parent / entry["topology"])
+    systems["h100-8-nccl1047"]["group"] = "tp=100000"
+    path = tmp_path / "systems.json"
+    path.write_text(json.dumps(systems))
+    pts = [p for p in load_points() if p.system == "h100-8-nccl1047"]
+    with pytest.raises(ValidationError) as err:
+        predict(pts, load_systems(path))
+    assert err.value.field == "systems.h100-8-nccl1047.group"
 
 
 def test_report_runs_and_stays_sane():

@@ -22,15 +22,29 @@ from workloads.program import GEMM
 from conftest import small_plan
 
 
+# Bit widths and block sizes as the format specifications give them.
+BF16_BITS = 16                        # bfloat16: 1 sign, 8 exponent, 7 mantissa bits
+FP8_E4M3_BITS = 8                     # OCP 8-bit Floating Point Specification (OFP8) v1.0
+MX_BLOCK, MX_E8M0_SCALE_BITS = 32, 8  # OCP Microscaling Formats (MX) v1.0, table 1: MXFP8
+FP4_E2M1_BITS = 4                     # MX v1.0 section 5.3.3 (E2M1), NVFP4's element
+NVFP4_BLOCK = 16                      # arXiv:2509.25149 section 2: one E4M3 scale per 16
+
+
 def test_recipe_operand_and_cast_bytes():
-    # per-tensor FP8: 1 B, cast reads 2 B and writes the copy and its transpose
-    assert RECIPES["fp8"].operand_bytes == 1 and RECIPES["fp8"].cast_bytes_per_element == 4
-    # MXFP8: 1 B + one E8M0 byte per 32; cast writes row- and column-wise copies
-    assert RECIPES["mxfp8"].operand_bytes == 1 + 1 / 32
-    assert RECIPES["mxfp8"].cast_bytes_per_element == 2 + 2 * (1 + 1 / 32)
-    # NVFP4: 0.5 B + one E4M3 byte per 16; amax pass, then the cast writing both layouts
-    assert RECIPES["nvfp4"].operand_bytes == 0.5 + 1 / 16
-    assert RECIPES["nvfp4"].cast_bytes_per_element == 2 + 2 + 2 * (0.5 + 1 / 16)
+    # per-tensor FP8: 8 bits, one FP32 scale per tensor (nothing per element); the cast
+    # reads the bf16 tensor and writes the FP8 copy and its transpose
+    assert RECIPES["fp8"].operand_bytes == FP8_E4M3_BITS / 8 == 1
+    assert RECIPES["fp8"].cast_bytes_per_element == (BF16_BITS + 2 * FP8_E4M3_BITS) / 8
+    # MXFP8: 8.25 bits per element, 33/32 B
+    mxfp8_bits = FP8_E4M3_BITS + MX_E8M0_SCALE_BITS / MX_BLOCK
+    assert RECIPES["mxfp8"].operand_bytes == mxfp8_bits / 8 == 33 / 32
+    # the cast reads bf16 and writes the row-wise and column-wise copies
+    assert RECIPES["mxfp8"].cast_bytes_per_element == (BF16_BITS + 2 * mxfp8_bits) / 8
+    # NVFP4: 4.5 bits per element, 9/16 B (0.5 + 1/16)
+    nvfp4_bits = FP4_E2M1_BITS + FP8_E4M3_BITS / NVFP4_BLOCK
+    assert RECIPES["nvfp4"].operand_bytes == nvfp4_bits / 8 == 9 / 16
+    # an amax pass reading bf16, then the cast reading it again and writing both layouts
+    assert RECIPES["nvfp4"].cast_bytes_per_element == (2 * BF16_BITS + 2 * nvfp4_bits) / 8
     assert RECIPES["nvfp4"].cast_kernels == 2
     assert precision("mxfp8").gemm_bytes == RECIPES["mxfp8"].operand_bytes
     # model states and activations as bf16 mixed precision
@@ -42,9 +56,18 @@ def test_recipe_operand_and_cast_bytes():
 
 
 def test_which_layers_each_recipe_keeps_in_bf16():
-    # the NVFP4 12B model's 62 blocks: the first two and the last eight in BF16 (16 %)
+    # the NVFP4 12B model's 62 blocks: the first two and the last eight in BF16 (16 %),
+    # as arXiv:2509.25149 section 4 states for that model
     kept = [layer for layer in range(62) if RECIPES["nvfp4"].keeps_bf16(layer, 62)]
     assert kept == [0, 1] + list(range(54, 62))
+    # other depths keep the same shares, rounded half up: 80 layers 2.58 -> 3 first and
+    # 10.3 -> 10 last; 24 layers 0.77 -> 1 and 3.1 -> 3; 12 layers 0.39 -> 0 and 1.5 -> 2;
+    # 2 layers: one last layer still (the most sensitive, same section)
+    assert RECIPES["nvfp4"].bf16_layers(80) == (3, 10)
+    assert RECIPES["nvfp4"].bf16_layers(24) == (1, 3)
+    assert RECIPES["nvfp4"].bf16_layers(12) == (0, 2)
+    assert RECIPES["nvfp4"].bf16_layers(2) == (0, 1)
+    assert RECIPES["nvfp4"].bf16_layers(1) == (0, 1)
     assert not any(RECIPES[r].keeps_bf16(layer, 62) for r in ("fp8", "mxfp8")
                    for layer in range(62))
 
@@ -63,13 +86,15 @@ def test_nvfp4_lowering_keeps_the_recipes_layers_and_the_head_in_bf16():
     tasks = [t for st in _program("nvfp4").stages for t in st]
     gemms = [t for t in tasks if t.op_class == GEMM]
     quantised = {t.layer for t in gemms if t.gemm_dtype == ""}
-    assert quantised == {2, 3}                                   # 12 layers: 0-1, 4-11 kept
-    assert {t.gemm_dtype for t in gemms if t.layer not in (2, 3)} == {"bf16"}
+    # 12 layers: 12 x 2/62 rounds to 0 first, 12 x 8/62 to 2 last layers kept in BF16
+    assert quantised == set(range(10))
+    assert {t.gemm_dtype for t in gemms if t.layer not in range(10)} == {"bf16"}
     casts = [t for t in tasks if t.op == "nvfp4_cast"]
-    assert casts and {t.layer for t in casts} == {2, 3} and {t.kernels for t in casts} == {2}
+    assert casts and {t.layer for t in casts} == set(range(10))
+    assert {t.kernels for t in casts} == {2}
     # a bf16-kept GEMM moves 2-byte operands, a quantised one 0.5625-byte ones
     wq = {t.layer: t for t in gemms if t.op == "wq" and t.phase == "forward"}
-    assert wq[0].bytes == pytest.approx(wq[2].bytes * 2 / (0.5 + 1 / 16))
+    assert wq[11].bytes == pytest.approx(wq[2].bytes * 2 / (0.5 + 1 / 16))
 
 
 def test_mxfp8_quantises_every_layer_and_casts_both_layouts():
@@ -129,8 +154,8 @@ def test_step_times_order_by_precision_on_a_blackwell_rack():
                             if r["layer"] == 5 and r["stream"] == "compute")
     # MXFP8 runs at the FP8 rate with more cast and scale traffic
     assert step["fp8"] < step["mxfp8"] < step["bf16"]
-    # a layer NVFP4 quantises (5 of 24) computes faster than under MXFP8; ten of the 24
-    # layers stay BF16, so the whole step gains less
+    # a layer NVFP4 quantises (5 of 24) computes faster than under MXFP8; four of the 24
+    # layers stay BF16 (1 first, 3 last), so the whole step gains less
     assert layer5["nvfp4"] < layer5["mxfp8"] < layer5["bf16"]
     assert step["nvfp4"] < step["bf16"]
 
@@ -142,7 +167,14 @@ def test_hopper_has_no_block_scaled_tensor_cores(dtype, write_json, capsys):
     out, err = capsys.readouterr()
     assert code == 2 and out == "" and len(err.strip().splitlines()) == 1, err
     assert err.startswith(f"error: training.dtype: got '{dtype}'")
-    assert "on h100" in err and "bf16, fp16, fp32, fp8" in err
+    # only the dtypes a plan may ask for (training.dtype refuses fp16)
+    assert "on h100" in err and "bf16, fp32, fp8 on h100" in err
+
+
+def test_device_peak_names_only_training_dtypes():
+    with pytest.raises(topologies.TopologyError) as err:
+        DEVICES["h100"].peak("nvfp4")
+    assert err.value.allowed == "bf16, fp32, fp8 on h100"
 
 
 def test_an_unknown_dtype_names_the_allowed_ones():
@@ -175,10 +207,11 @@ def test_megatron_round_trip_of_the_recipes(training):
 def test_megatron_flags_give_the_recipe_and_its_bf16_layers():
     text = write_megatron(plan_from_dict({**MEGATRON_BASE, "training": {
         **MEGATRON_BASE["training"], "dtype": "nvfp4"}})).text
-    assert "--fp4-format e2m1" in text and "--num-layers-at-end-in-bf16 8" in text
+    # llama3-70b's 80 layers: 2/62 and 8/62 of them, 3 first and 10 last
+    assert "--fp4-format e2m1" in text and "--num-layers-at-end-in-bf16 10" in text
     # Megatron quantises every layer unless --first-last-layers-bf16 (then 1 and 1)
     bare = text.replace("--first-last-layers-bf16", "").replace(
-        "--num-layers-at-start-in-bf16 2", "").replace("--num-layers-at-end-in-bf16 8", "")
+        "--num-layers-at-start-in-bf16 3", "").replace("--num-layers-at-end-in-bf16 10", "")
     assert read_megatron(bare).plan["training"]["bf16_layers"] == [0, 0]
     one = bare + " --first-last-layers-bf16\n"
     assert read_megatron(one).plan["training"]["bf16_layers"] == [1, 1]
@@ -193,6 +226,9 @@ def test_bf16_layers_need_a_low_precision_dtype():
     assert err.value.field == "training.bf16_layers" and "nvfp4" in err.value.allowed
     with pytest.raises(WorkloadError, match="two integers"):
         plan_from_dict(small_plan(training={"dtype": "fp8", "bf16_layers": [1]}))
+    with pytest.raises(WorkloadError) as err:   # small_plan has 4 layers
+        resolve(plan_from_dict(small_plan(training={"dtype": "fp8", "bf16_layers": [2, 3]})), 8)
+    assert err.value.field == "training.bf16_layers" and "num_layers (4)" in err.value.allowed
     kept = _program_with(training={"dtype": "nvfp4", "bf16_layers": [0, 1]})
     assert {t.layer for st in kept.stages for t in st if t.op == "nvfp4_cast"} == \
         set(range(11))
@@ -224,3 +260,11 @@ def test_fp8_rowwise_runs_at_the_fp8_peak_where_fp8_exists():
     from topologies.specs import DEVICES
     assert DEVICES["h100"].peak("fp8_rowwise") == DEVICES["h100"].peak("fp8")
     assert "fp8_rowwise" not in DEVICES["a100"].peak_flops
+
+
+def test_the_plan_takes_its_dtypes_and_byte_sizes_from_precision():
+    import inspect
+
+    from workloads import memory, plan, precision as prec
+    assert plan.DTYPES == prec.DTYPES and plan.LOW_PRECISION == tuple(RECIPES)
+    assert "BF16_BYTES = " not in inspect.getsource(memory)

@@ -6,6 +6,7 @@ import json
 
 import pytest
 
+from simulator.band import RESIDUALS_PATH
 from simulator.cli import main
 from simulator.studies import registry
 from simulator.studies.tp_scaling import rows, analysis_row
@@ -93,6 +94,15 @@ def test_tp_scaling_cli_json_and_plot(tmp_path, capsys):
     assert main(["study", "tp-scaling", "--tp", "0"]) == 2
 
 
+def test_nvl72_study_offers_the_framework_profiles():
+    import argparse
+    from workloads.frameworks import FRAMEWORKS
+    parser = argparse.ArgumentParser()
+    registry()["nvl72"].add_arguments(parser)
+    action = next(a for a in parser._actions if a.dest == "framework")
+    assert tuple(action.choices) == FRAMEWORKS
+
+
 def test_nvl72_study_small(capsys):
     rc = main(["study", "nvl72", "--racks", "1", "--models", "llama3-70b", "--tp", "8,72",
                "--global-batch", "9",
@@ -106,9 +116,14 @@ def test_nvl72_study_small(capsys):
     assert nvl["step_time_s"] < h100["step_time_s"]
     # each row carries the band of published runs on its GPU under its framework
     band = h100["step_time_band"]
-    assert band["group"] == "hardware:h100 framework:megatron-core" and band["n"] > 0
-    low, high = h100["step_time_band_s"]
-    assert low < h100["step_time_s"] * (1 + band["high_pct"] / 100 + 1e-9) and low <= high
+    assert band["group"] == "hardware:h100 framework:megatron-core"
+    residuals = json.loads(RESIDUALS_PATH.read_text())["rows"]
+    assert band["n"] == sum(r["hardware"] == "h100" and r["framework"] == "megatron-core"
+                            for r in residuals) > 0
+    step = h100["step_time_s"]
+    assert band["low_pct"] <= band["high_pct"]
+    assert h100["step_time_band_s"] == pytest.approx(
+        [step * (1 + band["low_pct"] / 100), step * (1 + band["high_pct"] / 100)])
     assert nvl["step_time_band"]["group"].startswith("hardware:gb200 framework:megatron-core")
     assert by[("nvl72", 72)]["status"] == "invalid"
     assert "num_attention_heads" in by[("nvl72", 72)]["error"]

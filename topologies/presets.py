@@ -232,7 +232,7 @@ def _gpu(raw: Any) -> DeviceSpec:
     bf16 = num("bf16_tflops", base and base.peak("bf16") / tflops) * tflops
     # fp32 matmuls run on TF32 tensor cores at half the BF16 rate on NVIDIA GPUs (H100,
     # A100 datasheets), the default when neither the file nor a base GPU says.
-    peaks = {"bf16": bf16, "fp16": bf16,
+    peaks = {"bf16": bf16,
              "fp32": num("fp32_tflops", base.peak("fp32") / tflops if base else bf16 / tflops / 2)
              * tflops}
     fp8_default = base.peak_flops["fp8"] / tflops if base and "fp8" in base.peak_flops else None

@@ -124,7 +124,7 @@ def _flops(bf16: float, fp8: float | None, fp32: float,
            fp4: float | None = None) -> Mapping[str, float]:
     """Dense peaks by training dtype. `fp4` is given for Blackwell only, whose tensor cores
     also run the block-scaled formats: MXFP8 at the FP8 rate, NVFP4 at the FP4 rate."""
-    peaks = {"bf16": bf16, "fp16": bf16, "fp32": fp32}
+    peaks = {"bf16": bf16, "fp32": fp32}   # the training dtypes only (no fp16 plans)
     if fp8 is not None:   # GPUs without FP8 tensor cores (A100) have no fp8 entry
         peaks["fp8"] = fp8
         peaks["fp8_rowwise"] = fp8   # row-wise scales, applied in the epilogue: same MMA

@@ -128,11 +128,34 @@ def load_systems(path: str | Path = DEFAULT_SYSTEMS) -> dict[str, dict]:
         if not isinstance(entry, dict) or not isinstance(entry.get("topology"), str) \
                 or not isinstance(entry.get("group"), str):
             raise ValidationError(f"systems.{name}", entry, "an object with topology and group")
+        _check_system_fields(name, entry)
         topo = entry["topology"]
         if topo.endswith(".json"):
             topo = str(path.parent / topo)
         systems[name] = {**entry, "topology": topo}
     return systems
+
+
+def _check_system_fields(name: str, entry: dict) -> None:
+    """The group's form (a rank count or DIM=N[,DIM=N]; its fit to the topology's world
+    is checked when the topology is built) and gpus_per_process (an integer >= 1)."""
+    from simulator.network.report import MESH_ORDER
+
+    group = entry["group"].strip()
+    parts = [part.partition("=") for part in group.split(",")]
+    dims = [key.strip().lower() for key, _, _ in parts]
+    well_formed = group.isdigit() or (
+        all(sep and key in MESH_ORDER and value.strip().isdigit()
+            for (_, sep, value), key in zip(parts, dims))
+        and len(set(dims)) == len(dims))
+    if not well_formed or (group.isdigit() and int(group) < 1):
+        raise ValidationError(f"systems.{name}.group", entry["group"],
+                              "a rank count or DIM=N[,DIM=N] with each DIM once, in "
+                              + ", ".join(MESH_ORDER))
+    per_process = entry.get("gpus_per_process", 1)
+    if isinstance(per_process, bool) or not isinstance(per_process, int) or per_process < 1:
+        raise ValidationError(f"systems.{name}.gpus_per_process", per_process,
+                              "an integer >= 1 (nccl-tests -g)")
 
 
 def predict(points: list[Point], systems: dict[str, dict]
@@ -152,12 +175,16 @@ def predict(points: list[Point], systems: dict[str, dict]
         if system["topology"] not in topos:
             topos[system["topology"]] = topologies.build(system["topology"])
         topo = topos[system["topology"]]
-        ranks = group_ranks(topo, system["group"])
+        try:
+            ranks = group_ranks(topo, system["group"])
+        except ValueError as exc:
+            raise ValidationError(f"systems.{p.system}.group", system["group"],
+                                  str(exc).partition(": ")[2]) from None
         if len(ranks) != p.gpus:
             raise ValidationError(f"systems.{p.system}.group", system["group"],
                                   f"a group of {p.gpus} ranks (the row's gpus)")
         options = CommOptions(algorithm=FORCED[p.algorithm],
-                              gpus_per_process=int(system.get("gpus_per_process", 1)))
+                              gpus_per_process=system.get("gpus_per_process", 1))
         row = collective_table(topo, p.collective, ranks, [p.size_bytes], options)[0]
         scored.append(_with_prediction(p, row))
     return scored, skipped

@@ -129,7 +129,8 @@ def _apply_rules(raw: dict[str, Any], values: dict[str, Any]) -> None:
         values["mlp"] = "swiglu" if model_type != "gpt2" else "gelu"
     if model_type in _SINK_MODEL_TYPES:
         values.setdefault("attention_sinks", True)
-    if values.get("kv_lora_rank") and values.get("head_dim") == values.get("qk_rope_head_dim"):
+    if (values.get("kv_lora_rank") and "head_dim" in values
+            and values["head_dim"] == values.get("qk_rope_head_dim")):
         # transformers' DeepseekV3Config writes head_dim = qk_rope_head_dim (the RoPE part)
         values.pop("head_dim")
     use_window = raw.get("use_sliding_window")

@@ -10,12 +10,11 @@ partial gradients in backward, as DTensor does.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, field
-
 from .attention import AttentionCost, LocalAttention
 from .context_parallel import ContextParallelAttention
 from .context_parallel_torch import TorchRingAttention
 from .explicit_comm import ExplicitComm
+from .graph_node import Node
 from .kernels import fused_cost
 from .layer_builder import BuildOptions, LayerBuilder, LayerShape, TaskSink, \
     backward_rescale_task, fp8_cast_task, memory_task
@@ -23,28 +22,6 @@ from .layouts import STRATEGY_LAYOUTS, collective, collective_bytes, grad_layout
 from .program import COMM, COMPUTE, GEMM, MEMORY, RELAYOUT
 from .tp_overlap import (USERBUFFERS, chunked_backward, chunked_gemm, gemm_reduce_scatter,
                          ring_gather)
-
-
-@dataclass
-class Node:
-    """A tensor produced by an op: its layout, feature width and how it was made."""
-
-    id: int
-    kind: str                      # input | elementwise | linear | attention | redistribute | comm
-    name: str
-    layout: str
-    features: int
-    inputs: list["Node"] = field(default_factory=list)
-    strategy: str = ""             # linear only
-    in_features: int = 0           # linear only
-    rw: tuple[float, float] = (1.0, 1.0)   # elementwise: tensors read, written (x features)
-    task: int = -1                 # id of the task that produced it in forward
-    rows_scale: float = 1.0        # token rows relative to the layer's (MoE: top_k x imbalance)
-    experts: int = 0               # linear only: a grouped GEMM over this many local experts
-    bf16: bool = False             # linear only: stays a bf16 GEMM under FP8/FP4 training
-    efficiency: float = 1.0        # linear only: relative GEMM efficiency (grouped GEMMs)
-    comm: ExplicitComm | None = None   # kind "comm" only
-    passthrough: bool = False      # elementwise: a row permutation, gradients in any layout
 
 
 def attention_core(shape: LayerShape, options: BuildOptions, window: int = 0) -> LayerBuilder:

@@ -28,7 +28,7 @@ def layer_shape(plan: Plan) -> LayerShape:
     recipe = prec.recipe
     if recipe is not None and tr.bf16_layers is not None:   # the plan's own BF16 layers
         recipe = replace(recipe, bf16_first_layers=tr.bf16_layers[0],
-                         bf16_last_layers=tr.bf16_layers[1])
+                         bf16_last_layers=tr.bf16_layers[1], bf16_reference_layers=0)
     return LayerShape(tokens=tr.micro_batch * tr.seq_len // plan.mesh.cp, seq_len=tr.seq_len,
                       tp=plan.mesh.tp, heads=m.num_heads, kv_heads=m.num_kv_heads,
                       head_dim=m.head_dim, act_bytes=prec.act_bytes,

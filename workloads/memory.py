@@ -18,31 +18,24 @@ Sources, one per rule:
   activations 1/N for the all-gather/reduce-scatter design and 1/N^(2/3) for the all-reduce
   design.
 
-Generalisation of Korthikanti section 4.1 beyond GPT (MHA, 4h GeLU MLP, dropout): the saved
-tensors are counted one by one from the model's real widths (`_layer_tensors`), so GQA stores
-K and V of kv_heads x head_dim instead of h, SwiGLU stores four f-wide tensors (eager PyTorch:
-w1 output for SiLU, SiLU output and w3 output for the product, the product for w2) instead of
-GeLU's two, and dropout masks and the dropout output exist only when the model trains with
-dropout (GPT-style: yes; Llama-style: no, so its attention-scores term is 2as/h, not 5as/h).
-Norms are fused and store only their input (2sbh), as in the paper. With the GPT-3 shape the
-count is exactly sbh(34 + 5as/h); tests/test_memory.py checks it.
+The per-layer activation counts are in workloads/activations.py.
 """
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass
 from typing import Sequence
 
-from .checkpointing import op_checkpoint_features
+from .activations import (activation_bytes_per_layer, default_dropout,
+                          output_layer_activation_bytes, scores_bytes)
 from .context_parallel_torch import torch_cp_buffer_bytes
 from .models import ModelSpec
 from .moe.memory import dispatch_buffer_bytes, expert_rows_factor, gathered_expert_input_bytes
 from .params import unit_param_groups
 from .plan import Plan
-from .precision import precision
+from .precision import BF16_BYTES, precision
 from .schedules import chunk_units, stage_layers
 
 FP32_BYTES = 4
-BF16_BYTES = 2
 PARAM_BYTES_PER_PARAM = 2        # bf16 working copy (ZeRO paper section 3.1)
 GRAD_BYTES_PER_PARAM = 2         # bf16 gradient
 OPTIMIZER_BYTES_PER_PARAM = 12   # fp32 master + Adam momentum + variance ("K = 12")
@@ -135,116 +128,6 @@ def _stage_units(plan: Plan, stage: int, ranges: Sequence[range]) -> list[tuple[
     return units
 
 
-# ------------------------------------------------------------------------- activations
-def _layer_tensors(model: ModelSpec, kv_seq: int, dropout: bool,
-                   moe: bool = False, load_imbalance: float = 1.0,
-                   fused_swiglu: bool = False) -> list[tuple[str, float, str]]:
-    """Tensors one layer saves for its backward, bytes per token, with their TP class.
-
-    Class "replicated": not split by TP, split over the sequence by SP; "sharded": split by
-    TP; "scores": the a x s attention-score tensors (dropped by selective recompute).
-    Korthikanti section 4.1 names, bf16 = 2 bytes, dropout masks 1 byte.
-    """
-    h, q, kv, a = model.hidden_size, model.q_size, model.kv_size, model.num_heads
-    f = model.ffn_size
-    t = [("attn_norm_input", 2 * h, "replicated"), ("qkv_input", 2 * h, "replicated"),
-         ("q", 2 * q, "sharded"), ("k", 2 * kv, "sharded"),              # for QK^T
-         ("softmax_output", 2 * a * kv_seq, "scores"),
-         ("v", 2 * model.v_size, "sharded"), ("out_proj_input", 2 * model.o_size, "sharded"),
-         ("mlp_norm_input", 2 * h, "replicated"), ("mlp_input", 2 * h, "replicated")]
-    if model.mla:
-        # MLA's latents: each RMSNorm keeps its input and each up-projection its (normed)
-        # input, whole on every TP rank (sequence-sharded under SP: Transformer Engine's
-        # sequence-parallel linear keeps its local input and gathers it again for wgrad).
-        # q and k above are the per-head nope + rope features, v the v_head_dim ones.
-        latents = (model.q_lora_rank, model.kv_lora_rank)
-        t += [(f"{name}_latent_{use}", 2 * width, "replicated")
-              for name, width in zip(("q", "kv"), latents) if width
-              for use in ("norm_input", "up_input")]
-    if model.mlp == "gelu":
-        t += [("gelu_input", 2 * f, "sharded"), ("fc2_input", 2 * f, "sharded")]
-    elif fused_swiglu:
-        # A fused SwiGLU kernel keeps only its inputs (w1's and w3's outputs) and recomputes
-        # silu in its backward; w2 keeps its input (Megatron-LM
-        # megatron/core/fusions/fused_bias_swiglu.py: SwiGLUFunction saves its input only;
-        # torch.compile fuses silu(a) * b alike): 3 tensors of f.
-        t += [(n, 2 * f, "sharded") for n in ("w1_output", "w3_output", "w2_input")]
-    else:
-        # eager F.silu(w1(x)) * w3(x): silu's output is the product's saved input too
-        t += [(n, 2 * f, "sharded") for n in ("w1_output", "silu_output", "w3_output", "w2_input")]
-    if moe:
-        # MoE approximation: each token's (top-k + shared) expert copies save their input and
-        # their MLP tensors at the expert width; fp32 router logits; replaces the dense MLP.
-        # The most loaded EP rank holds top_k x load_imbalance routed copies per local token.
-        k = model.experts_per_token * load_imbalance + model.num_shared_experts
-        width = (2 if model.mlp == "gelu" else 4) * 2 * model.moe_ffn_size
-        t = [x for x in t if x[0] not in ("gelu_input", "fc2_input", "w1_output",
-                                          "silu_output", "w3_output", "w2_input")]
-        t += [("router_logits", 4 * model.num_experts, "replicated"),
-              ("expert_inputs", k * 2 * h, "replicated"), ("expert_mlp", k * width, "sharded")]
-    if dropout:
-        t += [("softmax_dropout_mask", a * kv_seq, "scores"),
-              ("softmax_dropout_output", 2 * a * kv_seq, "scores"),
-              ("attn_dropout_mask", h, "replicated"), ("mlp_dropout_mask", h, "replicated")]
-    return t
-
-
-def _default_dropout(model: ModelSpec) -> bool:
-    # GPT-style (GeLU) models train with dropout; Llama-style (SwiGLU) models without.
-    return model.mlp == "gelu"
-
-
-def activation_bytes_per_layer(model: ModelSpec, seq_len: int, micro_batch: int, tp: int = 1,
-                               sequence_parallel: bool = False, recompute: str = "none",
-                               dropout: bool | None = None, kv_seq_len: int | None = None,
-                               moe: bool = False, load_imbalance: float = 1.0,
-                               kernels: str = "eager") -> float:
-    """Activation bytes one layer keeps for one micro-batch (Korthikanti et al. Table 2).
-
-    GPT-style: none sbh(34 + 5as/h) with no TP, sbh(10 + 24/t + 5as/(ht)) with TP,
-    sbh(34/t + 5as/(ht)) with TP + SP; selective drops the 5as/h term; full keeps the layer
-    input 2sbh (Table 2), which SP stores sequence-sharded: 2sbh/t. seq_len is the local
-    sequence (after CP); kv_seq_len the keys each query attends to (default seq_len);
-    moe: an MoE layer of an MoE model (experts replace the dense MLP); kernels: "fused"
-    SwiGLU keeps 3 tensors of the FFN width, "eager" (Korthikanti-style per-op count) 4.
-    """
-    if recompute not in ("none", "selective", "selective_op", "full"):
-        raise ValueError(f"recompute must be none, selective, selective_op or full, "
-                         f"got {recompute!r}")
-    sb = seq_len * micro_batch
-    sp_div = tp if sequence_parallel else 1
-    if recompute == "full":
-        return BF16_BYTES * model.hidden_size * sb / sp_div
-    if recompute == "selective_op" and not moe:
-        return BF16_BYTES * sb * op_checkpoint_features(model, tp, sp_div)
-    if recompute == "selective_op":
-        recompute = "selective"   # assumption: MoE layers keep what selective keeps
-    dropout = _default_dropout(model) if dropout is None else dropout
-    total = 0.0
-    for _, per_token, kind in _layer_tensors(model, kv_seq_len or seq_len, dropout, moe,
-                                             load_imbalance, kernels == "fused"):
-        if kind == "scores" and recompute == "selective":
-            continue
-        total += per_token * sb / (sp_div if kind == "replicated" else tp)
-    return total
-
-
-def _scores_bytes(model: ModelSpec, sb: int, kv_seq: int, tp: int, dropout: bool) -> float:
-    return sum(b for _, b, k in _layer_tensors(model, kv_seq, dropout) if k == "scores") * sb / tp
-
-
-def output_layer_activation_bytes(model: ModelSpec, seq_len: int, micro_batch: int, tp: int = 1,
-                                  sequence_parallel: bool = False) -> float:
-    """Final norm input, output-projection input and fp32 logits for the loss, one micro-batch.
-
-    Korthikanti et al. section 4.3: 4sbh/t (1 + v/h) with TP + SP (the h terms are not split
-    over TP without SP); the vocabulary-parallel logits are 4sbv/t.
-    """
-    sb, h = seq_len * micro_batch, model.hidden_size
-    sp_div = tp if sequence_parallel else 1
-    return 2 * 2 * sb * h / sp_div + 4 * sb * model.vocab_size / tp
-
-
 # ------------------------------------------------------------------------------ plan
 def saved_layer_bytes(plan: Plan, layer: int, recompute: str | None = None) -> float:
     """Activation bytes one layer keeps for one micro-batch on one rank under the plan.
@@ -264,10 +147,10 @@ def saved_layer_bytes(plan: Plan, layer: int, recompute: str | None = None) -> f
         return activation_scale(plan) * plan.parallel_dims.grid.resid_fraction * \
             activation_bytes_per_layer(m, s, b, 1, False, recompute, kv_seq_len=tr.seq_len,
                                        kernels=plan.kernels)
-    return activation_scale(plan) * (activation_bytes_per_layer(
+    return activation_scale(plan) * activation_bytes_per_layer(
         m, s, b, tp, sp, recompute, kv_seq_len=tr.seq_len, moe=m.is_moe_layer(layer),
-        load_imbalance=expert_rows_factor(plan), kernels=plan.kernels)
-        + gathered_expert_input_bytes(plan, layer, recompute))
+        load_imbalance=expert_rows_factor(plan), kernels=plan.kernels) \
+        + gathered_expert_input_bytes(plan, layer, recompute)
 
 
 def mtp_activation_bytes(plan: Plan, depth: int) -> float:
@@ -277,9 +160,10 @@ def mtp_activation_bytes(plan: Plan, depth: int) -> float:
     sequence-sharded under SP), and its output layer's (Korthikanti section 4.3)."""
     m, tr, tp = plan.model, plan.training, plan.mesh.tp
     s, b, sp = tr.seq_len // plan.mesh.cp, tr.micro_batch, plan.sequence_parallel
-    inputs = BF16_BYTES * 4 * m.hidden_size * s * b / (tp if sp else 1)
-    return saved_layer_bytes(plan, m.mtp_layer_index(depth), "none") + activation_scale(plan) \
-        * (inputs + output_layer_activation_bytes(m, s, b, tp, sp))
+    act_bytes = precision(tr.dtype).act_bytes
+    inputs = act_bytes * 4 * m.hidden_size * s * b / (tp if sp else 1)
+    return saved_layer_bytes(plan, m.mtp_layer_index(depth), "none") + inputs \
+        + activation_scale(plan) * output_layer_activation_bytes(m, s, b, tp, sp)
 
 
 def grad_state_bytes(plan: Plan) -> float:
@@ -364,8 +248,8 @@ def memory_breakdown(plan: Plan, stage: int = 0,
         # the layer being recomputed holds everything it would keep without recompute
         activations += max(per_layer(layer, "none") for layer in own_layers)
     elif plan.recompute == "selective" and not flash:
-        activations += activation_scale(plan) * _scores_bytes(m, s * b, tr.seq_len, tp,
-                                                              _default_dropout(m))
+        activations += activation_scale(plan) * scores_bytes(m, s * b, tr.seq_len, tp,
+                                                              default_dropout(m))
     if len(ranges) - 1 in chunks:
         # The last stage runs the loss right after its forward: 1F1B holds one micro-batch of
         # logits; GPipe holds every micro-batch's.
@@ -375,7 +259,7 @@ def memory_breakdown(plan: Plan, stage: int = 0,
             output_layer_activation_bytes(m, s, b, tp, sp)
         activations += last_in_flight * sum(mtp_activation_bytes(plan, k)
                                             for k in range(m.mtp_layers))
-    if 0 in chunks and _default_dropout(m):
+    if 0 in chunks and default_dropout(m):
         # Embedding dropout mask, 1 byte (Korthikanti section 4.3: sbhp/t on the first stage).
         activations += in_flight * s * b * m.hidden_size / (tp if sp else 1)
 

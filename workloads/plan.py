@@ -28,6 +28,8 @@ from .mesh import Mesh, ParallelDims
 from .models import ModelSpec, load_model
 from .moe_options import MoEOptions, parse_moe
 from .plan_checks import check_resolved
+from .plan_sections import (DTYPES, LOW_PRECISION, SCHEDULES,  # noqa: F401 (the plan's names)
+                            Pipeline, Training)
 
 PROJECTIONS = ("wq", "wk", "wv", "wo", "w1", "w3", "w2")
 # 1D Megatron-style strategies, then the 2D/2.5D/3D tensor-parallel layouts (Xu et al.
@@ -42,8 +44,6 @@ ALL_STRATEGIES = STRATEGIES + GRID_STRATEGIES
 # Context parallelism: ring attention (KV blocks around the CP ring), Llama 3's all-gather
 # of K and V, or Ulysses all-to-all.
 CP_MODES = ("ring", "all_gather", "all_to_all")
-DTYPES = ("bf16", "fp8", "fp8_rowwise", "fp32", "mxfp8", "nvfp4")   # workloads/precision.py
-LOW_PRECISION = ("fp8", "fp8_rowwise", "mxfp8", "nvfp4")          # dtypes with a GEMM recipe
 # selective: the attention core (Korthikanti et al. 2022); selective_op: torchtitan's
 # op-level selective checkpointing (every other matmul and attention kept); full: the layer.
 RECOMPUTE = ("none", "selective", "selective_op", "full")
@@ -52,7 +52,6 @@ ZERO_STAGES = (0, 1, 2, 3)   # ZeRO (Rajbhandari et al. 2020): none, optimizer, 
 # flash: FlashAttention (scores never stored, recomputed inside the backward);
 # eager: the s x s scores are materialised and kept for the backward.
 ATTENTION_IMPLS = ("flash", "eager")
-SCHEDULES = ("gpipe", "1f1b", "interleaved")
 FSDP_VERSIONS = (1, 2)   # FSDP1 (FlatParameter per wrapped unit) | FSDP2 (fully_shard)
 MAX_HOST_OVERHEAD_S = 10.0   # bound on host_overhead values: far beyond any real step
 BUNDLED_DIR = Path(__file__).parent / "plans"
@@ -61,59 +60,6 @@ BUNDLED_DIR = Path(__file__).parent / "plans"
 # attention out and MLP out row-parallel.
 MEGATRON = MappingProxyType({"wq": "col", "wk": "col", "wv": "col", "wo": "row",
                              "w1": "col", "w3": "col", "w2": "row"})
-
-
-@dataclass(frozen=True)
-class Training:
-    """Batch and precision of one optimizer step."""
-
-    global_batch: int       # sequences per step
-    micro_batch: int        # sequences per micro-batch per DP rank
-    seq_len: int
-    dtype: str = "bf16"
-    # Layers kept in BF16 at the start and the end under an FP8/FP4 dtype (Megatron-LM's
-    # --num-layers-at-start/end-in-bf16); None: the recipe's (workloads/precision.py).
-    bf16_layers: tuple[int, int] | None = None
-
-    def __post_init__(self) -> None:
-        for name in ("global_batch", "micro_batch", "seq_len"):
-            check_int(getattr(self, name), f"training.{name}")
-        check_choice(self.dtype, "training.dtype", DTYPES)
-        layers = self.bf16_layers
-        if layers is None:
-            return
-        if not (isinstance(layers, tuple) and len(layers) == 2
-                and all(is_int(n) and 0 <= n <= MAX_INT for n in layers)):
-            raise WorkloadError("training.bf16_layers", list(layers) if isinstance(
-                layers, tuple) else layers, "[first, last]: two integers >= 0")
-        if self.dtype not in LOW_PRECISION:
-            raise WorkloadError("training.bf16_layers", list(layers), "only with dtype "
-                                + ", ".join(LOW_PRECISION) + f" (a {self.dtype} plan's "
-                                "GEMMs are not quantised)")
-
-    @property
-    def tokens(self) -> int:
-        """Tokens per optimizer step."""
-        return self.global_batch * self.seq_len
-
-
-@dataclass(frozen=True)
-class Pipeline:
-    """Pipeline schedule; layer_split gives layers per stage (None: balanced default)."""
-
-    schedule: str = "1f1b"
-    virtual_stages: int = 1
-    layer_split: tuple[int, ...] | None = None
-
-    def __post_init__(self) -> None:
-        check_choice(self.schedule, "pipeline.schedule", SCHEDULES)
-        check_int(self.virtual_stages, "pipeline.virtual_stages")
-        split = self.layer_split
-        if split is not None and (not isinstance(split, tuple)
-                                  or not all(is_int(n) and n >= 0 for n in split)):
-            raise WorkloadError("pipeline.layer_split",
-                                list(split) if isinstance(split, tuple) else split,
-                                "a list of non-negative integers")
 
 
 @dataclass(frozen=True)

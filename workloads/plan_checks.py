@@ -18,6 +18,7 @@ CLI prints one line and exits 2. The rules and their sources:
 - Multi-head latent attention (workloads/latent_attention.py) is built for 1D TP only,
   with one strategy for wk and wv (one up-projection makes both); a sliding window is not
   combined with ring context parallelism (workloads/attention.py).
+- The BF16 layers a plan names (training.bf16_layers) fit in the model's layers.
 - Pipeline: pp x virtual_stages chunks of at least one layer each; a layer split adds up.
 - Framework mechanisms only where they exist (check_framework_keys): the parameter
   all-gather overlap needs ZeRO 1/2 (Megatron: --overlap-param-gather requires the
@@ -76,6 +77,9 @@ def check_resolved(plan) -> None:
     check_mla_plan(plan)
     check_sliding_window_plan(plan)
     check_experts(plan)
+    if tr.bf16_layers is not None and sum(tr.bf16_layers) > m.num_layers:
+        raise WorkloadError("training.bf16_layers", list(tr.bf16_layers),
+                            f"first + last <= num_layers ({m.num_layers})")
     if tr.global_batch % (dims.dp * tr.micro_batch):
         raise WorkloadError("training.global_batch", tr.global_batch,
                             f"a multiple of dp*micro_batch ({dims.dp}*{tr.micro_batch})")

@@ -43,6 +43,9 @@ class GemmRecipe:
     # HBM bytes per output element of a pass that rescales each backward GEMM's output
     # after the GEMM (0: the scales are applied inside the GEMM)
     backward_rescale_bytes: float = 0.0
+    # The depth the two counts were stated for: they scale with the model's depth
+    # (0: the counts hold at every depth, as a plan's own training.bf16_layers do).
+    bf16_reference_layers: int = 0
     source: str = ""
 
     @property
@@ -50,10 +53,26 @@ class GemmRecipe:
         """Bytes per GEMM operand element, block scales included."""
         return self.element_bytes + (self.scale_bytes / self.block if self.block else 0.0)
 
+    def bf16_layers(self, num_layers: int) -> tuple[int, int]:
+        """(first, last): the transformer layers of a `num_layers`-deep model kept in
+        BF16. Counts stated for a reference depth scale with the depth, rounded half up,
+        with at least one last layer when the reference keeps any (assumption: the share
+        of a depth, not the count, carries over between models; the last layers are the
+        ones training is most sensitive to in FP4, arXiv:2509.25149 section 4)."""
+        ref = self.bf16_reference_layers
+        if not ref:
+            return self.bf16_first_layers, self.bf16_last_layers
+        first = int(num_layers * self.bf16_first_layers / ref + 0.5)
+        last = int(num_layers * self.bf16_last_layers / ref + 0.5)
+        if self.bf16_last_layers:
+            last = max(last, 1)
+        return min(first, num_layers - last), min(last, num_layers)
+
     def keeps_bf16(self, layer: int, num_layers: int) -> bool:
         """Whether transformer layer `layer` (0-based) of `num_layers` runs its linears
         in BF16 under this recipe."""
-        return layer < self.bf16_first_layers or layer >= num_layers - self.bf16_last_layers
+        first, last = self.bf16_layers(num_layers)
+        return layer < first or layer >= num_layers - last
 
 
 # Block-scaled quantisation writes each operand twice: an MX/NVFP4 block runs along the
@@ -111,9 +130,11 @@ RECIPES = {
     # 16 x 16 2D blocks, one quantisation for both layouts, cached across micro-batches as
     # the FP8 weights are (not priced, as for fp8). The recipe keeps some linear layers in
     # BF16 (training diverged with all of them in FP4): about 15 % of them, most at the
-    # end; the 12B model kept its first two and last eight of 62 blocks (section 4).
+    # end; the 12B model kept its first two and last eight of 62 blocks (section 4), the
+    # one depth the paper states. Assumption: other depths keep the same shares, 2/62 at
+    # the start and 8/62 at the end (GemmRecipe.bf16_layers).
     "nvfp4": GemmRecipe("nvfp4", 0.5, 16, 1, 2 + 2 + 2 * (0.5 + 1 / 16), 2,
-                        bf16_first_layers=2, bf16_last_layers=8,
+                        bf16_first_layers=2, bf16_last_layers=8, bf16_reference_layers=62,
                         source="arXiv:2509.25149; Transformer Engine NVFP4BlockScaling"),
 }
 

@@ -13,6 +13,7 @@ from __future__ import annotations
 import argparse
 
 from workloads import MODEL_PRESETS
+from workloads.frameworks import FRAMEWORKS
 
 from topologies import build as build_topology
 
@@ -53,7 +54,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--global-batch", type=int, default=72, help="sequences per step")
     parser.add_argument("--seq-len", type=int, default=8192)
     parser.add_argument("--recompute", choices=("none", "selective", "full"), default="none")
-    parser.add_argument("--framework", choices=("megatron-core", "torchtitan", "generic"),
+    parser.add_argument("--framework", choices=FRAMEWORKS,
                         default="megatron-core",
                         help="framework profile of the plans (its published runs give the band)")
     parser.add_argument("--workers", type=int, default=None, help="worker processes")

@@ -10,7 +10,8 @@ ignored keys, unmodelled keys) are torchtitan_keys.py and megatron_keys.py.
 from .common import Exported, Imported
 from .files import job_framework, load_job, read_job
 from .findings import JobConfigError
-from .megatron import read_megatron, write_megatron
+from .megatron import read_megatron
+from .megatron_export import write_megatron
 from .torchtitan import read_torchtitan
 from .torchtitan_export import write_torchtitan
 

@@ -1,4 +1,5 @@
-"""Megatron-LM / Megatron-Core job configs in and out: `read_megatron`, `write_megatron`.
+"""Megatron-LM / Megatron-Core job configs in: `read_megatron` (megatron_export.py
+writes them: `write_megatron`).
 
 Reads a file of pretrain_gpt.py flags (Megatron-LM core_v0.15.0) or a Megatron-Bridge
 v0.6.0 run YAML (megatron_args.py turns either into flags); megatron_keys.py is the table.
@@ -11,38 +12,20 @@ from pathlib import Path
 from typing import Any
 
 from ..models import ModelSpec, load_model
-from ..plan import MEGATRON, Plan
+from ..plan import MEGATRON
 from ..precision import precision
 from ..schedules import stage_layer_ranges
 from . import megatron_keys as K
-from .common import Exported, Imported, model_ref, unexpressed
+from .common import Imported, model_ref
 from .findings import Findings, JobConfigError, need_choice, need_int
 from .megatron_args import Flags, parse_args_text, parse_bridge_yaml
-from .megatron_moe import moe_block, moe_flags
+from .megatron_moe import moe_block
 
 CP_COMM = {"p2p": "ring", "allgather": "all_gather", "a2a": "all_to_all"}
 EAGER_ATTENTION = ("unfused", "local")
-REASONS = {
-    "sharding": "Megatron's TP is the column/row layout",
-    "layer_overrides": "Megatron applies one TP layout to every layer",
-    "fsdp_version": "Megatron runs torch FSDP2 (--use-torch-fsdp2)",
-    "reshard_after_forward": "Megatron's FSDP2 reshards after forward",
-    "kernels": "Megatron runs Transformer Engine's fused kernels",
-    "optimizer": "Megatron's Adam is the fused one",
-    "recompute": "Megatron recomputes the attention core or whole layers",
-    "pipeline": "Megatron runs 1F1B or interleaved 1F1B, with even splits or first/last "
-                "stage layer counts",
-    "async_tp": "torch async TP is torchtitan's (Megatron: --tp-comm-overlap)",
-    "load_imbalance": "routing balance depends on the data",
-    "moe": "a measured routing distribution depends on the data",
-    "collective_algorithm": "NCCL_ALGO is an environment variable",
-    "collective_protocol": "NCCL_PROTO is an environment variable",
-    "zero_stage": "Megatron shards optimizer states (--use-distributed-optimizer) only",
-    "grad_bucket": "Megatron's DDP buckets are its default size or --ddp-bucket-size",
-    "framework": "a Megatron config runs under the megatron-core profile",
-    "host_kernel_s": "host time per kernel is the megatron-core profile's",
-    "host_step_s": "host time per step is the megatron-core profile's",
-}
+# --use-tp-pp-dp-mapping: initialize_model_parallel(order="tp-cp-ep-pp-dp") instead of
+# the default "tp-cp-ep-dp-pp" (megatron/training/initialize.py), innermost first.
+TP_PP_DP_ORDER = ("tp", "cp", "ep", "pp", "dp")
 
 
 def read_megatron(text: str, source: str = "args.txt", lenient: bool = False,
@@ -145,14 +128,14 @@ def _model(get: _Getter, findings: Findings) -> ModelSpec:
 
 
 # MLA flag -> ModelSpec field; the sizes are required (their defaults are not DeepSeek's)
-_MLA_FLAGS = {"kv-lora-rank": "kv_lora_rank", "qk-head-dim": "qk_nope_head_dim",
-              "qk-pos-emb-head-dim": "qk_rope_head_dim", "v-head-dim": "v_head_dim"}
+MLA_FLAGS = {"kv-lora-rank": "kv_lora_rank", "qk-head-dim": "qk_nope_head_dim",
+             "qk-pos-emb-head-dim": "qk_rope_head_dim", "v-head-dim": "v_head_dim"}
 
 
 def _latent_attention(get: _Getter) -> dict[str, Any]:
     """The MLA sizes (--q-lora-rank absent: no query latent, as Megatron-LM's None)."""
     values = {"q_lora_rank": get.int("q-lora-rank", 0, 0), "head_dim": 0}
-    for flag, name in _MLA_FLAGS.items():
+    for flag, name in MLA_FLAGS.items():
         value = get.int(flag)
         if value is None:
             raise JobConfigError(get.name(flag), None, "a positive integer with "
@@ -200,9 +183,10 @@ def _plan(get: _Getter, spec: ModelSpec, ref, findings: Findings) -> dict[str, A
         "framework": "megatron-core", "model": ref,
         "training": {"global_batch": get.int("global-batch-size"),
                      "micro_batch": get.int("micro-batch-size"),
-                     "seq_len": get.int("seq-length"), **_precision(get)},
+                     "seq_len": get.int("seq-length"), **_precision(get, spec.num_layers)},
         "mesh": {"dp": "auto", "tp": tp, "pp": pp, "cp": get.int("context-parallel-size", 1),
-                 "ep": get.int("expert-model-parallel-size", 1)},
+                 "ep": get.int("expert-model-parallel-size", 1),
+                 **({"order": list(TP_PP_DP_ORDER)} if get.on("use-tp-pp-dp-mapping") else {})},
         "fsdp": {"enabled": fsdp, "reshard_after_forward": True, "version": 2},
         "zero_stage": 0 if fsdp else int(get.on("use-distributed-optimizer")),
         "sharding": {**MEGATRON, "sequence_parallel": get.on("sequence-parallel")},
@@ -215,6 +199,7 @@ def _plan(get: _Getter, spec: ModelSpec, ref, findings: Findings) -> dict[str, A
         "overlap": {"fsdp_prefetch": True, "async_tp": False,
                     "grad_reduce": fsdp or get.on("overlap-grad-reduce"),
                     "param_gather": get.on("overlap-param-gather"),
+                    "param_gather_align": not get.on("no-align-param-gather"),
                     "tp_comm": get.on("tp-comm-overlap")},
         "context_parallel": {"mode": _cp_mode(get, findings)},
         "cuda_graphs": get.on("enable-cuda-graph"),
@@ -236,7 +221,7 @@ def _dtype(get: _Getter) -> str:
     return "bf16" if get.on("bf16") else "fp32"
 
 
-def _precision(get: _Getter) -> dict[str, Any]:
+def _precision(get: _Getter, num_layers: int) -> dict[str, Any]:
     """training.dtype, and training.bf16_layers where Megatron's first/last BF16 layers
     differ from the recipe's own (workloads/precision.py): Megatron keeps none unless
     --first-last-layers-bf16 (then 1 and 1 by default)."""
@@ -249,7 +234,7 @@ def _precision(get: _Getter) -> dict[str, Any]:
     if get.on("first-last-layers-bf16"):
         layers = (get.int("num-layers-at-start-in-bf16", 1, minimum=0),
                   get.int("num-layers-at-end-in-bf16", 1, minimum=0))
-    if layers != (recipe.bf16_first_layers, recipe.bf16_last_layers):
+    if layers != recipe.bf16_layers(num_layers):
         out["bf16_layers"] = list(layers)
     return out
 
@@ -325,109 +310,3 @@ def _first_last_split(num_layers: int, chunks: int, first: int | None,
 
 
 # ------------------------------------------------------------------------------ export
-def write_megatron(plan: Plan) -> Exported:
-    """The plan as pretrain_gpt.py flags (one per line, backslash-continued), and what
-    the flags cannot express."""
-    flags = _model_flags(plan.model) + _run_flags(plan)
-    text = " \\\n".join(flags) + "\n"
-    ref = model_ref(plan.model)
-    back = read_megatron(text, lenient=True)
-    mesh = {**back.plan["mesh"], "dp": plan.mesh.dp or "auto"}   # noted below
-    notes = unexpressed(plan, {**back.plan, "model": ref, "mesh": mesh}, "Megatron-LM",
-                        REASONS)
-    if plan.mesh.dp:
-        notes.insert(0, f"not expressible in Megatron-LM: mesh.dp = {plan.mesh.dp} (the DP "
-                        "size is the world size over TP x PP x CP, set by the launcher)")
-    for name in ("sliding_window", "attention_sinks"):
-        if getattr(plan.model, name):
-            notes.append(f"not expressible in these flags: model.{name} = "
-                         f"{getattr(plan.model, name)} (the flags write full attention)")
-    return Exported(text, notes)
-
-
-def _model_flags(m: ModelSpec) -> list[str]:
-    out = [f"--num-layers {m.num_layers}", f"--hidden-size {m.hidden_size}",
-           f"--ffn-hidden-size {m.ffn_size}", f"--num-attention-heads {m.num_heads}"]
-    if m.num_kv_heads != m.num_heads:
-        out += ["--group-query-attention", f"--num-query-groups {m.num_kv_heads}"]
-    if m.head_dim * m.num_heads != m.hidden_size and not m.mla:
-        out.append(f"--kv-channels {m.head_dim}")
-    if m.mla:
-        out += ["--multi-latent-attention", "--qk-layernorm"]
-        out += [f"--q-lora-rank {m.q_lora_rank}"] if m.q_lora_rank else []
-        out += [f"--{flag} {getattr(m, name)}" for flag, name in _MLA_FLAGS.items()]
-    if m.mtp_layers:
-        out.append(f"--mtp-num-layers {m.mtp_layers}")
-    out.append(f"--padded-vocab-size {m.vocab_size}")
-    out += ["--swiglu"] if m.mlp == "swiglu" else []
-    out += [] if m.tie_word_embeddings else ["--untie-embeddings-and-output-weights"]
-    out += ["--normalization RMSNorm", "--position-embedding-type rope",
-            "--disable-bias-linear", "--hidden-dropout 0", "--attention-dropout 0",
-            "--accumulate-allreduce-grads-in-fp32"]
-    if m.num_experts:
-        out += [f"--num-experts {m.num_experts}", f"--moe-router-topk {m.experts_per_token}",
-                f"--moe-ffn-hidden-size {m.moe_ffn_size}"]
-        if m.num_shared_experts:
-            out.append(f"--moe-shared-expert-intermediate-size "
-                       f"{m.num_shared_experts * m.moe_ffn_size}")
-    return out
-
-
-def _precision_flags(tr) -> list[str]:
-    """The FP8/FP4 recipe flags of a low-precision plan, with its BF16 layers."""
-    recipe = precision(tr.dtype).recipe
-    if recipe is None:
-        return []
-    out = {"fp8": ["--fp8-format hybrid"],
-           "mxfp8": ["--fp8-format e4m3", "--fp8-recipe mxfp8"],
-           "nvfp4": ["--fp4-format e2m1", "--fp4-recipe nvfp4"]}[tr.dtype]
-    first, last = tr.bf16_layers or (recipe.bf16_first_layers, recipe.bf16_last_layers)
-    if first or last:
-        out += ["--first-last-layers-bf16", f"--num-layers-at-start-in-bf16 {first}",
-                f"--num-layers-at-end-in-bf16 {last}"]
-    return out
-
-
-def _run_flags(plan: Plan) -> list[str]:
-    tr, mesh = plan.training, plan.mesh
-    out = [f"--seq-length {tr.seq_len}", f"--micro-batch-size {tr.micro_batch}",
-           f"--global-batch-size {tr.global_batch}", "--bf16"]
-    out += _precision_flags(tr)
-    if tr.dtype == "fp32":
-        out.remove("--bf16")
-    out += [f"--tensor-model-parallel-size {mesh.tp}",
-            f"--pipeline-model-parallel-size {mesh.pp}",
-            f"--context-parallel-size {mesh.cp}", f"--expert-model-parallel-size {mesh.ep}"]
-    out += _pipeline_flags(plan) + moe_flags(plan)
-    switches = [("--sequence-parallel", plan.sequence_parallel),
-                ("--use-torch-fsdp2", plan.fsdp),
-                ("--use-distributed-optimizer", plan.zero_stage == 1 and not plan.fsdp),
-                ("--overlap-grad-reduce", plan.grad_reduce_overlap and not plan.fsdp),
-                ("--overlap-param-gather", plan.param_gather_overlap),
-                ("--tp-comm-overlap", plan.tp_comm_overlap),
-                ("--enable-cuda-graph", plan.cuda_graphs)]
-    out += [flag for flag, on in switches if on]
-    if isinstance(plan.grad_bucket, int) and not plan.fsdp:
-        out.append(f"--ddp-bucket-size {plan.grad_bucket}")
-    if plan.recompute in ("selective", "selective_op"):
-        out.append("--recompute-granularity selective")
-    elif plan.recompute == "full":
-        out += ["--recompute-granularity full", "--recompute-method uniform",
-                "--recompute-num-layers 1"]
-    if plan.attention == "eager":
-        out.append("--attention-backend unfused")
-    mode = {v: k for k, v in CP_COMM.items()}[plan.cp_mode]
-    if mesh.cp > 1 or mode != "p2p":
-        out.append(f"--cp-comm-type {mode}")
-    return out
-
-
-def _pipeline_flags(plan: Plan) -> list[str]:
-    virtual, pp = plan.pipeline.virtual_stages, plan.mesh.pp
-    out = [f"--num-virtual-stages-per-pipeline-rank {virtual}"] if virtual > 1 else []
-    counts = [len(r) for r in stage_layer_ranges(plan.model.num_layers, pp * virtual,
-                                                 plan.pipeline.layer_split)]
-    if pp > 1 and len(set(counts)) > 1:
-        out += [f"--decoder-first-pipeline-num-layers {counts[0]}",
-                f"--decoder-last-pipeline-num-layers {counts[-1]}"]
-    return out

@@ -42,8 +42,20 @@ from ..layouts import R, S
 if TYPE_CHECKING:  # pragma: no cover
     from ..layer_graph import LayerGraph, Node
 
-# DeepEP's normal (legacy) kernels: NVLink peers per node (csrc/legacy/buffer.hpp).
+# DeepEP's normal (legacy) kernels: NVLink peers per node (NUM_MAX_NVL_PEERS,
+# csrc/legacy/buffer.hpp). DeepEP itself, not the topology, groups the ranks: each block of
+# 8 consecutive ranks are one node's NVLink peers, the blocks talk over RDMA. Where a
+# topology's NVLink domains do not hold whole blocks (say 4 GPUs per node), DeepEP cannot
+# run that way: the simulator refuses the plan there (simulator/api.py, check_deepep).
 DEEPEP_NVL_PEERS = 8
+
+
+def deepep_blocks(ranks) -> list[tuple[int, ...]]:
+    """The ranks of a dispatch group split into DeepEP's NVLink-peer blocks."""
+    blocks: dict[int, list[int]] = {}
+    for rank in ranks:
+        blocks.setdefault(rank // DEEPEP_NVL_PEERS, []).append(rank)
+    return [tuple(block) for block in blocks.values()]
 MAP_BYTES = 1   # the routing map is a bool per token and expert
 
 
@@ -226,8 +238,7 @@ def deepep_bytes(geo: Geometry) -> float:
     ranks all receive the token), times the hottest rank's imbalance r / top_k.
     """
     ranks, k = geo.group_ranks, geo.top_k
-    nodes = {rank // DEEPEP_NVL_PEERS for rank in ranks}
-    g, n = len(ranks), len(nodes)
+    g, n = len(ranks), len(deepep_blocks(ranks))
     row = geo.tokens * geo.hidden * geo.act_bytes * geo.rows / k
     if n == 1:
         return row * geo.ep * _hit(geo.num_experts, geo.local_experts, k) * geo.etp

@@ -81,3 +81,21 @@ def rows_per_token(plan, tokens: float) -> float:
         loads = [min(s / total * m.num_experts, cap_load) for s in shares]
         return k * max(sum(loads[r * local:(r + 1) * local]) / local for r in range(ep))
     return min(k * imbalance(plan, tokens), cap_rows)
+
+
+def routed_tokens(plan) -> float:
+    """Tokens one rank routes per micro-batch: its sequence shard (micro_batch x seq_len /
+    cp), split over TP, since each TP rank routes its own sequence-parallel shard."""
+    tr, mesh = plan.training, plan.mesh
+    tokens = tr.micro_batch * tr.seq_len // mesh.cp
+    return tokens / mesh.tp if mesh.tp > 1 else tokens
+
+
+def rows_sent(plan, rows: float) -> float:
+    """Rows a sender sends per routed token: top_k copies (dropless), fewer after capacity
+    drops, a whole padded buffer (`rows`, the hottest rank's rows per token) when padded to
+    capacity."""
+    k, opt = plan.model.experts_per_token, plan.moe
+    if opt.pad_to_capacity:
+        return rows
+    return k if opt.dropless else min(k, rows)

@@ -30,22 +30,25 @@ from typing import TYPE_CHECKING
 from ..layouts import P, S
 from .dispatch import Geometry, combine, dispatch
 from .grouped_gemm import grouped_gemm_efficiency
-from .imbalance import rows_per_token
+from .imbalance import routed_tokens, rows_per_token, rows_sent
 
 if TYPE_CHECKING:  # pragma: no cover
     from ..layer_graph import LayerGraph, Node
 
 
+def dispatch_dims(plan) -> tuple[str, ...]:
+    """The mesh dims a token dispatch spans: EP, with TP when the experts are TP-sharded."""
+    return ("tp", "ep") if plan.moe.etp_of(plan.mesh.tp) > 1 else ("ep",)
+
+
 def geometry(g: "LayerGraph", plan, x: "Node") -> Geometry:
     """Sizes of one MoE layer on one rank for the router input `x`."""
     m, mesh, opt = plan.model, plan.mesh, plan.moe
-    tokens = g.shape.rows(x.layout) if mesh.tp > 1 else g.shape.tokens
+    tokens = routed_tokens(plan)   # the router input x: the rank's sequence shard
     k, rows = m.experts_per_token, rows_per_token(plan, tokens)
-    # a sender sends k copies of a token (dropless), fewer after drops, a full padded
-    # buffer when padded to capacity
-    sent = rows if opt.pad_to_capacity else (k if opt.dropless else min(k, rows))
+    sent = rows_sent(plan, rows)
     etp = opt.etp_of(mesh.tp)
-    group = ("tp", "ep") if etp > 1 else ("ep",)
+    group = dispatch_dims(plan)
     return Geometry(tokens=tokens, top_k=k, rows=rows, sent=sent, hidden=m.hidden_size,
                     num_experts=m.num_experts, act_bytes=g.shape.act_bytes, tp=mesh.tp,
                     etp=etp, ep=mesh.ep, group=group,

@@ -13,13 +13,8 @@ Left out: DeepEP's own communication buffers (sized by its config hints at run t
 """
 from __future__ import annotations
 
-from .imbalance import rows_per_token
-
-
-def _routed_tokens(plan) -> float:
-    """Tokens one rank routes per micro-batch (its sequence shard under TP)."""
-    tr, mesh = plan.training, plan.mesh
-    return tr.seq_len // mesh.cp * tr.micro_batch / mesh.tp
+from ..precision import precision
+from .imbalance import routed_tokens, rows_per_token, rows_sent
 
 
 def expert_rows_factor(plan) -> float:
@@ -28,7 +23,7 @@ def expert_rows_factor(plan) -> float:
     m = plan.model
     if not m.num_experts:
         return plan.load_imbalance
-    return rows_per_token(plan, _routed_tokens(plan)) / m.experts_per_token
+    return rows_per_token(plan, routed_tokens(plan)) / m.experts_per_token
 
 
 def gathered_expert_input_bytes(plan, layer: int, recompute: str) -> float:
@@ -38,8 +33,9 @@ def gathered_expert_input_bytes(plan, layer: int, recompute: str) -> float:
     if (not m.is_moe_layer(layer) or recompute == "full" or tp == 1
             or not plan.sequence_parallel or plan.moe.etp_of(tp) == 1):
         return 0.0
-    rows = rows_per_token(plan, _routed_tokens(plan)) * _routed_tokens(plan) * tp
-    return 2.0 * m.hidden_size * rows * (1.0 - 1.0 / tp)
+    rows = rows_per_token(plan, routed_tokens(plan)) * routed_tokens(plan) * tp
+    act_bytes = precision(plan.training.dtype).act_bytes
+    return act_bytes * m.hidden_size * rows * (1.0 - 1.0 / tp)
 
 
 def dispatch_buffer_bytes(plan, act_bytes: int) -> float:
@@ -47,11 +43,9 @@ def dispatch_buffer_bytes(plan, act_bytes: int) -> float:
     m, opt = plan.model, plan.moe
     if not m.num_experts:
         return 0.0
-    tokens, d = _routed_tokens(plan), m.hidden_size
+    tokens, d = routed_tokens(plan), m.hidden_size
     if opt.dispatcher == "allgather":
         etp = opt.etp_of(plan.mesh.tp)
         g = etp * plan.mesh.ep
         return tokens * g * (d * act_bytes + m.num_experts * (act_bytes + 1)) if g > 1 else 0.0
-    rows = rows_per_token(plan, tokens)
-    sent = rows if opt.pad_to_capacity else min(m.experts_per_token, rows)
-    return tokens * sent * d * act_bytes
+    return tokens * rows_sent(plan, rows_per_token(plan, tokens)) * d * act_bytes

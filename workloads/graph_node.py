@@ -1,0 +1,30 @@
+"""A node of a layer's dataflow graph (workloads/layer_graph.py): the tensor an op
+produces, its TP layout and feature width, and what the lowering needs to price the op.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from .explicit_comm import ExplicitComm
+
+
+@dataclass
+class Node:
+    """A tensor produced by an op: its layout, feature width and how it was made."""
+
+    id: int
+    kind: str                      # input | elementwise | linear | attention | redistribute | comm
+    name: str
+    layout: str
+    features: int
+    inputs: list["Node"] = field(default_factory=list)
+    strategy: str = ""             # linear only
+    in_features: int = 0           # linear only
+    rw: tuple[float, float] = (1.0, 1.0)   # elementwise: tensors read, written (x features)
+    task: int = -1                 # id of the task that produced it in forward
+    rows_scale: float = 1.0        # token rows relative to the layer's (MoE: top_k x imbalance)
+    experts: int = 0               # linear only: a grouped GEMM over this many local experts
+    bf16: bool = False             # linear only: stays a bf16 GEMM under FP8/FP4 training
+    efficiency: float = 1.0        # linear only: relative GEMM efficiency (grouped GEMMs)
+    comm: ExplicitComm | None = None   # kind "comm" only
+    passthrough: bool = False      # elementwise: a row permutation, gradients in any layout

@@ -1,0 +1,155 @@
+"""Megatron-LM job configs out: `write_megatron`, a plan as pretrain_gpt.py flags
+(Megatron-LM core_v0.15.0, the release megatron.py reads), with a note per plan field the
+flags cannot express (found by reading the flags back with `read_megatron`).
+"""
+from __future__ import annotations
+
+from ..mesh import ORDER_DIMS
+from ..models import ModelSpec
+from ..plan import Plan
+from ..precision import precision
+from ..schedules import stage_layer_ranges
+from .common import Exported, model_ref, unexpressed
+from .megatron import MLA_FLAGS, CP_COMM, TP_PP_DP_ORDER, read_megatron
+from .megatron_moe import moe_flags
+
+REASONS = {
+    "sharding": "Megatron's TP is the column/row layout",
+    "layer_overrides": "Megatron applies one TP layout to every layer",
+    "fsdp_version": "Megatron runs torch FSDP2 (--use-torch-fsdp2)",
+    "reshard_after_forward": "Megatron's FSDP2 reshards after forward",
+    "kernels": "Megatron runs Transformer Engine's fused kernels",
+    "optimizer": "Megatron's Adam is the fused one",
+    "recompute": "Megatron recomputes the attention core or whole layers",
+    "pipeline": "Megatron runs 1F1B or interleaved 1F1B, with even splits or first/last "
+                "stage layer counts",
+    "async_tp": "torch async TP is torchtitan's (Megatron: --tp-comm-overlap)",
+    "load_imbalance": "routing balance depends on the data",
+    "moe": "a measured routing distribution depends on the data",
+    "collective_algorithm": "NCCL_ALGO is an environment variable",
+    "collective_protocol": "NCCL_PROTO is an environment variable",
+    "zero_stage": "Megatron shards optimizer states (--use-distributed-optimizer) only",
+    "grad_bucket": "Megatron's DDP buckets are its default size or --ddp-bucket-size",
+    "framework": "a Megatron config runs under the megatron-core profile",
+    "host_kernel_s": "host time per kernel is the megatron-core profile's",
+    "host_step_s": "host time per step is the megatron-core profile's",
+    "mesh": "Megatron-LM orders ranks tp-cp-ep-dp-pp, or tp-cp-ep-pp-dp with "
+            "--use-tp-pp-dp-mapping",
+}
+
+
+def write_megatron(plan: Plan) -> Exported:
+    """The plan as pretrain_gpt.py flags (one per line, backslash-continued), and what
+    the flags cannot express."""
+    flags = _model_flags(plan.model) + _run_flags(plan)
+    text = " \\\n".join(flags) + "\n"
+    ref = model_ref(plan.model)
+    back = read_megatron(text, lenient=True)
+    mesh = {**back.plan["mesh"], "dp": plan.mesh.dp or "auto"}   # noted below
+    if plan.mesh.order == ORDER_DIMS:    # Megatron's default order, given explicitly
+        mesh["order"] = list(ORDER_DIMS)
+    overlap = dict(back.plan["overlap"])
+    if plan.pipeline.schedule != "interleaved":   # no chunks to align: the flag is moot
+        overlap["param_gather_align"] = plan.param_gather_align
+    notes = unexpressed(plan, {**back.plan, "model": ref, "mesh": mesh, "overlap": overlap},
+                        "Megatron-LM", REASONS)
+    if plan.mesh.dp:
+        notes.insert(0, f"not expressible in Megatron-LM: mesh.dp = {plan.mesh.dp} (the DP "
+                        "size is the world size over TP x PP x CP, set by the launcher)")
+    for name in ("sliding_window", "attention_sinks"):
+        if getattr(plan.model, name):
+            notes.append(f"not expressible in these flags: model.{name} = "
+                         f"{getattr(plan.model, name)} (the flags write full attention)")
+    return Exported(text, notes)
+
+
+def _model_flags(m: ModelSpec) -> list[str]:
+    out = [f"--num-layers {m.num_layers}", f"--hidden-size {m.hidden_size}",
+           f"--ffn-hidden-size {m.ffn_size}", f"--num-attention-heads {m.num_heads}"]
+    if m.num_kv_heads != m.num_heads:
+        out += ["--group-query-attention", f"--num-query-groups {m.num_kv_heads}"]
+    if m.head_dim * m.num_heads != m.hidden_size and not m.mla:
+        out.append(f"--kv-channels {m.head_dim}")
+    if m.mla:
+        out += ["--multi-latent-attention", "--qk-layernorm"]
+        out += [f"--q-lora-rank {m.q_lora_rank}"] if m.q_lora_rank else []
+        out += [f"--{flag} {getattr(m, name)}" for flag, name in MLA_FLAGS.items()]
+    if m.mtp_layers:
+        out.append(f"--mtp-num-layers {m.mtp_layers}")
+    out.append(f"--padded-vocab-size {m.vocab_size}")
+    out += ["--swiglu"] if m.mlp == "swiglu" else []
+    out += [] if m.tie_word_embeddings else ["--untie-embeddings-and-output-weights"]
+    out += ["--normalization RMSNorm", "--position-embedding-type rope",
+            "--disable-bias-linear", "--hidden-dropout 0", "--attention-dropout 0",
+            "--accumulate-allreduce-grads-in-fp32"]
+    if m.num_experts:
+        out += [f"--num-experts {m.num_experts}", f"--moe-router-topk {m.experts_per_token}",
+                f"--moe-ffn-hidden-size {m.moe_ffn_size}"]
+        if m.num_shared_experts:
+            out.append(f"--moe-shared-expert-intermediate-size "
+                       f"{m.num_shared_experts * m.moe_ffn_size}")
+    return out
+
+
+def _precision_flags(tr, num_layers: int) -> list[str]:
+    """The FP8/FP4 recipe flags of a low-precision plan, with its BF16 layers."""
+    recipe = precision(tr.dtype).recipe
+    if recipe is None:
+        return []
+    out = {"fp8": ["--fp8-format hybrid"],
+           "mxfp8": ["--fp8-format e4m3", "--fp8-recipe mxfp8"],
+           "nvfp4": ["--fp4-format e2m1", "--fp4-recipe nvfp4"]}[tr.dtype]
+    first, last = tr.bf16_layers or recipe.bf16_layers(num_layers)
+    if first or last:
+        out += ["--first-last-layers-bf16", f"--num-layers-at-start-in-bf16 {first}",
+                f"--num-layers-at-end-in-bf16 {last}"]
+    return out
+
+
+def _run_flags(plan: Plan) -> list[str]:
+    tr, mesh = plan.training, plan.mesh
+    out = [f"--seq-length {tr.seq_len}", f"--micro-batch-size {tr.micro_batch}",
+           f"--global-batch-size {tr.global_batch}", "--bf16"]
+    out += _precision_flags(tr, plan.model.num_layers)
+    if tr.dtype == "fp32":
+        out.remove("--bf16")
+    out += [f"--tensor-model-parallel-size {mesh.tp}",
+            f"--pipeline-model-parallel-size {mesh.pp}",
+            f"--context-parallel-size {mesh.cp}", f"--expert-model-parallel-size {mesh.ep}"]
+    if mesh.order == TP_PP_DP_ORDER:
+        out.append("--use-tp-pp-dp-mapping")
+    out += _pipeline_flags(plan) + moe_flags(plan)
+    switches = [("--sequence-parallel", plan.sequence_parallel),
+                ("--use-torch-fsdp2", plan.fsdp),
+                ("--use-distributed-optimizer", plan.zero_stage == 1 and not plan.fsdp),
+                ("--overlap-grad-reduce", plan.grad_reduce_overlap and not plan.fsdp),
+                ("--overlap-param-gather", plan.param_gather_overlap),
+                ("--no-align-param-gather", not plan.param_gather_align
+                 and plan.pipeline.schedule == "interleaved"),
+                ("--tp-comm-overlap", plan.tp_comm_overlap),
+                ("--enable-cuda-graph", plan.cuda_graphs)]
+    out += [flag for flag, on in switches if on]
+    if isinstance(plan.grad_bucket, int) and not plan.fsdp:
+        out.append(f"--ddp-bucket-size {plan.grad_bucket}")
+    if plan.recompute in ("selective", "selective_op"):
+        out.append("--recompute-granularity selective")
+    elif plan.recompute == "full":
+        out += ["--recompute-granularity full", "--recompute-method uniform",
+                "--recompute-num-layers 1"]
+    if plan.attention == "eager":
+        out.append("--attention-backend unfused")
+    mode = {v: k for k, v in CP_COMM.items()}[plan.cp_mode]
+    if mesh.cp > 1 or mode != "p2p":
+        out.append(f"--cp-comm-type {mode}")
+    return out
+
+
+def _pipeline_flags(plan: Plan) -> list[str]:
+    virtual, pp = plan.pipeline.virtual_stages, plan.mesh.pp
+    out = [f"--num-virtual-stages-per-pipeline-rank {virtual}"] if virtual > 1 else []
+    counts = [len(r) for r in stage_layer_ranges(plan.model.num_layers, pp * virtual,
+                                                 plan.pipeline.layer_split)]
+    if pp > 1 and len(set(counts)) > 1:
+        out += [f"--decoder-first-pipeline-num-layers {counts[0]}",
+                f"--decoder-last-pipeline-num-layers {counts[-1]}"]
+    return out
