@@ -34,3 +34,16 @@ def test_moe_plan_gets_the_moe_runs_band_when_ten_exist(tmp_path):
     assert dense["step_time_band"]["n"] == PERCENTILE_MIN_ROWS + 3
     # no kind given: every comparable run, as before
     assert prediction_band("gb200", "megatron-core", 1.0, path)["step_time_band"]["n"] == 13
+
+
+def test_the_residuals_file_carries_each_runs_model_kind(tmp_path):
+    from validation.reference_scoring import residuals_document
+    results = [{"id": f"m{i}", "source": "s", "hardware": "gb200", "framework": "megatron-core",
+                "model": "moe", "error_pct": 25.0} for i in range(PERCENTILE_MIN_ROWS)]
+    results.append({"id": "d", "source": "s", "hardware": "gb200",
+                    "framework": "megatron-core", "model": "dense", "error_pct": 0.0})
+    path = tmp_path / "residuals.json"
+    path.write_text(json.dumps(residuals_document(results)))
+    band = prediction_band("gb200", "megatron-core", 1.0, path, model_kind="moe")
+    assert band["step_time_band"]["n"] == PERCENTILE_MIN_ROWS
+    assert band["step_time_band"]["group"].endswith("model:moe")

@@ -93,7 +93,8 @@ def memory_score(results: list[dict[str, Any]]) -> dict[str, Any]:
 def residuals_document(results: list[dict[str, Any]]) -> dict[str, Any]:
     """The residuals file's content: one entry per scored row, in a stable order."""
     entries = [{"id": r["id"], "hardware": r["hardware"], "framework": r["framework"],
-                "source": r["source"], "error_pct": round(r["error_pct"], 3)}
+                "model_kind": r.get("model"), "source": r["source"],
+                "error_pct": round(r["error_pct"], 3)}
                for r in sorted(results, key=lambda r: r["id"])]
     return {"format": RESIDUALS_FORMAT,
             "what": "signed step-time errors, (simulated - measured) / measured in percent, "
