@@ -30,14 +30,17 @@ HELP = "Llama 3 70B/405B on DGX H100 nodes vs GB200 NVL72 racks at TP 8..72"
 DEFAULT_MODELS = ("llama3-70b", "llama3-405b")
 DEFAULT_TPS = (8, 16, 32, 64, 72)
 ASSUMPTIONS = (
-    "GB200 figures are NOT measured: per-GPU peaks are NVIDIA's NVL72 rack datasheet / 72 "
-    "(2.5 PFLOP/s BF16 dense, 186 GB HBM3e at 8 TB/s); NVLink5 is NCCL's planning rate "
-    "(18 links x 40.1 GB/s) and nvlsEfficiency 0.74 (tuning.cc); no nccl-tests on NVL72 "
-    "were available to calibrate against; for a 72-rank domain NCCL's ring latency grows "
-    "with the ranks (tuning.cc: base + 2(n-1) x per-hop latency) while NVLS's does not.",
-    "NVL72 scale-out: one 400 Gb/s NIC per GPU (typical, verify per deployment).",
-    "DGX H100: 8 x H100 SXM (989 TFLOP/s BF16, 80 GB) per node on NVSwitch, 8 x 400 Gb/s "
-    "NDR rail-optimised; NCCL-measured rates (370 GB/s NVLink busbw, 48 GB/s per NIC).",
+    "GB200 per-GPU peaks are NVIDIA's published figures (topologies/specs.py: 2.5 PFLOP/s "
+    "BF16 dense, 186 GiB HBM3e at 8 TB/s, NVLink5 1.8 TB/s); the rack is 18 trays of 4 GPUs "
+    "with one 400 Gb/s NIC per GPU (typical scale-out, verify per deployment).",
+    "Collectives are checked against published nccl-tests (`python -m validation "
+    "collectives`): one NVL72 rack and two racks within about 15 %, twenty racks about 2x "
+    "too fast at large sizes (what limits traffic between many racks is not modelled).",
+    "Step times of GB200 runs are checked against Megatron-Bridge's published GB200 NVL72 "
+    "runs; each row prints where comparable published runs landed against the simulator "
+    "(the band); `none published` means no run of that GPU, framework and kind was scored.",
+    "DGX H100: 8 x H100 SXM (989 TFLOP/s BF16, 80 GiB) per node on NVSwitch, 8 x 400 Gb/s "
+    "NDR rail-optimised.",
     "KV heads replicated for TP > 8 (Megatron-LM); compute per rank unchanged.",
     "Memory: analytic (bf16 params/grads, fp32 Adam, FSDP-sharded; Korthikanti activations).",
 )
@@ -115,7 +118,7 @@ def plot(table: list[dict], path: str) -> None:
     from ..whatif.table import plot as bars
     for r in table:
         r.setdefault("cluster", r["topo"])
-    bars(table, ["model", "tp"], path, "DGX H100 vs GB200 NVL72 (GB200 not measured)")
+    bars(table, ["model", "tp"], path, "DGX H100 vs GB200 NVL72")
 
 
 def _band_text(row: dict) -> str:
