@@ -35,6 +35,7 @@ TINY = {"name": "tiny",
         "mesh": {"dp": "auto", "tp": 1}, "fsdp": {"enabled": True}}
 # 32 points of tens of milliseconds each: a two-worker sweep runs for a few seconds.
 VARY = ["tp=1,2,4,8", "micro_batch=1,2", "nvlink_bandwidth=x1,x2,x4,x8"]
+POINTS = 4 * 2 * 4
 
 
 def _cli(plan: Path, out: Path, *extra: str) -> list[str]:
@@ -163,6 +164,8 @@ def test_killed_at_random_moments_then_resumed_gives_the_uninterrupted_table(tmp
             time.sleep(0.005)
         time.sleep(rng.uniform(0.0, 0.1))
         workers = sorted(seen.union(_children(proc.pid)))
+        # a sweep with one point left runs it in its own process (engines.py: n <= 1)
+        left_at_signal = POINTS - max(_lines(out) - 1, 0)
         sent = time.monotonic()
         try:
             (os.killpg if group else os.kill)(proc.pid, signum)
@@ -176,7 +179,8 @@ def test_killed_at_random_moments_then_resumed_gives_the_uninterrupted_table(tmp
         resume = ["--resume"]
         if proc.returncode == 0:   # finished before the signal came
             break
-        assert len(workers) >= 2   # the workers (and multiprocessing's resource tracker)
+        # the workers (and multiprocessing's resource tracker), unless the pool is done
+        assert len(workers) >= 2 or left_at_signal <= 1, (left_at_signal, err)
         if signum == signal.SIGKILL:
             deadline = time.monotonic() + 5
             while any(map(_alive, workers)) and time.monotonic() < deadline:
