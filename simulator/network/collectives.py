@@ -193,18 +193,11 @@ class CollectiveModel:
                              if shape.num_domains > 1 else 0)
         return tuned_channels(base, algo, proto, size, shape.n)
 
-    def _nvls_search_algbw(self, shape: GroupShape, op: str, algo: str = "nvls") -> float:
+    def _nvls_search_algbw(self, shape: GroupShape, op: str) -> float:
         """NVLS algorithm bandwidth (bytes/s) at NCCL's searched per-head speed: heads x
         speed x nvlsEfficiency x (heads-1)/heads, x2 for all-reduce ("pipelines two
         operations", then x n/nsteps) or x (n-1)/n for all-gather / reduce-scatter
-        [tuning.cc ncclTopoTuneModel]; unbounded when every GPU is a head.
-
-        NVLS_Tree: each head also sends and receives its share through its NIC at the
-        searched speed (the NVLS graph's bwInter), twice that on 2 nodes, where every
-        node is the root of one of the two trees and a leaf of the other, so a head's NIC
-        carries its share once each way instead of twice [tuning.cc: interBw =
-        bwInter x (nNodes <= 2 ? 2 : 1), bw = min(intraBw, interBw, perChMaxNVLSTreeBw)].
-        """
+        [tuning.cc ncclTopoTuneModel]; unbounded when every GPU is a head."""
         device = self.topology.devices[shape.ranks[0]]
         heads, n = nvls_heads(shape), shape.n
         if heads < 2 or heads >= shape.ppn:
@@ -217,10 +210,7 @@ class CollectiveModel:
                                        device.nccl_nvlink_Bps / 1e9) * 1e9
         per_head = speed * nvls_efficiency(device.name) * (heads - 1) / heads
         if op == "all_reduce":
-            per_head *= 2
-            if algo == "nvls_tree":
-                per_head = min(per_head, speed * (2 if shape.num_domains <= 2 else 1))
-            return heads * per_head * n / (2 * (n - 1))
+            return heads * per_head * 2 * n / (2 * (n - 1))
         return heads * per_head * (n - 1) / n
 
     def _protocols(self, algo: str) -> tuple[str, ...]:
@@ -239,7 +229,7 @@ class CollectiveModel:
         if algo in _NVLS and template.unit_time_s > 0:
             # nvlsEfficiency is in the template's flows; NCCL's searched per-head speed
             # bounds the in-domain part, and NVLS_Tree's heads have NCCL's per-channel cap.
-            eff = min(1.0, self._nvls_search_algbw(shape, op, algo) * template.unit_time_s)
+            eff = min(1.0, self._nvls_search_algbw(shape, op) * template.unit_time_s)
             if algo == "nvls_tree":
                 cap = nvls_heads(shape) * per_channel_cap_Bps(
                     "nvls_tree", device_arch(device.name), shape.num_domains)
