@@ -15,7 +15,8 @@ from .algorithms import (GroupShape, Template, available, build_template, group_
                          nvls_heads, ring_rails)
 from .channels import (ONE_NODE_SEARCH_CHANNELS, coll_channels, device_arch, nvls_channels,
                        nvls_search_speed_GBps, tuned_channels)
-from .constants import (COLLNET_DIRECT_SM90_EFFICIENCY, PAT_EFFICIENCY, RING_EFFICIENCY, TREE_EFFICIENCY,
+from .constants import (COLLNET_DIRECT_SM90_EFFICIENCY, NVLS_TREE_HEAD_NET_BPS,
+                        PAT_EFFICIENCY, RING_EFFICIENCY, TREE_EFFICIENCY,
                         TREE_LL128_ONE_NODE_EFFICIENCY, bus_factor, ll_max_bw_Bps,
                         nvls_efficiency, per_channel_cap_Bps, tree_correction)
 from .fluid import Flow
@@ -163,7 +164,11 @@ class CollectiveModel:
                 if best is None or tuned < best[0]:
                     best = (tuned, lat, fill, chunk, channels, algo, proto, eff, template)
         tuned, lat, fill, chunk, channels, algo, proto, eff, template = best
-        t = tuned + fill
+        if algo == "nvls_tree":
+            # The heads' network rate is not in NCCL's tuner (it prices NVLS_Tree at the
+            # NVLS graph's bwInter): it slows the chosen plan, not the choice.
+            eff = self._efficiency(shape, op, algo, proto, size, template, tuner=False)
+        t = lat + template.unit_time_s * size / eff + fill
         floor = max(host_floor_s(self.options.gpus_per_process) - t, 0.0)
         flows = tuple((route, w * size / eff) for route, w in template.flows)
         is_nvls = algo in _NVLS
@@ -193,11 +198,17 @@ class CollectiveModel:
                              if shape.num_domains > 1 else 0)
         return tuned_channels(base, algo, proto, size, shape.n)
 
-    def _nvls_search_algbw(self, shape: GroupShape, op: str) -> float:
+    def _nvls_search_algbw(self, shape: GroupShape, op: str, head_net: bool = False) -> float:
         """NVLS algorithm bandwidth (bytes/s) at NCCL's searched per-head speed: heads x
         speed x nvlsEfficiency x (heads-1)/heads, x2 for all-reduce ("pipelines two
         operations", then x n/nsteps) or x (n-1)/n for all-gather / reduce-scatter
-        [tuning.cc ncclTopoTuneModel]; unbounded when every GPU is a head."""
+        [tuning.cc ncclTopoTuneModel]; unbounded when every GPU is a head.
+
+        With `head_net`, NVLS_Tree across such domains also moves each head's share
+        through the network at NVLS_TREE_HEAD_NET_BPS, in NCCL's shape of that term: x2 on
+        2 domains, where each is the root of one double binary tree and a leaf of the
+        other, so a head's NIC carries its share once each way instead of twice
+        [tuning.cc: interBw = bwInter x (nNodes <= 2 ? 2 : 1); trees.cc ncclGetDtree]."""
         device = self.topology.devices[shape.ranks[0]]
         heads, n = nvls_heads(shape), shape.n
         if heads < 2 or heads >= shape.ppn:
@@ -210,7 +221,11 @@ class CollectiveModel:
                                        device.nccl_nvlink_Bps / 1e9) * 1e9
         per_head = speed * nvls_efficiency(device.name) * (heads - 1) / heads
         if op == "all_reduce":
-            return heads * per_head * 2 * n / (2 * (n - 1))
+            per_head *= 2
+            if head_net and shape.num_domains > 1:
+                per_head = min(per_head, NVLS_TREE_HEAD_NET_BPS
+                               * (2 if shape.num_domains <= 2 else 1))
+            return heads * per_head * n / (2 * (n - 1))
         return heads * per_head * (n - 1) / n
 
     def _protocols(self, algo: str) -> tuple[str, ...]:
@@ -219,7 +234,7 @@ class CollectiveModel:
         return (forced,) if forced in protos else protos
 
     def _efficiency(self, shape: GroupShape, op: str, algo: str, proto: str, size: float,
-                    template: Template) -> float:
+                    template: Template, tuner: bool = True) -> float:
         """Payload fraction of wire bytes for (algorithm, protocol) at this size.
 
         NCCL's llMaxBw cap on LL bus bandwidth becomes a lower payload fraction, so the
@@ -229,7 +244,8 @@ class CollectiveModel:
         if algo in _NVLS and template.unit_time_s > 0:
             # nvlsEfficiency is in the template's flows; NCCL's searched per-head speed
             # bounds the in-domain part, and NVLS_Tree's heads have NCCL's per-channel cap.
-            eff = min(1.0, self._nvls_search_algbw(shape, op) * template.unit_time_s)
+            eff = min(1.0, self._nvls_search_algbw(shape, op, head_net=not tuner)
+                      * template.unit_time_s)
             if algo == "nvls_tree":
                 cap = nvls_heads(shape) * per_channel_cap_Bps(
                     "nvls_tree", device_arch(device.name), shape.num_domains)

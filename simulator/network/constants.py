@@ -185,6 +185,17 @@ HOST_ENQUEUE_S = 3.85 * US
 # channels x heads x chunk bytes.
 NVLS_STAGES = {"all_reduce": 4, "all_gather": 3, "reduce_scatter": 3}
 
+# NVLS_Tree across GB200 NVL72 racks: the rate at which one NVLS head's share crosses
+# the scale-out network, where a domain has more GPUs than NVLS heads (32 of 72).
+# ESTIMATED from one system, CoreWeave's 2-rack nccl-tests all-reduce (144 GPUs, NCCL
+# 2.26.2 [coreweave/nccl-tests README, Expected Performance, GB200, 2 Racks]): from 8 to
+# 16 GiB the time grows by 20,574 us for 8 GiB, 417.5 GB/s of algorithm bandwidth, which
+# on 2 racks is 32 heads x 13.0 GB/s (each head's NIC carries its share once each way).
+# Scored on the 20-rack run, where the double binary tree doubles each head's network
+# load. What holds a head to about a quarter of its 400 Gb/s NIC (the NVLS search's head
+# count over 72 GPUs, the proxy, the fabric) is not identified.
+NVLS_TREE_HEAD_NET_BPS = 13.0e9
+
 # Assumptions and estimates of the collective model, for `validation collectives` to
 # list: (name, value, what it rests on).
 ASSUMPTIONS = (
@@ -213,6 +224,10 @@ ASSUMPTIONS = (
     ("GB200 NIC path", "not behind a PCIe switch", "selects ncclNvlsTreeSm100Tuning's chunk; "
      "HGX/DGX boards are (DGX B200 user guide)"),
     ("NVLS heads", "min(32, GPUs per domain)", "NCCL_MAX_NVLS_ARITY [search.cc, device.h]"),
+    ("NVLS_TREE_HEAD_NET_BPS", "13.0 GB/s per NVLS head (x2 on 2 racks)",
+     "ESTIMATED on coreweave-gb200-nvl72-144 (8 -> 16 GiB slope, 417.5 GB/s / 32 heads); "
+     "in-sample there, scored on coreweave-gb200-nvl72-1440; applies only where a domain "
+     "has more GPUs than NVLS heads (NVL72); its cause is not identified"),
     ("nvl72 scale-out", "one 400 Gb/s NIC per GPU", "typical GB200 deployments; a topology "
      "file sets another"),
     ("HDR_200G nic_nccl_Bps", "24 GB/s", "96 % of 25 GB/s, the ratio NDR reaches "
