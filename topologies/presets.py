@@ -279,7 +279,8 @@ def _fabric(raw: Any) -> FabricSpec | None:
         raise TopologyError("network", raw, "an object with nics_per_domain, nic_GBps")
     _known_keys(raw, "network", ("nics_per_domain", "nic_GBps", "nic_nccl_GBps",
                                  "domains_per_leaf", "spine_taper", "collnet", "latency_us",
-                                 "nccl_env", "nccl_tuner", "message_us", "max_message_bytes"))
+                                 "nccl_env", "nccl_tuner", "message_us", "max_message_bytes",
+                                 "wire_latency_us"))
     nic = _number(raw, "nic_GBps", "network") * GB
     return FabricSpec(
         nics_per_domain=_number(raw, "nics_per_domain", "network", integer=True,
@@ -297,7 +298,9 @@ def _fabric(raw: Any) -> FabricSpec | None:
             _number(raw, "message_us", "network", default=0.0, maximum=1e6,
                     allow_minimum=True) * 1e-6,
             _number(raw, "max_message_bytes", "network", default=0, integer=True,
-                    maximum=1 << 40, allow_minimum=True)))
+                    maximum=1 << 40, allow_minimum=True),
+            None if "wire_latency_us" not in raw else _number(
+                raw, "wire_latency_us", "network", maximum=1e6, allow_minimum=True) * 1e-6))
 
 
 def _measured(raw: Any) -> tuple:

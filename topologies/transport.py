@@ -14,6 +14,10 @@ plugins that do not behave like InfiniBand verbs:
     keep NCCL's) [NVIDIA/nccl plugins/tuner/example]: the first rule matching a
     collective's type, size, node and rank count sets its algorithm, protocol and
     channels, as a tuner plugin does by zeroing that entry of NCCL's cost table.
+  * `wire_latency_s`: the latency a network step really takes, where the net plugin
+    reports another to NCCL (aws-ofi-nccl reports 75 us on p4d/p5 "to make NCCL choose"
+    the right algorithm, its commit d87d61e0; the TCPXO plugin reports 0): NCCL chooses
+    by the reported value, the collective takes the wire's.
   * `message_s` / `max_message_bytes`: a transport that completes one message of a
     connection before the next (its cost not overlapped), and the largest message it
     moves (the chunk its NCCL sends per network operation). 0 = InfiniBand-like
@@ -100,6 +104,9 @@ class NetTransport:
     tuner: tuple[TunerRule, ...] = ()
     message_s: float = 0.0
     max_message_bytes: int = 0
+    # Latency per network step the wire takes, when it differs from what the plugin
+    # reports to NCCL (network.latency_us, which NCCL's tuner chooses by); None = same.
+    wire_latency_s: float | None = None
 
     def tuner_rule(self, op: str, size_bytes: float, nodes: int, ranks: int
                    ) -> TunerRule | None:

@@ -162,6 +162,9 @@ class CollectiveModel:
                     channels = rule.channels
                 lat = nccl_latency_s(shape, op, algo, proto, size, channels,
                                      self.topology.net_latency_s)
+                wire = self.topology.transport.wire_latency_s   # when the plugin reports
+                lat_wire = lat if wire is None else nccl_latency_s(   # another latency
+                    shape, op, algo, proto, size, channels, wire)
                 fill, chunk = 0.0, 0
                 if algo in _NVLS:
                     fill, chunk = self._nvls_fill(op, algo, shape, size, channels,
@@ -170,9 +173,10 @@ class CollectiveModel:
                 # [enqueue.cc topoGetAlgoInfo]; the fill is paid after the choice.
                 tuned = lat + template.unit_time_s * size / eff
                 if best is None or tuned < best[0]:
-                    best = (tuned, lat, fill, chunk, channels, algo, proto, eff, template)
+                    best = (tuned, lat_wire, fill, chunk, channels, algo, proto, eff,
+                            template)
         tuned, lat, fill, chunk, channels, algo, proto, eff, template = best
-        t = tuned + fill
+        t = lat + template.unit_time_s * size / eff + fill
         # A transport that serialises each connection's messages (topologies.transport).
         transport = self.topology.transport
         excess = max(net_message_floor_s(op, algo, shape, size, channels, transport.message_s,
