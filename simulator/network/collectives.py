@@ -292,7 +292,9 @@ class CollectiveModel:
         kind = {("ring", "LL128"): "ring_LL128", ("tree", "LL128"): "tree_LL128"}.get(
             (algo, proto), "tree" if algo == "tree" else None)
         if kind and template.unit_time_s > 0:
-            search = ring_rails(shape) if shape.num_domains > 1 else ONE_NODE_SEARCH_CHANNELS
+            # Across nodes one search channel per NIC rail the group reaches [search.cc].
+            search = (min(ring_rails(shape), self.topology.rails) if shape.num_domains > 1
+                      else ONE_NODE_SEARCH_CHANNELS)
             cap = search * per_channel_cap_Bps(kind, device_arch(device.name),
                                                shape.num_domains)
             eff = min(eff, cap / link_busbw * (tree_correction(proto, size)
