@@ -16,6 +16,7 @@ from dataclasses import dataclass
 import networkx as nx
 
 from .specs import DeviceSpec
+from .transport import NetTransport
 from .topology import (SPINE, Topology, gpu_node, leaf_node, nic_node, nvswitch_node)
 
 GB = 1e9
@@ -55,6 +56,9 @@ class FabricSpec:
     # `latency`, NCCL's graph->latencyInter, added once per inter-node step and twice with
     # Simple [tuning.cc]). 0 for InfiniBand verbs; a file sets it for other transports.
     latency_s: float = 0.0
+    # The NCCL environment, tuner rules and per-message cost the cluster's net transport
+    # runs with (topologies.transport); the default is NCCL's defaults over IB verbs.
+    transport: NetTransport = NetTransport()
 
 
 # 400 Gb/s NDR: 50 GB/s per direction raw; "For NDR @ 400Gbps you should see 46-48GB/s
@@ -101,7 +105,8 @@ def build_cluster(name: str, devices: list[DeviceSpec], domain_size: int,
                     nic_nccl_Bps=fabric.nic_nccl_Bps if fabric else 0.0,
                     rails=rails, domains_per_leaf=per_leaf, description=description,
                     collnet=bool(fabric and fabric.collnet and num_domains > 1),
-                    net_latency_s=fabric.latency_s if fabric else 0.0)
+                    net_latency_s=fabric.latency_s if fabric else 0.0,
+                    transport=fabric.transport if fabric else NetTransport())
 
 
 def _add_fabric(g: nx.DiGraph, num_domains: int, domain_size: int, fabric: FabricSpec) -> None:

@@ -19,6 +19,7 @@ from .errors import TopologyError
 from .racks import RackLayout, rack_layout
 from .specs import DeviceProfile, DeviceSpec, device
 from .topology import MeasuredCollective, Topology
+from .transport import NetTransport, parse_nccl_env, parse_tuner
 
 GB = 1e9
 
@@ -277,7 +278,9 @@ def _fabric(raw: Any) -> FabricSpec | None:
     if not isinstance(raw, dict):
         raise TopologyError("network", raw, "an object with nics_per_domain, nic_GBps")
     _known_keys(raw, "network", ("nics_per_domain", "nic_GBps", "nic_nccl_GBps",
-                                 "domains_per_leaf", "spine_taper", "collnet", "latency_us"))
+                                 "domains_per_leaf", "spine_taper", "collnet", "latency_us",
+                                 "nccl_env", "nccl_tuner", "message_us", "max_message_bytes",
+                                 "wire_latency_us"))
     nic = _number(raw, "nic_GBps", "network") * GB
     return FabricSpec(
         nics_per_domain=_number(raw, "nics_per_domain", "network", integer=True,
@@ -289,7 +292,15 @@ def _fabric(raw: Any) -> FabricSpec | None:
         spine_taper=_number(raw, "spine_taper", "network", default=1.0),
         collnet=_flag(raw, "collnet", "network", False),
         latency_s=_number(raw, "latency_us", "network", default=0.0, maximum=1e6,
-                          allow_minimum=True) * 1e-6)
+                          allow_minimum=True) * 1e-6,
+        transport=NetTransport(
+            parse_nccl_env(raw.get("nccl_env")), parse_tuner(raw.get("nccl_tuner")),
+            _number(raw, "message_us", "network", default=0.0, maximum=1e6,
+                    allow_minimum=True) * 1e-6,
+            _number(raw, "max_message_bytes", "network", default=0, integer=True,
+                    maximum=1 << 40, allow_minimum=True),
+            None if "wire_latency_us" not in raw else _number(
+                raw, "wire_latency_us", "network", maximum=1e6, allow_minimum=True) * 1e-6))
 
 
 def _measured(raw: Any) -> tuple:

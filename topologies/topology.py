@@ -16,6 +16,7 @@ import numpy as np
 
 from .errors import TopologyError
 from .specs import DeviceSpec
+from .transport import NetTransport
 
 SPINE = "spine"
 
@@ -84,6 +85,9 @@ class Topology:
     collnet: bool = False
     # Extra latency per network step the net plugin reports (NCCL graph->latencyInter).
     net_latency_s: float = 0.0
+    # NCCL environment, tuner rules and per-message cost of the net transport (also
+    # inside one domain: the environment applies to every communicator).
+    transport: NetTransport = field(default_factory=NetTransport)
     # op name -> {group size -> MeasuredCollective}; empty for modelled hardware.
     measured: Mapping[str, Mapping[int, MeasuredCollective]] = field(default_factory=dict)
 

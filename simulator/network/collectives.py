@@ -20,7 +20,7 @@ from .constants import (COLLNET_DIRECT_SM90_EFFICIENCY, NVLS_TREE_HEAD_NET_BPS,
                         TREE_LL128_ONE_NODE_EFFICIENCY, bus_factor, ll_max_bw_Bps,
                         nvls_efficiency, per_channel_cap_Bps, tree_correction)
 from .fluid import Flow
-from .latency import host_floor_s, nccl_latency_s, nvls_fill_s
+from .latency import host_floor_s, net_message_floor_s, nccl_latency_s, nvls_fill_s
 
 OPS = ("all_reduce", "all_gather", "reduce_scatter", "all_to_all", "broadcast", "reduce",
        "send_recv")
@@ -129,7 +129,9 @@ class CollectiveModel:
             forced = "nvls_tree"   # NVLS across domains is NVLS_Tree in NCCL
         if forced in avail:
             return (forced,)
-        return tuple(a for a in avail if a in _AUTO)
+        env = self.topology.transport.nccl_env   # the cluster's NCCL_ALGO / NVLS_ENABLE
+        allowed = tuple(a for a in avail if a in _AUTO and env.allows_algorithm(a))
+        return allowed or tuple(a for a in avail if a in _AUTO)
 
     # -- internals --------------------------------------------------------------------
     def _plan(self, op: str, ranks: tuple[int, ...], size: float) -> CollectivePlan:
@@ -147,13 +149,23 @@ class CollectiveModel:
                                   measured.time_s(size, algbw), True, False)
         shape = self.shape(ranks)
         best = None
+        rule = self._tuner_rule(op, shape, size)
         for algo in self.algorithms(op, ranks):
+            if rule and rule.algorithm and rule.algorithm != algo:
+                continue
             template = self.template(op, ranks, algo)
             for proto in self._protocols(algo):
+                if rule and rule.protocol and rule.protocol != proto:
+                    continue
                 eff = self._efficiency(shape, op, algo, proto, size, template)
                 channels = self._channels(shape, algo, proto, size)
+                if rule and rule.channels > 0 and algo not in _NVLS:
+                    channels = rule.channels
                 lat = nccl_latency_s(shape, op, algo, proto, size, channels,
                                      self.topology.net_latency_s)
+                wire = self.topology.transport.wire_latency_s   # when the plugin reports
+                lat_wire = lat if wire is None else nccl_latency_s(   # another latency
+                    shape, op, algo, proto, size, channels, wire)
                 fill, chunk = 0.0, 0
                 if algo in _NVLS:
                     fill, chunk = self._nvls_fill(op, algo, shape, size, channels,
@@ -162,18 +174,38 @@ class CollectiveModel:
                 # [enqueue.cc topoGetAlgoInfo]; the fill is paid after the choice.
                 tuned = lat + template.unit_time_s * size / eff
                 if best is None or tuned < best[0]:
-                    best = (tuned, lat, fill, chunk, channels, algo, proto, eff, template)
+                    best = (tuned, lat_wire, fill, chunk, channels, algo, proto, eff,
+                            template)
         tuned, lat, fill, chunk, channels, algo, proto, eff, template = best
         if algo == "nvls_tree":
             # The heads' network rate is not in NCCL's tuner (it prices NVLS_Tree at the
             # NVLS graph's bwInter): it slows the chosen plan, not the choice.
             eff = self._efficiency(shape, op, algo, proto, size, template, tuner=False)
         t = lat + template.unit_time_s * size / eff + fill
+        # A transport that serialises each connection's messages (topologies.transport).
+        transport = self.topology.transport
+        excess = max(net_message_floor_s(op, algo, shape, size, channels, transport.message_s,
+                                         transport.max_message_bytes) - t, 0.0)
+        t, lat = t + excess, lat + excess
         floor = max(host_floor_s(self.options.gpus_per_process) - t, 0.0)
         flows = tuple((route, w * size / eff) for route, w in template.flows)
         is_nvls = algo in _NVLS
         return CollectivePlan(op, algo, proto, lat + fill + floor, flows, t + floor,
                               not is_nvls, is_nvls, channels, fill, floor, chunk)
+
+    def _tuner_rule(self, op: str, shape: GroupShape, size: float):
+        """The cluster's tuner-plugin rule for this collective (topologies.transport), or
+        None; a forced CommOptions algorithm or protocol overrides the tuner."""
+        if self.options.algorithm or self.options.protocol:
+            return None
+        rule = self.topology.transport.tuner_rule(op, size, shape.num_domains, shape.n)
+        if rule is None:
+            return None
+        # NCCL ignores a tuner's choice of an (algorithm, protocol) it cannot run.
+        algos = [a for a in self.algorithms(op, shape.ranks)
+                 if rule.algorithm in (None, a)
+                 and (rule.protocol is None or rule.protocol in self._protocols(a))]
+        return rule if algos else None
 
     def _nvls_fill(self, op: str, algo: str, shape: GroupShape, size: float, channels: int,
                    unit_time_s: float) -> tuple[float, int]:
@@ -196,6 +228,7 @@ class CollectiveModel:
                                  self.topology.nic_nccl_Bps / 1e9)
         base = coll_channels(arch, shape.num_domains, min(shape.channels, self.topology.rails)
                              if shape.num_domains > 1 else 0)
+        base = self.topology.transport.nccl_env.clamp_channels(base)  # NCCL_MIN/MAX_NCHANNELS
         return tuned_channels(base, algo, proto, size, shape.n)
 
     def _nvls_search_algbw(self, shape: GroupShape, op: str, head_net: bool = False) -> float:
@@ -231,7 +264,10 @@ class CollectiveModel:
     def _protocols(self, algo: str) -> tuple[str, ...]:
         protos = _PROTOCOLS.get(algo, _ALL_PROTOCOLS)
         forced = self.options.protocol
-        return (forced,) if forced in protos else protos
+        if forced in protos:
+            return (forced,)
+        env = self.topology.transport.nccl_env   # the cluster's NCCL_PROTO
+        return tuple(p for p in protos if env.allows_protocol(p)) or protos
 
     def _efficiency(self, shape: GroupShape, op: str, algo: str, proto: str, size: float,
                     template: Template, tuner: bool = True) -> float:
@@ -276,7 +312,9 @@ class CollectiveModel:
         kind = {("ring", "LL128"): "ring_LL128", ("tree", "LL128"): "tree_LL128"}.get(
             (algo, proto), "tree" if algo == "tree" else None)
         if kind and template.unit_time_s > 0:
-            search = ring_rails(shape) if shape.num_domains > 1 else ONE_NODE_SEARCH_CHANNELS
+            # Across nodes one search channel per NIC rail the group reaches [search.cc].
+            search = (min(ring_rails(shape), self.topology.rails) if shape.num_domains > 1
+                      else ONE_NODE_SEARCH_CHANNELS)
             cap = search * per_channel_cap_Bps(kind, device_arch(device.name),
                                                shape.num_domains)
             eff = min(eff, cap / link_busbw * (tree_correction(proto, size)

@@ -203,7 +203,7 @@ ASSUMPTIONS = (
      "Intel assumed [nccl src/graph/tuning.cc]"),
     ("LATENCY_INTER_S", "0 unless network.latency_us", "graph->latencyInter, the latency a "
      "net plugin reports; 0 for InfiniBand verbs, a topology file sets it for other "
-     "transports (EFA, TCPX)"),
+     "transports (EFA, TCPXO)"),
     ("NVLS_EFFICIENCY_DEFAULT", "0.85", "Hopper's nvlsEfficiency for NVLS-capable devices "
      "NCCL's table does not name [tuning.cc]"),
     ("LL_MAX_BW_ONE_NODE_DEFAULT_BPS", "141 GB/s", "Hopper's llMaxBw row for custom devices"),
@@ -232,13 +232,25 @@ ASSUMPTIONS = (
      "file sets another"),
     ("HDR_200G nic_nccl_Bps", "24 GB/s", "96 % of 25 GB/s, the ratio NDR reaches "
      "(46-48 of 50 GB/s, NVIDIA/nccl-tests issue 290)"),
-    ("GPUDirect-TCPX/TCPXO latency_us", "62 us per network step",
-     "ESTIMATED on gcp-a3mega-h100-16 (all-gather of 1 KiB, ring LL: 85.3 us measured, "
-     "23.4 us modelled without it); in-sample there, scored on gcp-a3high-h100-16 (TCPX "
-     "assumed no faster than TCPXO); set in their topology files"),
-    ("EFA latency_us", "75 us on p4d/p4de and p5/p5e",
+    ("GPUDirect-TCPXO wire_latency_us", "40.7 us per network step",
+     "ESTIMATED on gcp-a3mega-h100-16 (all-gather of 1 KiB, ring LL128 under the TCPXO "
+     "profile's NCCL_PROTO=Simple,LL128: 85.3 us measured, 44.6 us modelled without it; "
+     "the plugin reports 0); in-sample there; set in its topology file"),
+    ("GPUDirect-TCPX message_us", "66.4 us per message, one at a time per connection",
+     "ESTIMATED on gcp-a3high-h100-16's cluster-toolkit run at 1 MiB (996.7 us / 15 ring "
+     "steps; flat from 1 to 16 MiB); scored on its other sizes and the dstack run; "
+     "messages of 512 KiB (NCCL_DYNAMIC_CHUNK_SIZE of Google's TCPX recipe)"),
+    ("Google tuner configurations", "LL128 below 1 MiB, Simple from 1 MiB",
+     "gIB's tuner_config_*.txtpb and TCPXO's a3plus_tuner_config.textproto are not "
+     "published; ESTIMATED on gcp-a4-b200-16 (all-gather: 46 us at 512 KiB, 82 us at "
+     "1 MiB), scored on the A3 Ultra and A3 Mega systems; network.nccl_tuner in their files"),
+    ("EFA latency_us", "75 us on p4d/p4de and p5/p5e, for NCCL's choice",
      "the internode latency aws-ofi-nccl reports to NCCL (src/platform-aws.cpp platform "
-     "table; 35 us on p5en); a tuner value by the plugin's own note, used as the wire's"),
+     "table), a tuner value ('below 75us ... makes NCCL choose the wrong algorithm for "
+     "the 2 nodes case', its commit d87d61e0); the wire's on p4de"),
+    ("EFA wire_latency_us on p5", "35 us",
+     "aws-ofi-nccl's empirically searched value for p5en/p6 (commit 2496e7de) taken for "
+     "p5's per-step latency; scored on aws-p5-h100-16 and its EKS run"),
     ("CollNet (SHARP)", "switch reduces at NIC rate", "off unless network.collnet; "
      "NCCL's CollNet latencies and x0.85 Direct factor [tuning.cc]"),
 )

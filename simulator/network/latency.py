@@ -14,6 +14,8 @@ host floor of nccl-tests' loop.
 """
 from __future__ import annotations
 
+import math
+
 from .algorithms import GroupShape
 from .channels import nvls_chunk_bytes, nvls_tree_max_chunk
 from .constants import (COLLNET_ARITY_LAT_S, HOST_ENQUEUE_S, LATENCY_INTER_S,
@@ -96,3 +98,21 @@ def nvls_fill_s(op: str, algo: str, shape: GroupShape, size: float, channels: in
 def host_floor_s(gpus_per_process: int) -> float:
     """Least time of one nccl-tests iteration: one host enqueue per GPU of the process."""
     return max(gpus_per_process, 0) * HOST_ENQUEUE_S
+
+
+def net_message_floor_s(op: str, algo: str, shape: GroupShape, size: float, channels: int,
+                        message_s: float, max_message_bytes: int) -> float:
+    """Least time of a ring across nodes on a transport whose connection completes one
+    message before the next (topologies.transport: message_s > 0), 0 otherwise.
+
+    Each ring step moves S/n per rank over every channel's network edge, cut into
+    messages of at most `max_message_bytes`; the edge's messages are paid one after the
+    other, so the ring takes at least steps x messages per step x message_s.
+    """
+    if message_s <= 0 or algo != "ring" or shape.num_domains <= 1:
+        return 0.0
+    n = shape.n
+    steps = 2 * (n - 1) if op == "all_reduce" else n - 1
+    per_step = size / n / max(channels, 1)
+    messages = max(1, math.ceil(per_step / max_message_bytes)) if max_message_bytes else 1
+    return steps * messages * message_s
