@@ -148,3 +148,23 @@ def test_memory_counts_e_over_ep_whole_experts_sharded_over_edp():
     replicated = peak_memory(moe_plan(8, tp=2, ep=4))
     # ep 8 holds one expert per rank, ep 4 two: the parameters drop by one expert's worth
     assert spanning.params_bytes < replicated.params_bytes
+
+
+def test_the_qwen3_235b_h100_rows_are_expressed_with_ep_32_over_tp_2_x_dp_16():
+    """Megatron-Bridge's H100 recipe: TP 2, PP 8, EP 32, expert TP 1 on 256 GPUs: each
+    stage's 32 ranks are one EP group (4 DGX nodes), experts not replicated (edp 1)."""
+    import csv
+
+    from validation.reference_rows import DEFAULT_CSV, cannot_express, plan_dict
+
+    with open(DEFAULT_CSV, newline="") as f:
+        rows = [r for r in csv.DictReader(f) if r["id"].startswith("mb-qwen3-235b-h100")]
+    assert len(rows) == 3
+    for row in rows:
+        assert cannot_express(row) is None, row["id"]
+        plan = resolve(plan_from_dict(plan_dict(row)), int(row["gpus"]))
+        dims = plan.parallel_dims
+        assert (dims.tp, dims.dp, dims.pp, dims.ep) == (2, 16, 8, 32)
+        assert dims.group_ranks(40, ("ep",)) == tuple(range(32, 64))
+        assert dims.group_size(("edp",)) == 1
+        assert plan.model.num_experts // dims.ep == 4     # 128 experts, 4 whole per rank
