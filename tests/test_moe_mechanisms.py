@@ -106,10 +106,14 @@ def test_alltoall_with_etp_1_keeps_experts_whole():
                                                         "moe.combine_scatter"))]
     w1 = [x for x in tasks if x.label == "w1.fwd"][0]
     assert w1.gemm_mnk == (T // 2 * K, F, D)          # own rows, whole expert
-    # every TP rank holds the whole local experts: their gradients reduce over edp x tp
+    # Megatron-Core's expert mesh re-splits tp x dp as ep x edp (workloads/expert_mesh.py):
+    # the whole local experts' gradients reduce over its edp, the TP ranks folded in
     groups = unit_param_groups(plan, 1)
-    assert groups[("edp", "tp")] == (E // 2) * 3 * D * F
-    assert ("edp",) not in groups
+    assert groups[("edp",)] == (E // 2) * 3 * D * F
+    assert ("edp", "tp") not in groups
+    dims = plan.parallel_dims
+    assert dims.group_size(("edp",)) == plan.mesh.tp * plan.mesh.dp // 2
+    assert dims.group_ranks(0, ("ep",)) == (0, 1)      # EP runs through the TP pair first
 
 
 # ---- allgather ----------------------------------------------------------------------

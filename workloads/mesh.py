@@ -16,15 +16,17 @@ The rank number is mixed-radix in the order's digits: pp, cp, tp, ep (size ep) a
 rest of dp (size dp / ep); a rank's dp coordinate is ep digit + ep x that rest, wherever
 the order puts the two digits.
 Megatron-LM lays its expert layers out with a second generator over the same order, with
-the expert data parallelism folded over cp x dp (an EP group may span cp ranks there);
-here an EP group stays inside dp (expert data parallelism is edp x cp), so the two agree
-whenever cp = 1.
+the expert data parallelism folded over tp x cp x dp / (etp x ep). With expert TP equal to
+TP an EP group stays inside dp here (expert data parallelism is edp x cp), which agrees
+with Megatron whenever cp = 1; with expert TP < TP (`etp`) the expert dims ep and edp are
+that second generator's (workloads/expert_mesh.py), so EP may span the TP ranks.
 
 Virtual sub-dimensions vary one "digit" (stride, size) of their parent's index:
   ep    blocks of ep consecutive dp indices (an expert-parallel group); ep folds into dp
-        as in torchtitan, so it adds no ranks
+        as in torchtitan, so it adds no ranks (under the expert mesh: its ep digit)
   edp   the dp indices with the same position inside their EP block (expert data
-        parallelism, dp / ep of them)
+        parallelism, dp / ep of them; under the expert mesh: tp x cp x dp / (etp x ep))
+  etp   expert TP, under the expert mesh only (with etp = tp experts split over "tp")
   tpx, tpy, tpz  the axes of a 2D / 2.5D / 3D TP grid of axis sizes X, Y, Z: the
         rank at grid point (x, y, z) has tp index x + X (y + Y z)
         (2D: Xu et al. 2021, arXiv:2104.05343; 2.5D: Wang et al. 2021, arXiv:2105.14500;
@@ -40,25 +42,18 @@ from dataclasses import dataclass, field, replace
 from typing import Mapping
 
 from .errors import WorkloadError
+from .expert_mesh import EXPERT_DIMS, ExpertMesh
+from .mesh_grid import GRID_SHAPES, GridSplit, grid_split
+from .mesh_grid import check_degree as _degree
+from .moe_options import check_etp
 
 MESH_DIMS = ("pp", "dp", "cp", "tp")  # the default order, outermost first
 ORDER_DIMS = ("tp", "cp", "ep", "dp", "pp")  # a plan's mesh.order: Megatron-LM's default,
                                              # innermost first
 GRID_DIMS = ("tpx", "tpy", "tpz")   # the axes of a 2D/2.5D/3D TP grid
 VIRTUAL_DIMS = ("ep", "edp") + GRID_DIMS
-
-# TP grid strategies: the degree's shape each needs and the axes a stored activation's
-# tokens are split over (its features go over tpx). tp3d_gather keeps activations 1/N
-# (tokens over tpy and tpz), tp3d_allreduce replicates them over tpy (Bian et al. 2021).
-_GRID_SHAPES = {"tp2d": "a square q*q", "tp2.5d": "d*q*q with d = {depth}",
-                "tp3d_gather": "a cube q*q*q", "tp3d_allreduce": "a cube q*q*q"}
-_GRID_TOKEN_AXES = {"tp2d": ("tpy",), "tp2.5d": ("tpy", "tpz"),
-                    "tp3d_gather": ("tpy", "tpz"), "tp3d_allreduce": ("tpz",)}
-
-
-def _degree(value, field_name: str, minimum: int = 1, allowed: str = "an integer >= 1") -> None:
-    if not isinstance(value, int) or isinstance(value, bool) or value < minimum:
-        raise WorkloadError(field_name, value, allowed)
+__all__ = ["GRID_DIMS", "MESH_DIMS", "ORDER_DIMS", "VIRTUAL_DIMS", "GridSplit", "Mesh",
+           "ParallelDims", "grid_split"]
 
 
 @dataclass(frozen=True)
@@ -105,93 +100,6 @@ class Mesh:
 
 
 @dataclass(frozen=True)
-class GridSplit:
-    """A 2D/2.5D/3D TP grid: its axes (x, y, z) and how it splits a layer's tensors.
-
-    Activations [tokens, features] are split over the token axes and over tpx (the
-    feature axis); weights over x*y (2.5D: replicated over the depth z) or x*y*z (3D).
-    """
-
-    mode: str
-    x: int
-    y: int
-    z: int
-
-    @classmethod
-    def of(cls, mode: str, tp: int, depth: int = 1) -> "GridSplit":
-        """The grid of `mode` on `tp` ranks; names mesh.tp when tp has the wrong shape."""
-        if mode not in _GRID_SHAPES:
-            raise ValueError(f"not a grid strategy: {mode!r}")
-        if mode.startswith("tp3d"):
-            q = round(tp ** (1 / 3))
-            axes = (q, q, q)
-        else:
-            if mode == "tp2.5d":
-                _degree(depth, "tensor_parallel.depth")
-            d = depth if mode == "tp2.5d" else 1
-            q = round((tp // d) ** 0.5)
-            axes = (q, q, d)
-        if math.prod(axes) != tp:
-            raise WorkloadError("mesh.tp", tp,
-                                f"{_GRID_SHAPES[mode].format(depth=depth)} for {mode}")
-        return cls(mode, *axes)
-
-    @property
-    def axes(self) -> tuple[int, int, int]:
-        """(x, y, z) sizes of the tpx, tpy and tpz axes."""
-        return self.x, self.y, self.z
-
-    @property
-    def q(self) -> int:
-        """SUMMA block count (2D, 2.5D) or cube edge (3D)."""
-        return self.x
-
-    @property
-    def depth(self) -> int:
-        """The 2.5D depth d (1 for the other strategies)."""
-        return self.z if self.mode == "tp2.5d" else 1
-
-    @property
-    def token_axes(self) -> tuple[str, ...]:
-        """Grid axes a stored activation's tokens are split over."""
-        return _GRID_TOKEN_AXES[self.mode]
-
-    @property
-    def feature_axis(self) -> str:
-        """The grid axis a stored activation's features are split over."""
-        return "tpx"
-
-    @property
-    def token_split(self) -> int:
-        """Ways a stored activation's tokens are split."""
-        sizes = {"tpx": self.x, "tpy": self.y, "tpz": self.z}
-        return math.prod(sizes[axis] for axis in self.token_axes)
-
-    @property
-    def feature_split(self) -> int:
-        """Ways a stored activation's features are split."""
-        return self.x
-
-    @property
-    def weight_split(self) -> int:
-        """Ways a weight is split (2.5D: q x q, replicated over the depth)."""
-        return self.x * self.y if self.mode == "tp2.5d" else self.x * self.y * self.z
-
-    @property
-    def resid_fraction(self) -> float:
-        """Fraction of an activation a rank stores: 1/N, or 1/N^(2/3) for tp3d_allreduce."""
-        return 1.0 / (self.token_split * self.feature_split)
-
-
-def grid_split(plan) -> GridSplit:
-    """The TP grid of a resolved plan that uses a 2D/2.5D/3D strategy."""
-    grid = plan.parallel_dims.grid
-    if grid is None:
-        raise ValueError(f"not a grid strategy: {plan.grid_strategy!r}")
-    return grid
-
-
-@dataclass(frozen=True)
 class ParallelDims:
     """The device mesh of a resolved plan: degrees, order, coordinates, groups, peers.
 
@@ -206,9 +114,12 @@ class ParallelDims:
     ep: int = 1
     grid: GridSplit | None = None
     order: tuple[str, ...] = MESH_DIMS   # outermost first; "ep" optional (inside dp)
+    etp: int | None = None   # expert TP degree (None: tp); etp < tp: the expert mesh
     # (digit, size) of the rank number, outermost first: pp, cp, tp, ep and "edp" (the
-    # part of dp outside its EP block, dp / ep values)
+    # part of dp outside its EP block, dp / ep values; ep 1 under the expert mesh)
     _digits: tuple[tuple[str, int], ...] = field(init=False, repr=False, compare=False)
+    # Megatron's expert generator when etp < tp (None: EP folds into dp)
+    expert_mesh: ExpertMesh | None = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         for dim in MESH_DIMS + ("ep",):
@@ -217,31 +128,51 @@ class ParallelDims:
             raise WorkloadError("mesh.order", self.order,
                                 "each of " + ", ".join(MESH_DIMS) + " once (and ep at most "
                                 "once), outermost first")
-        if self.dp % self.ep:
+        etp = self.tp if self.etp is None else self.etp
+        _degree(etp, "moe.etp")
+        if etp == self.tp and self.dp % self.ep:
             raise WorkloadError("mesh.ep", self.ep, f"a divisor of dp ({self.dp}): expert "
-                                "parallelism splits the data-parallel ranks into EP groups")
+                                "parallelism splits the data-parallel ranks into EP groups "
+                                "(with moe.etp < mesh.tp it may span the TP ranks)")
         if self.grid is not None and math.prod(self.grid.axes) != self.tp:
             raise WorkloadError("mesh.tp", self.tp, f"the product of the {self.grid.mode} "
                                 f"grid's axes ({'*'.join(map(str, self.grid.axes))})")
         order = list(self.order)
         if "ep" not in order:      # the EP block is the innermost part of dp
             order.insert(order.index("dp") + 1, "ep")
-        sizes = {"pp": self.pp, "dp": self.dp // self.ep, "cp": self.cp, "tp": self.tp,
-                 "ep": self.ep}
+        expert = None if etp == self.tp else ExpertMesh.build(
+            tuple(order), self.pp, self.dp, self.cp, self.tp, self.ep, etp)
+        fold = self.ep if expert is None else 1   # ep's digit inside dp
+        sizes = {"pp": self.pp, "dp": self.dp // fold, "cp": self.cp, "tp": self.tp,
+                 "ep": fold}
         object.__setattr__(self, "_digits", tuple(
             ("edp" if d == "dp" else d, sizes[d]) for d in order))
+        object.__setattr__(self, "expert_mesh", expert)
+        if expert is not None and self.pp > 1 and expert.place("pp") != self._digit_place("pp"):
+            raise WorkloadError("mesh.order", list(reversed(self.order)), "pp outermost when "
+                                "EP spans TP (Megatron-Core asserts that the expert mesh's "
+                                "pipeline groups are the attention part's)")
+
+    @property
+    def _fold(self) -> int:
+        """The EP digit inside dp: ep, or 1 when the expert mesh holds EP."""
+        return self.ep if self.expert_mesh is None else 1
 
     @classmethod
     def from_plan(cls, plan) -> "ParallelDims":
         """The mesh of a resolved plan (mesh.dp a number; `resolve` fills it in), in the
         plan's `mesh.order` (the default layout when it gives none)."""
-        mesh = plan.mesh
+        mesh, experts = plan.mesh, plan.model.num_experts
         if mesh.dp == 0:
             raise ValueError(f"plan {plan.name!r} is not resolved (mesh.dp is auto): "
                              "call resolve(plan, world_size) first")
         mode = plan.grid_strategy
-        grid = GridSplit.of(mode, mesh.tp, plan.tp_depth) if mode in _GRID_SHAPES else None
-        return cls(mesh.pp, mesh.dp, mesh.cp, mesh.tp, mesh.ep, grid, mesh.outermost_first)
+        grid = GridSplit.of(mode, mesh.tp, plan.tp_depth) if mode in GRID_SHAPES else None
+        if experts:      # the expert TP degrees the MoE layer builds, before the mesh
+            check_etp(plan.moe, mesh.tp)
+        etp = plan.moe.etp_of(mesh.tp) if experts else None
+        return cls(mesh.pp, mesh.dp, mesh.cp, mesh.tp, mesh.ep, grid, mesh.outermost_first,
+                   etp)
 
     # ---- sizes ----------------------------------------------------------------------------
     @property
@@ -253,6 +184,9 @@ class ParallelDims:
         """(parent mesh dim, stride, size) of a mesh dim or a virtual sub-dimension."""
         if dim in MESH_DIMS:
             return dim, 1, getattr(self, dim)
+        if dim in EXPERT_DIMS and self.expert_mesh is not None:
+            raise ValueError(f"{dim} belongs to the expert mesh (EP spans TP): no layout "
+                             "inside one mesh dim")
         if dim == "ep":
             return "dp", 1, self.ep
         if dim == "edp":
@@ -266,11 +200,25 @@ class ParallelDims:
 
     def size(self, dim: str) -> int:
         """Ranks along a mesh dim or a virtual sub-dimension."""
+        if self._in_expert_mesh((dim,)):
+            return self.expert_mesh.size(dim)
         return self.layout(dim)[2]
 
     def group_size(self, dims: tuple[str, ...]) -> int:
         """Ranks in a group over `dims` (len(group_ranks(rank, dims)) for every rank)."""
+        if self._in_expert_mesh(dims):
+            return self.expert_mesh.group_size(dims)
         return math.prod(size for _, _, size in self._layouts(dims))
+
+    def _in_expert_mesh(self, dims: tuple[str, ...]) -> bool:
+        """Whether a group over `dims` is the expert mesh's: it names ep, edp or etp while
+        EP spans TP (then only those may be named: the two meshes' digits differ)."""
+        if self.expert_mesh is None or not set(dims) & set(EXPERT_DIMS):
+            return False
+        if not set(dims) <= set(EXPERT_DIMS):
+            raise ValueError(f"mesh dims {dims} mix the expert mesh's (ep, edp, etp) with "
+                             "the attention part's while EP spans TP")
+        return True
 
     def _layouts(self, dims: tuple[str, ...]) -> list[tuple[str, int, int]]:
         """The layouts of `dims`; two that vary the same digit of a parent are an error."""
@@ -295,8 +243,9 @@ class ParallelDims:
     def _dp_contiguous(self) -> bool:
         """Whether dp's two digits (ep inside, edp outside) sit side by side in that
         order, so that dp is one digit of the rank number (always so without `order`)."""
-        return (self.ep == 1 or self.ep == self.dp
-                or self._digit_place("edp") == self._digit_place("ep") * self.ep)
+        fold = self._fold
+        return (fold == 1 or fold == self.dp
+                or self._digit_place("edp") == self._digit_place("ep") * fold)
 
     def place_value(self, dim: str) -> int:
         """What one step along a mesh dim (pp, dp, cp, tp) adds to the rank number; dp has
@@ -304,7 +253,7 @@ class ParallelDims:
         if dim == "dp":
             if not self._dp_contiguous():
                 raise ValueError(f"mesh.order {self.order} splits dp around other dims")
-            return self._digit_place("ep" if self.ep > 1 else "edp")
+            return self._digit_place("ep" if self._fold > 1 else "edp")
         if dim not in MESH_DIMS:
             raise ValueError(f"unknown mesh dim {dim!r}: one of {', '.join(self.order)}")
         return self._digit_place(dim)
@@ -313,6 +262,8 @@ class ParallelDims:
         """[low, high) place values of a mesh dim or virtual sub-dim in the rank number:
         its coordinate is (rank // low) % (high // low). ValueError for dp when the order
         splits it (`spans` gives its two runs)."""
+        if self._in_expert_mesh((dim,)):
+            return self.expert_mesh.span(dim)
         if dim in ("ep", "edp"):
             low = self._digit_place(dim)
             return low, low * self.size(dim)
@@ -335,7 +286,7 @@ class ParallelDims:
         for d, size in reversed(self._digits):
             digit[d] = rank % size
             rank //= size
-        return {"pp": digit["pp"], "dp": digit["ep"] + self.ep * digit["edp"],
+        return {"pp": digit["pp"], "dp": digit["ep"] + self._fold * digit["edp"],
                 "cp": digit["cp"], "tp": digit["tp"]}
 
     def rank_of(self, coords: Mapping[str, int]) -> int:
@@ -345,7 +296,7 @@ class ParallelDims:
             if not 0 <= coords[dim] < size:
                 raise ValueError(f"{dim} coordinate {coords[dim]} outside 0..{size - 1}")
         digit = {"pp": coords["pp"], "cp": coords["cp"], "tp": coords["tp"],
-                 "ep": coords["dp"] % self.ep, "edp": coords["dp"] // self.ep}
+                 "ep": coords["dp"] % self._fold, "edp": coords["dp"] // self._fold}
         rank = 0
         for d, size in self._digits:
             rank = rank * size + digit[d]
@@ -353,6 +304,8 @@ class ParallelDims:
 
     def index(self, rank: int, dim: str) -> int:
         """A rank's position along a mesh dim or a virtual sub-dimension."""
+        if self._in_expert_mesh((dim,)):
+            return self.expert_mesh.index(rank, dim)
         parent, stride, size = self.layout(dim)
         return (self.coords(rank)[parent] // stride) % size
 
@@ -372,6 +325,8 @@ class ParallelDims:
     # ---- groups and peers -----------------------------------------------------------------
     def group_ranks(self, rank: int, dims: tuple[str, ...]) -> tuple[int, ...]:
         """Ranks that differ from `rank` only along `dims` (mesh or virtual), in rank order."""
+        if self._in_expert_mesh(dims):
+            return self.expert_mesh.group(rank, dims)
         members = [self.coords(rank)]
         for parent, stride, size in self._layouts(dims):
             grown = []
@@ -384,6 +339,8 @@ class ParallelDims:
 
     def peer(self, rank: int, dim: str, step: int) -> int:
         """The rank `step` places along `dim` from `rank`, wrapping around (a ring)."""
+        if self._in_expert_mesh((dim,)):
+            return self.expert_mesh.peer(rank, dim, step)
         parent, stride, size = self.layout(dim)
         c = self.coords(rank)
         digit = (c[parent] // stride) % size

@@ -130,6 +130,15 @@ def parse_moe(raw: dict) -> dict:
     return {"load_imbalance": imbalance, "moe": options}
 
 
+def check_etp(opt: MoEOptions, tp: int) -> None:
+    """Expert TP is 1 or the TP degree: the two layouts the MoE layer builds (with etp 1
+    < tp, the expert mesh of workloads/expert_mesh.py)."""
+    etp = opt.etp_of(tp)
+    if etp not in (1, tp):
+        raise WorkloadError("moe.etp", etp, f"1 or mesh.tp ({tp}): an expert-TP group "
+                            "inside the TP group is not modelled")
+
+
 def check_moe_resolved(plan) -> None:
     """What the `moe` block asks of the resolved mesh and the model (plan_checks)."""
     m, mesh, opt = plan.model, plan.parallel_dims, plan.moe
@@ -138,10 +147,7 @@ def check_moe_resolved(plan) -> None:
             raise WorkloadError("moe", "options", f"absent for a dense model ({m.name} has "
                                 "no experts)")
         return
-    etp = opt.etp_of(mesh.tp)
-    if etp not in (1, mesh.tp):
-        raise WorkloadError("moe.etp", etp, f"1 or mesh.tp ({mesh.tp}): an expert-TP group "
-                            "inside the TP group is not modelled")
+    check_etp(opt, mesh.tp)
     shares = opt.expert_shares
     if shares is not None and len(shares) not in (m.num_experts, mesh.ep):
         raise WorkloadError("moe.load_imbalance.shares", f"{len(shares)} shares",

@@ -3,7 +3,8 @@
 Every failure is a WorkloadError naming the field, the value and what is allowed, so the
 CLI prints one line and exits 2. The rules and their sources:
 
-- The degrees themselves (each >= 1, ep divides dp, a TP grid's shape) are checked by
+- The degrees themselves (each >= 1, ep divides dp, or tp x cp x dp / etp when expert
+  TP < TP, workloads/expert_mesh.py; a TP grid's shape) are checked by
   the mesh (workloads/mesh.py), which these checks ask for every size.
 - TP divides heads, KV heads, FFN and hidden sizes (Megatron-LM's column/row split).
 - CP divides the sequence; ring attention with causal load balancing cuts the sequence
@@ -134,7 +135,8 @@ def check_context_parallel(plan) -> None:
 
 
 def check_experts(plan) -> None:
-    """EP divides the routed experts; no EP for dense models (the mesh checks ep | dp)."""
+    """EP divides the routed experts; no EP for dense models (the mesh checks how ep splits
+    the ranks)."""
     m, ep = plan.model, plan.parallel_dims.ep
     # Every accepted key is read: the router's imbalance exists only on an MoE model.
     if plan.load_imbalance != 1.0 and not m.num_experts:

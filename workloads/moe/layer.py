@@ -18,10 +18,20 @@ d98e8a64, megatron/core/transformer/moe/moe_layer.py, router.py, token_dispatche
 4. shared experts (DeepSeek-V3) run as a dense MLP on every token and are added after the
    combine (Megatron-LM shared_experts.py: their own TP reduction).
 
-EP is a sub-dimension of dp: the ranks with dp indices in one block of ep consecutive
-values form an EP group (the mesh's virtual dim "ep", workloads/mesh.py). Expert weights
-are replicated over the other dp x cp / ep ranks ("edp" x "cp"), and over TP when etp = 1;
-their gradients reduce there, and ZeRO / FSDP shard and gather them over the same ranks.
+With etp = tp, EP is a sub-dimension of dp: the ranks with dp indices in one block of ep
+consecutive values form an EP group (the mesh's virtual dim "ep", workloads/mesh.py).
+Expert weights are replicated over the other dp x cp / ep ranks ("edp" x "cp"); their
+gradients reduce there, and ZeRO / FSDP shard and gather them over the same ranks.
+With etp = 1 < tp, Megatron-Core's expert mesh re-splits a stage's tp x cp x dp ranks as
+ep x edp (workloads/expert_mesh.py): an EP group runs through the TP ranks first, so EP
+may be up to tp x cp x dp. At the boundary nothing is gathered: Megatron-Core's MoE layer
+takes the sequence-parallel shard the attention block's reduce-scatter left
+(moe_layer.py requires sequence parallelism with TP), each TP rank routes and dispatches
+its own tokens over the EP group (the expert TP group has one rank, so the alltoall
+dispatcher's ETP all-gather and the allgather dispatcher's gather over "tp-ep" reduce to
+the EP group, token_dispatcher.py), and the combine returns them to that shard. A rank
+holds E / ep whole experts; they are replicated over the expert mesh's edp ranks, where
+their gradients reduce and ZeRO / FSDP shard them.
 """
 from __future__ import annotations
 
@@ -128,11 +138,13 @@ def moe_param_groups(plan, layer: int, dp_dims: tuple[str, ...]) -> dict:
     sequence shard). Shared experts: TP-split like the dense MLP. Routed experts: E / ep
     experts, split over expert TP; gradients reduce over the expert-data-parallel ranks
     ("edp", x "cp": dp x cp / ep of them), and over TP as well when etp = 1 (every TP rank
-    then holds whole experts and computes on its own tokens).
+    then holds whole experts and computes on its own tokens); under the expert mesh (EP
+    spanning TP) over its "edp" alone, which folds those in (tp x cp x dp / ep ranks).
     """
     m, tp, st = plan.model, plan.mesh.tp, plan.strategies(layer)
     both = dp_dims + ("tp",) if tp > 1 else dp_dims
-    expert_dims = ("edp", "cp") if plan.mesh.cp > 1 else ("edp",)
+    spans_tp = plan.parallel_dims.expert_mesh is not None   # edp already folds tp and cp
+    expert_dims = ("edp", "cp") if plan.mesh.cp > 1 and not spans_tp else ("edp",)
     routed_st = dict(zip(("w1", "w3", "w2"), expert_strategies(plan, layer, S)))
     groups: dict[tuple[str, ...], float] = {}
 
@@ -147,5 +159,6 @@ def moe_param_groups(plan, layer: int, dp_dims: tuple[str, ...]) -> dict:
         strategy = routed_st[name]
         routed = (m.num_experts // plan.mesh.ep * m.hidden_size * m.moe_ffn_size
                   / (tp if strategy in ("col", "row") else 1))
-        add(expert_dims + ("tp",) if strategy == "seq" and tp > 1 else expert_dims, routed)
+        whole_on_tp = strategy == "seq" and tp > 1 and not spans_tp
+        add(expert_dims + ("tp",) if whole_on_tp else expert_dims, routed)
     return {k: v for k, v in groups.items() if v}
