@@ -224,10 +224,6 @@ def cannot_express(row: dict[str, str]) -> str | None:
         return f"cannot express: {exc}"
     except (WorkloadError, TopologyError) as exc:
         why = explain_plan_error(exc)
-        if getattr(exc, "field", "") == "mesh.ep" and int(row.get("etp") or 1) < int(row["tp"]):
-            # Megatron-Core folds EP x expert TP into TP x DP (x CP) when expert TP < TP
-            why += (f" (the run's EP {row['ep']} with expert TP {row.get('etp') or 1} spans "
-                    f"its TP {row['tp']} x DP {row['dp']} ranks)")
         return f"cannot express: {why}"
     return None
 
