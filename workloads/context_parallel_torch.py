@@ -26,6 +26,23 @@ _attention.py, PyTorch 2.6). What differs from Transformer Engine's ring
   and dV in float32 (`accum_dtype`), and the dK/dV partial travels the ring in float32:
   after each step's call the rank waits for the partial of the previous step, adds its own
   and sends it on (`_RotateMethod.ALL_TO_ALL`), the last one back to the block's owner.
+- Packing: every rotation first copies K and V into one flat send buffer
+  (`torch.cat([key.flatten(), value.flatten()])`, read and write K+V): once per pass for
+  the all-gather (the later steps' copies feed nothing under torch.compile, which drops
+  them), once per step for the all-to-all.
+
+When the waits come (plan `"kernels"`): torchtitan compiles each TransformerBlock with
+torch.compile (torchtitan@9dec370 parallelize_llama.py apply_compile, fullgraph=True), so
+the ring is traced into the block's graph. Traced, a functional collective is followed at
+once by its wait (torch/distributed/_functional_collectives.py `_maybe_wrap_tensor`: "if
+_are_we_tracing(): return wait_tensor(self)"), and Inductor leaves collectives where the
+trace put them unless `reorder_for_compute_comm_overlap` is set (torch/_inductor/
+config.py, False by default; torchtitan does not set it). So compiled ("fused"): the
+all-gather ends before step 0's call, an all-to-all K/V transfer ends before the call of
+the step that issued it, and each step's dK/dV send ends before the next step's call:
+nothing of the rotation overlaps. Eager ("eager"): the collective returns an
+AsyncCollectiveTensor that waits at its first use, so the rotation overlaps the calls as
+described above.
 """
 from __future__ import annotations
 
@@ -70,30 +87,51 @@ class TorchRingAttention(ContextParallelAttention):
         """The forward (or recomputed forward): the rotation, cp calls, the merges."""
         start = _join(sink, ctx, tuple(input_dep), phase, "cp.torch.start")
         blocks = self._blocks(sink, ctx, start, phase)
-        out = attention_task(sink, ctx, self.cost, phase, (start,), "attention.fwd.0",
-                             parts=self.cp, **self._step_call(0))
+        out = attention_task(sink, ctx, self.cost, phase, (self._wait(blocks, 0),),
+                             "attention.fwd.0", parts=self.cp, **self._step_call(0))
         merge_bytes = self._elements(self.cost.o_bytes) * MERGE_BYTES
         for step in range(1, self.cp):
-            call = attention_task(sink, ctx, self.cost, phase, (blocks[step], out),
+            call = attention_task(sink, ctx, self.cost, phase,
+                                  (self._wait(blocks, step), out),
                                   f"attention.fwd.{step}", parts=self.cp,
                                   **self._step_call(step))
             out = _memory(sink, ctx, (call,), phase, merge_bytes, "cp.torch.merge")
         self._output = out
         return out
 
+    @property
+    def compiled(self) -> bool:
+        """Whether the ring runs inside torch.compile's graph (plan kernels "fused"), where
+        every collective is waited for where it is issued (module docstring)."""
+        return self.options.kernels == "fused"
+
+    def _wait(self, blocks: list[int], step: int) -> int:
+        """The rotation task step `step`'s call waits for: eager, the block it uses
+        (step 0: its own, ready at the start); compiled, the transfer issued in its own
+        iteration, which is waited for at once: the gathered blocks (all-gather) or the
+        block for the next step (all-to-all; the last step issues none)."""
+        if not self.compiled or self.cp == 1:
+            return blocks[step]
+        return blocks[min(step + 1, self.cp - 1)]
+
     def _blocks(self, sink, ctx: dict, start: int, phase: str) -> list[int]:
         """The task after which step j's K and V are here, for j = 1 .. cp - 1 (index 0
         unused): one all-gather for all, or one transfer per step along the ring."""
+        pack_bytes = 2 * self.kv_bytes     # torch.cat into the send buffer: read, write
         if self.mode == "all_gather":
+            packed = _memory(sink, ctx, (start,), phase, pack_bytes, "cp.torch.pack",
+                             "cp_pack")
             gathered = sink.add(kind=COMM, stream=CP_STREAM, op="all_gather", phase=phase,
-                                deps=(start,), bytes=self.cp * self.kv_bytes, group=("cp",),
-                                label="cp.torch.all_gather.kv", **ctx)
+                                deps=(packed,), bytes=self.cp * self.kv_bytes,
+                                group=("cp",), label="cp.torch.all_gather.kv", **ctx)
             return [start] + [gathered] * (self.cp - 1)
         key = (ctx["layer"], ctx["microbatch"], phase)
         blocks, block = [start], start
         for step in range(1, self.cp):
+            packed = _memory(sink, ctx, (block,), phase, pack_bytes, "cp.torch.pack",
+                             "cp_pack")
             block = _send_recv(sink, ctx, ("cp.torch.kv",) + key + (step,), self.kv_bytes,
-                               (block,), phase, "cp.torch.kv")
+                               (packed,), phase, "cp.torch.kv")
             blocks.append(block)
         return blocks
 
@@ -111,7 +149,10 @@ class TorchRingAttention(ContextParallelAttention):
                       + self._elements(self.kv_bytes) * SEND_COPY_BYTES)
         call, dkv = -1, -1
         for step in range(self.cp):
-            call = attention_task(sink, ctx, self.cost, "backward", (blocks[step], call),
+            # compiled, the previous step's dK/dV send was waited for where it was issued
+            sent = dkv if self.compiled else -1
+            call = attention_task(sink, ctx, self.cost, "backward",
+                                  (self._wait(blocks, step), call, sent),
                                   f"attention.bwd.{step}", parts=self.cp,
                                   **self._step_call(step))
             added = _memory(sink, ctx, (call, dkv), "backward", accumulate,
@@ -135,8 +176,9 @@ def torch_cp_buffer_bytes(mode: str, cp: int, tokens: float, q_size: int, v_size
     return rotated + fp32 * (q + kv) + 2 * fp32 * kv
 
 
-def _memory(sink, ctx: dict, deps, phase: str, nbytes: float, label: str) -> int:
+def _memory(sink, ctx: dict, deps, phase: str, nbytes: float, label: str,
+            op: str = "cp_merge") -> int:
     """One fused elementwise pass of `nbytes` HBM traffic on the compute stream."""
-    return sink.add(kind=COMPUTE, stream="compute", op="cp_merge", phase=phase,
+    return sink.add(kind=COMPUTE, stream="compute", op=op, phase=phase,
                     deps=tuple(d for d in deps if d >= 0), bytes=nbytes, op_class=MEMORY,
                     label=label, **ctx)
