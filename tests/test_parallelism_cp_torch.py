@@ -13,7 +13,8 @@ from __future__ import annotations
 from collections import Counter
 
 from workloads import plan_from_dict, resolve
-from workloads.context_parallel_torch import MERGE_BYTES
+from workloads.context_parallel_torch import (ACCUMULATE_BYTES, EAGER_ACCUMULATE_BYTES,
+                                               EAGER_MERGE_BYTES, MERGE_BYTES)
 from workloads.lowering import lower
 
 from conftest import small_plan
@@ -66,11 +67,33 @@ def test_alltoall_rotation_passes_the_repeated_kv_each_step():
 
 
 def test_merges_fold_each_later_step_in_float32():
-    tasks = _layer_tasks("all_gather")
-    merges = [t for t in tasks if t.op == "cp_merge" and t.phase == "forward"]
     out_elements = TOKENS * HEADS * HEAD_DIM
-    assert len(merges) == CP - 1
-    assert {t.bytes for t in merges} == {out_elements * MERGE_BYTES}
+    fused = [t for t in _layer_tasks("all_gather", kernels="fused")
+             if t.op == "cp_merge" and t.phase == "forward"]
+    assert len(fused) == CP - 1
+    assert {t.bytes for t in fused} == {out_elements * MERGE_BYTES}
+    # eager: the merge's separate kernels, and at steps 1 .. cp - 2 the K/V copy the
+    # all-gather's loop makes for nobody (torch.compile drops it)
+    eager = [t.bytes for t in _layer_tasks("all_gather")
+             if t.op == "cp_merge" and t.phase == "forward"]
+    merge = out_elements * EAGER_MERGE_BYTES
+    assert eager == [merge + 2 * KV_REPEATED] * (CP - 2) + [merge]
+    ring = {t.bytes for t in _layer_tasks("ring")
+            if t.op == "cp_merge" and t.phase == "forward"}
+    assert ring == {merge}
+
+
+def test_eager_accumulation_counts_the_partial_updates():
+    q_elements, kv_elements = TOKENS * HEADS * HEAD_DIM, KV_REPEATED / 2
+    send_copy = kv_elements * 8
+    fused = [t.bytes for t in _layer_tasks("ring", kernels="fused")
+             if t.op == "cp_merge" and t.phase == "backward"]
+    assert fused == [(q_elements + kv_elements) * ACCUMULATE_BYTES + send_copy] * CP
+    eager = [t.bytes for t in _layer_tasks("ring")
+             if t.op == "cp_merge" and t.phase == "backward"]
+    later = (q_elements + kv_elements) * EAGER_ACCUMULATE_BYTES + send_copy
+    assert eager == [fused[0]] + [later] * (CP - 1)
+    assert EAGER_ACCUMULATE_BYTES > ACCUMULATE_BYTES
 
 
 def test_other_frameworks_keep_transformer_engines_ring():

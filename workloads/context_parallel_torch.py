@@ -13,8 +13,9 @@ _attention.py, PyTorch 2.6). What differs from Transformer Engine's ring
 - How K and V travel (`context_parallel_rotate_method`, torchtitan's default "allgather",
   plan mode "all_gather"): `_AllGatherRotater` all-gathers every rank's K and V once, issued
   before step 0, so only step 0 (the rank's own causal call) overlaps it and the later steps
-  wait for it. "alltoall" (plan mode "ring"): `_AllToAllRotater` passes the block to the
-  next rank at every step (`permute_tensor`), overlapping the step's call. The backward
+  wait for it (eager; compiled, below). "alltoall" (plan mode "ring": `_AllToAllRotater`)
+  passes the block to the next rank at every step (`permute_tensor`), overlapping the
+  step's call. The backward
   rotates K and V again the same way (it keeps nothing from the forward).
 - The calls: load balancing is on (`_cp_options.enable_load_balance = True`): step 0 is
   the causal call of the rank's two chunks, every later step an unmasked call of half the
@@ -22,14 +23,18 @@ _attention.py, PyTorch 2.6). What differs from Transformer Engine's ring
 - Merging in float32 (`_cp_options.convert_to_f32 = True`): after every later step
   `_SDPAMerger` folds the step's output into a float32 output and log-sum-exp (a pass that
   reads the step's bf16 output and reads and writes the float32 one: MERGE_BYTES per
-  element, the passes fused into one by torch.compile). The backward accumulates dQ, dK
+  element, the passes fused into one by torch.compile; eager, EAGER_MERGE_BYTES, the
+  code's kernels counted). The backward accumulates dQ, dK
   and dV in float32 (`accum_dtype`), and the dK/dV partial travels the ring in float32:
   after each step's call the rank waits for the partial of the previous step, adds its own
   and sends it on (`_RotateMethod.ALL_TO_ALL`), the last one back to the block's owner.
 - Packing: every rotation first copies K and V into one flat send buffer
   (`torch.cat([key.flatten(), value.flatten()])`, read and write K+V): once per pass for
-  the all-gather (the later steps' copies feed nothing under torch.compile, which drops
-  them), once per step for the all-to-all.
+  the all-gather, once per step for the all-to-all. The all-gather's loop still copies K
+  and V at every later step but the last; nothing reads those copies, so torch.compile
+  drops them and eager pays them. The casts of the step-0 output to float32 and of the
+  merged output, dQ and dK/dV back to bf16 (once per pass) are not counted: a few passes
+  over the local tensors against cp merges or accumulations.
 
 When the waits come (plan `"kernels"`): torchtitan compiles each TransformerBlock with
 torch.compile (torchtitan@9dec370 parallelize_llama.py apply_compile, fullgraph=True), so
@@ -60,6 +65,20 @@ MERGE_BYTES = 2 + 4 + 4
 ACCUMULATE_BYTES = 2 + 4 + 4
 SEND_COPY_BYTES = 4 + 4
 FP32_BYTES = 4
+# Eager, the same code runs as separate kernels (_SDPAMerger.step and _merge_one, counted
+# per element of the rank's output). A later step with all the queries (source rank at or
+# below this one): cast the bf16 step output to float32 (2 + 4), then `out - block_out`
+# (4 + 4 + 4), the product with sigmoid(lse difference) (4 + 4) and the subtraction from
+# `out` (4 + 4 + 4): 38. A step with the second half of the queries does the same on half
+# the elements (3 + 16 per element of the whole output) and puts that half back with
+# `_partial_update`'s torch.cat of the float32 whole (read 4, write 4): 27. Over the CP group the two kinds
+# are equally many (cp - 1 - r and r for rank r), so a step costs their mean.
+EAGER_MERGE_BYTES = (38 + 27) / 2
+# Backward, eager, per gradient element of a later step: a full `grad += grad_` (2 + 4 +
+# 4 = 10) or, for the half-sized gradient, the add into one half (5) and
+# `_partial_update`'s torch.cat of the float32 whole (8): 13. dK/dV take the half form when
+# the source rank is at or below this one, dQ otherwise: each is 10 or 13, mean 11.5.
+EAGER_ACCUMULATE_BYTES = (10 + 13) / 2
 
 
 class TorchRingAttention(ContextParallelAttention):
@@ -89,13 +108,15 @@ class TorchRingAttention(ContextParallelAttention):
         blocks = self._blocks(sink, ctx, start, phase)
         out = attention_task(sink, ctx, self.cost, phase, (self._wait(blocks, 0),),
                              "attention.fwd.0", parts=self.cp, **self._step_call(0))
-        merge_bytes = self._elements(self.cost.o_bytes) * MERGE_BYTES
+        per_element = MERGE_BYTES if self.compiled else EAGER_MERGE_BYTES
+        merge_bytes = self._elements(self.cost.o_bytes) * per_element
         for step in range(1, self.cp):
             call = attention_task(sink, ctx, self.cost, phase,
                                   (self._wait(blocks, step), out),
                                   f"attention.fwd.{step}", parts=self.cp,
                                   **self._step_call(step))
-            out = _memory(sink, ctx, (call,), phase, merge_bytes, "cp.torch.merge")
+            out = _memory(sink, ctx, (call,), phase, merge_bytes + self._dead_copy(step),
+                          "cp.torch.merge")
         self._output = out
         return out
 
@@ -104,6 +125,13 @@ class TorchRingAttention(ContextParallelAttention):
         """Whether the ring runs inside torch.compile's graph (plan kernels "fused"), where
         every collective is waited for where it is issued (module docstring)."""
         return self.options.kernels == "fused"
+
+    def _dead_copy(self, step: int) -> float:
+        """Bytes of the K/V copy the all-gather's loop makes at a later step but the last
+        and nothing reads: eager runs it, torch.compile drops it."""
+        if self.compiled or self.mode != "all_gather" or not 0 < step < self.cp - 1:
+            return 0.0
+        return 2 * self.kv_bytes
 
     def _wait(self, blocks: list[int], step: int) -> int:
         """The rotation task step `step`'s call waits for: eager, the block it uses
@@ -145,8 +173,7 @@ class TorchRingAttention(ContextParallelAttention):
         blocks = self._blocks(sink, ctx, ready, "backward")
         key = (ctx["layer"], ctx["microbatch"], "backward")
         grad_elements = self._elements(self.cost.q_bytes + self.kv_bytes)
-        accumulate = (grad_elements * ACCUMULATE_BYTES
-                      + self._elements(self.kv_bytes) * SEND_COPY_BYTES)
+        send_copy = self._elements(self.kv_bytes) * SEND_COPY_BYTES
         call, dkv = -1, -1
         for step in range(self.cp):
             # compiled, the previous step's dK/dV send was waited for where it was issued
@@ -155,6 +182,9 @@ class TorchRingAttention(ContextParallelAttention):
                                   (self._wait(blocks, step), call, sent),
                                   f"attention.bwd.{step}", parts=self.cp,
                                   **self._step_call(step))
+            per_element = (ACCUMULATE_BYTES if self.compiled or step == 0
+                           else EAGER_ACCUMULATE_BYTES)
+            accumulate = grad_elements * per_element + send_copy + self._dead_copy(step)
             added = _memory(sink, ctx, (call, dkv), "backward", accumulate,
                             "cp.torch.accumulate")
             dkv = _send_recv(sink, ctx, ("cp.torch.dkv",) + key + (step,), self.dkv_bytes,
