@@ -253,4 +253,10 @@ ASSUMPTIONS = (
      "p5's per-step latency; scored on aws-p5-h100-16 and its EKS run"),
     ("CollNet (SHARP)", "switch reduces at NIC rate", "off unless network.collnet; "
      "NCCL's CollNet latencies and x0.85 Direct factor [tuning.cc]"),
+    ("gcp-a3ultra-2x1 gpudirect_rdma", "false (host-staged, 40 GB/s, no LL128)",
+     "INFERRED: google/dranet's pods take any one GPU and the NIC gpu1rdma0 under gIB's "
+     "NCCL_NET_GDR_LEVEL=PIX, and their GPUs sit at different PCI addresses, so at least "
+     "one is not on its NIC's switch (its README also notes GKE lacked nvidia-peermem); "
+     "NCCL then routes through the CPU: 48 GB/s PCIe / INTEL_P2P_OVERHEAD 1.2 [search.cc], "
+     "typeInter PHB, LL128 off [tuning.cc]; NCCL's LL latency has no host-staging term"),
 )
