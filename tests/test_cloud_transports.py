@@ -184,7 +184,7 @@ def test_bad_file_exits_2_with_one_line(tmp_path):
 def test_systems_map_to_their_transport_files():
     systems = json.loads(SYSTEMS.read_text())
     expected = {"aws-p5-h100-16": "aws-p5-x2", "aws-p5-h100-16-eks": "aws-p5-x2",
-                "gcp-a3ultra-h200-16": "gcp-a3ultra-x2", "gcp-a3ultra-h200-2x1": "gcp-a3ultra-x2",
+                "gcp-a3ultra-h200-16": "gcp-a3ultra-x2", "gcp-a3ultra-h200-2x1": "gcp-a3ultra-2x1",
                 "gcp-a4-b200-16": "gcp-a4-x2", "gcp-a3high-h100-16": "gcp-a3high-x2",
                 "gcp-a3mega-h100-16": "gcp-a3mega-x2"}
     for name, file in expected.items():

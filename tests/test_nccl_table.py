@@ -200,3 +200,33 @@ def test_bad_cells_exit_2_with_one_line_naming_the_field(tmp_path, capsys, bad, 
 def test_more_gpus_than_nodes_hold_is_refused(tmp_path):
     with pytest.raises(ValidationError, match="gpus"):
         load_points(_write(tmp_path, GOOD.replace(",8,1,8,", ",16,1,8,")))
+
+
+def test_rows_with_a_time_are_scored_on_it():
+    """busbw 0.02 printed for 1 KiB may be 0.015-0.025: the time (here 21.75 us, which
+    gives 0.0235 GB/s) is the exact figure, and the error is measured / predicted time - 1."""
+    from dataclasses import replace
+    p = replace(_point(0, 1024, 0.02, 0.0), time_us=21.75, predicted_time_us=20.0)
+    assert p.scored_on == "time"
+    assert p.error == pytest.approx(21.75 / 20.0 - 1)
+    q = replace(p, time_us=None)
+    assert q.scored_on == "busbw" and q.error == pytest.approx((0.0 - 0.02) / 0.02)
+
+
+def test_a_size_slower_than_the_next_larger_is_listed_as_an_outlier():
+    from dataclasses import replace
+    from validation.collective_scoring import outliers
+    run = [replace(_point(i, size, 1.0, 1.0), time_us=t, run="r")
+           for i, (size, t) in enumerate([(MIB // 2, 240.7), (MIB, 115.6), (2 * MIB, 114.4),
+                                          (4 * MIB, 118.3)])]
+    assert [(a.size_bytes, b.size_bytes) for a, b in outliers(run)] == [(MIB // 2, MIB)]
+    other_run = [replace(run[0], run="s")] + run[1:]     # another run: not compared
+    assert outliers(other_run) == []
+
+
+def test_report_lists_the_lambda_one_off_and_keeps_it_scored():
+    result = run_collectives()
+    ids = {r["id"] for r in result["outliers"]}
+    assert "lambda-b200-16-all_reduce-524288" in ids
+    assert "lambda-b200-16-all_reduce-524288" in {r["id"] for r in result["rows"]}
+    assert sum(r["scored_on"] == "time" for r in result["rows"]) >= 250

@@ -19,7 +19,7 @@ from .errors import TopologyError
 from .racks import RackLayout, rack_layout
 from .specs import DeviceProfile, DeviceSpec, device
 from .topology import MeasuredCollective, Topology
-from .transport import NetTransport, parse_nccl_env, parse_tuner
+from .transport import NetTransport, host_staged_nic_Bps, parse_nccl_env, parse_tuner
 
 GB = 1e9
 
@@ -280,13 +280,16 @@ def _fabric(raw: Any) -> FabricSpec | None:
     _known_keys(raw, "network", ("nics_per_domain", "nic_GBps", "nic_nccl_GBps",
                                  "domains_per_leaf", "spine_taper", "collnet", "latency_us",
                                  "nccl_env", "nccl_tuner", "message_us", "max_message_bytes",
-                                 "wire_latency_us"))
+                                 "wire_latency_us", "gpudirect_rdma"))
     nic = _number(raw, "nic_GBps", "network") * GB
+    gpudirect = _flag(raw, "gpudirect_rdma", "network", True)
+    nic_nccl = host_staged_nic_Bps(
+        _number(raw, "nic_nccl_GBps", "network", default=nic / GB * 0.96) * GB, gpudirect)
     return FabricSpec(
         nics_per_domain=_number(raw, "nics_per_domain", "network", integer=True,
                                 maximum=MAX_LINKS),
         nic_Bps=nic,
-        nic_nccl_Bps=_number(raw, "nic_nccl_GBps", "network", default=nic / GB * 0.96) * GB,
+        nic_nccl_Bps=nic_nccl,
         domains_per_leaf=_number(raw, "domains_per_leaf", "network", default=32, integer=True,
                                  maximum=MAX_COUNT),
         spine_taper=_number(raw, "spine_taper", "network", default=1.0),
@@ -300,7 +303,8 @@ def _fabric(raw: Any) -> FabricSpec | None:
             _number(raw, "max_message_bytes", "network", default=0, integer=True,
                     maximum=1 << 40, allow_minimum=True),
             None if "wire_latency_us" not in raw else _number(
-                raw, "wire_latency_us", "network", maximum=1e6, allow_minimum=True) * 1e-6))
+                raw, "wire_latency_us", "network", maximum=1e6, allow_minimum=True) * 1e-6,
+            gpudirect_rdma=gpudirect))
 
 
 def _measured(raw: Any) -> tuple:

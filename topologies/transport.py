@@ -96,6 +96,26 @@ class TunerRule:
                 and self.nodes in (-1, nodes) and self.ranks in (-1, ranks))
 
 
+# Without GPUDirect RDMA (network.gpudirect_rdma false: the NIC cannot reach the GPU's
+# memory, or NCCL_NET_GDR_LEVEL refuses it because the GPU is farther from the NIC than
+# that level) NCCL diverts a GPU's network traffic through host memory of the CPU local
+# to the GPU [NVIDIA/nccl src/graph/paths.cc ncclTopoComputePaths, "divert all traffic
+# through the CPU"; ncclTopoCheckGdr]. Its search then prices the GPU-CPU-NIC path at
+# the PCIe Gen5 x16 rate NCCL assigns (32 GT/s: 240 x 16 lanes / 80 = 48 GB/s, src/graph/
+# topo.cc kvDictPciGen) divided by INTEL_P2P_OVERHEAD, 6/5, on an Intel root complex
+# [src/graph/search.cc ncclTopoFollowPath, topo.h]: 40 GB/s per NIC; a path across the
+# two sockets of an Emerald Rapids host meets the same 40 GB/s (topo.h ERP_QPI_BW).
+NCCL_PCIE_GEN5_X16_BPS = 48e9
+INTEL_P2P_OVERHEAD = 6 / 5
+HOST_STAGED_NIC_BPS = NCCL_PCIE_GEN5_X16_BPS / INTEL_P2P_OVERHEAD
+
+
+def host_staged_nic_Bps(nic_nccl_Bps: float, gpudirect_rdma: bool) -> float:
+    """The per-NIC rate NCCL's search gives a GPU's network traffic: the NIC's own, or
+    without GPUDirect RDMA at most the host path's through an Intel CPU."""
+    return nic_nccl_Bps if gpudirect_rdma else min(nic_nccl_Bps, HOST_STAGED_NIC_BPS)
+
+
 @dataclass(frozen=True)
 class NetTransport:
     """NCCL environment, tuner rules and message cost of a cluster's net transport."""
@@ -107,6 +127,11 @@ class NetTransport:
     # Latency per network step the wire takes, when it differs from what the plugin
     # reports to NCCL (network.latency_us, which NCCL's tuner chooses by); None = same.
     wire_latency_s: float | None = None
+    # network.gpudirect_rdma: false where the GPU's traffic is staged through host memory
+    # (see HOST_STAGED_NIC_BPS); NCCL's graph then reaches the NIC through the CPU
+    # (PATH_PHB), which also turns LL128 off across nodes [tuning.cc: LL128 only while
+    # graph->typeInter <= PATH_PXN on Hopper and later, <= PATH_PXB before].
+    gpudirect_rdma: bool = True
 
     def tuner_rule(self, op: str, size_bytes: float, nodes: int, ranks: int
                    ) -> TunerRule | None:

@@ -9,6 +9,13 @@ time on idle links, which stands for nccl-tests' out-of-place figure), and the e
 the predicted bus bandwidth is reported overall, by size bucket, system, collective and
 GPU generation, with the signed bias beside every MAPE.
 
+Where a row carries nccl-tests' time, the error is taken on the time: the bus bandwidth
+error is measured_time / predicted_time - 1, the same quantity, but nccl-tests prints
+busbw to two decimals (0.02 GB/s at 1 KiB is anything from 0.015 to 0.025, +-25 %) and
+its time to four significant digits. Rows with only a bus bandwidth are scored on it.
+A point whose measured time exceeds that of the next larger size of the same run (a
+bigger message cannot be cheaper) is listed as an outlier; it stays in the MAPE.
+
 Bus bandwidth is nccl-tests' (doc/PERFORMANCE.md): algbw = S / t and busbw = algbw x
 2(n-1)/n for all-reduce, x (n-1)/n for all-gather, reduce-scatter and all-to-all.
 """
@@ -43,6 +50,10 @@ BUCKETS = (("<= 1 MiB", 0, MIB), ("1-64 MiB", MIB + 1, 64 * MIB - 1),
            (">= 64 MiB", 64 * MIB, math.inf))
 MIN_SYSTEM_POINTS = 5   # a system is reported on its own from this many points
 MAX_GPUS_PER_POINT = 1 << 17
+# A size is listed as an outlier when it takes this much longer than the next larger size
+# of its run: beyond the jitter of the table's latency-bound sizes, whose times wander by
+# up to about 15 % between neighbours (for example nebius-h100-16 at 32 and 64 KiB).
+OUTLIER_RATIO = 1.25
 
 COLUMNS: dict[str, tuple[str, bool, object]] = {
     "id": (TEXT, True, None), "system": (TEXT, True, None),
@@ -77,7 +88,10 @@ class Point:
     busbw_GBps: float
     placement: str
     algorithm: str
+    time_us: float | None = None
+    run: str = ""           # the source's location: points of one nccl-tests run
     predicted_GBps: float | None = None
+    predicted_time_us: float | None = None
     predicted_algorithm: str = ""
     predicted_protocol: str = ""
 
@@ -87,9 +101,26 @@ class Point:
         return GENERATIONS[self.gpu]
 
     @property
+    def scored_on(self) -> str:
+        """'time' where the row prints nccl-tests' time (and a time was predicted), else
+        'busbw'."""
+        return "time" if self.time_us and self.predicted_time_us else "busbw"
+
+    @property
     def error(self) -> float:
-        """Signed relative error of the predicted bus bandwidth."""
+        """Signed relative error of the predicted bus bandwidth, from the times where the
+        row has one (busbw is inversely proportional to time at one size)."""
+        if self.scored_on == "time":
+            return self.time_us / self.predicted_time_us - 1.0
         return (self.predicted_GBps - self.busbw_GBps) / self.busbw_GBps
+
+    @property
+    def measured_time_us(self) -> float:
+        """nccl-tests' time, or the time its bus bandwidth implies."""
+        if self.time_us:
+            return self.time_us
+        return self.size_bytes * _bus_factor(self.collective, self.gpus) \
+            / (self.busbw_GBps * 1e3)
 
 
 def load_points(path: str | Path = DEFAULT_CSV) -> list[Point]:
@@ -107,8 +138,37 @@ def load_points(path: str | Path = DEFAULT_CSV) -> list[Point]:
                                   f"at most nodes x gpus_per_node ({nodes * per_node})")
         points.append(Point(row["id"], row["system"], row["gpu"], gpus, nodes,
                             row["collective"], int(row["size_bytes"]),
-                            float(row["busbw_GBps"]), row["placement"], row["algorithm"]))
+                            float(row["busbw_GBps"]), row["placement"], row["algorithm"],
+                            float(row["time_us"]) if row.get("time_us") else None,
+                            _run_of(row)))
     return points
+
+
+def _run_of(row: dict) -> str:
+    """The nccl-tests run a row comes from: its source and location, less the line."""
+    import re
+    return row["source"] + " " + re.sub(r",?\s*lines?\s+[\d-]+", "", row["source_location"])
+
+
+def _bus_factor(collective: str, gpus: int) -> float:
+    from simulator.network.constants import bus_factor
+    return bus_factor(collective, gpus)
+
+
+def outliers(points: list[Point]) -> list[tuple[Point, Point]]:
+    """[(point, next larger size of the same run)] where the point's measured time exceeds
+    the larger message's: a one-off slow run (nccl-tests times each size once, as a mean
+    over its iterations). Listed by the report, kept in the MAPE."""
+    runs: dict[tuple, list[Point]] = {}
+    for p in points:
+        runs.setdefault((p.system, p.run, p.collective, p.placement, p.algorithm),
+                        []).append(p)
+    found = []
+    for run in runs.values():
+        run = sorted(run, key=lambda q: q.size_bytes)
+        found.extend((a, b) for a, b in zip(run, run[1:]) if b.size_bytes > a.size_bytes
+                     and a.measured_time_us > b.measured_time_us * OUTLIER_RATIO)
+    return found
 
 
 def load_systems(path: str | Path = DEFAULT_SYSTEMS) -> dict[str, dict]:
@@ -201,6 +261,7 @@ def _inexpressible(p: Point, system: dict | None) -> str:
 def _with_prediction(p: Point, row: dict) -> Point:
     from dataclasses import replace
     return replace(p, predicted_GBps=float(row["busbw_GBps"]),
+                   predicted_time_us=float(row["time_us"]),
                    predicted_algorithm=str(row["algorithm"]),
                    predicted_protocol=str(row["protocol"]))
 
@@ -278,15 +339,25 @@ def run_collectives(csv_path: str | Path = DEFAULT_CSV,
     return {"table": str(csv_path), "points": len(points),
             "reported_figure": "nccl-tests out-of-place busbw (in-place rows scored against "
                                "the same prediction)",
+            "scored_on": "the time where a row prints it (measured / predicted time - 1, "
+                         "busbw's error without its two-decimal rounding), else busbw; "
+                         f"{sum(p.scored_on == 'time' for p in scored)} of {len(scored)} "
+                         "points on time",
             "score": score(scored),
             "not_expressible": [{"id": p.id, "system": p.system, "reason": why}
                                 for p, why in skipped],
+            "outliers": [{"id": a.id, "time_us": round(a.measured_time_us, 2),
+                          "larger_size_id": b.id,
+                          "larger_size_time_us": round(b.measured_time_us, 2)}
+                         for a, b in outliers(scored)],
             "assumptions": [{"name": n, "value": v, "rests_on": r}
                             for n, v, r in assumptions()],
             "rows": [{"id": p.id, "system": p.system, "collective": p.collective,
                       "size_bytes": p.size_bytes, "measured_GBps": p.busbw_GBps,
                       "predicted_GBps": round(p.predicted_GBps, 4),
-                      "error_pct": round(100 * p.error, 2),
+                      "measured_time_us": round(p.measured_time_us, 3),
+                      "predicted_time_us": round(p.predicted_time_us, 3),
+                      "scored_on": p.scored_on, "error_pct": round(100 * p.error, 2),
                       "algorithm": p.predicted_algorithm, "protocol": p.predicted_protocol}
                      for p in scored]}
 
@@ -303,6 +374,7 @@ def format_report(result: dict) -> str:
     out = [f"nccl-tests golden table: {result['points']} points, "
            f"{sc['overall']['points']} scored, {len(result['not_expressible'])} not "
            f"expressible; predicted figure: {result['reported_figure']}",
+           f"error: signed bus-bandwidth error, taken on {result['scored_on']}",
            f"  {'group':<34} {'points':>6} {'MAPE':>10} {'bias':>10}",
            _line("overall", sc["overall"])]
     for title, key in (("size bucket", "buckets"), ("system (5+ points)", "systems"),
@@ -311,6 +383,10 @@ def format_report(result: dict) -> str:
         out.extend(_line(name, s) for name, s in sc[key].items())
     out.append(f"not expressible yet ({len(result['not_expressible'])}, not in the MAPE):")
     out.extend(f"  {r['id']}: {r['reason']}" for r in result["not_expressible"])
+    out.append(f"outliers ({len(result['outliers'])}, kept in the MAPE): slower than the "
+               "next larger size of the same run")
+    out.extend(f"  {r['id']}: {r['time_us']} us > {r['larger_size_id']} "
+               f"{r['larger_size_time_us']} us" for r in result["outliers"])
     out.append("assumptions of the model:")
     out.extend(f"  {a['name']} = {a['value']}: {a['rests_on']}" for a in result["assumptions"])
     return "\n".join(out)

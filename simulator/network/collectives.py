@@ -154,7 +154,7 @@ class CollectiveModel:
             if rule and rule.algorithm and rule.algorithm != algo:
                 continue
             template = self.template(op, ranks, algo)
-            for proto in self._protocols(algo):
+            for proto in self._protocols(algo, shape):
                 if rule and rule.protocol and rule.protocol != proto:
                     continue
                 eff = self._efficiency(shape, op, algo, proto, size, template)
@@ -204,7 +204,7 @@ class CollectiveModel:
         # NCCL ignores a tuner's choice of an (algorithm, protocol) it cannot run.
         algos = [a for a in self.algorithms(op, shape.ranks)
                  if rule.algorithm in (None, a)
-                 and (rule.protocol is None or rule.protocol in self._protocols(a))]
+                 and (rule.protocol is None or rule.protocol in self._protocols(a, shape))]
         return rule if algos else None
 
     def _nvls_fill(self, op: str, algo: str, shape: GroupShape, size: float, channels: int,
@@ -261,8 +261,12 @@ class CollectiveModel:
             return heads * per_head * n / (2 * (n - 1))
         return heads * per_head * (n - 1) / n
 
-    def _protocols(self, algo: str) -> tuple[str, ...]:
+    def _protocols(self, algo: str, shape: GroupShape | None = None) -> tuple[str, ...]:
         protos = _PROTOCOLS.get(algo, _ALL_PROTOCOLS)
+        transport = self.topology.transport
+        if shape is not None and shape.num_domains > 1 and not transport.gpudirect_rdma:
+            # host-staged NIC path (PATH_PHB): NCCL turns LL128 off [tuning.cc typeInter]
+            protos = tuple(p for p in protos if p != "LL128") or protos
         forced = self.options.protocol
         if forced in protos:
             return (forced,)

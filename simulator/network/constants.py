@@ -178,12 +178,16 @@ def bus_factor(op: str, n: int) -> float:
 # Azure_Results/ND_GB200_v6_results.md]); it binds only when N x 3.85 us exceeds the
 # device time, i.e. for small messages driven by one process per node.
 HOST_ENQUEUE_S = 3.85 * US
-# Data movements of one chunk through NCCL's NVLS kernels [src/device/all_reduce.h
-# RunWorkColl NVLS: scatter into the NVLS buffer, reduce through the switch
-# (multimem.ld_reduce), multicast store, gather out of the buffer; all_gather.h and
-# reduce_scatter.h NVLS: three]. A pipeline of k stages fills in k - 1 waves of
-# channels x heads x chunk bytes.
-NVLS_STAGES = {"all_reduce": 4, "all_gather": 3, "reduce_scatter": 3}
+# Pipeline stages of one chunk through NCCL's NVLS kernels: the warp groups that hand a
+# chunk on to each other, each one data movement [NVIDIA/nccl src/device/all_reduce.h
+# RunWorkColl NVLS, one node: scatter into the NVLS buffer; reduce and broadcast in one
+# primitive (multimem.ld_reduce then multimem.st, "Reduce, broadcast through NVLS");
+# gather out of the buffer. all_gather.h NVLS: broadcast through NVLS, gather.
+# reduce_scatter.h NVLS: scatter, reduce through NVLS]. NVLS_Tree (all_reduce.h
+# NVLS_TREE) adds per tree level one stage up (reduce fused with the send to the parent)
+# and one down (receive fused with the broadcast). A pipeline of k stages fills in k - 1
+# waves of channels x heads x chunk bytes.
+NVLS_STAGES = {"all_reduce": 3, "all_gather": 2, "reduce_scatter": 2}
 
 # NVLS_Tree across GB200 NVL72 racks: the rate at which one NVLS head's share crosses
 # the scale-out network, where a domain has more GPUs than NVLS heads (32 of 72).
@@ -212,8 +216,10 @@ ASSUMPTIONS = (
     ("HOST_ENQUEUE_S", "3.85 us per GPU a process drives",
      "ESTIMATED on azure-nd-gb200-v6-4 (1 KiB, -g 4, Ring: 15.4 us / 4); in-sample there, "
      "scored on the other -g N systems"),
-    ("NVLS_STAGES", "AR 4, AG/RS 3 chunk movements",
-     "NCCL NVLS kernels' warp groups (scatter, reduce, multicast, gather) [all_reduce.h]"),
+    ("NVLS_STAGES", "AR 3, AG/RS 2 pipeline stages",
+     "NCCL NVLS kernels' warp groups: scatter, reduce+multicast (one primitive), gather; "
+     "AG multicast, gather; RS scatter, reduce [all_reduce.h, all_gather.h, "
+     "reduce_scatter.h]; each stage assumed to take one wave at the streaming rate"),
     ("ONE_NODE_SEARCH_CHANNELS", "16 (32 coll channels)", "NCCL INIT log of 8 x H100; "
      "the channels NCCL's per-channel caps multiply in one node (links bind first there)"),
     ("NVLS_Tree fill", "+2 waves per tree level", "a chunk crosses one network hop per "
@@ -253,4 +259,10 @@ ASSUMPTIONS = (
      "p5's per-step latency; scored on aws-p5-h100-16 and its EKS run"),
     ("CollNet (SHARP)", "switch reduces at NIC rate", "off unless network.collnet; "
      "NCCL's CollNet latencies and x0.85 Direct factor [tuning.cc]"),
+    ("gcp-a3ultra-2x1 gpudirect_rdma", "false (host-staged, 40 GB/s, no LL128)",
+     "INFERRED: google/dranet's pods take any one GPU and the NIC gpu1rdma0 under gIB's "
+     "NCCL_NET_GDR_LEVEL=PIX, and their GPUs sit at different PCI addresses, so at least "
+     "one is not on its NIC's switch (its README also notes GKE lacked nvidia-peermem); "
+     "NCCL then routes through the CPU: 48 GB/s PCIe / INTEL_P2P_OVERHEAD 1.2 [search.cc], "
+     "typeInter PHB, LL128 off [tuning.cc]; NCCL's LL latency has no host-staging term"),
 )

@@ -6,7 +6,7 @@ host floor of nccl-tests' loop.
     (NVLink inside a domain, network across), by algorithm, protocol, GPU count and node
     count.
   * `nvls_fill_s`: NVLS and NVLS_Tree move the message in waves of channels x heads x
-    chunk bytes [enqueue.cc calcCollChunking]; a chunk passes NVLS_STAGES data movements
+    chunk bytes [enqueue.cc calcCollChunking]; a chunk passes NVLS_STAGES kernel stages
     in one domain and, with NVLS_Tree, one network hop per tree level up and down, so the
     pipeline fills in (stages - 1 + 2 x depth) waves before it streams.
   * `host_floor_s`: an nccl-tests iteration takes at least the host's enqueue of the
