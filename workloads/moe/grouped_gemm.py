@@ -56,3 +56,27 @@ def grouped_gemm_efficiency(rows_per_expert: float) -> float:
             w = math.log(rows_per_expert / lo) / math.log(hi / lo)
             return e_lo + w * (e_hi - e_lo)
     return 1.0   # pragma: no cover (the loop always returns)
+
+
+# How a framework launches a grouped GEMM. Megatron-Core runs the experts as Transformer
+# Engine's GroupedLinear (TEGroupedMLP: moe_grouped_gemm with transformer_impl
+# "transformer_engine", as the Megatron-Bridge recipes set). Its default path is not one
+# grouped kernel: general_grouped_gemm calls nvte_multi_tensor_gemm, which on every GPU
+# (CUTLASS only on Hopper behind NVTE_USE_CUTLASS_GROUPED_GEMM) loops over the experts and
+# issues one cuBLAS GEMM each, round-robin on TE's 4 compute streams
+# (NVIDIA/TransformerEngine commit d0067d0d, transformer_engine/common/gemm/
+# cublaslt_gemm.cu multi_stream_cublas_gemm; common/util/multi_stream.cpp
+# num_compute_streams = 4). The single grouped-tensor kernel is opt-in
+# (GroupedLinear use_grouped_tensor, default False; Megatron-LM commit d98e8a64
+# transformer_config.py moe_use_grouped_tensor = False). So each local expert's GEMM is
+# a kernel launch of its own: the host issues it and the device pays its launch. Other
+# frameworks (torchtitan: torch._grouped_mm; "generic") launch one kernel per grouped GEMM.
+PER_EXPERT_LAUNCH_FRAMEWORKS = ("megatron-core",)
+
+
+def grouped_gemm_launches(framework: str, local_experts: int) -> int:
+    """Kernel launches of one grouped GEMM over `local_experts` experts under `framework`:
+    one per expert with Transformer Engine's default GroupedLinear, else one."""
+    if framework in PER_EXPERT_LAUNCH_FRAMEWORKS:
+        return max(1, local_experts)
+    return 1
