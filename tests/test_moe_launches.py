@@ -80,3 +80,14 @@ def test_alltoall_dispatcher_counts_tokens_before_the_all_to_all():
     local = {t.label: t for t in _tasks(ep=1)}
     assert local["permute.fwd"].kernels == COUNT_LAUNCHES_LOCAL + PERMUTE_LAUNCHES
     assert "moe.dispatch_counts" not in local
+
+
+def test_deepep_dispatch_waits_for_the_routing():
+    plan = resolve(plan_from_dict(small_plan(model=MOE, mesh={"ep": 4},
+                                             moe={"dispatcher": "deepep"})), 8)
+    tasks = [t for t in lower(plan).stages[0] if t.layer == 1 and t.microbatch == 0]
+    topk = next(t for t in tasks if t.label == "router_topk.fwd")
+    dispatch = next(t for t in tasks if t.label == "moe.dispatch" and t.phase == "forward")
+    assert topk.id in dispatch.deps
+    # the routing still gets its gradient (through the combine's probabilities)
+    assert any(t.label == "router_topk.bwd" for t in tasks)

@@ -233,6 +233,7 @@ def _deepep_dispatch(g, geo: Geometry, x, gate):
         fused = _both_ways("all_to_all", geo.group, deepep_bytes(geo), "all_to_all", grad)
         rows = g.explicit_comm("dispatch", x, fused, layout=geo.expert_layout,
                                rows_scale=geo.rows)
+        rows.inputs.append(gate)   # the fused dispatch sends each token where it is routed
     # received tokens expanded to one row per local expert they chose, in expert order
     rows = g.elementwise("permute", [rows], rows_scale=geo.rows, rw=(1.0, 1.0),
                          passthrough=True)
