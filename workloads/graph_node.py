@@ -28,5 +28,6 @@ class Node:
     efficiency: float = 1.0        # linear only: relative GEMM efficiency (grouped GEMMs)
     launches: int = 1              # kernel launches: per GEMM (grouped: per expert), or an
                                    # elementwise op's forward kernels (MoE permute + metadata)
+    launch_streams: int = 1        # linear only: streams its launches alternate over
     comm: ExplicitComm | None = None   # kind "comm" only
     passthrough: bool = False      # elementwise: a row permutation, gradients in any layout

@@ -69,9 +69,17 @@ def grouped_gemm_efficiency(rows_per_expert: float) -> float:
 # num_compute_streams = 4). The single grouped-tensor kernel is opt-in
 # (GroupedLinear use_grouped_tensor, default False; Megatron-LM commit d98e8a64
 # transformer_config.py moe_use_grouped_tensor = False). So each local expert's GEMM is
-# a kernel launch of its own: the host issues it and the device pays its launch. Other
+# a kernel launch of its own: the host issues each one, and the device pays one launch gap
+# per round of 4 (the streams overlap theirs; the GEMMs themselves share the SMs, so their
+# time stays the grouped GEMM's FLOPs at its efficiency). Other
 # frameworks (torchtitan: torch._grouped_mm; "generic") launch one kernel per grouped GEMM.
 PER_EXPERT_LAUNCH_FRAMEWORKS = ("megatron-core",)
+TE_COMPUTE_STREAMS = 4   # the streams those GEMMs alternate over: their launch gaps overlap
+
+
+def grouped_gemm_streams(framework: str) -> int:
+    """Streams a grouped GEMM's launches are spread over under `framework`."""
+    return TE_COMPUTE_STREAMS if framework in PER_EXPERT_LAUNCH_FRAMEWORKS else 1
 
 
 def grouped_gemm_launches(framework: str, local_experts: int) -> int:

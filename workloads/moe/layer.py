@@ -40,7 +40,7 @@ from typing import TYPE_CHECKING
 
 from ..layouts import P, S
 from .dispatch import Geometry, combine, dispatch
-from .grouped_gemm import grouped_gemm_efficiency, grouped_gemm_launches
+from .grouped_gemm import grouped_gemm_efficiency, grouped_gemm_launches, grouped_gemm_streams
 from .imbalance import routed_tokens, rows_per_token, rows_sent
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -106,7 +106,8 @@ def _experts(g: "LayerGraph", plan, layer: int, geo: Geometry, rows: "Node") -> 
     # rows per local expert on the hottest rank (with ETP: gathered from the ETP group)
     per_expert = geo.tokens * geo.rows * geo.etp / geo.local_experts
     grouped = dict(experts=geo.local_experts, efficiency=grouped_gemm_efficiency(per_expert),
-                   launches=grouped_gemm_launches(plan.framework, geo.local_experts))
+                   launches=grouped_gemm_launches(plan.framework, geo.local_experts),
+                   launch_streams=grouped_gemm_streams(plan.framework))
     a = g.linear("w1", rows, s1, m.moe_ffn_size, **grouped)
     if m.mlp == "swiglu":
         # Megatron-Core's linear_fc1 is w1 and w3 in one GroupedLinear (TEGroupedMLP, gated
