@@ -71,7 +71,11 @@ def grouped_gemm_efficiency(rows_per_expert: float) -> float:
 # transformer_config.py moe_use_grouped_tensor = False). So each local expert's GEMM is
 # a kernel launch of its own: the host issues each one, and the device pays one launch gap
 # per round of 4 (the streams overlap theirs; the GEMMs themselves share the SMs, so their
-# time stays the grouped GEMM's FLOPs at its efficiency). Other
+# time stays the grouped GEMM's FLOPs at its efficiency). The host's work grows with the
+# experts too: a TE maintainer traces GroupedLinear's time beyond its GEMMs to per-expert
+# PyTorch calls (torch.split, and torch.empty twice per GEMM in the fused cast;
+# github.com/NVIDIA/TransformerEngine/issues/1499, 2025-02-24); each expert is one launch of
+# the framework's per-kernel host cost (workloads/frameworks.py). Other
 # frameworks (torchtitan: torch._grouped_mm; "generic") launch one kernel per grouped GEMM.
 PER_EXPERT_LAUNCH_FRAMEWORKS = ("megatron-core",)
 TE_COMPUTE_STREAMS = 4   # the streams those GEMMs alternate over: their launch gaps overlap
