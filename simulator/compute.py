@@ -53,4 +53,6 @@ def device_time_s(task: Task, device: DeviceSpec, dtype: str) -> float:
         # the kernel's speed at its call's length and mask (workloads/attention.py).
         peak = min(device.peak(dtype), device.peak("bf16"))
         flops_s = task.flops / (peak * prof.attention_efficiency * task.efficiency)
-    return max(flops_s, memory_s) + prof.launch_overhead_s * task.kernels
+    # kernels spread over several streams (task.launch_streams) overlap their launch gaps
+    launches = math.ceil(task.kernels / max(1, task.launch_streams))
+    return max(flops_s, memory_s) + prof.launch_overhead_s * launches

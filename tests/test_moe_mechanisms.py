@@ -53,6 +53,8 @@ def test_alltoall_events_without_tp():
     rows = T * K                                  # balanced: each rank gets T x top_k rows
     tokens, probs = rows * D * 2, rows * 2
     assert _comm(tasks) == {
+        # every EP rank's int64 count per expert, gathered for the all-to-all's splits
+        ("forward", "moe.dispatch_counts", "all_gather", ("ep",), 4 * E * 8): 1,
         ("forward", "moe.dispatch", "all_to_all", ("ep",), tokens): 1,
         ("forward", "moe.dispatch_probs", "all_to_all", ("ep",), probs): 1,
         ("forward", "moe.combine", "all_to_all", ("ep",), tokens): 1,

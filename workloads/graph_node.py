@@ -26,5 +26,8 @@ class Node:
     experts: int = 0               # linear only: a grouped GEMM over this many local experts
     bf16: bool = False             # linear only: stays a bf16 GEMM under FP8/FP4 training
     efficiency: float = 1.0        # linear only: relative GEMM efficiency (grouped GEMMs)
+    launches: int = 1              # kernel launches: per GEMM (grouped: per expert), or an
+                                   # elementwise op's forward kernels (MoE permute + metadata)
+    launch_streams: int = 1        # linear only: streams its launches alternate over
     comm: ExplicitComm | None = None   # kind "comm" only
     passthrough: bool = False      # elementwise: a row permutation, gradients in any layout

@@ -78,24 +78,27 @@ class LayerGraph:
 
     def elementwise(self, name: str, inputs: list[Node], layout: str | None = None,
                     features: int | None = None, rw: tuple[float, float] = (1.0, 1.0),
-                    rows_scale: float | None = None, passthrough: bool = False) -> Node:
+                    rows_scale: float | None = None, passthrough: bool = False,
+                    launches: int = 1) -> Node:
         """A memory-bound op; all inputs are first brought to one layout. By default it
         works on as many token rows as its inputs (MoE: the dispatched expert rows).
         `passthrough`: it only moves rows (MoE permutes), so its gradient may stay a
-        partial sum."""
+        partial sum. `launches`: its forward's kernels (MoE: workloads/moe/dispatch.py)."""
         layout = layout or inputs[0].layout
         inputs = [self.to_layout(x, layout) for x in inputs]
         rows = max((x.rows_scale for x in inputs), default=1.0) if rows_scale is None \
             else rows_scale
         return self._node(kind="elementwise", name=name, layout=layout,
                           features=features or inputs[0].features, inputs=inputs, rw=rw,
-                          rows_scale=rows, passthrough=passthrough)
+                          rows_scale=rows, passthrough=passthrough, launches=launches)
 
     def linear(self, name: str, x: Node, strategy: str, out_features: int,
-               experts: int = 0, bf16: bool = False, efficiency: float = 1.0) -> Node:
+               experts: int = 0, bf16: bool = False, efficiency: float = 1.0,
+               launches: int = 1, launch_streams: int = 1) -> Node:
         """A projection under a strategy (col | row | seq | replicate); `experts` > 0 makes
         it a grouped GEMM over that many local experts on the input's (dispatched) rows,
-        at `efficiency` relative to one large GEMM (workloads/moe/grouped_gemm.py)."""
+        at `efficiency` relative to one large GEMM, in `launches` kernel launches per GEMM
+        over `launch_streams` streams (workloads/moe/grouped_gemm.py)."""
         needs, produces, _ = STRATEGY_LAYOUTS[strategy]
         x = self.to_layout(x, needs)
         node_id = len(self.nodes)
@@ -106,7 +109,8 @@ class LayerGraph:
         return self._node(kind="linear", name=name, layout=produces if self.shape.tp > 1 else "R",
                           features=out_features, inputs=[x], strategy=strategy,
                           in_features=x.features, rows_scale=x.rows_scale, experts=experts,
-                          bf16=bf16, efficiency=efficiency)
+                          bf16=bf16, efficiency=efficiency, launches=launches,
+                          launch_streams=launch_streams)
 
     def explicit_comm(self, name: str, x: Node, comm: ExplicitComm, layout: str | None = None,
                       rows_scale: float | None = None, features: int | None = None) -> Node:
@@ -153,7 +157,8 @@ class LayerGraph:
         sh = self.shape
         local = sh.rows(node.layout) * sh.cols(node.layout, node.features) * sh.act_bytes
         backward = "backward" if phase == "backward" else "forward"
-        fused = fused_cost(node.name, node.rw[0] + node.rw[1], backward)
+        passes, kernels = fused_cost(node.name, node.rw[0] + node.rw[1], backward)
+        fused = (passes, node.launches if backward == "forward" and kernels else kernels)
         return memory_task(sink, ctx, self.options, sh.act_bytes, node.name, phase, deps,
                            local * node.rows_scale, fused,
                            f"{node.name}.{'bwd' if backward == 'backward' else 'fwd'}")
@@ -197,7 +202,8 @@ class LayerGraph:
             return sink.add(kind=COMPUTE, stream="compute", op=node.name, phase=phase,
                             deps=deps, flops=flops, bytes=nbytes, op_class=GEMM, gemm_mnk=mnk,
                             gemm_dtype=self._gemm_dtype(node), label=f"{node.name}.fwd",
-                            efficiency=node.efficiency, **ctx)
+                            efficiency=node.efficiency, kernels=node.launches,
+                            launch_streams=node.launch_streams, **ctx)
         if node.kind == "comm":
             return node.comm.emit(sink, ctx, node.name, deps, phase, backward=False)
         if node.kind == "attention":
@@ -359,7 +365,8 @@ class LayerGraph:
             flops, nbytes, (m, n, k) = self.linear_cost(node)
             common = dict(kind=COMPUTE, stream="compute", phase="backward", flops=flops,
                           bytes=nbytes, op_class=GEMM, gemm_dtype=self._gemm_dtype(node),
-                          efficiency=node.efficiency, **ctx)
+                          efficiency=node.efficiency, kernels=node.launches,
+                          launch_streams=node.launch_streams, **ctx)
             ready, = self._fp8_cast(sink, ctx, node, flops / (2 * k), (ready,), "backward",
                                     f"grad.{node.name}")
             if ready in self._chunks:    # the gathered output gradient, chunk by chunk

@@ -44,6 +44,8 @@ class Task:
     tag: tuple = ()                 # send_recv: matching key shared by sender and receiver
     label: str = ""                 # what it is for, e.g. "wq.input", "grad.w2"
     kernels: int = 1                # kernel launches it stands for (eager: several)
+    launch_streams: int = 1         # streams its kernels are spread over: their launch
+                                    # gaps overlap (Transformer Engine's grouped GEMM: 4)
     gemm_dtype: str = ""            # a GEMM's dtype when not the plan's (fp8 plans' bf16 head)
     efficiency: float = 1.0         # a GEMM's efficiency relative to one large GEMM (grouped
                                     # GEMMs with few rows per expert: workloads/moe); an

@@ -58,6 +58,29 @@ def deepep_blocks(ranks) -> list[tuple[int, ...]]:
     return [tuple(block) for block in blocks.values()]
 MAP_BYTES = 1   # the routing map is a bool per token and expert
 
+# Kernel launches of the alltoall dispatcher's forward, as Megatron-LM runs it with
+# moe_permute_fusion (which the Megatron-Bridge MoE recipes set) (NVIDIA/Megatron-LM
+# d98e8a64 token_dispatcher.py MoEAlltoAllTokenDispatcher.preprocess and
+# _maybe_dtoh_and_synchronize; Transformer Engine d0067d0d transformer_engine/pytorch/
+# triton/permutation.py):
+# - token counting with EP > 1: routing_map.sum(0) and .long() (2), the input splits'
+#   sum (1), the local experts' slice .contiguous() (1), the sums for the output splits,
+#   the TP splits and the local experts' counts (3), and the device-to-host copies of
+#   tokens_per_expert, input_splits, output_splits and output_splits_tp (4): 11; the
+#   counts' all-gather over the EP group is its own collective (COUNT_BYTES per expert).
+#   Without EP: the sum, .long() and one copy (3).
+# - the fused permute: make_row_id_map's three Triton passes and the permute kernel (4);
+#   sort_chunks_by_map: make_chunk_sort_map and the sort (2).
+# The host then waits for those copies before the all-to-all (cuda_sync_point
+# "before_ep_alltoall"), so the GPU's queue is empty when the host resumes: the kernels
+# after it are issued one by one, which the engine's per-task host time prices; the wait's
+# own wake-up latency is not priced.
+COUNT_LAUNCHES_EP = 11
+COUNT_LAUNCHES_LOCAL = 3
+PERMUTE_LAUNCHES = 4
+SORT_CHUNKS_LAUNCHES = 2
+COUNT_BYTES = 8   # tokens per expert as int64 (routing_map.sum(dim=0).long())
+
 
 @dataclass(frozen=True)
 class Geometry:
@@ -117,13 +140,20 @@ def _both_ways(op: str, group: tuple[str, ...], nbytes: float, bwd_op: str | Non
 # ---- alltoall ---------------------------------------------------------------------------
 def _alltoall_dispatch(g, geo: Geometry, x, gate):
     t, r, d, b = geo.tokens, geo.rows, geo.hidden, geo.act_bytes
-    # permute: read each token once, write its `sent` routed copies
+    counting = COUNT_LAUNCHES_EP if geo.ep > 1 else COUNT_LAUNCHES_LOCAL
+    # permute: read each token once, write its `sent` routed copies (with the token
+    # counting's launches before it)
     rows = g.elementwise("permute", [x], rows_scale=geo.sent, rw=(1.0 / geo.sent, 1.0),
-                         passthrough=True)
+                         passthrough=True, launches=counting + PERMUTE_LAUNCHES)
     probs = gate
     if geo.ep > 1:
+        # every EP rank's tokens per expert, gathered (gather_from_sequence_parallel_region
+        # over the tp_ep group); the all-to-all's splits wait for it on the host
+        counts = g.explicit_comm("dispatch_counts", gate, _both_ways(
+            "all_gather", ("ep",), geo.ep * geo.num_experts * COUNT_BYTES, None), features=1)
         a2a = _both_ways("all_to_all", ("ep",), t * r * d * b, "all_to_all")
         rows = g.explicit_comm("dispatch", rows, a2a, rows_scale=r)
+        rows.inputs.append(counts)
         pa2a = _both_ways("all_to_all", ("ep",), t * r * b, "all_to_all")
         probs = g.explicit_comm("dispatch_probs", gate, pa2a, rows_scale=r, features=1)
     if geo.etp > 1:
@@ -137,14 +167,16 @@ def _alltoall_dispatch(g, geo: Geometry, x, gate):
     if geo.local_experts > 1:
         # rows arrive grouped by source rank; regrouped by local expert (Megatron-LM
         # sort_chunks_by_idxs runs whenever a rank holds several experts)
-        rows = g.elementwise("sort_chunks", [rows], rw=(1.0, 1.0), passthrough=True)
+        rows = g.elementwise("sort_chunks", [rows], rw=(1.0, 1.0), passthrough=True,
+                             launches=SORT_CHUNKS_LAUNCHES)
     return rows, probs
 
 
 def _alltoall_combine(g, geo: Geometry, y, probs, out_layout):
     t, r, d, b = geo.tokens, geo.rows, geo.hidden, geo.act_bytes
     if geo.local_experts > 1:
-        y = g.elementwise("unsort_chunks", [y], rw=(1.0, 1.0), passthrough=True)
+        y = g.elementwise("unsort_chunks", [y], rw=(1.0, 1.0), passthrough=True,
+                          launches=SORT_CHUNKS_LAUNCHES)
     if geo.etp > 1:
         scatter = _both_ways("reduce_scatter", ("tp",), geo.tp * t * r * d * b, "all_gather",
                              R, stream="tp")
@@ -201,6 +233,7 @@ def _deepep_dispatch(g, geo: Geometry, x, gate):
         fused = _both_ways("all_to_all", geo.group, deepep_bytes(geo), "all_to_all", grad)
         rows = g.explicit_comm("dispatch", x, fused, layout=geo.expert_layout,
                                rows_scale=geo.rows)
+        rows.inputs.append(gate)   # the fused dispatch sends each token where it is routed
     # received tokens expanded to one row per local expert they chose, in expert order
     rows = g.elementwise("permute", [rows], rows_scale=geo.rows, rw=(1.0, 1.0),
                          passthrough=True)

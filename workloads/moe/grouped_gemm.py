@@ -56,3 +56,39 @@ def grouped_gemm_efficiency(rows_per_expert: float) -> float:
             w = math.log(rows_per_expert / lo) / math.log(hi / lo)
             return e_lo + w * (e_hi - e_lo)
     return 1.0   # pragma: no cover (the loop always returns)
+
+
+# How a framework launches a grouped GEMM. Megatron-Core runs the experts as Transformer
+# Engine's GroupedLinear (TEGroupedMLP: moe_grouped_gemm with transformer_impl
+# "transformer_engine", as the Megatron-Bridge recipes set). Its default path is not one
+# grouped kernel: general_grouped_gemm calls nvte_multi_tensor_gemm, which on every GPU
+# (CUTLASS only on Hopper behind NVTE_USE_CUTLASS_GROUPED_GEMM) loops over the experts and
+# issues one cuBLAS GEMM each, round-robin on TE's 4 compute streams
+# (NVIDIA/TransformerEngine commit d0067d0d, transformer_engine/common/gemm/
+# cublaslt_gemm.cu multi_stream_cublas_gemm; common/util/multi_stream.cpp
+# num_compute_streams = 4). The single grouped-tensor kernel is opt-in
+# (GroupedLinear use_grouped_tensor, default False; Megatron-LM commit d98e8a64
+# transformer_config.py moe_use_grouped_tensor = False). So each local expert's GEMM is
+# a kernel launch of its own: the host issues each one, and the device pays one launch gap
+# per round of 4 (the streams overlap theirs; the GEMMs themselves share the SMs, so their
+# time stays the grouped GEMM's FLOPs at its efficiency). The host's work grows with the
+# experts too: a TE maintainer traces GroupedLinear's time beyond its GEMMs to per-expert
+# PyTorch calls (torch.split, and torch.empty twice per GEMM in the fused cast;
+# github.com/NVIDIA/TransformerEngine/issues/1499, 2025-02-24); each expert is one launch of
+# the framework's per-kernel host cost (workloads/frameworks.py). Other
+# frameworks (torchtitan: torch._grouped_mm; "generic") launch one kernel per grouped GEMM.
+PER_EXPERT_LAUNCH_FRAMEWORKS = ("megatron-core",)
+TE_COMPUTE_STREAMS = 4   # the streams those GEMMs alternate over: their launch gaps overlap
+
+
+def grouped_gemm_streams(framework: str) -> int:
+    """Streams a grouped GEMM's launches are spread over under `framework`."""
+    return TE_COMPUTE_STREAMS if framework in PER_EXPERT_LAUNCH_FRAMEWORKS else 1
+
+
+def grouped_gemm_launches(framework: str, local_experts: int) -> int:
+    """Kernel launches of one grouped GEMM over `local_experts` experts under `framework`:
+    one per expert with Transformer Engine's default GroupedLinear, else one."""
+    if framework in PER_EXPERT_LAUNCH_FRAMEWORKS:
+        return max(1, local_experts)
+    return 1

@@ -14,7 +14,8 @@ d98e8a64, megatron/core/transformer/moe/moe_layer.py, router.py, token_dispatche
 3. experts: E / ep local experts as grouped GEMMs on the hottest EP rank's rows
    (workloads/moe/imbalance.py), split over expert TP like the dense MLP when etp = tp, or
    whole on each rank when etp = 1; each at the grouped-GEMM efficiency of its rows per
-   expert (workloads/moe/grouped_gemm.py);
+   expert, in the framework's kernel launches (Transformer Engine: one GEMM per expert;
+   workloads/moe/grouped_gemm.py);
 4. shared experts (DeepSeek-V3) run as a dense MLP on every token and are added after the
    combine (Megatron-LM shared_experts.py: their own TP reduction).
 
@@ -39,7 +40,7 @@ from typing import TYPE_CHECKING
 
 from ..layouts import P, S
 from .dispatch import Geometry, combine, dispatch
-from .grouped_gemm import grouped_gemm_efficiency
+from .grouped_gemm import grouped_gemm_efficiency, grouped_gemm_launches, grouped_gemm_streams
 from .imbalance import routed_tokens, rows_per_token, rows_sent
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -104,10 +105,15 @@ def _experts(g: "LayerGraph", plan, layer: int, geo: Geometry, rows: "Node") -> 
     s1, s3, s2 = expert_strategies(plan, layer, rows.layout)
     # rows per local expert on the hottest rank (with ETP: gathered from the ETP group)
     per_expert = geo.tokens * geo.rows * geo.etp / geo.local_experts
-    grouped = dict(experts=geo.local_experts, efficiency=grouped_gemm_efficiency(per_expert))
+    grouped = dict(experts=geo.local_experts, efficiency=grouped_gemm_efficiency(per_expert),
+                   launches=grouped_gemm_launches(plan.framework, geo.local_experts),
+                   launch_streams=grouped_gemm_streams(plan.framework))
     a = g.linear("w1", rows, s1, m.moe_ffn_size, **grouped)
     if m.mlp == "swiglu":
-        b = g.linear("w3", rows, s3, m.moe_ffn_size, **grouped)
+        # Megatron-Core's linear_fc1 is w1 and w3 in one GroupedLinear (TEGroupedMLP, gated
+        # linear unit): its per-expert launches are w1's; w3 stands for the other half
+        fused = dict(grouped, launches=1)
+        b = g.linear("w3", rows, s3, m.moe_ffn_size, **fused)
         act = g.elementwise("swiglu", [a, b], layout=_nonpartial(a.layout), rw=(2.0, 1.0))
     else:
         act = g.elementwise("gelu", [a], layout=_nonpartial(a.layout))
