@@ -42,7 +42,7 @@ def test_megatron_lm_profile_defaults_and_overrides():
     assert plan.attention == "fused_softmax"
     assert (plan.zero_stage, plan.grad_reduce_overlap, plan.param_gather_overlap) == (0, False,
                                                                                        False)
-    assert plan.optimizer == "fused" and plan.kernels == "fused"
+    assert plan.optimizer == "megatron_float16" and plan.kernels == "fused"
     assert plan_from_dict(small_plan(framework="megatron-lm", attention="flash")).attention == \
         "flash"
     assert plan_from_dict(small_plan()).attention == "flash"          # generic: unchanged
@@ -81,3 +81,19 @@ def test_megatron_2020_and_narayanan_rows_run_megatron_lm():
         assert (plan.framework, plan.attention, plan.zero_stage) == ("megatron-lm",
                                                                      "fused_softmax", 0)
         assert plan.grad_reduce_overlap is False
+
+
+def test_megatron_float16_optimizer_step_bytes():
+    from workloads.kernels import adam_step_cost
+
+    # grad copy 6, unscale 8, norm 4, FusedAdam 28, copy back 6 B per parameter; one
+    # launch per parameter tensor (the fp32 copy of its gradient)
+    assert adam_step_cost("megatron_float16", 1e9, 300) == (52e9, 300)
+    assert adam_step_cost("fused", 1e9, 300) == (30e9, 1)
+    small = small_plan(training={"global_batch": 16})
+    steps = []
+    for optimizer in ("fused", "megatron_float16"):
+        program = lower(resolve(plan_from_dict({**small, "framework": "megatron-lm",
+                                                "optimizer": optimizer}), 8))
+        steps += [t for t in program.stages[0] if t.label == "optimizer.step"]
+    assert steps[1].bytes == steps[0].bytes * 52 / 30

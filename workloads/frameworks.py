@@ -106,8 +106,12 @@ MEGATRON_LM: Mapping[str, Any] = MappingProxyType({
     # (megatron/model/fused_bias_gelu.py) and bias-dropout-add (transformer.py).
     "kernels": "fused",
     # Apex FusedAdam (megatron/training.py @c63906a, megatron/optimizer/__init__.py
-    # @a8d172b: `from apex.optimizers import FusedAdam as Adam`).
-    "optimizer": "fused",
+    # @a8d172b: `from apex.optimizers import FusedAdam as Adam`) inside the mixed-precision
+    # wrapper that keeps fp32 main parameters and gradients (workloads/kernels.py
+    # ADAM_STEP "megatron_float16", from the April 2021 code; the September 2020
+    # FP16_Optimizer also checked each gradient tensor for overflow with a host sync,
+    # megatron/fp16/loss_scaler.py, which is not counted).
+    "optimizer": "megatron_float16",
     # No distributed optimizer (it came with Megatron-Core): every DP rank holds the Adam
     # states; the local DDP all-reduces the gradients after the whole backward
     # (megatron/model/distributed.py allreduce_params @c63906a, called by train_step;
