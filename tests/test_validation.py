@@ -257,7 +257,7 @@ def test_sharded_layouts_train_the_same_model(tmp_path):
 # A regression guard on `validation references` over one row of each source family and
 # hardware (the whole table takes ~15 minutes here; validation/README.md has its numbers).
 # Each bound is the row's error when this guard was written, rounded up by 5 points.
-GUARD_ROWS = {"megatron2020-gpt2-1.2b-1": (-28.0, -17.0),   # -22.5 %
+GUARD_ROWS = {"megatron2020-gpt2-1.2b-1": (-17.0, -7.0),    # -12.1 % (megatron-lm profile)
               "dgxc-llama3-8b-bf16-8": (-11.0, 0.0),        # -5.5 %
               "titan-8b-fsdp8": (-12.0, -1.0),              # -6.7 % (500 W clocks)
               "mb-llama3-8b-b200-fp8-8": (-17.0, -6.0),     # -11.8 %

@@ -52,7 +52,7 @@ COLUMNS: dict[str, tuple[str, bool, object]] = {
     "notes": (TEXT, False, None),
     # the published-runs table's provenance and framework settings (reference_rows.py)
     "source_family": (TEXT, False, None), "flops_formula": (TEXT, False, FLOPS_FORMULAS),
-    "framework": (TEXT, False, ("generic", "megatron-core", "torchtitan")),
+    "framework": (TEXT, False, ("generic", "megatron-core", "megatron-lm", "torchtitan")),
     "fsdp_version": (INT, False, (1, 2)), "overlap": (TEXT, False, None),
     "cuda_graphs": (BOOL, False, None), "measured_mem_gib": (NUMBER, False, (0.0, math.inf)),
     "mem_quantity": (TEXT, False, None), "settings": (TEXT, False, None),

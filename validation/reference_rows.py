@@ -38,6 +38,7 @@ REQUIRED = ("source", "hardware", "gpus", "model", "tp", "pp", "dp", "cp", "glob
 # The overlap flags a row of each framework states (the `overlap` column lists those on; the
 # others of the framework are off); flags a framework does not have keep the profile's value.
 STATED_OVERLAP = {"megatron-core": ("grad_reduce", "param_gather", "tp_comm"),
+                  "megatron-lm": ("grad_reduce",),
                   "torchtitan": ("async_tp",)}
 
 

@@ -11,7 +11,7 @@ logsumexp, negligible); its backward reads q, k, v, o and dO and writes dq, dk a
 about twice the forward's traffic (FlashAttention-2, Algorithm 2). Attention that is not
 flash ("eager": PyTorch's math path, ATen's _scaled_dot_product_attention_math) also
 materialises the s_q x s_k scores of every head and passes over them between its kernels
-(EAGER_SCORE_PASSES).
+(workloads/attention_impls.py, which also has Megatron-LM's fused-softmax path).
 
 Head dims: q and k share head_dim, v has v_head_dim (multi-head latent attention,
 DeepSeek-V3 arXiv:2412.19437 section 2.1.1: 128 + 64 for q and k, 128 for v), so QK^T
@@ -64,6 +64,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
+from .attention_impls import FULL_SQUARE_GEMMS, score_passes
 from .layer_builder import BuildOptions, TaskSink
 from .program import ATTENTION, COMPUTE
 
@@ -74,13 +75,8 @@ EAGER_BACKWARD_FLOPS_FACTOR = 2.0
 # Backward HBM bytes of q, k, v, o and their gradients over the forward's (Algorithm 2:
 # reads q, k, v, o, dO, writes dq, dk, dv).
 BACKWARD_IO_BYTES_FACTOR = 2.0
-# Passes over the s_q x s_k scores of each head in eager attention, counted from the ops
-# of ATen's _scaled_dot_product_attention_math with is_causal (q and k pre-scaled):
-# forward: QK^T writes S (1), the additive causal mask is added in place (read S, read
-# the mask, write S: 3), softmax reads S and writes P (2), PV reads P (1) = 7; backward:
-# dO V^T writes dP (1), P^T dO reads P (1), the softmax backward reads P and dP and writes
-# dS (3), dS K and dS^T Q read dS (2) = 7. Elements in the activation dtype.
-EAGER_SCORE_PASSES = {"forward": 7.0, "backward": 7.0}
+# Passes over the s_q x s_k scores of each head in materialised attention (eager, and
+# Megatron-LM's fused softmax): workloads/attention_impls.py SCORE_PASSES.
 
 # Kernel TFLOP/s by the sequence length of the call (FlashAttention-3 paper, Figures 5 and
 # 6; the table in the module docstring): lengths, then each series.
@@ -157,18 +153,23 @@ class AttentionCost:
     flash: bool = True
     v_head_dim: int = 0  # of v and the output (0: head_dim)
     window: int = 0      # sliding window: keys a query sees at most (0: all earlier)
+    # the materialised implementation when not flash (workloads/attention_impls.py)
+    impl: str = "eager"
 
     @classmethod
     def of_layer(cls, shape, flash: bool, queries: float | None = None,
-                 head_split: float | None = None, window: int = 0) -> "AttentionCost":
+                 head_split: float | None = None, window: int = 0,
+                 impl: str = "") -> "AttentionCost":
         """The attention core of a LayerShape, its heads split `head_split` ways (default
         over TP), `queries` query tokens (default the shape's tokens) and the layer's
-        sliding `window` (0: none)."""
+        sliding `window` (0: none); `impl` names the materialised implementation (a plan's
+        `attention`; "" or "flash": PyTorch's eager math path when not flash)."""
         split = shape.tp if head_split is None else head_split
         return cls(queries=shape.tokens if queries is None else queries, keys=shape.seq_len,
                    heads=shape.heads / split, kv_heads=shape.kv_heads / split,
                    head_dim=shape.head_dim, act_bytes=shape.act_bytes, flash=flash,
-                   v_head_dim=shape.v_head_dim or shape.head_dim, window=window)
+                   v_head_dim=shape.v_head_dim or shape.head_dim, window=window,
+                   impl=impl if impl not in ("", "flash") else "eager")
 
     # ---- sizes ---------------------------------------------------------------------
     @property
@@ -210,7 +211,10 @@ class AttentionCost:
     @property
     def forward_flops(self) -> float:
         """Forward FLOPs of this rank's causal attention (flash skips the keys outside a
-        sliding window; eager attention computes and masks them)."""
+        sliding window; eager attention computes and masks them; Megatron-LM's
+        fused-softmax path computes the whole s x s square, workloads/attention_impls.py)."""
+        if not self.flash and FULL_SQUARE_GEMMS[self.impl]:
+            return 2.0 * self.queries * self.keys * (self.head_dim + self.v_dim) * self.heads
         return causal_attention_flops(self.queries, self.keys, self.head_dim, self.heads,
                                       self.v_dim, self.window if self.flash else 0)
 
@@ -238,7 +242,7 @@ class AttentionCost:
         io = BACKWARD_IO_BYTES_FACTOR * self.io_bytes if backward else self.io_bytes
         if self.flash:
             return io
-        passes = EAGER_SCORE_PASSES["backward" if backward else "forward"]
+        passes = score_passes(self.impl, phase)
         return io + passes * self.score_elements * self.act_bytes / parts
 
     def speed(self, phase: str, length: float = 0.0, causal: bool = True) -> float:

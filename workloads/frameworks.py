@@ -27,6 +27,7 @@ GENERIC_DEFAULTS: Mapping[str, Any] = MappingProxyType({
     "fsdp": False, "fsdp_version": 2, "reshard_after_forward": True,
     "kernels": "fused", "optimizer": "fused", "zero_stage": 0, "recompute": "none",
     "cuda_graphs": False, "host_step_s": 0.0, "host_kernel_s": 0.0,
+    "attention": "flash",
 })
 
 # PyTorch eager dispatch costs the host on the order of 10 us per operator (Python, the
@@ -94,8 +95,37 @@ TORCHTITAN: Mapping[str, Any] = MappingProxyType({
     "cuda_graphs": False, "host_kernel_s": EAGER_HOST_KERNEL_S,
 })
 
+# Megatron-LM before Megatron-Core and FlashAttention (its 2020-2021 code, which the
+# Megatron-LM README's 2020 scaling tables and Narayanan et al. 2021, arXiv:2104.04473,
+# ran): NVIDIA/Megatron-LM@c63906a (September 2020) and @a8d172b (April 2021).
+MEGATRON_LM: Mapping[str, Any] = MappingProxyType({
+    # Materialised attention: baddbmm, FusedScaleMaskSoftmax, dropout, bmm
+    # (megatron/model/transformer.py ParallelSelfAttention; workloads/attention_impls.py).
+    "attention": "fused_softmax",
+    # Apex FusedLayerNorm (megatron/model/fused_layer_norm.py), the jit-fused bias-GeLU
+    # (megatron/model/fused_bias_gelu.py) and bias-dropout-add (transformer.py).
+    "kernels": "fused",
+    # Apex FusedAdam (megatron/training.py @c63906a, megatron/optimizer/__init__.py
+    # @a8d172b: `from apex.optimizers import FusedAdam as Adam`) inside the mixed-precision
+    # wrapper that keeps fp32 main parameters and gradients (workloads/kernels.py
+    # ADAM_STEP "megatron_float16", from the April 2021 code; the September 2020
+    # FP16_Optimizer also checked each gradient tensor for overflow with a host sync,
+    # megatron/fp16/loss_scaler.py, which is not counted).
+    "optimizer": "megatron_float16",
+    # No distributed optimizer (it came with Megatron-Core): every DP rank holds the Adam
+    # states; the local DDP all-reduces the gradients after the whole backward
+    # (megatron/model/distributed.py allreduce_params @c63906a, called by train_step;
+    # allreduce_gradients over the contiguous gradient buffer @a8d172b), all of them in one
+    # flattened all-reduce per dtype (_flatten_dense_tensors; the one buffer): one bucket.
+    "zero_stage": 0, "grad_reduce_overlap": False, "grad_bucket": 1 << 50,
+    "param_gather_overlap": False, "tp_comm_overlap": False, "async_tp": False,
+    # No CUDA graphs; Python issues every kernel.
+    "cuda_graphs": False, "host_kernel_s": EAGER_HOST_KERNEL_S,
+})
+
 PROFILES: Mapping[str, Mapping[str, Any]] = MappingProxyType({
-    "generic": MappingProxyType({}), "megatron-core": MEGATRON_CORE, "torchtitan": TORCHTITAN,
+    "generic": MappingProxyType({}), "megatron-core": MEGATRON_CORE,
+    "megatron-lm": MEGATRON_LM, "torchtitan": TORCHTITAN,
 })
 FRAMEWORKS = tuple(PROFILES)
 
@@ -135,7 +165,8 @@ def framework_values(raw: dict) -> dict:
         obj = json_object(raw.get(section), section)
         known_keys(obj, section, tuple(keys))
         given.update({keys[k]: v for k, v in obj.items()})
-    for key in ("zero_stage", "recompute", "kernels", "optimizer", "cuda_graphs"):
+    for key in ("zero_stage", "recompute", "kernels", "optimizer", "cuda_graphs",
+                "attention"):
         if key in raw:
             given[key] = raw[key]
     values = {**framework_defaults(framework), **given}

@@ -78,7 +78,8 @@ class GridLayer:
         self.attention = LocalAttention(
             AttentionCost.of_layer(shape, options.flash_attention, queries=self.rows,
                                    head_split=self.split.feature_split,
-                                   window=plan.model.window_at(layer)), options)
+                                   window=plan.model.window_at(layer),
+                                   impl=options.attention_impl), options)
         self._output = -1
 
     # ---- sizes ------------------------------------------------------------------------

@@ -104,9 +104,21 @@ FP8_CAST_BYTES_PER_ELEMENT = 4.0
 #     launches;
 #   for_loop (torch's default for CPU tensors): the same 84 B, 8 launches per parameter
 #     tensor.
-# Counted by tests/test_kernels.py with the same dispatch counter as the table above.
+#   megatron_float16: Megatron-LM's Float16OptimizerWithFloat16Params around Apex FusedAdam
+#     (megatron/optimizer/optimizer.py @a8d172b, April 2021), its fp32 main parameters
+#     beside the 16-bit model ones: each model gradient copied to an fp32 main gradient,
+#     one `.float()` per parameter tensor (read 2 B, write 4 B); the loss scale divided
+#     out and the non-finite check (torch._amp_foreach_non_finite_check_and_unscale_:
+#     read and write 4 B); the gradient norm (amp_C.multi_tensor_l2norm, clip_grads.py:
+#     read 4 B); FusedAdam on the fp32 main parameter, gradient and moments (read 16 B,
+#     write 12 B); the main parameters copied back to the 16-bit ones (multi_tensor_scale:
+#     read 4 B, write 2 B): 52 B per parameter; a launch per parameter tensor (its copy;
+#     the four multi-tensor launches are left out). The clipping scale runs only when the
+#     norm exceeds the limit: not counted.
+# Counted by tests/test_kernels.py with the same dispatch counter as the table above (the
+# torch implementations; megatron_float16 from the code cited).
 ADAM_STEP = {"fused": (30.0, 1, False), "foreach": (84.0, 8, False),
-             "for_loop": (84.0, 8, True)}
+             "for_loop": (84.0, 8, True), "megatron_float16": (52.0, 1, True)}
 OPTIMIZERS = tuple(ADAM_STEP)
 
 

@@ -88,6 +88,9 @@ class BuildOptions:
     # FlashAttention (scores never materialised, recomputed in its backward) or the
     # eager s x s attention of PyTorch's math path (workloads/attention.py).
     flash_attention: bool = True
+    # The plan's attention implementation ("flash", "eager", "fused_softmax":
+    # workloads/attention_impls.py): which materialised path prices the scores.
+    attention_impl: str = "flash"
     # How memory-bound ops run: "fused" kernels or PyTorch "eager" (workloads/kernels.py).
     kernels: str = "fused"
     # Selective recompute (Korthikanti et al. 2022, arXiv:2205.05198 section 5): the
@@ -109,7 +112,7 @@ class BuildOptions:
         # selective recompute has nothing left to do.
         overlap = ("userbuffers" if plan.tp_comm_overlap else
                    "symm_mem" if plan.async_tp else "")
-        return cls(flash_attention=flash, kernels=plan.kernels,
+        return cls(flash_attention=flash, attention_impl=plan.attention, kernels=plan.kernels,
                    recompute_attention=plan.recompute == "selective" and not flash,
                    tp_overlap=overlap,
                    cp_impl="torch" if plan.framework == "torchtitan" else "")

@@ -27,7 +27,8 @@ from .tp_overlap import (USERBUFFERS, chunked_backward, chunked_gemm, gemm_reduc
 def attention_core(shape: LayerShape, options: BuildOptions, window: int = 0) -> LayerBuilder:
     """The attention core of a 1D tensor-parallel layer (sliding `window`, 0: none): local
     to the rank, or across its context-parallel group."""
-    cost = AttentionCost.of_layer(shape, options.flash_attention, window=window)
+    cost = AttentionCost.of_layer(shape, options.flash_attention, window=window,
+                                  impl=options.attention_impl)
     if shape.cp > 1 and options.cp_impl == "torch" and shape.cp_mode != "all_to_all":
         return TorchRingAttention(cost, options, shape.cp, shape.cp_mode)
     if shape.cp > 1:

@@ -18,6 +18,7 @@ from typing import Any, Mapping
 
 from inputs import load_json_file
 
+from .attention_impls import ATTENTION_IMPLS  # noqa: F401 (the plan's names)
 from .errors import WorkloadError
 from .ddp_buckets import BUCKET_MODES
 from .fields import (MAX_INT, check_bool, check_choice, check_int, check_number, check_optional_name,
@@ -49,9 +50,9 @@ CP_MODES = ("ring", "all_gather", "all_to_all")
 RECOMPUTE = ("none", "selective", "selective_op", "full")
 MAX_LOAD_IMBALANCE = 64.0
 ZERO_STAGES = (0, 1, 2, 3)   # ZeRO (Rajbhandari et al. 2020): none, optimizer, +grads, +params
-# flash: FlashAttention (scores never stored, recomputed inside the backward);
-# eager: the s x s scores are materialised and kept for the backward.
-ATTENTION_IMPLS = ("flash", "eager")
+# ATTENTION_IMPLS (workloads/attention_impls.py): flash (FlashAttention: scores never
+# stored, recomputed inside the backward); eager and fused_softmax (PyTorch's math path,
+# Megatron-LM's pre-FlashAttention path): the s x s scores are materialised and kept.
 FSDP_VERSIONS = (1, 2)   # FSDP1 (FlatParameter per wrapped unit) | FSDP2 (fully_shard)
 MAX_HOST_OVERHEAD_S = 10.0   # bound on host_overhead values: far beyond any real step
 BUNDLED_DIR = Path(__file__).parent / "plans"
@@ -300,7 +301,6 @@ def plan_from_dict(raw: Any, base_dir: Path | None = None, default_name: str = "
         sharding=MappingProxyType({**MEGATRON, **strategies}),
         sequence_parallel=sharding_raw.get("sequence_parallel", False),
         layer_overrides=_layer_overrides(_obj(raw.get("layers"), "layers"), model.num_layers),
-        attention=raw.get("attention", "flash"),
         pipeline=_pipeline(_obj(raw.get("pipeline"), "pipeline")),
         topology=raw.get("topology"),
         source=MappingProxyType(dict(raw)), **framework_values(raw), **_extensions(raw))

@@ -129,6 +129,8 @@ class Candidate:
 FRAMEWORK_SPACES = {
     "torchtitan": {"recompute": ("none", "selective_op", "full"), "sequence_parallel": (True,)},
     "megatron-core": {"recompute": ("none", "selective", "full")},
+    # Megatron-LM 2020-2021 had full recompute only (--checkpoint-activations, arguments.py)
+    "megatron-lm": {"recompute": ("none", "full")},
 }
 
 

@@ -136,7 +136,7 @@ def _run_flags(plan: Plan) -> list[str]:
     elif plan.recompute == "full":
         out += ["--recompute-granularity full", "--recompute-method uniform",
                 "--recompute-num-layers 1"]
-    if plan.attention == "eager":
+    if plan.attention in ("eager", "fused_softmax"):   # DotProductAttention, fused softmax
         out.append("--attention-backend unfused")
     mode = {v: k for k, v in CP_COMM.items()}[plan.cp_mode]
     if mesh.cp > 1 or mode != "p2p":

@@ -53,6 +53,9 @@ def write_torchtitan(plan: Plan, world_size: int | None = None) -> Exported:
     if not dp and (not plan.fsdp or mesh.pp > 1):
         raise JobConfigError("mesh.dp", "auto", "an explicit degree, or a topology to "
                              "resolve it (torchtitan needs it for DDP and pipelines)")
+    if plan.optimizer not in IMPLEMENTATIONS:
+        raise JobConfigError("optimizer", plan.optimizer,
+                             f"one of torchtitan's implementations {sorted(IMPLEMENTATIONS)}")
     sections = {
         "model": _model_section(plan),
         "optimizer": {"name": "AdamW", "implementation": IMPLEMENTATIONS[plan.optimizer]},

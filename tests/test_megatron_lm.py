@@ -1,0 +1,99 @@
+"""Megatron-LM's pre-FlashAttention attention (workloads/attention_impls.py) and the
+megatron-lm framework profile (workloads/frameworks.py) that the 2020-2021 rows run."""
+from __future__ import annotations
+
+import topologies
+from simulator import simulate
+from workloads import plan_from_dict, resolve
+from workloads.attention import AttentionCost
+from workloads.lowering import lower
+from workloads.program import ATTENTION
+
+from conftest import small_plan
+
+COST = dict(queries=1024, keys=4096, heads=4, kv_heads=2, head_dim=128, act_bytes=2)
+
+
+def test_fused_softmax_attention_cost_by_hand():
+    megatron = AttentionCost(**COST, flash=False, impl="fused_softmax")
+    flash = AttentionCost(**COST)
+    scores = 1024 * 4096 * 4 * 2            # s_q x s_k per head, bf16
+    # baddbmm and bmm compute the whole square: twice the causal count, no recompute of S
+    full = 2 * (2 * 1024 * 4096 * 128) * 4
+    assert megatron.flops("forward") == full == 2 * flash.flops("forward")
+    assert megatron.flops("backward") == 2 * full
+    # forward: baddbmm 1, fused softmax 2, dropout 2.5 (with its 1-byte mask), bmm 1;
+    # backward: 2 GEMM passes, dropout 2.5, softmax 3, 2 GEMM passes
+    assert megatron.bytes("forward") == flash.bytes("forward") + 6.5 * scores
+    assert megatron.bytes("backward") == flash.bytes("backward") + 9.5 * scores
+    assert megatron.speed("forward") == 1.0
+
+
+def test_eager_keeps_its_own_passes_and_causal_flops():
+    eager = AttentionCost(**COST, flash=False)
+    assert eager.impl == "eager"
+    flash = AttentionCost(**COST)
+    assert eager.flops("forward") == flash.flops("forward")
+    assert eager.bytes("backward") == flash.bytes("backward") + 7 * 1024 * 4096 * 4 * 2
+
+
+def test_megatron_lm_profile_defaults_and_overrides():
+    plan = plan_from_dict(small_plan(framework="megatron-lm"))
+    assert plan.attention == "fused_softmax"
+    assert (plan.zero_stage, plan.grad_reduce_overlap, plan.param_gather_overlap) == (0, False,
+                                                                                       False)
+    assert plan.optimizer == "megatron_float16" and plan.kernels == "fused"
+    assert plan_from_dict(small_plan(framework="megatron-lm", attention="flash")).attention == \
+        "flash"
+    assert plan_from_dict(small_plan()).attention == "flash"          # generic: unchanged
+    assert plan_from_dict(small_plan(framework="megatron-core")).attention == "flash"
+
+
+def _attention_tasks(raw: dict):
+    program = lower(resolve(plan_from_dict(raw), 8))
+    return [t for t in program.stages[0] if t.op_class == ATTENTION]
+
+
+def test_lowered_plan_prices_the_materialised_scores():
+    flash = _attention_tasks(small_plan(framework="megatron-lm", attention="flash"))
+    megatron = _attention_tasks(small_plan(framework="megatron-lm"))
+    assert len(flash) == len(megatron) > 0
+    s, heads = 2048, 16                     # one micro-batch of one sequence, all heads
+    extra = sum(m.bytes - f.bytes for m, f in zip(megatron, flash))
+    layers = 4
+    assert extra == layers * (6.5 + 9.5) * s * s * heads * 2
+    # its step is slower than the same plan with FlashAttention's cost
+    topo = topologies.build("dgx-h100")
+    slow = simulate(plan_from_dict(small_plan(framework="megatron-lm")), topo).summary
+    fast = simulate(plan_from_dict(small_plan(framework="megatron-lm", attention="flash")),
+                    topo).summary
+    assert slow["step_time_s"] > fast["step_time_s"]
+
+
+def test_megatron_2020_and_narayanan_rows_run_megatron_lm():
+    from validation.reference_rows import DEFAULT_CSV, load_rows, plan_dict
+
+    rows = [r for r in load_rows(DEFAULT_CSV)
+            if r["source_family"] in ("megatron-lm-2020", "narayanan2021")]
+    assert len(rows) == 18
+    for row in rows:
+        plan = plan_from_dict(plan_dict(row))
+        assert (plan.framework, plan.attention, plan.zero_stage) == ("megatron-lm",
+                                                                     "fused_softmax", 0)
+        assert plan.grad_reduce_overlap is False
+
+
+def test_megatron_float16_optimizer_step_bytes():
+    from workloads.kernels import adam_step_cost
+
+    # grad copy 6, unscale 8, norm 4, FusedAdam 28, copy back 6 B per parameter; one
+    # launch per parameter tensor (the fp32 copy of its gradient)
+    assert adam_step_cost("megatron_float16", 1e9, 300) == (52e9, 300)
+    assert adam_step_cost("fused", 1e9, 300) == (30e9, 1)
+    small = small_plan(training={"global_batch": 16})
+    steps = []
+    for optimizer in ("fused", "megatron_float16"):
+        program = lower(resolve(plan_from_dict({**small, "framework": "megatron-lm",
+                                                "optimizer": optimizer}), 8))
+        steps += [t for t in program.stages[0] if t.label == "optimizer.step"]
+    assert steps[1].bytes == steps[0].bytes * 52 / 30

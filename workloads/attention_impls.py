@@ -1,0 +1,58 @@
+"""The attention implementations a plan may name, and what each costs beyond its GEMMs.
+
+`"attention"` in a plan says how the attention core runs:
+
+* `flash`: FlashAttention (scores never leave the chip; workloads/attention.py);
+* `eager`: PyTorch's math path (ATen's _scaled_dot_product_attention_math with is_causal);
+* `fused_softmax`: Megatron-LM's attention before FlashAttention, as its 2020-2022 code
+  runs it (megatron/model/transformer.py, ParallelSelfAttention / CoreAttention, e.g.
+  NVIDIA/Megatron-LM@c63906a of September 2020 and @a8d172b of April 2021):
+  `torch.baddbmm` writes the raw scores Q K^T / sqrt(d) of every (query, key) pair,
+  `FusedScaleMaskSoftmax` (megatron/model/fused_softmax.py, the CUDA kernel
+  scaled_upper_triang_masked_softmax) masks and normalises them in one kernel,
+  `torch.nn.Dropout(attention_dropout)` drops probabilities (a fp16 output and a one-byte
+  mask), and `torch.bmm` multiplies them with V.
+
+Both materialised paths pass over the s_q x s_k scores of every head between their
+kernels; the passes below count tensors read or written in units of one score tensor in
+the activation dtype (a one-byte dropout mask is half a pass in 16-bit training).
+
+FLOPs: the batched GEMMs of both materialised paths compute every (query, key) pair, the
+masked half included (the mask is applied after the GEMM); Megatron-LM's own FLOP count
+(Narayanan et al. 2021, arXiv:2104.04473, section 5.1: 96 B s l h^2 (1 + s / 6h + ...),
+whose s / 6h term is QK^T and PV over the full s x s) counts them so. `fused_softmax`
+prices them in full; `eager` keeps the causal half its model has always used.
+"""
+from __future__ import annotations
+
+ATTENTION_IMPLS = ("flash", "eager", "fused_softmax")
+
+# Passes over one head's scores per (forward, backward), by implementation.
+#   eager (ATen math path, q and k pre-scaled): forward QK^T writes S (1), the additive
+#     causal mask in place (read S, read the mask, write S: 3), softmax (read S, write P:
+#     2), PV reads P (1) = 7; backward dO V^T writes dP (1), P^T dO reads P (1), softmax
+#     backward reads P and dP and writes dS (3), dS K and dS^T Q read dS (2) = 7.
+#   fused_softmax (Megatron-LM): forward baddbmm writes S (beta = 0: C not read) (1),
+#     the fused scale-mask-softmax reads S and writes P (2), dropout reads P and writes
+#     P' and its mask (1 + 1 + 0.5), bmm reads P' (1) = 6.5; backward dO V^T writes dP'
+#     (1), P'^T dO reads P' (1), dropout's backward reads dP' and the mask and writes dP
+#     (2.5), the fused softmax backward reads P and dP and writes dS (3), dS K and dS^T Q
+#     read dS (2) = 9.5.
+SCORE_PASSES = {
+    "eager": (7.0, 7.0),
+    "fused_softmax": (6.5, 9.5),
+}
+# The dropout mask is one byte per score (torch's fused_dropout keeps a bool mask).
+DROPOUT_MASK_BYTES = 1
+
+# Whether the implementation's GEMMs compute the masked half of the causal square.
+FULL_SQUARE_GEMMS = {"flash": False, "eager": False, "fused_softmax": True}
+
+
+def score_passes(impl: str, phase: str) -> float:
+    """Passes over the scores of every head in `phase` ("backward" or a forward/recompute)
+    under a materialised implementation `impl`; 0 for flash."""
+    passes = SCORE_PASSES.get(impl)
+    if passes is None:
+        return 0.0
+    return passes[1] if phase == "backward" else passes[0]
