@@ -156,9 +156,10 @@ def _blackwell_profile(mamf_efficiency: float) -> DeviceProfile:
     Figure 5), 0.15-0.16 of B200's peak; while the Blackwell rows run cuDNN's fused
     attention (Transformer Engine's FusedAttention; torchtitan puts cuDNN first on sm100,
     torchtitan@6fc499f6f5 torchtitan/models/attention.py), which reaches 1115-1430 TFLOP/s
-    on B200 (Dao-AILab/flash-attention pull request 2605, cuDNN column: head dim 64 causal
-    at 16k, head dim 128 non-causal at 1k), 0.50-0.64 of the peak. 0.35 lies between the
-    two; which kernel and speed is left open here."""
+    on Blackwell (Dao-AILab/flash-attention pull request 2605, cuDNN column: head dim 64
+    causal at 16k, head dim 128 non-causal at 1k; its MFU column divides by 2.5 PFLOP/s),
+    about half to two-thirds of the peak. 0.35 lies between the two; which kernel and
+    speed is left open here."""
     return DeviceProfile(gemm_efficiency=round(mamf_efficiency * H100_GEMM_MARGIN, 3),
                          memory_efficiency=BLACKWELL_MEMORY_EFFICIENCY)
 
