@@ -143,8 +143,38 @@ def _blackwell_profile(mamf_efficiency: float) -> DeviceProfile:
     efficiency within 1.3 points on B200 and 0.6 on GB200 ([STAS] FP8 MAMF table) and on
     cuBLAS 12.9 running block-scaled FP4 at up to 2.3x its FP8 matmuls on Blackwell
     (NVIDIA technical blog "Boosting Matrix Multiplication Speed and Flexibility with
-    NVIDIA cuBLAS 12.9", 2025), i.e. at least the FP8 efficiency at the 2x peak."""
-    return DeviceProfile(gemm_efficiency=round(mamf_efficiency * H100_GEMM_MARGIN, 3))
+    NVIDIA cuBLAS 12.9", 2025), i.e. at least the FP8 efficiency at the 2x peak.
+
+    Memory-bound kernels reach BLACKWELL_MEMORY_EFFICIENCY of the published HBM bandwidth
+    (a B200 kernel measurement, below) instead of H100's copy-kernel 0.9.
+
+    Attention keeps the H100 default's 0.35 of the BF16 peak, an assumption with no
+    Blackwell measurement behind it: 0.35 is FlashAttention-2's fraction on H100, and
+    FlashAttention-2 (warp-level MMA, no tcgen05) runs no faster on B200 than on H100, at
+    331-362 TFLOP/s forward (head dim 128, non-causal, 2k-16k tokens; tritonbench pull
+    request 171, meta-pytorch, 2025) against 362-370 on H100 (FlashAttention-3 paper,
+    Figure 5), 0.15-0.16 of B200's peak; while the Blackwell rows run cuDNN's fused
+    attention (Transformer Engine's FusedAttention; torchtitan puts cuDNN first on sm100,
+    torchtitan@6fc499f6f5 torchtitan/models/attention.py), which reaches 1115-1430 TFLOP/s
+    on Blackwell (Dao-AILab/flash-attention pull request 2605, cuDNN column: head dim 64
+    causal at 16k, head dim 128 non-causal at 1k; its MFU column divides by 2.5 PFLOP/s),
+    about half to two-thirds of the peak. 0.35 lies between the two; which kernel and
+    speed is left open here."""
+    return DeviceProfile(gemm_efficiency=round(mamf_efficiency * H100_GEMM_MARGIN, 3),
+                         memory_efficiency=BLACKWELL_MEMORY_EFFICIENCY)
+
+
+# Memory-bound kernels on Blackwell: torchao's B200 quantisation-kernel benchmark (a bf16
+# 16384 x 16384 read, FP8 data and 1-per-32 scales written; "NVIDIA B200 with 1000W power
+# supply", pytorch/ao docs/source/workflows/training.md, "quantization kernel
+# microbenchmarks") reaches at best 6462 GB/s (dim0_mxfp8_floor: 125.92 us), 0.839 of the
+# HGX B200's published 7.7 TB/s [NV-BW]: the best of that table's memory-bound kernels, as
+# H100's 0.9 is its best copy kernels' fraction [STAS]. Assumptions: a streaming quantise
+# kernel stands for the step's memory-bound ops (no published B200 copy benchmark was
+# found); GB200 and GB300 (HBM3e behind the same memory controllers) keep the same
+# fraction of their published 8 TB/s.
+B200_BEST_MEMORY_KERNEL_Bps = 6462e9
+BLACKWELL_MEMORY_EFFICIENCY = round(B200_BEST_MEMORY_KERNEL_Bps / (7.7 * TB), 3)
 
 
 # The H100 default GEMM efficiency over its measured best-shape BF16 MAMF (80.3 %, [STAS]).

@@ -1,0 +1,72 @@
+"""Blackwell rates the compute model prices: dense (not sparse) peaks per dtype, the GEMM,
+attention and memory-bound rates against H100's, and the memory efficiency's source."""
+import pytest
+
+from simulator.compute import device_time_s, wave_efficiency
+from topologies.specs import (B200_BEST_MEMORY_KERNEL_Bps, BLACKWELL_MEMORY_EFFICIENCY,
+                              DEVICES)
+from workloads.program import ATTENTION, GEMM, MEMORY, Task
+
+TB = 1e12
+# NVIDIA Blackwell datasheet, HGX B200 column, sparse figures (PFLOP/s): the dense peaks the
+# simulator prices are half of them; GB200 NVL72 column likewise.
+SPARSE_PFLOPS = {"b200": {"bf16": 4.5, "fp8": 9.0, "mxfp8": 9.0, "nvfp4": 18.0},
+                 "gb200": {"bf16": 5.0, "fp8": 10.0, "mxfp8": 10.0, "nvfp4": 20.0}}
+
+
+def _task(op_class, flops=0.0, bytes_=0.0, mnk=(0, 0, 0)):
+    return Task(id=0, kind="compute", stream="compute", op="x", phase="forward", layer=0,
+                microbatch=0, flops=flops, bytes=bytes_, op_class=op_class, gemm_mnk=mnk)
+
+
+@pytest.mark.parametrize("gpu", ["b200", "gb200"])
+def test_peaks_are_dense_halves_of_the_sparse_datasheet_figures(gpu):
+    spec = DEVICES[gpu]
+    for dtype, sparse in SPARSE_PFLOPS[gpu].items():
+        assert spec.peak(dtype) == pytest.approx(sparse * 1e15 / 2)
+    # B200's dense BF16 peak is 2.28x H100 SXM's (2250 / 989), not a sparse or FP4 figure
+    assert DEVICES["b200"].peak("bf16") / DEVICES["h100"].peak("bf16") == pytest.approx(
+        2250 / 989)
+
+
+def test_b200_gemm_rate_over_h100_is_peak_times_efficiency():
+    """A large layer GEMM on B200 against H100 SXM: the ratio is the peaks' ratio times the
+    GEMM efficiencies' ratio and the wave quantisation of 148 against 132 SMs, nothing
+    more (a sparse or FP4 peak slipping in would double it)."""
+    m, n, k = 16384, 14336, 4096
+    task = _task(GEMM, flops=2.0 * m * n * k, mnk=(m, n, k))
+    b200, h100 = DEVICES["b200"], DEVICES["h100"]
+
+    def rate(spec):
+        launch = spec.profile.launch_overhead_s
+        return task.flops / (device_time_s(task, spec, "bf16") - launch)
+
+    waves = (wave_efficiency(m, n, k, 148, 128) / wave_efficiency(m, n, k, 132, 128))
+    expected = 2250 / 989 * 0.725 / 0.75 * waves
+    assert rate(b200) / rate(h100) == pytest.approx(expected, rel=1e-9)
+    assert 2.0 < rate(b200) / rate(h100) < 2.4
+
+
+@pytest.mark.parametrize("dtype", ["fp8", "mxfp8", "nvfp4"])
+def test_attention_on_blackwell_runs_at_the_bf16_peak_under_low_precision(dtype):
+    spec = DEVICES["b200"]
+    task = _task(ATTENTION, flops=1e15)
+    launch = spec.profile.launch_overhead_s
+    assert device_time_s(task, spec, dtype) == pytest.approx(
+        device_time_s(task, spec, "bf16"))
+    assert device_time_s(task, spec, dtype) - launch == pytest.approx(
+        1e15 / (2250 * TB * spec.profile.attention_efficiency))
+
+
+def test_blackwell_memory_bound_kernels_run_at_the_measured_b200_fraction():
+    """torchao's best B200 memory-bound kernel (6462 GB/s) over the published 7.7 TB/s;
+    H100 keeps its copy-kernel 0.9."""
+    assert B200_BEST_MEMORY_KERNEL_Bps == 6462e9
+    assert BLACKWELL_MEMORY_EFFICIENCY == 0.839
+    for gpu in ("b200", "gb200", "gb300"):
+        assert DEVICES[gpu].profile.memory_efficiency == 0.839
+    assert DEVICES["h100"].profile.memory_efficiency == 0.9
+    b200 = DEVICES["b200"]
+    task = _task(MEMORY, bytes_=8e9)
+    assert device_time_s(task, b200, "bf16") - b200.profile.launch_overhead_s == \
+        pytest.approx(8e9 / 6462e9, rel=1e-3)
