@@ -141,6 +141,7 @@ def test_run_json_carries_the_band(capsys):
     assert main(["run", "--topo", "dgx-h100x4", "--plan", "col.json", "--json"]) == 0
     out = json.loads(capsys.readouterr().out)
     band = out["step_time_band"]
-    assert band["group"] == "hardware:h100" and band["n"] > 0
+    # col.json is a dense model under the generic profile: H100 runs of dense models
+    assert band["group"] == "hardware:h100 model:dense" and band["n"] > 0
     low, high = out["step_time_band_s"]
     assert low <= high and low < out["step_time_s"] * 2

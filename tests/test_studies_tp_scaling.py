@@ -116,10 +116,11 @@ def test_nvl72_study_small(capsys):
     assert nvl["step_time_s"] < h100["step_time_s"]
     # each row carries the band of published runs on its GPU under its framework
     band = h100["step_time_band"]
-    assert band["group"] == "hardware:h100 framework:megatron-core"
+    # (and of its model kind: llama3-70b is dense)
+    assert band["group"] == "hardware:h100 framework:megatron-core model:dense"
     residuals = json.loads(RESIDUALS_PATH.read_text())["rows"]
     assert band["n"] == sum(r["hardware"] == "h100" and r["framework"] == "megatron-core"
-                            for r in residuals) > 0
+                            and r["model_kind"] == "dense" for r in residuals) > 0
     step = h100["step_time_s"]
     assert band["low_pct"] <= band["high_pct"]
     assert h100["step_time_band_s"] == pytest.approx(
