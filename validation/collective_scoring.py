@@ -94,6 +94,7 @@ class Point:
     predicted_time_us: float | None = None
     predicted_algorithm: str = ""
     predicted_protocol: str = ""
+    nccl_version: str = ""  # the row's NCCL release ("unknown": the newest tables)
 
     @property
     def generation(self) -> str:
@@ -140,7 +141,7 @@ def load_points(path: str | Path = DEFAULT_CSV) -> list[Point]:
                             row["collective"], int(row["size_bytes"]),
                             float(row["busbw_GBps"]), row["placement"], row["algorithm"],
                             float(row["time_us"]) if row.get("time_us") else None,
-                            _run_of(row)))
+                            _run_of(row), nccl_version=row["nccl_version"]))
     return points
 
 
@@ -243,8 +244,10 @@ def predict(points: list[Point], systems: dict[str, dict]
         if len(ranks) != p.gpus:
             raise ValidationError(f"systems.{p.system}.group", system["group"],
                                   f"a group of {p.gpus} ranks (the row's gpus)")
+        # NCCL's latency constants of the row's release price its latency and choice.
         options = CommOptions(algorithm=FORCED[p.algorithm],
-                              gpus_per_process=system.get("gpus_per_process", 1))
+                              gpus_per_process=system.get("gpus_per_process", 1),
+                              nccl_version=p.nccl_version or None)
         row = collective_table(topo, p.collective, ranks, [p.size_bytes], options)[0]
         scored.append(_with_prediction(p, row))
     return scored, skipped

@@ -100,6 +100,11 @@ class Template:
     algorithm: str
     flows: tuple[Flow, ...]
     unit_time_s: float
+    # NVLS / NVLS_Tree: idle-link time per byte of S of the in-switch part alone and of
+    # the inter-domain tree part alone (0 when absent): the rates of the pipeline's
+    # NVLink stages and network stages (latency.nvls_fill_s).
+    nvlink_unit_s: float = 0.0
+    net_unit_s: float = 0.0
 
 
 def _rot(seq: tuple[int, ...], c: int) -> tuple[int, ...]:
@@ -313,6 +318,19 @@ def build_template(topology, shape: GroupShape, op: str, algorithm: str) -> Temp
         extra = _nvls_links(topology, shape, eff, op)
     else:
         raise ValueError(f"unknown algorithm {algorithm!r}")
+    pair_flows = _aggregate(topology, pairs, [])
+    flows = _aggregate(topology, pairs, extra)
+    caps = np.asarray(topology.link_nccl_Bps, dtype=float)
+    if algorithm in ("nvls", "nvls_tree"):
+        return Template(algorithm, flows, idle_time_s(flows, caps),
+                        idle_time_s(_aggregate(topology, [], extra), caps),
+                        idle_time_s(pair_flows, caps))
+    return Template(algorithm, flows, idle_time_s(flows, caps))
+
+
+def _aggregate(topology, pairs: list[tuple[int, int, float]],
+               extra: list[Flow]) -> tuple[Flow, ...]:
+    """Rank-to-rank shares routed on the topology, plus link-level flows, summed per route."""
     agg: dict[tuple[int, ...], float] = defaultdict(float)
     for a, b, w in pairs:
         route = topology.route(a, b)
@@ -320,6 +338,4 @@ def build_template(topology, shape: GroupShape, op: str, algorithm: str) -> Temp
             agg[route] += w
     for route, w in extra:
         agg[route] += w
-    flows = tuple(sorted(agg.items()))
-    caps = np.asarray(topology.link_nccl_Bps, dtype=float)
-    return Template(algorithm, flows, idle_time_s(flows, caps))
+    return tuple(sorted(agg.items()))

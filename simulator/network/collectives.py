@@ -52,6 +52,9 @@ class CommOptions:
     # GPUs one process drives (nccl-tests -g N): an nccl-tests iteration takes at least
     # N host enqueues. 1 = one process per GPU, as training jobs (and mpirun -np N) run.
     gpus_per_process: int = 1
+    # NCCL release whose tuning constants price latency ("2.18.5"); None: the newest
+    # (simulator.network.tuning_versions).
+    nccl_version: str | None = None
 
 
 @dataclass(frozen=True)
@@ -161,26 +164,25 @@ class CollectiveModel:
                 channels = self._channels(shape, algo, proto, size)
                 if rule and rule.channels > 0 and algo not in _NVLS:
                     channels = rule.channels
+                version = self.options.nccl_version
                 lat = nccl_latency_s(shape, op, algo, proto, size, channels,
-                                     self.topology.net_latency_s)
+                                     self.topology.net_latency_s, version)
                 wire = self.topology.transport.wire_latency_s   # when the plugin reports
                 lat_wire = lat if wire is None else nccl_latency_s(   # another latency
-                    shape, op, algo, proto, size, channels, wire)
-                fill, chunk = 0.0, 0
-                if algo in _NVLS:
-                    fill, chunk = self._nvls_fill(op, algo, shape, size, channels,
-                                                  template.unit_time_s)
+                    shape, op, algo, proto, size, channels, wire, version)
                 # NCCL's tuner chooses by its own model, which has no pipeline fill
                 # [enqueue.cc topoGetAlgoInfo]; the fill is paid after the choice.
                 tuned = lat + template.unit_time_s * size / eff
                 if best is None or tuned < best[0]:
-                    best = (tuned, lat_wire, fill, chunk, channels, algo, proto, eff,
-                            template)
-        tuned, lat, fill, chunk, channels, algo, proto, eff, template = best
+                    best = (tuned, lat_wire, channels, algo, proto, eff, template)
+        tuned, lat, channels, algo, proto, eff, template = best
         if algo == "nvls_tree":
             # The heads' network rate is not in NCCL's tuner (it prices NVLS_Tree at the
             # NVLS graph's bwInter): it slows the chosen plan, not the choice.
             eff = self._efficiency(shape, op, algo, proto, size, template, tuner=False)
+        fill, chunk = 0.0, 0
+        if algo in _NVLS:
+            fill, chunk = self._nvls_fill(op, algo, shape, size, channels, template, eff)
         t = lat + template.unit_time_s * size / eff + fill
         # A transport that serialises each connection's messages (topologies.transport).
         transport = self.topology.transport
@@ -208,16 +210,36 @@ class CollectiveModel:
         return rule if algos else None
 
     def _nvls_fill(self, op: str, algo: str, shape: GroupShape, size: float, channels: int,
-                   unit_time_s: float) -> tuple[float, int]:
+                   template: Template, eff: float) -> tuple[float, int]:
         """NVLS pipeline fill and chunk. The GPU reaches its NIC through a PCIe switch
         (PATH_PXB) on 8-GPU HGX/DGX boards (NVIDIA DGX B200 user guide: GPUs and NICs
         share PCIe switches); assumption: not on GB200, where each compute tray's
         ConnectX NICs attach to the superchips directly."""
         device = self.topology.devices[shape.ranks[0]]
         behind_switch = device.name.lower() not in ("gb200", "gb300")
-        return nvls_fill_s(op, algo, shape, size, channels, nvls_heads(shape), unit_time_s,
+        nvlink_unit, net_unit = self._nvls_stage_units(shape, op, template, eff)
+        return nvls_fill_s(op, algo, shape, size, channels, nvls_heads(shape), nvlink_unit,
                            device_arch(device.name), self.topology.nic_nccl_Bps / 1e9,
-                           behind_switch)
+                           behind_switch, net_unit)
+
+    def _nvls_stage_units(self, shape: GroupShape, op: str, template: Template,
+                          eff: float) -> tuple[float, float]:
+        """Streaming time per byte of S of an NVLS pipeline's NVLink stages and of its
+        network stages, each at its own part's rate: the in-switch flows bounded by NCCL's
+        searched per-head speed; the tree's flows bounded by NVLS_Tree's per-channel cap
+        [tuning.cc perChMaxNVLSTreeBw] and, where a domain has more GPUs than heads, the
+        heads' network rate. Neither is slower than the whole (template / eff)."""
+        whole = template.unit_time_s / eff
+        nvlink = max(template.nvlink_unit_s, 1.0 / self._nvls_search_algbw(shape, op))
+        net = template.net_unit_s
+        if template.algorithm == "nvls_tree":
+            device = self.topology.devices[shape.ranks[0]]
+            cap = nvls_heads(shape) * per_channel_cap_Bps(
+                "nvls_tree", device_arch(device.name), shape.num_domains)
+            net = max(net, bus_factor(op, shape.n) / cap,
+                      1.0 / self._nvls_search_algbw(shape, op, head_net=True,
+                                                    net_only=True))
+        return min(nvlink, whole), min(net, whole)
 
     def _channels(self, shape: GroupShape, algo: str, proto: str, size: float) -> int:
         """Channels NCCL runs the collective on (enqueue.cc topoGetAlgoInfo)."""
@@ -231,7 +253,8 @@ class CollectiveModel:
         base = self.topology.transport.nccl_env.clamp_channels(base)  # NCCL_MIN/MAX_NCHANNELS
         return tuned_channels(base, algo, proto, size, shape.n)
 
-    def _nvls_search_algbw(self, shape: GroupShape, op: str, head_net: bool = False) -> float:
+    def _nvls_search_algbw(self, shape: GroupShape, op: str, head_net: bool = False,
+                           net_only: bool = False) -> float:
         """NVLS algorithm bandwidth (bytes/s) at NCCL's searched per-head speed: heads x
         speed x nvlsEfficiency x (heads-1)/heads, x2 for all-reduce ("pipelines two
         operations", then x n/nsteps) or x (n-1)/n for all-gather / reduce-scatter
@@ -241,7 +264,9 @@ class CollectiveModel:
         through the network at NVLS_TREE_HEAD_NET_BPS, in NCCL's shape of that term: x2 on
         2 domains, where each is the root of one double binary tree and a leaf of the
         other, so a head's NIC carries its share once each way instead of twice
-        [tuning.cc: interBw = bwInter x (nNodes <= 2 ? 2 : 1); trees.cc ncclGetDtree]."""
+        [tuning.cc: interBw = bwInter x (nNodes <= 2 ? 2 : 1); trees.cc ncclGetDtree].
+        `net_only` keeps that network term alone (the rate of NVLS_Tree's network
+        stages)."""
         device = self.topology.devices[shape.ranks[0]]
         heads, n = nvls_heads(shape), shape.n
         if heads < 2 or heads >= shape.ppn:
@@ -253,6 +278,8 @@ class CollectiveModel:
         speed = nvls_search_speed_GBps(device_arch(device.name), heads,
                                        device.nccl_nvlink_Bps / 1e9) * 1e9
         per_head = speed * nvls_efficiency(device.name) * (heads - 1) / heads
+        if net_only:
+            per_head = float("inf")
         if op == "all_reduce":
             per_head *= 2
             if head_net and shape.num_domains > 1:

@@ -8,6 +8,8 @@ seconds here (`_s` names).
 """
 from __future__ import annotations
 
+from .tuning_versions import override_us
+
 US = 1e-6
 PROTOCOLS = ("LL", "LL128", "Simple")
 _P = {p: i for i, p in enumerate(PROTOCOLS)}
@@ -57,14 +59,19 @@ LATENCY_INTER_S = 0.0
 RING_PLATEAU_FACTOR = 1.4
 
 
-def base_latency_s(algorithm: str, protocol: str) -> float:
-    """NCCL baseLatencies[algorithm][protocol] in seconds."""
-    return _BASE_LAT_US[algorithm][_P[protocol]] * US
+def base_latency_s(algorithm: str, protocol: str, version: str | None = None) -> float:
+    """NCCL baseLatencies[algorithm][protocol] in seconds, as NCCL `version` shipped it
+    (None or unparsable: the tables above) [tuning_versions]."""
+    value = override_us(version, "base", "", algorithm, protocol)
+    return (_BASE_LAT_US[algorithm][_P[protocol]] if value is None else value) * US
 
 
-def hw_latency_s(link: str, algorithm: str, protocol: str) -> float:
-    """NCCL hwLatencies[link][algorithm][protocol] per step in seconds (link: nvlink|net)."""
-    return _HW_LAT_US[link][algorithm][_P[protocol]] * US
+def hw_latency_s(link: str, algorithm: str, protocol: str,
+                 version: str | None = None) -> float:
+    """NCCL hwLatencies[link][algorithm][protocol] per step in seconds (link: nvlink|net),
+    as NCCL `version` shipped it [tuning_versions]."""
+    value = override_us(version, "hw", link, algorithm, protocol)
+    return (_HW_LAT_US[link][algorithm][_P[protocol]] if value is None else value) * US
 
 
 # Bandwidth efficiency per protocol: what fraction of a link's rate carries payload.

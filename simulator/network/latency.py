@@ -7,8 +7,10 @@ host floor of nccl-tests' loop.
     count.
   * `nvls_fill_s`: NVLS and NVLS_Tree move the message in waves of channels x heads x
     chunk bytes [enqueue.cc calcCollChunking]; a chunk passes NVLS_STAGES kernel stages
-    in one domain and, with NVLS_Tree, one network hop per tree level up and down, so the
-    pipeline fills in (stages - 1 + 2 x depth) waves before it streams.
+    in one domain and, with NVLS_Tree, one network hop per tree level up and down. The
+    pipeline streams at its slowest stage and fills in one wave through each of the
+    others, each at its own rate (NVLink stages at the in-switch part's, network stages at
+    the tree's).
   * `host_floor_s`: an nccl-tests iteration takes at least the host's enqueue of the
     collective on every GPU its process drives (`-g N`).
 """
@@ -21,6 +23,7 @@ from .channels import nvls_chunk_bytes, nvls_tree_max_chunk
 from .constants import (COLLNET_ARITY_LAT_S, HOST_ENQUEUE_S, LATENCY_INTER_S,
                         NET_OVERHEAD_S, NVLS_STAGES, PAT_NET_DIVISOR, PAT_PER_RANK_LAT_S,
                         RING_PLATEAU_FACTOR, base_latency_s, hw_latency_s)
+from .tuning_versions import linear_nvls_tree
 
 
 def _log2i(x: int) -> int:
@@ -28,24 +31,27 @@ def _log2i(x: int) -> int:
 
 
 def nccl_latency_s(shape: GroupShape, op: str, algo: str, proto: str, size: float,
-                   channels: int, latency_inter_s: float = LATENCY_INTER_S) -> float:
+                   channels: int, latency_inter_s: float = LATENCY_INTER_S,
+                   version: str | None = None) -> float:
     """NCCL tuning.cc latency of (algorithm, protocol) on this group; `latency_inter_s` is
-    the net plugin's reported latency (graph->latencyInter)."""
+    the net plugin's reported latency (graph->latencyInter); `version` the NCCL release
+    whose constants apply (None: the newest) [tuning_versions]."""
     n, nodes, ppn = shape.n, shape.num_domains, shape.ppn
     multi = nodes > 1
     lat_algo = "ring" if algo in ("p2p", "hierarchical") else algo
-    base = base_latency_s(lat_algo, proto)
-    intra = hw_latency_s("nvlink", lat_algo, proto)
+    base = base_latency_s(lat_algo, proto, version)
+    intra = hw_latency_s("nvlink", lat_algo, proto, version)
     # NCCL: with one GPU per node the network step costs Tree's NET latency.
     inter = hw_latency_s("net", "tree" if ppn == 1 and lat_algo in ("ring", "pat")
-                         else lat_algo, proto)
+                         else lat_algo, proto, version)
     inter += latency_inter_s * (2 if proto == "Simple" else 1)
     net_oh = NET_OVERHEAD_S * (3 if proto == "Simple" else 1) if multi else 0.0
     step = max(intra, net_oh)
     if algo == "nvls":
-        return intra + (inter if multi else 0.0)
+        return base + intra + (inter if multi else 0.0)
     if algo == "nvls_tree":
-        return base + intra + 2 * _log2i(nodes) * inter
+        hops = 2 * (nodes - 1) if linear_nvls_tree(version) else 2 * _log2i(nodes)
+        return base + intra + hops * inter
     if algo == "tree":
         return base + 2 * ((ppn - 1) * intra + _log2i(nodes) * inter)
     if algo == "collnet_direct":
@@ -79,20 +85,25 @@ def tree_depth(nodes: int) -> int:
 
 def nvls_fill_s(op: str, algo: str, shape: GroupShape, size: float, channels: int,
                 heads: int, unit_time_s: float, arch: str = "hopper", nic_GBps: float = 0.0,
-                nic_behind_switch: bool = True) -> tuple[float, int]:
+                nic_behind_switch: bool = True,
+                net_unit_time_s: float | None = None) -> tuple[float, int]:
     """(pipeline-fill seconds, chunk bytes) of an NVLS or NVLS_Tree collective.
 
-    `unit_time_s` is the streaming time per byte of S on idle links, so a wave of W bytes
-    streams in W x unit_time_s.
+    `unit_time_s` is the streaming time per byte of S of the NVLink stages, and
+    `net_unit_time_s` that of the network stages (default: the same), so a wave of W bytes
+    passes one stage in W x its unit time. A pipeline of stages streams at its slowest
+    stage and fills in the time of the others: fill = wave x (sum of the stages' unit
+    times - the largest).
     """
     base, tree_max = nvls_tree_max_chunk(arch, shape.num_domains, shape.ppn, nic_GBps,
                                          nic_behind_switch)
     chunk = nvls_chunk_bytes(algo, size, channels, heads, base, tree_max)
     wave = min(channels * heads * chunk, size)
-    stages = NVLS_STAGES.get(op, 3) - 1
+    units = [unit_time_s] * NVLS_STAGES.get(op, 3)
     if algo == "nvls_tree":
-        stages += 2 * tree_depth(shape.num_domains)
-    return stages * wave * unit_time_s, chunk
+        net = unit_time_s if net_unit_time_s is None else net_unit_time_s
+        units += [net] * (2 * tree_depth(shape.num_domains))
+    return wave * (sum(units) - max(units)), chunk
 
 
 def host_floor_s(gpus_per_process: int) -> float:

@@ -1,0 +1,78 @@
+"""NCCL's latency constants as each release shipped them.
+
+The collective model prices latency with NCCL's tuning model (constants.py holds the
+tables of NVIDIA/nccl 2.30.7). Earlier releases shipped other values, and a measurement
+taken on one of them ran the latency NCCL chose by. The entries that differ, read from
+src/graph/tuning.cc at each release tag of NVIDIA/nccl (baseLat / hwLat, later
+ncclTunerConstantsDefaults):
+
+  * up to 2.18.x (2.18.3 .. 2.18.6): Tree + Simple has no base latency; NVLS and NVLS_Tree
+    carry a 23 us base latency and no NVLink per-step latency; NET per-step latency NVLS
+    18, NVLS_Tree 19 us; NVLS_Tree pays 2 x (nNodes - 1) network steps (not
+    2 x log2(nNodes)).
+  * 2.19 .. 2.22: Tree + Simple has no base latency and 28 us per step on NVLink and NET;
+    NVLS / NVLS_Tree 23 us on NVLink (25 from 2.21), NVLS_Tree 14 us per network step.
+  * 2.23 .. 2.28.7: Tree + Simple base 8.4 and 4.0 / 14 us per step (as 2.30); NVLS_Tree
+    14 us per network step.
+  * from 2.28.9: the tables of constants.py (NVLS_Tree 20.9 us per network step).
+
+A version string that does not parse ("unknown", "") gets the newest tables.
+"""
+from __future__ import annotations
+
+import re
+
+US = 1e-6
+# (first release it applies to, {(table, link, algorithm, protocol): microseconds}).
+# table "base" ignores link; link is "nvlink" or "net" for table "hw".
+_ERAS: tuple[tuple[tuple[int, int, int], dict[tuple[str, str, str, str], float]], ...] = (
+    ((2, 28, 9), {}),
+    ((2, 23, 0), {("hw", "net", "nvls_tree", "Simple"): 14.0}),
+    ((2, 21, 0), {("base", "", "tree", "Simple"): 0.0,
+                  ("hw", "nvlink", "tree", "Simple"): 28.0,
+                  ("hw", "net", "tree", "Simple"): 28.0,
+                  ("hw", "net", "nvls_tree", "Simple"): 14.0}),
+    ((2, 19, 0), {("base", "", "tree", "Simple"): 0.0,
+                  ("hw", "nvlink", "tree", "Simple"): 28.0,
+                  ("hw", "net", "tree", "Simple"): 28.0,
+                  ("hw", "nvlink", "nvls", "Simple"): 23.0,
+                  ("hw", "nvlink", "nvls_tree", "Simple"): 23.0,
+                  ("hw", "net", "nvls_tree", "Simple"): 14.0}),
+    ((0, 0, 0), {("base", "", "tree", "Simple"): 0.0,
+                 ("base", "", "nvls", "Simple"): 23.0,
+                 ("base", "", "nvls_tree", "Simple"): 23.0,
+                 ("hw", "nvlink", "nvls", "Simple"): 0.0,
+                 ("hw", "nvlink", "nvls_tree", "Simple"): 0.0,
+                 ("hw", "net", "nvls_tree", "Simple"): 19.0}),
+)
+# Before 2.19 NVLS_Tree's network latency grows with the node count, not its log
+# [tuning.cc 2.18.x: 2 * (nNodes - 1) * hwLat[NET][NVLS_TREE]].
+LINEAR_NVLS_TREE_BEFORE = (2, 19, 0)
+
+
+def parse_version(version: str | None) -> tuple[int, int, int] | None:
+    """(major, minor, patch) of an NCCL version string like '2.26.2' or '2.18.5+cuda12.2';
+    None when it does not parse (the newest tables apply)."""
+    match = re.match(r"\s*(\d+)\.(\d+)(?:\.(\d+))?", version or "")
+    if not match:
+        return None
+    return int(match.group(1)), int(match.group(2)), int(match.group(3) or 0)
+
+
+def override_us(version: str | None, table: str, link: str, algorithm: str,
+                protocol: str) -> float | None:
+    """The release's value (us) of one latency entry where it differs from the newest
+    tables, else None."""
+    parsed = parse_version(version)
+    if parsed is None:
+        return None
+    for first, entries in _ERAS:
+        if parsed >= first:
+            return entries.get((table, link if table == "hw" else "", algorithm, protocol))
+    return None
+
+
+def linear_nvls_tree(version: str | None) -> bool:
+    """True where the release prices NVLS_Tree's network steps as 2 x (nNodes - 1)."""
+    parsed = parse_version(version)
+    return parsed is not None and parsed < LINEAR_NVLS_TREE_BEFORE
