@@ -36,3 +36,44 @@ def test_stage_counts_are_the_kernels_warp_groups():
 ])
 def test_fill_is_stages_minus_one_waves(op, algo, nodes, waves):
     assert _waves(op, algo, nodes) == pytest.approx(waves)
+
+
+def test_the_pipeline_fills_through_every_stage_but_the_slowest():
+    # 2 nodes: 3 NVLink stages at u and 2 network stages at 3u: the network streams, the
+    # fill is one wave through the 3 NVLink stages and the other network stage.
+    size, channels, heads, unit = 1 << 30, 16, 8, 1e-12
+    fill, chunk = nvls_fill_s("all_reduce", "nvls_tree", _shape(2), size, channels, heads,
+                              unit, net_unit_time_s=3 * unit)
+    assert fill / (channels * heads * chunk * unit) == pytest.approx(3 + 3)
+    # NVLink slower than the network: two NVLink stages and both network hops.
+    fill, _ = nvls_fill_s("all_reduce", "nvls_tree", _shape(2), size, channels, heads,
+                          unit, net_unit_time_s=unit / 2)
+    assert fill / (channels * heads * chunk * unit) == pytest.approx(2 + 1)
+
+
+def test_nvls_tree_template_splits_nvlink_and_network_rates():
+    from simulator.network import CollectiveModel
+    from topologies import build
+
+    topo = build("dgx-h100x2")
+    t = CollectiveModel(topo).template("all_reduce", tuple(range(16)), "nvls_tree")
+    assert t.nvlink_unit_s > 0 and t.net_unit_s > 0
+    # The two parts use disjoint links, so together they stream at the slower one.
+    assert t.unit_time_s == pytest.approx(max(t.nvlink_unit_s, t.net_unit_s), rel=1e-6)
+
+
+def test_nvl72_network_stages_run_at_the_heads_network_rate(monkeypatch):
+    # Across NVL72 racks the heads' network rate (NVLS_TREE_HEAD_NET_BPS) bounds the
+    # network stages, so a slower head rate lengthens the fill, not only the stream.
+    import simulator.network.collectives as collectives
+    from simulator.network import CollectiveModel
+    from simulator.network.constants import NVLS_TREE_HEAD_NET_BPS
+    from topologies import build
+
+    topo = build("nvl72x4")
+    ranks = tuple(range(topo.world_size))
+    base = CollectiveModel(topo).plan("all_reduce", ranks, 1 << 30)
+    monkeypatch.setattr(collectives, "NVLS_TREE_HEAD_NET_BPS", NVLS_TREE_HEAD_NET_BPS / 2)
+    slow = CollectiveModel(topo).plan("all_reduce", ranks, 1 << 30)
+    assert base.algorithm == slow.algorithm == "nvls_tree"
+    assert slow.fill_s > 1.5 * base.fill_s

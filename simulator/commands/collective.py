@@ -7,6 +7,7 @@ import topologies
 
 from ..network import OPS, CommOptions
 from ..network.report import collective_table, group_ranks, parse_sizes
+from ..network.tuning_versions import parse_version
 from ..errors import UsageError
 from ..network import ALGORITHMS, PROTOCOLS
 from .common import add_limits, print_json
@@ -25,6 +26,9 @@ def register(sub) -> None:
     p.add_argument("--gpus-per-process", type=int, default=1, metavar="N",
                    help="GPUs one process drives (nccl-tests -g N): an iteration takes at "
                         "least N host enqueues (default 1)")
+    p.add_argument("--nccl-version", metavar="X.Y.Z",
+                   help="NCCL release whose tuning constants price latency and the choice "
+                        "(e.g. 2.18.5; default: the newest the model carries)")
     p.add_argument("--json", action="store_true",
                    help="print the rows as JSON (with algorithm, protocol, channels and the "
                         "latency / fill / bandwidth split)")
@@ -46,11 +50,14 @@ def handle(args: argparse.Namespace) -> int:
         raise UsageError("--sizes", args.sizes, str(exc)) from None
     if not 1 <= args.gpus_per_process <= 1024:
         raise UsageError("--gpus-per-process", args.gpus_per_process, "an integer 1..1024")
+    if args.nccl_version is not None and parse_version(args.nccl_version) is None:
+        raise UsageError("--nccl-version", args.nccl_version, "an NCCL release like 2.26.2")
     if args.op == "send_recv" and len(ranks) != 2:
         raise UsageError("--group", args.group, "two ranks (source, destination) for send_recv")
     rows = collective_table(topo, args.op, ranks, sizes,
                             CommOptions(algorithm=args.algorithm, protocol=args.protocol,
-                                        gpus_per_process=args.gpus_per_process))
+                                        gpus_per_process=args.gpus_per_process,
+                                        nccl_version=args.nccl_version))
     if args.json:
         print_json(rows)
         return 0

@@ -229,8 +229,14 @@ ASSUMPTIONS = (
      "reduce_scatter.h]; each stage assumed to take one wave at the streaming rate"),
     ("ONE_NODE_SEARCH_CHANNELS", "16 (32 coll channels)", "NCCL INIT log of 8 x H100; "
      "the channels NCCL's per-channel caps multiply in one node (links bind first there)"),
-    ("NVLS_Tree fill", "+2 waves per tree level", "a chunk crosses one network hop per "
-     "level up and down (NCCL's double binary tree [trees.cc]), pipelined like the stages"),
+    ("NVLS_Tree fill", "+2 stages per tree level, each at its part's rate",
+     "a chunk crosses one network hop per level up and down (NCCL's double binary tree "
+     "[trees.cc]); the pipeline streams at its slowest stage and fills through the others, "
+     "NVLink stages at the in-switch flows' rate (NVLS search speed), network stages at the "
+     "tree flows' rate (perChMaxNVLSTreeBw, NVL72 heads' network rate)"),
+    ("NCCL version", "the row's release; 2.30.7's tables when unknown",
+     "baseLat / hwLat differ by release (2.18, 2.19-2.22, 2.23-2.28.7, 2.28.9+) "
+     "[tuning.cc at each tag]; a row without a version gets the newest"),
     ("NVLS search speed", "only with more GPUs than heads (NVL72)", "NCCL's search fits "
      "(heads+1) x speed in each GPU's NVLink [search.cc]; with one head per GPU the links "
      "match 5-8 x H100 NVLS (NVIDIA/nccl issue 1455)"),

@@ -1,0 +1,88 @@
+"""NCCL's latency constants by release: a measurement is priced with the baseLat / hwLat
+tables of the NCCL it ran (src/graph/tuning.cc at each NVIDIA/nccl release tag), the
+newest tables when its release is unknown."""
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import pytest
+
+from simulator.network import CollectiveModel, CommOptions
+from simulator.network.algorithms import GroupShape
+from simulator.network.constants import base_latency_s, hw_latency_s
+from simulator.network.latency import nccl_latency_s
+from simulator.network.tuning_versions import linear_nvls_tree, parse_version
+from topologies import build
+
+US = 1e-6
+
+
+def _shape(nodes: int, ppn: int = 8) -> GroupShape:
+    ranks = tuple(range(nodes * ppn))
+    return GroupShape(ranks, tuple(range(nodes)),
+                      tuple(tuple(range(d * ppn, (d + 1) * ppn)) for d in range(nodes)))
+
+
+@pytest.mark.parametrize("text,parsed", [
+    ("2.26.2", (2, 26, 2)), ("2.18.5+cuda12.2", (2, 18, 5)), ("2.21", (2, 21, 0)),
+    ("unknown", None), ("", None), (None, None)])
+def test_versions_parse(text, parsed):
+    assert parse_version(text) == parsed
+
+
+@pytest.mark.parametrize("version,link,algo,us", [
+    ("2.18.5", "net", "nvls_tree", 19.0),     # 2.18.x NET NVLSTree
+    ("2.20.5", "net", "nvls_tree", 14.0),     # 2.19 .. 2.28.7
+    ("2.26.2", "net", "nvls_tree", 14.0),
+    ("2.28.9", "net", "nvls_tree", 20.9),     # from 2.28.9 (the newest tables)
+    ("unknown", "net", "nvls_tree", 20.9),
+    ("2.20.5", "nvlink", "tree", 28.0),       # 2.19 .. 2.22 Tree Simple 28 us per step
+    ("2.23.4", "nvlink", "tree", 4.0),
+    ("2.20.5", "nvlink", "nvls", 23.0),       # 23 us NVLS until 2.21, 25 after
+    ("2.21.5", "nvlink", "nvls", 25.0),
+    ("2.18.5", "nvlink", "nvls", 0.0),        # 2.18 kept NVLS latency in baseLat
+])
+def test_hw_latency_of_the_release(version, link, algo, us):
+    assert hw_latency_s(link, algo, "Simple", version) == pytest.approx(us * US)
+
+
+def test_base_latency_of_the_release():
+    assert base_latency_s("nvls", "Simple", "2.18.5") == pytest.approx(23 * US)
+    assert base_latency_s("nvls", "Simple", "2.26.2") == 0.0
+    assert base_latency_s("tree", "Simple", "2.20.5") == 0.0    # 8.4 from 2.23
+    assert base_latency_s("tree", "Simple", "2.23.4") == pytest.approx(8.4 * US)
+    assert base_latency_s("ring", "LL", "2.18.5") == pytest.approx(6.6 * US)   # unchanged
+
+
+def test_nvls_tree_latency_per_release():
+    two = _shape(2)
+    # 2.26: NVLink 25 + 2 x log2(2) x NET 14; 2.30: NET 20.9.
+    assert nccl_latency_s(two, "all_reduce", "nvls_tree", "Simple", 1 << 22, 16,
+                          version="2.26.2") == pytest.approx(53.0 * US)
+    assert nccl_latency_s(two, "all_reduce", "nvls_tree", "Simple", 1 << 22, 16) \
+        == pytest.approx(66.8 * US)
+    # 2.18: base 23 + 2 x (nNodes - 1) x 19, linear in the node count.
+    assert linear_nvls_tree("2.18.5") and not linear_nvls_tree("2.19.3")
+    four = _shape(4)
+    assert nccl_latency_s(four, "all_reduce", "nvls_tree", "Simple", 1 << 22, 16,
+                          version="2.18.5") == pytest.approx((23 + 6 * 19) * US)
+
+
+def test_the_model_prices_a_plan_with_its_release():
+    topo = build("dgx-b200x2")
+    ranks = tuple(range(16))
+    new = CollectiveModel(topo).plan("all_reduce", ranks, 1 << 22)
+    old = CollectiveModel(topo, CommOptions(nccl_version="2.26.2")).plan(
+        "all_reduce", ranks, 1 << 22)
+    assert new.algorithm == old.algorithm == "nvls_tree"
+    assert new.closed_form_s - old.closed_form_s == pytest.approx(2 * 6.9 * US)
+
+
+def test_cli_refuses_a_version_it_cannot_read():
+    proc = subprocess.run([sys.executable, "-m", "simulator", "collective", "--topo",
+                           "dgx-h100", "--op", "all_reduce", "--group", "8", "--sizes",
+                           "1K:1K", "--nccl-version", "latest"],
+                          capture_output=True, text=True)
+    assert proc.returncode == 2
+    assert "--nccl-version" in proc.stderr and "latest" in proc.stderr
