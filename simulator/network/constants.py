@@ -246,7 +246,8 @@ ASSUMPTIONS = (
     ("NVLS_TREE_HEAD_NET_BPS", "13.0 GB/s per NVLS head (x2 on 2 racks)",
      "ESTIMATED on coreweave-gb200-nvl72-144 (8 -> 16 GiB slope, 417.5 GB/s / 32 heads); "
      "in-sample there, scored on coreweave-gb200-nvl72-1440; applies only where a domain "
-     "has more GPUs than NVLS heads (NVL72); its cause is not identified"),
+     "has more GPUs than NVLS heads (NVL72), to the stream and to the fill's network "
+     "stages; its cause is not identified"),
     ("nvl72 scale-out", "one 400 Gb/s NIC per GPU", "typical GB200 deployments; a topology "
      "file sets another"),
     ("HDR_200G nic_nccl_Bps", "24 GB/s", "96 % of 25 GB/s, the ratio NDR reaches "
