@@ -230,3 +230,17 @@ def test_report_lists_the_lambda_one_off_and_keeps_it_scored():
     assert "lambda-b200-16-all_reduce-524288" in ids
     assert "lambda-b200-16-all_reduce-524288" in {r["id"] for r in result["rows"]}
     assert sum(r["scored_on"] == "time" for r in result["rows"]) >= 250
+
+
+def test_rows_are_priced_with_their_nccl_release():
+    # Lambda's B200 run states NCCL 2.26.2, whose NVLS_Tree network step is 14 us (20.9
+    # from 2.28.9): its NVLS_Tree points are 2 x 6.9 us faster than under the newest tables.
+    from dataclasses import replace
+
+    pts = [p for p in load_points() if p.id == "lambda-b200-16-all_reduce-16777216"]
+    assert pts and pts[0].nccl_version == "2.26.2"
+    systems = load_systems()
+    stated, _ = predict(pts, systems)
+    newest, _ = predict([replace(pts[0], nccl_version="unknown")], systems)
+    assert stated[0].predicted_algorithm == newest[0].predicted_algorithm == "nvls_tree"
+    assert newest[0].predicted_time_us - stated[0].predicted_time_us == pytest.approx(13.8)
