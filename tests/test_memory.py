@@ -333,3 +333,14 @@ def test_fsdp2_accumulates_unsharded_gradients_in_fp32_under_pipelining():
     # and unsharded: the stage's whole gradient, not 1/dp of it
     no_pp = memory_breakdown(_plan(8, fsdp={"enabled": True, "version": 2}))
     assert v2.grads_bytes > 2 * no_pp.grads_bytes
+
+
+def test_torch_tp_keeps_the_output_projections_gathered_input():
+    # DTensor's ColwiseParallel saves the sequence-gathered input of the output projection
+    # (2sbh); Megatron's sequence-parallel linear keeps it sharded (2sbh/t, Korthikanti 4.3).
+    m = PRESETS["llama3-8b"]
+    megatron = output_layer_activation_bytes(m, 4096, 1, 4, True)
+    torch_tp = output_layer_activation_bytes(m, 4096, 1, 4, True, gathered_input_saved=True)
+    assert torch_tp - megatron == pytest.approx(2 * 4096 * m.hidden_size * (1 - 1 / 4))
+    assert output_layer_activation_bytes(m, 4096, 1, 1, False, gathered_input_saved=True) == \
+        output_layer_activation_bytes(m, 4096, 1)

@@ -212,6 +212,16 @@ def accumulated_grad_bytes(plan: Plan) -> float:
     return prec.grad_state_bytes
 
 
+def output_activation_bytes(plan: Plan) -> float:
+    """What the output layer and the loss keep for one micro-batch on one rank (Korthikanti
+    section 4.3): the final norm's input, the projection's input (whole under torchtitan's
+    DTensor TP, which saves the sequence-gathered input) and the fp32 logits."""
+    tr, mesh = plan.training, plan.mesh
+    return activation_scale(plan) * output_layer_activation_bytes(
+        plan.model, tr.seq_len // mesh.cp, tr.micro_batch, mesh.tp, plan.sequence_parallel,
+        gathered_input_saved=plan.framework == "torchtitan")
+
+
 def activation_scale(plan: Plan) -> float:
     """Korthikanti et al.'s counts assume 16-bit activations; fp32 training doubles them."""
     return precision(plan.training.dtype).act_bytes / BF16_BYTES
@@ -296,7 +306,7 @@ def memory_breakdown(plan: Plan, stage: int = 0,
         # peak and the recompute's working set are never live together.
         gpipe = mesh.pp > 1 and plan.pipeline.schedule == "gpipe"
         last_in_flight = plan.micro_batches if gpipe else 1
-        logits = activation_scale(plan) * output_layer_activation_bytes(m, s, b, tp, sp)
+        logits = output_activation_bytes(plan)
         activations += (last_in_flight - 1) * logits
         activations += last_in_flight * sum(mtp_activation_bytes(plan, k)
                                             for k in range(m.mtp_layers))
