@@ -344,3 +344,20 @@ def test_torch_tp_keeps_the_output_projections_gathered_input():
     assert torch_tp - megatron == pytest.approx(2 * 4096 * m.hidden_size * (1 - 1 / 4))
     assert output_layer_activation_bytes(m, 4096, 1, 1, False, gathered_input_saved=True) == \
         output_layer_activation_bytes(m, 4096, 1)
+
+
+def test_torch_pipelining_keeps_a_receive_buffer_per_micro_batch(monkeypatch):
+    # torch.distributed.pipelining allocates, per micro-batch, an activation receive buffer
+    # for each local chunk but the model's first and a gradient one for each but the last;
+    # Megatron exchanges through one send and one receive buffer.
+    from workloads.memory import pipeline_buffer_count
+    plan = _titan(8, mesh={"dp": "auto", "pp": 4})
+    m = plan.micro_batches
+    assert [pipeline_buffer_count(plan, [s], 4) for s in range(4)] == [m, 2 * m, 2 * m, m]
+    assert pipeline_buffer_count(plan, [0, 4], 8) == 3 * m      # interleaved: chunks 0 and 4
+    assert pipeline_buffer_count(_plan(8, mesh={"dp": "auto", "pp": 4}), [1], 4) == 2
+    act = 2 * 4096 * 1 * 4096      # one micro-batch's bf16 activation (s b h)
+    middle = memory_breakdown(plan, 1).buffers_bytes
+    import workloads.memory as memory
+    monkeypatch.setattr(memory, "pipeline_buffer_count", lambda *_: 2)
+    assert middle - memory_breakdown(plan, 1).buffers_bytes == pytest.approx((2 * m - 2) * act)

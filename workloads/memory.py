@@ -212,6 +212,22 @@ def accumulated_grad_bytes(plan: Plan) -> float:
     return prec.grad_state_bytes
 
 
+def pipeline_buffer_count(plan: Plan, chunks: Sequence[int], num_chunks: int) -> int:
+    """Micro-batch activations a pipeline stage holds as send/receive buffers.
+
+    Megatron: a send and a receive buffer of one micro-batch (p2p_communication.py
+    allocates the receive tensors per exchange). torch.distributed.pipelining (torchtitan)
+    allocates, once per schedule and for every micro-batch, a receive buffer for the
+    activations of each local chunk but the model's first and one for the gradients of each
+    local chunk but the last (stage.py: _prepare_forward_infra / _create_act_recv_info and
+    _setup_backward_recv_info / _create_grad_recv_info), and keeps them.
+    """
+    if plan.framework != "torchtitan":
+        return 2
+    per_micro_batch = sum((c != 0) + (c != num_chunks - 1) for c in chunks)
+    return plan.micro_batches * per_micro_batch
+
+
 def output_activation_bytes(plan: Plan) -> float:
     """What the output layer and the loss keep for one micro-batch on one rank (Korthikanti
     section 4.3): the final norm's input, the projection's input (whole under torchtitan's
@@ -331,7 +347,8 @@ def memory_breakdown(plan: Plan, stage: int = 0,
     if any(m.is_moe_layer(layer) for layer in own_layers):
         buffers += dispatch_buffer_bytes(plan, prec.act_bytes)   # workloads/moe/memory.py
     if mesh.pp > 1:
-        buffers += 2 * prec.act_bytes * s * b * m.hidden_size / (tp if sp else 1)
+        activation = prec.act_bytes * s * b * m.hidden_size / (tp if sp else 1)
+        buffers += pipeline_buffer_count(plan, chunks, len(ranges)) * activation
     if mesh.cp > 1:
         # Ring attention: the KV block being sent and the one being received (the dK/dV
         # partials travel in the same-size buffers); all-gather: the gathered K and V, kept
