@@ -260,12 +260,16 @@ def memory_breakdown(plan: Plan, stage: int = 0,
       unsharded gradients in the reduce dtype (fp32, Precision.grad_reduce_bytes).
     - ZeRO 0/1 all-reduce in place on the gradient buckets (DDP gradient_as_bucket_view).
     - TP (t > 1): one unsharded layer input 2sbh (SP all-gather output / all-reduce buffer).
-    - PP (pp > 1): a send and a receive buffer of one micro-batch's activation 2sbh (/t with SP).
+    - PP (pp > 1): a send and a receive buffer of one micro-batch's activation 2sbh (/t with
+      SP); torch.distributed.pipelining's receive buffers per micro-batch (torchtitan,
+      pipeline_buffer_count).
     - CP (cp > 1): ring attention's send and receive KV blocks; all-gather CP's gathered K
       and V (and, without full or op-level recompute, the gathered K and V every layer in
       flight keeps for its backward, counted as activations); Ulysses' gathered q, k, v.
     Working set: full and op-level (selective_op) recompute rebuild one layer's activations
-    for one micro-batch during the backward; selective rebuilds one layer's attention scores.
+    for one micro-batch during the backward; selective rebuilds one layer's attention scores;
+    on the last stage the loss's fp32 logits copies (loss_memory.py) come first, so the
+    working set is the larger of the two, never their sum.
     ZeRO/FSDP shard over dp x cp (torchtitan's dp_shard_cp, Megatron's DP-with-CP group);
     routed-expert states over dp x cp / ep. Activations are bf16 also for fp8 training.
     """
