@@ -12,8 +12,7 @@ from __future__ import annotations
 import numpy as np
 import pyarrow as pa
 
-from workloads.memory import (activation_scale, memory_breakdown, output_layer_activation_bytes,
-                              saved_layer_bytes)
+from workloads.memory import memory_breakdown, output_activation_bytes, saved_layer_bytes
 from workloads.program import Program
 
 
@@ -36,9 +35,7 @@ def _rank_deltas(plan, stage: int, layer, microbatch, phase, op, end, stream) ->
                 last_fwd[key] = i
             elif phase[i] == "backward" and (key[0] >= 0 or op[i] == "output"):
                 last_bwd[key] = i
-    tr, m = plan.training, plan.model
-    logits = activation_scale(plan) * output_layer_activation_bytes(
-        m, tr.seq_len // plan.mesh.cp, tr.micro_batch, plan.mesh.tp, plan.sequence_parallel)
+    logits = output_activation_bytes(plan)
     for key, i in last_fwd.items():
         size = logits if key[0] < 0 else saved_layer_bytes(plan, key[0])
         deltas[i] += size

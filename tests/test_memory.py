@@ -102,9 +102,15 @@ def test_zero_stages_shard_16_bytes_per_param():
     assert (z1.params_bytes, z1.grads_bytes, z1.optimizer_bytes) == (2 * n, 2 * n, 12 * n / 8)
     z2 = memory_breakdown(_plan(8, zero_stage=2))
     assert (z2.params_bytes, z2.grads_bytes, z2.optimizer_bytes) == (2 * n, 2 * n / 8, 12 * n / 8)
-    z3 = memory_breakdown(_plan(8, fsdp={"enabled": True}))
+    z3 = memory_breakdown(_plan(8, fsdp={"enabled": True, "version": 1}))
     assert (z3.params_bytes, z3.grads_bytes, z3.optimizer_bytes) == \
         (2 * n / 8, 2 * n / 8, 12 * n / 8)
+    # FSDP2's sharded parameter is the fp32 master and its reduced gradient fp32: 4 + 4 + 8,
+    # the same 16 bytes split otherwise (no bf16 working copy).
+    f2 = memory_breakdown(_plan(8, fsdp={"enabled": True, "version": 2}))
+    assert (f2.params_bytes, f2.grads_bytes, f2.optimizer_bytes) == \
+        (4 * n / 8, 4 * n / 8, 8 * n / 8)
+    assert f2.peak_bytes == z3.peak_bytes
     assert z0.peak_bytes > z1.peak_bytes > z2.peak_bytes > z3.peak_bytes
     assert z0.buffers_bytes == 0 < z2.buffers_bytes < z3.buffers_bytes
     # ZeRO-3 gathers two units (current + prefetched) in bf16: here the output layer and
@@ -196,7 +202,13 @@ def test_flash_attention_stores_no_scores():
     eager = memory_breakdown(_plan(8, recompute="selective", attention="eager"))
     assert flash["none"] == flash["selective"]
     assert flash["none"] < memory_breakdown(_plan(8, attention="eager")).activations_bytes
-    assert flash["selective"] < eager.activations_bytes
+    # On a stage without the loss, eager selective adds one layer's rebuilt scores; on the
+    # last stage they are rebuilt after the loss freed its logits (the larger, here).
+    first = {a: memory_breakdown(_plan(8, recompute="selective", attention=a,
+                                       mesh={"dp": "auto", "pp": 2}), 0).activations_bytes
+             for a in ("flash", "eager")}
+    assert first["flash"] < first["eager"]
+    assert flash["selective"] == eager.activations_bytes
 
 
 # ----------------------- the 3D tensor-parallel designs (Bian et al. 2021, arXiv:2105.14450)
@@ -271,3 +283,81 @@ def test_memory_timeline_never_exceeds_the_analytic_peak(plan_name):
     summary = simulated(plan_name).summary
     assert summary["memory"]["timeline_peak_bytes"] <= summary["peak_memory_bytes"] * (1 + 1e-12)
     assert summary["memory"]["timeline_peak_bytes"] > summary["memory"]["params_bytes"]
+
+
+# ------------------------------------------- the loss's working set and FSDP2's states
+def _titan(world, **over):
+    return _plan(world, framework="torchtitan", **over)
+
+
+def test_torch_cross_entropy_holds_three_fp32_logits_copies():
+    # torchtitan's eager cross-entropy (ATen log_softmax + nll_loss) holds the saved fp32
+    # log-softmax output, nll_loss_backward's fp32 gradient and log_softmax's backward
+    # output at once: 2 more fp32 logits than the fused count (4 s b v bytes each); under
+    # TP the DTensor loss_parallel backward adds exp(x) and a sum: 3 more, over t.
+    from workloads.memory import saved_layer_bytes
+    fp32_logits = 4 * 4096 * 1 * 128256
+    for tp, extra in ((1, 2), (2, 3)):
+        for framework in ("generic", "torchtitan"):
+            plan = _plan(8, framework=framework, recompute="none",
+                         mesh={"dp": "auto", "tp": tp})
+            saved = sum(saved_layer_bytes(plan, layer) for layer in range(32))
+            logits = output_layer_activation_bytes(plan.model, 4096, 1, tp,
+                                                   plan.sequence_parallel)
+            loss = memory_breakdown(plan).activations_bytes - saved - logits
+            assert loss == pytest.approx(extra * fp32_logits / tp if framework == "torchtitan"
+                                         else 0)
+
+
+def test_loss_peak_and_recompute_working_set_are_not_summed():
+    # The layer recompute runs after the output layer's backward freed the logits: the
+    # last stage's working set is the larger of the two, never their sum.
+    plan = _plan(8, recompute="full", training={"global_batch": 64, "micro_batch": 1,
+                                                "seq_len": 1024})
+    b = memory_breakdown(plan)
+    saved = 32 * activation_bytes_per_layer(plan.model, 1024, 1, recompute="full")
+    layer = activation_bytes_per_layer(plan.model, 1024, 1, recompute="none", kernels="fused")
+    logits = output_layer_activation_bytes(plan.model, 1024, 1)
+    assert b.activations_bytes == pytest.approx(saved + max(layer, logits))
+    assert b.activations_bytes < saved + layer + logits
+
+
+def test_fsdp2_accumulates_unsharded_gradients_in_fp32_under_pipelining():
+    # torch.distributed.pipelining turns gradient sync off for all but the last micro-batch;
+    # FSDP2 then upcasts each unsharded gradient to the reduce dtype (fp32) to accumulate.
+    # FSDP1 keeps them in bf16.
+    mesh = {"dp": "auto", "pp": 2}
+    v2 = memory_breakdown(_plan(8, mesh=mesh, fsdp={"enabled": True, "version": 2}), 0)
+    v1 = memory_breakdown(_plan(8, mesh=mesh, fsdp={"enabled": True, "version": 1}), 0)
+    assert v2.grads_bytes == pytest.approx(2 * v1.grads_bytes)
+    # and unsharded: the stage's whole gradient, not 1/dp of it
+    no_pp = memory_breakdown(_plan(8, fsdp={"enabled": True, "version": 2}))
+    assert v2.grads_bytes > 2 * no_pp.grads_bytes
+
+
+def test_torch_tp_keeps_the_output_projections_gathered_input():
+    # DTensor's ColwiseParallel saves the sequence-gathered input of the output projection
+    # (2sbh); Megatron's sequence-parallel linear keeps it sharded (2sbh/t, Korthikanti 4.3).
+    m = PRESETS["llama3-8b"]
+    megatron = output_layer_activation_bytes(m, 4096, 1, 4, True)
+    torch_tp = output_layer_activation_bytes(m, 4096, 1, 4, True, gathered_input_saved=True)
+    assert torch_tp - megatron == pytest.approx(2 * 4096 * m.hidden_size * (1 - 1 / 4))
+    assert output_layer_activation_bytes(m, 4096, 1, 1, False, gathered_input_saved=True) == \
+        output_layer_activation_bytes(m, 4096, 1)
+
+
+def test_torch_pipelining_keeps_a_receive_buffer_per_micro_batch(monkeypatch):
+    # torch.distributed.pipelining allocates, per micro-batch, an activation receive buffer
+    # for each local chunk but the model's first and a gradient one for each but the last;
+    # Megatron exchanges through one send and one receive buffer.
+    from workloads.memory import pipeline_buffer_count
+    plan = _titan(8, mesh={"dp": "auto", "pp": 4})
+    m = plan.micro_batches
+    assert [pipeline_buffer_count(plan, [s], 4) for s in range(4)] == [m, 2 * m, 2 * m, m]
+    assert pipeline_buffer_count(plan, [0, 4], 8) == 3 * m      # interleaved: chunks 0 and 4
+    assert pipeline_buffer_count(_plan(8, mesh={"dp": "auto", "pp": 4}), [1], 4) == 2
+    act = 2 * 4096 * 1 * 4096      # one micro-batch's bf16 activation (s b h)
+    middle = memory_breakdown(plan, 1).buffers_bytes
+    import workloads.memory as memory
+    monkeypatch.setattr(memory, "pipeline_buffer_count", lambda *_: 2)
+    assert middle - memory_breakdown(plan, 1).buffers_bytes == pytest.approx((2 * m - 2) * act)

@@ -23,7 +23,10 @@ cores the same way), each with `threads` intra-op threads:
   all-reduce buffer, the all-gather output, the reduce-scatter input, the all-to-all buffer).
   The measured points themselves are written too: the simulator interpolates between them
   and uses the fit only outside their range (a CPU host's collectives are not linear in
-  size).
+  size);
+* the run's host probe (a matmul and a DRAM copy, validation/runner.py HostProbe) at every
+  phase boundary (`calibration.host_probe`): validation/steadiness.py tells from these and
+  the run's own samples whether the host's load changed between calibration and the steps.
 """
 from __future__ import annotations
 
@@ -212,16 +215,19 @@ def _worker(rank: int, world: int, backend: str, port: int, out_path: str, threa
     import torch.distributed as dist
     import torch.nn.functional as F
 
-    from .runner import init_distributed
+    from .runner import HostProbe, init_distributed
 
     device = init_distributed(rank, world, backend, port, threads)
     rank = dist.get_rank()
     dtype = torch.float32 if device.type == "cpu" else torch.bfloat16
     sync = (lambda: torch.cuda.synchronize(device)) if device.type == "cuda" else (lambda: None)
     barrier = dist.barrier
+    probe, probed = HostProbe(device, dtype), []
     marks = [("start", time.perf_counter())]
+    _sample_probe(probe, probed, barrier)
     matmul = _bench_matmul(device, dtype, quick, sync, barrier)
     marks.append(("matmul", time.perf_counter()))
+    _sample_probe(probe, probed, barrier)
     # per shape, the slowest rank sets the pace
     rates = torch.tensor([r["flops_per_s"] for r in matmul], dtype=torch.float64)
     dist.all_reduce(rates, op=dist.ReduceOp.MIN)
@@ -248,16 +254,22 @@ def _worker(rank: int, world: int, backend: str, port: int, out_path: str, threa
     tiny = torch.randn(8, 8, device=device, dtype=dtype)
     launch_s = statistics.median(timed(lambda: tiny @ tiny, 0.02, 5, sync))
     marks.append(("copy_attention_launch", time.perf_counter()))
+    _sample_probe(probe, probed, barrier)
     overlap = _overlap_factor(device, dtype, world, sync) if world > 1 else 1.0
     marks.append(("overlap", time.perf_counter()))
+    _sample_probe(probe, probed, barrier)
     coll = _bench_collectives(world, device, dtype, QUICK_SIZES if quick else COLL_SIZES,
                               sync) if world > 1 else {}
     marks.append(("collectives", time.perf_counter()))
+    _sample_probe(probe, probed, barrier)
     on_cpu = world > 1 and device.type == "cpu"
     redistribute_s = redistribute_overhead(world, device, dtype, sync, float(mem[1])) \
         if on_cpu else 0.0
     skew_s = collective_skew(device, dtype, sync) if on_cpu else 0.0
     marks.append(("host_overheads", time.perf_counter()))
+    _sample_probe(probe, probed, barrier)
+    rates_min = torch.tensor(probed, dtype=torch.float64)   # [marks, (matmul, copy)]
+    dist.all_reduce(rates_min, op=dist.ReduceOp.MIN)
     scalars = torch.tensor([attn_flops / attn_s, launch_s, overlap, redistribute_s, skew_s],
                            dtype=torch.float64)
     dist.all_reduce(scalars, op=dist.ReduceOp.SUM)
@@ -269,9 +281,27 @@ def _worker(rank: int, world: int, backend: str, port: int, out_path: str, threa
                              skew_s=float(scalars[4]))
         topo["calibration"]["section_s"] = {name: round(t - prev, 3) for (_, prev), (name, t)
                                             in zip(marks, marks[1:])}
+        topo["calibration"]["host_probe"] = _probe_record(rates_min)
         write_json(topo, out_path)
     dist.barrier()
     dist.destroy_process_group()
+
+
+def _sample_probe(probe, probed: list, barrier) -> None:
+    """The run's host probe (validation/runner.py HostProbe) at a phase boundary: the
+    steadiness check (validation/steadiness.py) sets these against the run's samples."""
+    barrier()
+    probed.append((probe.sample(), probe.sample_copy()))
+
+
+def _probe_record(rates: torch.Tensor) -> dict:
+    """The calibration file's `host_probe`: matmul and copy rates at each phase boundary
+    (the slowest rank's)."""
+    from .runner import PROBE_COPY_BYTES, PROBE_SHAPE
+
+    return {"shape_mnk": list(PROBE_SHAPE), "copy_bytes": PROBE_COPY_BYTES,
+            "flops_per_s": [r[0] for r in rates.tolist()],
+            "copy_Bps": [r[1] for r in rates.tolist()]}
 
 
 def _profile(gemm_eff: float, attn_eff: float, launch_s: float, overlap: float,

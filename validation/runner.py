@@ -77,11 +77,17 @@ def _sync(device: torch.device) -> None:
 
 PROBE_SHAPE = (1024, 1536, 512)  # (m, n, k): a representative GEMM; calibrate measures it too
 PROBE_EVENT = "validation::host_probe"  # its profiler range, left out of the profile rows
+# The copy probe's buffer: 64 MiB, twice this host class's last-level cache (32 MiB L3 on the
+# CI host, `lscpu`), so that the copy measures DRAM bandwidth, which a neighbour's
+# memory-bound load takes from the steps' elementwise ops and gloo's memcpy while leaving a
+# cache-resident matmul nearly untouched.
+PROBE_COPY_BYTES = 64 << 20
 
 
 class HostProbe:
-    """This rank's matmul FLOP/s at PROBE_SHAPE, sampled before each round of timed steps
-    (min over ranks is taken later).
+    """This rank's matmul FLOP/s at PROBE_SHAPE and copy bytes/s, sampled before each round
+    of timed steps and once after the last (min over ranks is taken later); calibrate
+    samples the same probe between its phases.
 
     `compare` sets the samples against the calibration file's same-shape entry to tell a
     host whose speed drifted since calibration (a shared machine) from a model error. The
@@ -94,8 +100,24 @@ class HostProbe:
         self.device = device
         self.a = torch.randn(m, k, device=device, dtype=dtype)
         self.b = torch.randn(k, n, device=device, dtype=dtype)
+        self.src = torch.ones(PROBE_COPY_BYTES // 4, device=device, dtype=torch.float32)
+        self.dst = torch.empty_like(self.src)
         self.a @ self.b
+        self.dst.copy_(self.src)
         _sync(device)
+
+    def sample_copy(self, reps: int = 3) -> float:
+        """Bytes/s (read + written) of `reps` copies of PROBE_COPY_BYTES, after an untimed
+        one: the memory-bound half of a step's work, which the matmul probe does not see."""
+        with torch.profiler.record_function(PROBE_EVENT):
+            self.dst.copy_(self.src)
+            _sync(self.device)
+            t = time.perf_counter()
+            for _ in range(reps):
+                self.dst.copy_(self.src)
+            _sync(self.device)
+            elapsed_s = time.perf_counter() - t
+        return 2 * PROBE_COPY_BYTES * reps / elapsed_s
 
     def sample(self, reps: int = 3) -> float:
         """FLOP/s of one timed batch of `reps` matmuls (~50 ms on a CPU core), after an
@@ -193,13 +215,15 @@ def _timed_steps(trainers: list[_Trainer], steps: int, origin: float,
     samples = []
     for _ in range(steps):
         dist.barrier()
-        samples.append(probe.sample())
+        samples.append((probe.sample(), probe.sample_copy()))
         for trainer, (starts, ends, losses) in zip(trainers, records):
             dist.barrier()
             _sync(trainer.device)
             starts.append(time.perf_counter() - origin)
             losses.append(trainer.step())
             ends.append(time.perf_counter() - origin)
+    dist.barrier()
+    samples.append((probe.sample(), probe.sample_copy()))   # after the last round
     return records, samples
 
 
@@ -230,7 +254,7 @@ def worker(rank: int, data: list[dict], steps: int, warmup: int, port: int | Non
     dist.barrier()
     records, during = _timed_steps(trainers, steps, time.perf_counter(), probe)
     dist.barrier()
-    probes = torch.tensor(during, dtype=torch.float64)
+    probes = torch.tensor(during, dtype=torch.float64)    # [rounds + 1, (matmul, copy)]
     dist.all_reduce(probes, op=dist.ReduceOp.MIN)
     profile_rows: list[dict] = []
     if prof is not None:
@@ -241,7 +265,13 @@ def worker(rank: int, data: list[dict], steps: int, warmup: int, port: int | Non
     all_profiles = [None] * world if rank == 0 else None
     if profile:
         dist.gather_object(profile_rows, all_profiles, dst=0)
-    probed = {"shape_mnk": list(PROBE_SHAPE), "flops_per_s_during": probes.tolist()}
+    rates = probes.tolist()
+    # flops_per_s_during: before each round (compare's drift); the steadiness check
+    # (validation/steadiness.py) also uses the copy rate and the samples after the last round
+    probed = {"shape_mnk": list(PROBE_SHAPE), "copy_bytes": PROBE_COPY_BYTES,
+              "flops_per_s_during": [r[0] for r in rates[:-1]],
+              "copy_Bps_during": [r[1] for r in rates[:-1]],
+              "flops_per_s_after_steps": rates[-1][0], "copy_Bps_after_steps": rates[-1][1]}
     for spec, (starts, ends, losses), out_path in zip(specs, records, out_paths):
         losses = [float(x.full_tensor() if hasattr(x, "full_tensor") else x) for x in losses]
         times = torch.tensor([starts, ends, losses], dtype=torch.float64)

@@ -121,12 +121,17 @@ def scores_bytes(model: ModelSpec, sb: int, kv_seq: int, tp: int, dropout: bool)
 
 
 def output_layer_activation_bytes(model: ModelSpec, seq_len: int, micro_batch: int, tp: int = 1,
-                                  sequence_parallel: bool = False) -> float:
+                                  sequence_parallel: bool = False,
+                                  gathered_input_saved: bool = False) -> float:
     """Final norm input, output-projection input and fp32 logits for the loss, one micro-batch.
 
     Korthikanti et al. section 4.3: 4sbh/t (1 + v/h) with TP + SP (the h terms are not split
-    over TP without SP); the vocabulary-parallel logits are 4sbv/t.
+    over TP without SP); the vocabulary-parallel logits are 4sbv/t. Megatron's sequence-
+    parallel linear keeps its input sequence-sharded and gathers it again for its weight
+    gradient; torch's DTensor ColwiseParallel keeps what its matmul ran on, the input
+    all-gathered over the sequence (gathered_input_saved: 2sbh, not 2sbh/t).
     """
     sb, h = seq_len * micro_batch, model.hidden_size
     sp_div = tp if sequence_parallel else 1
-    return 2 * 2 * sb * h / sp_div + 4 * sb * model.vocab_size / tp
+    projection_input = 2 * sb * h / (1 if gathered_input_saved else sp_div)
+    return 2 * sb * h / sp_div + projection_input + 4 * sb * model.vocab_size / tp

@@ -28,6 +28,7 @@ from typing import Sequence
 from .activations import (activation_bytes_per_layer, default_dropout,
                           output_layer_activation_bytes, scores_bytes)
 from .context_parallel_torch import torch_cp_buffer_bytes
+from .loss_memory import fp32_logits_bytes, fp32_logits_copies
 from .models import ModelSpec
 from .moe.memory import dispatch_buffer_bytes, expert_rows_factor, gathered_expert_input_bytes
 from .params import unit_param_groups
@@ -171,11 +172,70 @@ def grad_state_bytes(plan: Plan) -> float:
     gradient buffer (main_grad) is fp32 when grad_reduce_in_fp32 is set, as the
     Megatron-Bridge recipes do (recipes/llama/h100/llama3.py: cfg.ddp.grad_reduce_in_fp32
     = True; megatron/core/distributed/param_and_grad_buffer.py allocates the buffer in the
-    reduce dtype)."""
+    reduce dtype). FSDP2 keeps its reduced sharded gradient in the sharded parameter's dtype,
+    fp32 (sharded_state_bytes)."""
     prec = precision(plan.training.dtype)
     if plan.framework == "megatron-core" and not plan.fsdp and plan.zero_stage < 3:
         return max(prec.grad_state_bytes, FP32_BYTES)
+    if plan.fsdp and plan.fsdp_version == 2:
+        return max(prec.grad_state_bytes, FP32_BYTES)
     return prec.grad_state_bytes
+
+
+def sharded_state_bytes(plan: Plan) -> tuple[float, float]:
+    """(parameter, optimizer) bytes per parameter of the plan's model states.
+
+    ZeRO's mixed-precision count keeps a bf16 working copy (2) besides Adam's fp32 master,
+    momentum and variance (12). FSDP2 keeps no bf16 copy: its sharded parameter is the fp32
+    master itself, cast to the MixedPrecisionPolicy's param_dtype only into the all-gather
+    buffer (torch/distributed/fsdp/_fully_shard/_fsdp_param.py), so it holds 4 + 8 (Adam's
+    two fp32 moments, in the parameter's dtype); its reduced sharded gradient is fp32 too,
+    which keeps the 16 bytes per parameter of the ZeRO count.
+    """
+    prec = precision(plan.training.dtype)
+    mixed = prec.optimizer_state_bytes > 2 * FP32_BYTES    # an fp32 master copy besides m, v
+    if plan.fsdp and plan.fsdp_version == 2 and mixed:
+        return FP32_BYTES, 2 * FP32_BYTES
+    return prec.param_state_bytes, prec.optimizer_state_bytes
+
+
+def accumulated_grad_bytes(plan: Plan) -> float:
+    """Bytes per unsharded gradient FSDP accumulates with gradient sync off (the pipeline's
+    micro-batches before the last). FSDP2 upcasts each unsharded gradient to the reduce
+    dtype (fp32 under mixed precision, Precision.grad_reduce_bytes) and accumulates it there
+    (torch/distributed/fsdp/_fully_shard/_fsdp_param.py: to_accumulated_grad_if_needed,
+    called from FSDPParamGroup.post_backward when gradients are not reduced); FSDP1 keeps
+    them in the precision's gradient dtype."""
+    prec = precision(plan.training.dtype)
+    if plan.fsdp_version == 2:
+        return max(prec.grad_state_bytes, prec.grad_reduce_bytes)
+    return prec.grad_state_bytes
+
+
+def pipeline_buffer_count(plan: Plan, chunks: Sequence[int], num_chunks: int) -> int:
+    """Micro-batch activations a pipeline stage holds as send/receive buffers.
+
+    Megatron: a send and a receive buffer of one micro-batch (p2p_communication.py
+    allocates the receive tensors per exchange). torch.distributed.pipelining (torchtitan)
+    allocates, once per schedule and for every micro-batch, a receive buffer for the
+    activations of each local chunk but the model's first and one for the gradients of each
+    local chunk but the last (stage.py: _prepare_forward_infra / _create_act_recv_info and
+    _setup_backward_recv_info / _create_grad_recv_info), and keeps them.
+    """
+    if plan.framework != "torchtitan":
+        return 2
+    per_micro_batch = sum((c != 0) + (c != num_chunks - 1) for c in chunks)
+    return plan.micro_batches * per_micro_batch
+
+
+def output_activation_bytes(plan: Plan) -> float:
+    """What the output layer and the loss keep for one micro-batch on one rank (Korthikanti
+    section 4.3): the final norm's input, the projection's input (whole under torchtitan's
+    DTensor TP, which saves the sequence-gathered input) and the fp32 logits."""
+    tr, mesh = plan.training, plan.mesh
+    return activation_scale(plan) * output_layer_activation_bytes(
+        plan.model, tr.seq_len // mesh.cp, tr.micro_batch, mesh.tp, plan.sequence_parallel,
+        gathered_input_saved=plan.framework == "torchtitan")
 
 
 def activation_scale(plan: Plan) -> float:
@@ -200,12 +260,16 @@ def memory_breakdown(plan: Plan, stage: int = 0,
       unsharded gradients in the reduce dtype (fp32, Precision.grad_reduce_bytes).
     - ZeRO 0/1 all-reduce in place on the gradient buckets (DDP gradient_as_bucket_view).
     - TP (t > 1): one unsharded layer input 2sbh (SP all-gather output / all-reduce buffer).
-    - PP (pp > 1): a send and a receive buffer of one micro-batch's activation 2sbh (/t with SP).
+    - PP (pp > 1): a send and a receive buffer of one micro-batch's activation 2sbh (/t with
+      SP); torch.distributed.pipelining's receive buffers per micro-batch (torchtitan,
+      pipeline_buffer_count).
     - CP (cp > 1): ring attention's send and receive KV blocks; all-gather CP's gathered K
       and V (and, without full or op-level recompute, the gathered K and V every layer in
       flight keeps for its backward, counted as activations); Ulysses' gathered q, k, v.
     Working set: full and op-level (selective_op) recompute rebuild one layer's activations
-    for one micro-batch during the backward; selective rebuilds one layer's attention scores.
+    for one micro-batch during the backward; selective rebuilds one layer's attention scores;
+    on the last stage the loss's fp32 logits copies (loss_memory.py) come first, so the
+    working set is the larger of the two, never their sum.
     ZeRO/FSDP shard over dp x cp (torchtitan's dp_shard_cp, Megatron's DP-with-CP group);
     routed-expert states over dp x cp / ep. Activations are bf16 also for fp8 training.
     """
@@ -226,11 +290,14 @@ def memory_breakdown(plan: Plan, stage: int = 0,
         return bytes_per_param * (sharded if is_sharded else gathered)
 
     prec = precision(tr.dtype)
-    params = states(prec.param_state_bytes, zero >= 3)
+    param_bytes, optimizer_bytes = sharded_state_bytes(plan)
+    params = states(param_bytes, zero >= 3)
     # Under pipeline parallelism FSDP accumulates unsharded gradients until the step's
     # single reduce-scatter (torch.distributed.pipelining turns gradient sync off).
-    grads = states(grad_state_bytes(plan), zero >= 2 and not (plan.fsdp and mesh.pp > 1))
-    optimizer = states(prec.optimizer_state_bytes, zero >= 1)
+    fsdp_no_sync = plan.fsdp and mesh.pp > 1
+    grads = states(accumulated_grad_bytes(plan) if fsdp_no_sync else grad_state_bytes(plan),
+                   zero >= 2 and not fsdp_no_sync)
+    optimizer = states(optimizer_bytes, zero >= 1)
 
     # Activations (Korthikanti Table 2 per layer x layers x in-flight micro-batches).
     chunks = range(stage, len(ranges), mesh.pp)
@@ -244,21 +311,28 @@ def memory_breakdown(plan: Plan, stage: int = 0,
 
     flash = plan.attention == "flash"
     activations = in_flight * sum(per_layer(layer, plan.recompute) for layer in own_layers)
+    working = 0.0     # what one layer's backward rebuilds (recompute) or its scores
     if plan.recompute in ("full", "selective_op") and own_layers:
         # the layer being recomputed holds everything it would keep without recompute
-        activations += max(per_layer(layer, "none") for layer in own_layers)
+        working = max(per_layer(layer, "none") for layer in own_layers)
     elif plan.recompute == "selective" and not flash:
-        activations += activation_scale(plan) * scores_bytes(m, s * b, tr.seq_len, tp,
-                                                              default_dropout(m))
+        working = activation_scale(plan) * scores_bytes(m, s * b, tr.seq_len, tp,
+                                                        default_dropout(m))
     if len(ranges) - 1 in chunks:
         # The last stage runs the loss right after its forward: 1F1B holds one micro-batch of
-        # logits; GPipe holds every micro-batch's.
+        # logits; GPipe holds every micro-batch's. The loss's backward (its extra fp32
+        # copies, workloads/loss_memory.py) runs before the output layer's backward frees
+        # the micro-batch's logits, and both before any layer is recomputed: the loss's
+        # peak and the recompute's working set are never live together.
         gpipe = mesh.pp > 1 and plan.pipeline.schedule == "gpipe"
         last_in_flight = plan.micro_batches if gpipe else 1
-        activations += last_in_flight * activation_scale(plan) * \
-            output_layer_activation_bytes(m, s, b, tp, sp)
+        logits = output_activation_bytes(plan)
+        activations += (last_in_flight - 1) * logits
         activations += last_in_flight * sum(mtp_activation_bytes(plan, k)
                                             for k in range(m.mtp_layers))
+        extra_copies = fp32_logits_copies(plan.framework, tp) - 1
+        working = max(working, logits + extra_copies * fp32_logits_bytes(s * b, m.vocab_size, tp))
+    activations += working
     if 0 in chunks and default_dropout(m):
         # Embedding dropout mask, 1 byte (Korthikanti section 4.3: sbhp/t on the first stage).
         activations += in_flight * s * b * m.hidden_size / (tp if sp else 1)
@@ -277,7 +351,8 @@ def memory_breakdown(plan: Plan, stage: int = 0,
     if any(m.is_moe_layer(layer) for layer in own_layers):
         buffers += dispatch_buffer_bytes(plan, prec.act_bytes)   # workloads/moe/memory.py
     if mesh.pp > 1:
-        buffers += 2 * prec.act_bytes * s * b * m.hidden_size / (tp if sp else 1)
+        activation = prec.act_bytes * s * b * m.hidden_size / (tp if sp else 1)
+        buffers += pipeline_buffer_count(plan, chunks, len(ranges)) * activation
     if mesh.cp > 1:
         # Ring attention: the KV block being sent and the one being received (the dK/dV
         # partials travel in the same-size buffers); all-gather: the gathered K and V, kept
