@@ -9,6 +9,7 @@ import pytest
 from topologies import build
 from topologies.power_capped import B200_750W_GEMM_FLOPS, POWER_CAPPED
 from topologies.specs import DEVICES, TB
+from validation.reference_rows import hardware_name
 
 ROWS = Path(__file__).resolve().parents[1] / "validation" / "references" / "training_runs.csv"
 
@@ -33,20 +34,24 @@ def test_attention_loses_the_gemm_clock_and_memory_does_not():
     assert capped.profile.memory_efficiency == rated.profile.memory_efficiency
     assert capped.hbm_Bps == rated.hbm_Bps
     assert capped.peak("fp8") == rated.peak("fp8")
-    assert capped.tdp_w == 750 and capped.name == "b200-750w"
+    assert capped.tdp_w == 750 and capped.name == "b200"   # same GPU: NCCL's Blackwell class
 
 
 def test_preset_builds_capped_hosts():
     """`dgx-b200-750w` and its xN form are hosts of eight capped B200s."""
     one, two = build("dgx-b200-750w"), build("dgx-b200-750wx2")
     assert one.world_size == 8 and two.world_size == 16
-    assert {d.name for d in two.devices} == {"b200-750w"}
-    assert build("dgx-b200").devices[0].name == "b200"
+    assert {d.profile for d in two.devices} == {POWER_CAPPED["b200-750w"].profile}
+    assert {d.tdp_w for d in one.devices} == {750}
+    # NCCL's tuning still sees a Blackwell GPU (the limit changes clocks, not the part)
+    from simulator.network.constants import arch_of
+    assert arch_of(one.devices[0].name) == "blackwell"
+    assert build("dgx-b200").devices[0].profile == DEVICES["b200"].profile
 
 
 def test_b200_torchtitan_rows_run_on_the_capped_host():
     """Every torchtitan B200 row (the torchao / torchtitan run set published as '8xB200
-    GPUs limited to 750W') is simulated on the capped host."""
+    GPUs limited to 750W') is simulated on the capped host, in the B200 hardware group."""
     with ROWS.open(newline="") as f:
         rows = [r for r in csv.DictReader(f)
                 if r["source_family"] == "torchtitan" and "b200" in r["topology"]]
@@ -54,6 +59,7 @@ def test_b200_torchtitan_rows_run_on_the_capped_host():
     for row in rows:
         assert row["topology"] == "dgx-b200-750w", row["id"]
         assert "750" in row["notes"], row["id"]
+        assert hardware_name(row) == "b200", row["id"]
 
 
 def test_capped_step_is_slower_by_the_clock():

@@ -47,7 +47,10 @@ def _b200_750w() -> DeviceSpec:
                       gemm_efficiency=round(B200_750W_GEMM_FLOPS / peak, 3),
                       attention_efficiency=round(rated.profile.attention_efficiency
                                                  * clock_ratio, 3))
-    return replace(rated, name="b200-750w", profile=profile, tdp_w=B200_750W_POWER_W)
+    # The same GPU under a limit: it keeps its name, which the network model reads for
+    # NCCL's architecture class (simulator/network/constants.py) and the references table
+    # for its hardware group.
+    return replace(rated, profile=profile, tdp_w=B200_750W_POWER_W)
 
 
 POWER_CAPPED = {"b200-750w": _b200_750w()}
