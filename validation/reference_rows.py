@@ -24,6 +24,8 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
+from workloads.attention_impls import torchtitan_sdpa_backend
+
 from .csv_input import read_reference_csv
 from .errors import ValidationError
 from .reference_features import (CannotExpress, bf16_layers_key, explain_plan_error,
@@ -133,6 +135,9 @@ def plan_dict(row: dict[str, str]) -> dict[str, Any]:
             raw[key] = row[key]
     if row.get("zero_stage"):
         raw["zero_stage"] = num("zero_stage", 0)
+    if raw["framework"] == "torchtitan":
+        # the SDPA backend torchtitan puts first on the row's GPU: cuDNN on Blackwell
+        raw["attention"] = torchtitan_sdpa_backend(hardware_name(row))
     if _flag(row, "cuda_graphs") is not None:
         raw["cuda_graphs"] = _flag(row, "cuda_graphs")
     flags = STATED_OVERLAP.get(row.get("framework") or "generic", ())
