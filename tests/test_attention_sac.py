@@ -123,9 +123,9 @@ def test_torchtitan_runs_cudnn_first_on_blackwell_only():
 
 
 def test_torchtitan_reference_rows_run_the_backend_of_their_gpu():
-    from validation.reference_rows import load_rows, plan_dict
+    from validation.reference_rows import DEFAULT_CSV, load_rows, plan_dict
 
-    rows = {r["id"]: r for r in load_rows("validation/references/training_runs.csv")
+    rows = {r["id"]: r for r in load_rows(DEFAULT_CSV)
             if r.get("framework") == "torchtitan"}
     b200 = [i for i in rows if i.startswith("titan-b200-8b-")]
     assert len(b200) == 4
