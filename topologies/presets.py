@@ -16,6 +16,7 @@ from inputs import load_json_file
 
 from .builders import HDR_200G, NDR_400G, FabricSpec, build_cluster
 from .errors import TopologyError
+from .power_capped import POWER_CAPPED
 from .racks import RackLayout, rack_layout
 from .specs import DeviceProfile, DeviceSpec, device
 from .topology import MeasuredCollective, Topology
@@ -56,10 +57,11 @@ class ClusterSpec:
 def _dgx(gpu: str, fabric: FabricSpec, title: str,
          family: str | None = None) -> Callable[[int], ClusterSpec]:
     family = family or f"dgx-{gpu}"
+    spec = POWER_CAPPED[gpu] if gpu in POWER_CAPPED else device(gpu)
 
     def make(nodes: int) -> ClusterSpec:
         name = family if nodes == 1 else f"{family}x{nodes}"
-        return ClusterSpec(name, device(gpu), nodes, 8, fabric,
+        return ClusterSpec(name, spec, nodes, 8, fabric,
                            f"{nodes} x {title} (8 GPUs on NVSwitch each), rail-optimised "
                            f"{fabric.nic_Bps * 8 / 1e9:.0f} Gb/s InfiniBand, one NIC per GPU")
     return make
@@ -94,6 +96,9 @@ FAMILIES: dict[str, Callable[[int], ClusterSpec]] = {
                             "grandteton-h100"),
     # DGX B200: 8 x ConnectX-7 400 Gb/s for the compute fabric [NVIDIA DGX B200 datasheet].
     "dgx-b200": _dgx("b200", NDR_400G, "DGX B200"),
+    # 8 x B200 under a 750 W power limit (Meta's B200 hosts, where the torchao / torchtitan
+    # B200 training benchmark ran): topologies/power_capped.py.
+    "dgx-b200-750w": _dgx("b200-750w", NDR_400G, "B200 750 W host", "dgx-b200-750w"),
     "nvl72": _nvl72,
 }
 _NAME = re.compile(r"^(?P<family>[a-z0-9-]+?)(?:x(?P<n>\d+))?$")

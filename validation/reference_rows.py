@@ -24,6 +24,8 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
+from workloads.attention_impls import torchtitan_sdpa_backend
+
 from .csv_input import read_reference_csv
 from .errors import ValidationError
 from .reference_features import (CannotExpress, bf16_layers_key, explain_plan_error,
@@ -133,6 +135,9 @@ def plan_dict(row: dict[str, str]) -> dict[str, Any]:
             raw[key] = row[key]
     if row.get("zero_stage"):
         raw["zero_stage"] = num("zero_stage", 0)
+    if raw["framework"] == "torchtitan":
+        # the SDPA backend torchtitan puts first on the row's GPU: cuDNN on Blackwell
+        raw["attention"] = torchtitan_sdpa_backend(hardware_name(row))
     if _flag(row, "cuda_graphs") is not None:
         raw["cuda_graphs"] = _flag(row, "cuda_graphs")
     flags = STATED_OVERLAP.get(row.get("framework") or "generic", ())
@@ -297,4 +302,5 @@ def hardware_name(row: dict[str, str]) -> str:
     """The hardware group: the GPU of the row's topology family."""
     family = row.get("topology") or "dgx-h100"
     return {"dgx-h100": "h100", "grandteton-h100": "h100-hbm2e", "dgx-a100": "a100",
-            "dgx-b200": "b200", "dgx-h200": "h200", "nvl72": "gb200"}.get(family, family)
+            "dgx-b200": "b200", "dgx-b200-750w": "b200", "dgx-h200": "h200",
+            "nvl72": "gb200"}.get(family, family)

@@ -163,13 +163,13 @@ class AttentionCost:
         """The attention core of a LayerShape, its heads split `head_split` ways (default
         over TP), `queries` query tokens (default the shape's tokens) and the layer's
         sliding `window` (0: none); `impl` names the materialised implementation (a plan's
-        `attention`; "" or "flash": PyTorch's eager math path when not flash)."""
+        `attention`; "", "flash" or "cudnn": PyTorch's eager math path when not flash)."""
         split = shape.tp if head_split is None else head_split
         return cls(queries=shape.tokens if queries is None else queries, keys=shape.seq_len,
                    heads=shape.heads / split, kv_heads=shape.kv_heads / split,
                    head_dim=shape.head_dim, act_bytes=shape.act_bytes, flash=flash,
                    v_head_dim=shape.v_head_dim or shape.head_dim, window=window,
-                   impl=impl if impl not in ("", "flash") else "eager")
+                   impl=impl if impl not in ("", "flash", "cudnn") else "eager")
 
     # ---- sizes ---------------------------------------------------------------------
     @property
@@ -289,7 +289,8 @@ class LocalAttention(AttentionCore):
     def emit_forward(self, sink: TaskSink, ctx: dict, input_dep: tuple[int, ...],
                      phase: str = "forward", saved: frozenset[int] = frozenset()) -> int:
         """The forward (or recomputed forward) attention task."""
-        self._output = attention_task(sink, ctx, self.cost, phase, input_dep)
+        label = "attention.recompute" if phase == "recompute" else ""
+        self._output = attention_task(sink, ctx, self.cost, phase, input_dep, label=label)
         return self._output
 
     def emit_backward(self, sink: TaskSink, ctx: dict, grad_dep: int) -> int:

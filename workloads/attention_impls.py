@@ -3,6 +3,13 @@
 `"attention"` in a plan says how the attention core runs:
 
 * `flash`: FlashAttention (scores never leave the chip; workloads/attention.py);
+* `cudnn`: cuDNN's fused flash attention behind PyTorch SDPA (its CUDNN_ATTENTION
+  backend, the ATen op `_scaled_dot_product_cudnn_attention`): the same algorithm as
+  `flash` (scores kept on chip, S recomputed in the backward from the per-row softmax
+  statistics), so it is priced as flash, at the device profile's attention efficiency
+  (which kernel a Blackwell profile's efficiency stands for is left open in
+  topologies/specs.py). What differs is the operator it runs as, which decides what an
+  op-level checkpoint policy keeps (workloads/checkpointing.py);
 * `eager`: PyTorch's math path (ATen's _scaled_dot_product_attention_math with is_causal);
 * `fused_softmax`: Megatron-LM's attention before FlashAttention, as its 2020-2022 code
   runs it (megatron/model/transformer.py, ParallelSelfAttention / CoreAttention, e.g.
@@ -25,7 +32,28 @@ prices them in full; `eager` keeps the causal half its model has always used.
 """
 from __future__ import annotations
 
-ATTENTION_IMPLS = ("flash", "eager", "fused_softmax")
+ATTENTION_IMPLS = ("flash", "cudnn", "eager", "fused_softmax")
+
+# Implementations whose scores never leave the chip (fused flash-style kernels).
+ON_CHIP_IMPLS = ("flash", "cudnn")
+
+# The ATen operator each implementation runs as under PyTorch's dispatcher, which is what
+# a TorchDispatchMode (and so torch.utils.checkpoint's selective-checkpoint policy) sees:
+# SDPA's flash and cuDNN backends are one operator each
+# (aten/src/ATen/native/native_functions.yaml: _scaled_dot_product_flash_attention,
+# _scaled_dot_product_cudnn_attention, both with a CUDA dispatch). The math backend
+# (`eager`), _scaled_dot_product_attention_math, has no dispatch entry there: it is
+# CompositeImplicitAutograd, decomposed above the dispatch mode into bmm, softmax and the
+# masking ops, so no single attention operator is seen. Megatron-LM's path is not SDPA.
+SDPA_OPS = {"flash": "aten._scaled_dot_product_flash_attention",
+            "cudnn": "aten._scaled_dot_product_cudnn_attention",
+            "eager": None, "fused_softmax": None}
+
+# CUDA compute capability of the simulator's GPUs (NVIDIA, "CUDA GPUs - Compute
+# Capability", developer.nvidia.com/cuda-gpus: A100 8.0, H100 and H200 9.0, B200 and
+# GB200 10.0, GB300 10.3).
+COMPUTE_CAPABILITY = {"a100": (8, 0), "h100": (9, 0), "h100-hbm2e": (9, 0),
+                      "h200": (9, 0), "b200": (10, 0), "gb200": (10, 0), "gb300": (10, 3)}
 
 # Passes over one head's scores per (forward, backward), by implementation.
 #   eager (ATen math path, q and k pre-scaled): forward QK^T writes S (1), the additive
@@ -46,7 +74,27 @@ SCORE_PASSES = {
 DROPOUT_MASK_BYTES = 1
 
 # Whether the implementation's GEMMs compute the masked half of the causal square.
-FULL_SQUARE_GEMMS = {"flash": False, "eager": False, "fused_softmax": True}
+FULL_SQUARE_GEMMS = {"flash": False, "cudnn": False, "eager": False,
+                     "fused_softmax": True}
+
+
+def scores_on_chip(impl: str) -> bool:
+    """Whether `impl` keeps the s x s scores on chip (flash-style), never in HBM."""
+    return impl in ON_CHIP_IMPLS
+
+
+def torchtitan_sdpa_backend(gpu: str) -> str:
+    """The SDPA backend torchtitan's Llama attention runs on `gpu` (a device name): its
+    ScaledDotProductAttention asks SDPA for [FLASH, EFFICIENT, MATH] with set_priority,
+    and inserts CUDNN_ATTENTION first where torch.cuda.get_device_capability() >= (10, 0)
+    (torchtitan@6fc499f6f5 torchtitan/models/attention.py, _init_backend; since
+    torchtitan@3b85aa31f, pull request 1196, May 2025, "Use cudnn backend on B200"). The
+    Llama 3 shapes (bf16, causal, head dim 128, q/k/v in the (batch, head, sequence, dim)
+    view of a contiguous (batch, sequence, head, dim) tensor) pass SDPA's cuDNN checks
+    (aten/src/ATen/native/transformers/cuda/sdp_utils.cpp, check_cudnn_tensor_shapes: head
+    dim at most 128 and a multiple of 8; check_cudnn_layout), so cuDNN runs on Blackwell
+    and flash elsewhere. Unknown devices: flash."""
+    return "cudnn" if COMPUTE_CAPABILITY.get(gpu.lower(), (0, 0)) >= (10, 0) else "flash"
 
 
 def score_passes(impl: str, phase: str) -> float:

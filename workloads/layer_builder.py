@@ -17,6 +17,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Protocol
 
+from .attention_impls import scores_on_chip
 from .kernels import eager_cost
 from .precision import BF16_BYTES, GemmRecipe
 from .program import COMPUTE, MEMORY, Task
@@ -85,10 +86,11 @@ class LayerShape:
 class BuildOptions:
     """How a plan asks its layers to run, beyond their sizes: one per plan."""
 
-    # FlashAttention (scores never materialised, recomputed in its backward) or the
-    # eager s x s attention of PyTorch's math path (workloads/attention.py).
+    # FlashAttention or cuDNN's fused attention (scores never materialised, recomputed in
+    # its backward) or the eager s x s attention of PyTorch's math path
+    # (workloads/attention.py).
     flash_attention: bool = True
-    # The plan's attention implementation ("flash", "eager", "fused_softmax":
+    # The plan's attention implementation ("flash", "cudnn", "eager", "fused_softmax":
     # workloads/attention_impls.py): which materialised path prices the scores.
     attention_impl: str = "flash"
     # How memory-bound ops run: "fused" kernels or PyTorch "eager" (workloads/kernels.py).
@@ -107,7 +109,7 @@ class BuildOptions:
     @classmethod
     def from_plan(cls, plan) -> "BuildOptions":
         """The options a resolved plan asks for."""
-        flash = plan.attention == "flash"
+        flash = scores_on_chip(plan.attention)
         # With flash attention the scores are already recomputed in its backward, so
         # selective recompute has nothing left to do.
         overlap = ("userbuffers" if plan.tp_comm_overlap else

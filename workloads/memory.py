@@ -27,6 +27,7 @@ from typing import Sequence
 
 from .activations import (activation_bytes_per_layer, default_dropout,
                           output_layer_activation_bytes, scores_bytes)
+from .attention_impls import scores_on_chip
 from .context_parallel_torch import torch_cp_buffer_bytes
 from .loss_memory import fp32_logits_bytes, fp32_logits_copies
 from .models import ModelSpec
@@ -139,7 +140,7 @@ def saved_layer_bytes(plan: Plan, layer: int, recompute: str | None = None) -> f
     m, tr, mesh = plan.model, plan.training, plan.mesh
     recompute = recompute or plan.recompute
     s, b, tp, sp = tr.seq_len // mesh.cp, tr.micro_batch, mesh.tp, plan.sequence_parallel
-    if plan.attention == "flash" and recompute == "none":
+    if scores_on_chip(plan.attention) and recompute == "none":
         recompute = "selective"
     if plan.grid_strategy is not None:
         # Every saved tensor is a grid block, 1/N (2D, 2.5D, 3D design 1) or 1/N^(2/3)
@@ -309,7 +310,7 @@ def memory_breakdown(plan: Plan, stage: int = 0,
     def per_layer(layer: int, recompute: str) -> float:
         return saved_layer_bytes(plan, layer, recompute)
 
-    flash = plan.attention == "flash"
+    flash = scores_on_chip(plan.attention)
     activations = in_flight * sum(per_layer(layer, plan.recompute) for layer in own_layers)
     working = 0.0     # what one layer's backward rebuilds (recompute) or its scores
     if plan.recompute in ("full", "selective_op") and own_layers:

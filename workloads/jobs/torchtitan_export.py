@@ -22,7 +22,8 @@ REASONS = {
     "sharding": "torchtitan's TP is Megatron's column/row layout",
     "layer_overrides": "torchtitan applies one TP plan to every layer",
     "sequence_parallel": "torchtitan's TP always shards the norms over the sequence",
-    "attention": "torchtitan runs scaled_dot_product_attention (flash)",
+    "attention": "torchtitan picks SDPA's backend by GPU, not by a config key (flash; cuDNN "
+                 "first on Blackwell: workloads/attention_impls.py torchtitan_sdpa_backend)",
     "zero_stage": "torchtitan shards with FSDP (ZeRO-3) or replicates (DDP)",
     "fsdp": "torchtitan shards with FSDP whenever CP or the shard degree is > 1",
     "cp_mode": "torchtitan rotates KV by all-gather or all-to-all (no Ulysses)",

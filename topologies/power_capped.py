@@ -1,0 +1,56 @@
+"""GPUs run under a power limit below their rated board power, each from a stated source.
+
+A power limit lowers the tensor-core clock under a dense GEMM until the board fits it, so
+the sustained rate of every tensor-core kernel drops; the HBM clock is not the one that
+gives way (assumption: memory-bound kernels keep the uncapped device's bandwidth, as the
+capped H100 profile in topologies/specs.py does).
+
+B200 at 750 W. Meta's benchmark hosts run B200s at 750 W: the benchmark scripts of its
+kernel teams set that limit for every B200 (pytorch/helion pull request 347,
+benchmarks/run_input_shard.sh, 2025: `B200 -> DESIRED_POWER=750` next to H100's 500 W;
+facebookexperimental/triton's denoise.sh: "the card's rated power (B200 -> 750, GB200 ->
+1200)"), and the torchao / torchtitan B200 training benchmark says so for its run:
+"Single-node training on 8xB200 GPUs limited to 750W" (pytorch/ao commit d8bb51f63, pull
+request 2777, torchao/prototype/mx_formats/README.md, 15 August 2025; reworded four minutes
+later to "8x power limited B200 GPUs", commit 9e3758d15, which torchtitan's
+torchtitan/components/quantization/mxfp8.md copies).
+
+Its GEMM rate: cuBLAS BF16 matmuls (tritonbench `--op gemm`, aten_matmul) on a Meta B200
+reach 913.2 and 933.6 TFLOP/s at 8192 x 8192 x 4096 and 8192 x 8192 x 8192
+(meta-pytorch/tritonbench pull request 1009, 2026) and 914.6 and 958.6 on the same shapes
+(pull request 1011): mean 930.0 TFLOP/s. Assumption: those hosts ran under the 750 W limit
+of Meta's B200 convention above (the pull requests do not print the limit). These are
+layer-sized shapes, so, as for the 500 W H100, no shape margin is taken off (wave
+quantisation is still charged per GEMM). Attention loses the same clock: the B200 profile's
+attention efficiency times the ratio of this GEMM rate to the 1000 W profile's (the 500 W
+H100's rule, topologies/specs.py POWER_CAPPED_500W_PROFILE).
+"""
+from __future__ import annotations
+
+from dataclasses import replace
+
+from .specs import TB, DeviceSpec, device
+
+# tritonbench aten_matmul BF16 on a Meta B200, 8192 x 8192 x {4096, 8192}, two runs
+# (meta-pytorch/tritonbench pull requests 1009 and 1011).
+B200_750W_GEMM_FLOPS = (913.191 + 933.638 + 914.601 + 958.591) / 4 * TB
+B200_750W_POWER_W = 750
+
+
+def _b200_750w() -> DeviceSpec:
+    """The 1000 W B200 spec with the measured 750 W GEMM rate and attention at the same
+    clock ratio (module docstring)."""
+    rated = device("b200")
+    peak = rated.peak("bf16")
+    clock_ratio = B200_750W_GEMM_FLOPS / (rated.profile.gemm_efficiency * peak)
+    profile = replace(rated.profile,
+                      gemm_efficiency=round(B200_750W_GEMM_FLOPS / peak, 3),
+                      attention_efficiency=round(rated.profile.attention_efficiency
+                                                 * clock_ratio, 3))
+    # The same GPU under a limit: it keeps its name, which the network model reads for
+    # NCCL's architecture class (simulator/network/constants.py) and the references table
+    # for its hardware group.
+    return replace(rated, profile=profile, tdp_w=B200_750W_POWER_W)
+
+
+POWER_CAPPED = {"b200-750w": _b200_750w()}
