@@ -113,6 +113,11 @@ def test_a_cuda_graphed_step_has_no_host_time_and_no_sync():
     assert not any(t.host_sync or t.host_s for t in tasks)
 
 
+def test_dependency_joins_cost_the_host_nothing():
+    joins = [t for t in _stage(_raw()) if t.op == "join"]
+    assert joins and not any(t.host_s for t in joins)
+
+
 def test_te_module_host_time_once_per_call_fused_linears_share_it():
     tasks = {t.label: t for t in _stage(_raw()) if t.layer == 1 and t.microbatch == 0}
     launch = 10e-6                                   # megatron-core's per-kernel host time

@@ -56,7 +56,9 @@ def add_host_issue_time(tasks: list[Task], plan: Plan) -> None:
     module_s = TE_MODULE_HOST_S if plan.framework in TE_FRAMEWORKS else 0.0
     called: set[tuple] = set()
     for task in tasks:
-        if task.kind == COMPUTE and task.kernels:
+        # a task with neither FLOPs nor bytes is a dependency join, not a kernel
+        launched = task.kernels and (task.flops or task.bytes)
+        if task.kind == COMPUTE and launched:
             task.host_s += task.kernels * plan.host_kernel_s
             if module_s and task.op_class == GEMM and _module_call(task) not in called:
                 called.add(_module_call(task))
