@@ -8,6 +8,10 @@ and a collective starts when its last member arrives. On a faulted topology
 (`fault_classes`) the classes are split by the ranks the faults touch (rank_classes.py):
 one representative per class runs, a collective whose group holds several classes starts
 when their representatives have all arrived, and the group's orbit-mates are its twins.
+
+Each simulated rank's host issues its stage's tasks in program order (host_timeline.py,
+Task.host_s scaled by the host CPU, compute.host_factor); a task starts no earlier than
+it is issued, and after a host-synchronising task the host waits for it to finish.
 """
 from __future__ import annotations
 
@@ -19,7 +23,8 @@ import simpy
 from topologies import Topology
 from workloads.program import COMPUTE, Program, Task
 
-from .compute import compute_time_s
+from .compute import device_time_s, host_factor
+from .host_timeline import HostTimeline
 from .network import CommModel, CommOptions
 from .rank_classes import RankClasses, rank_classes
 from .trace import TraceRecorder
@@ -37,14 +42,16 @@ class SimOptions:
 
 
 class _RankState:
-    """Which tasks of one simulated rank are done; events only for awaited ones."""
+    """Which tasks of one simulated rank are done; events only for awaited ones; when
+    each host-synchronising task finished (HostTimeline)."""
 
-    __slots__ = ("done", "waiters", "watched")
+    __slots__ = ("done", "waiters", "watched", "synced_at")
 
     def __init__(self, num_tasks: int, watched: frozenset[int]) -> None:
         self.done = [False] * num_tasks
         self.waiters: dict[int, simpy.Event] = {}
         self.watched = watched
+        self.synced_at: dict[int, float] = {}
 
     def wait(self, env: simpy.Environment, task_id: int) -> simpy.Event:
         """An event that fires when task `task_id` is done."""
@@ -85,6 +92,7 @@ class Engine:
         self._busy_nvls = {r: 0 for r in self.ranks}
         self._streams: dict[int, tuple] = {}
         self._duration_cache: dict[tuple, list[float]] = {}
+        self._host_cache: dict[tuple, HostTimeline | None] = {}
         # Every rank: the trace is spilled to disk as it is recorded (trace_spill.py).
         self.trace = (recorder if recorder is not None else
                       SpillRecorder(program.stages, self.mesh.world_size) if self.full else
@@ -100,9 +108,11 @@ class Engine:
             streams, watched = self._stage_streams(
                 stage, serial=not device.profile.concurrent_collectives)
             durations = self._durations(stage, device)
+            host = self._host(stage, device)
             state = _RankState(len(self.program.stages[stage]), watched)
             for name in sorted(streams):
-                self.env.process(self._stream(rank, stage, streams[name], state, durations))
+                self.env.process(self._stream(rank, stage, streams[name], state, durations,
+                                              host))
         self.env.run()
         stuck = [k for k, e in self._p2p.items() if not e.triggered]
         if stuck or self._rendezvous:
@@ -138,18 +148,29 @@ class Engine:
         key = (stage, id(device))  # DeviceSpec holds a mapping: not hashable
         if key not in self._duration_cache:
             self._duration_cache[key] = [
-                compute_time_s(t, device, self.dtype) if t.kind == COMPUTE else 0.0
+                device_time_s(t, device, self.dtype) if t.kind == COMPUTE else 0.0
                 for t in self.program.stages[stage]]
         return self._duration_cache[key]
 
+    def _host(self, stage: int, device) -> HostTimeline | None:
+        """The host timeline of a stage on a device's host (cached; None: no host cost)."""
+        key = (stage, id(device))
+        if key not in self._host_cache:
+            tasks = self.program.stages[stage]
+            self._host_cache[key] = (HostTimeline(tasks, host_factor(device))
+                                     if HostTimeline.needed(tasks) else None)
+        return self._host_cache[key]
+
     def _stream(self, rank: int, stage: int, tasks: list, state: "_RankState",
-                durations: list[float]) -> Iterator:
+                durations: list[float], host: HostTimeline | None = None) -> Iterator:
         env, record = self.env, self.trace.record
         done, waiters = state.done, state.waiters
         for task, cross in tasks:
             for dep in cross:
                 if not done[dep]:
                     yield state.wait(env, dep)
+            if host is not None:
+                yield from self._issued(task.id, state, host)
             start = env.now
             if task.kind == COMPUTE:
                 duration = durations[task.id]
@@ -161,9 +182,20 @@ class Engine:
                 record(rank, stage, task.id, max(start, began), env.now,
                        self._group_name(rank, task), algorithm)
             done[task.id] = True
+            if task.host_sync:
+                state.synced_at[task.id] = env.now
             if task.id in waiters:
                 waiters.pop(task.id).succeed()
             self.events += 1
+
+    def _issued(self, task_id: int, state: "_RankState", host: HostTimeline) -> Iterator:
+        """Wait until the rank's host has issued task `task_id` (HostTimeline)."""
+        env, sync = self.env, host.last_sync[task_id]
+        if sync >= 0 and not state.done[sync]:
+            yield state.wait(env, sync)
+        issued = (state.synced_at[sync] if sync >= 0 else 0.0) + host.offset[task_id]
+        if issued > env.now:
+            yield env.timeout(issued - env.now)
 
     def _slowed(self, rank: int, duration: float) -> float:
         """A compute duration stretched by collectives running on this rank's SMs."""

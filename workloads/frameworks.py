@@ -71,7 +71,8 @@ MEGATRON_CORE: Mapping[str, Any] = MappingProxyType({
     # (megatron/core/transformer/transformer_config.py); the H100 Llama 3 recipes set
     # cuda_graph_impl = "none"; recipes that graph say so.
     "cuda_graphs": False,
-    # Megatron's Python issues every kernel eagerly as well (fewer, fused ones).
+    # Megatron's Python issues every kernel eagerly as well (fewer, fused ones), and each
+    # Transformer Engine module call costs the host its measured time (workloads/host_cost.py).
     "host_kernel_s": EAGER_HOST_KERNEL_S,
 })
 

@@ -51,8 +51,12 @@ class Task:
                                     # GEMMs with few rows per expert: workloads/moe); an
                                     # attention kernel's speed at its call's length
                                     # (workloads/attention.py)
-    host_s: float = 0.0             # host time to issue it: the task lasts at least this
-                                    # (framework host overhead; workloads/frameworks.py)
+    host_s: float = 0.0             # host time to issue it, on the rank's host timeline:
+                                    # the task starts no earlier than the host has issued
+                                    # it (framework host overhead; workloads/frameworks.py)
+    host_sync: bool = False         # the host waits for this task to finish before it
+                                    # issues the next one (a device-to-host copy the
+                                    # framework reads, e.g. the MoE tokens per expert)
 
 
 @dataclass

@@ -12,6 +12,7 @@ import math
 from .checkpointing import op_checkpoint_saved
 from .ddp_buckets import BucketFiller, bucket_params, forward_buckets
 from .fsdp1 import fsdp1_gather_copy, fsdp1_reduce_post, fsdp1_reduce_pre
+from .host_cost import add_host_issue_time
 from .kernels import adam_step_cost
 from .layer_builder import BuildOptions, LayerBuilder, LayerShape, TaskSink
 from .layers import unit_builder
@@ -372,13 +373,3 @@ class ParamGathers:
             self._issue(k, () if k == 0 else (started,))
             self._issue(k + 1, (started,))
         return [self.issued[k] for k in mine]
-
-
-def add_host_issue_time(tasks: list[Task], plan: Plan) -> None:
-    """Each compute task's host issue time: its kernels x the framework's per-kernel host
-    cost, unless the step is captured in a CUDA graph (one launch for the graph)."""
-    if plan.cuda_graphs or not plan.host_kernel_s:
-        return
-    for task in tasks:
-        if task.kind == COMPUTE and task.kernels:
-            task.host_s += task.kernels * plan.host_kernel_s

@@ -73,13 +73,42 @@ MAP_BYTES = 1   # the routing map is a bool per token and expert
 #   sort_chunks_by_map: make_chunk_sort_map and the sort (2).
 # The host then waits for those copies before the all-to-all (cuda_sync_point
 # "before_ep_alltoall"), so the GPU's queue is empty when the host resumes: the kernels
-# after it are issued one by one, which the engine's per-task host time prices; the wait's
-# own wake-up latency is not priced.
+# after it run as fast as the host issues them (host_sync_label; the engine's host
+# timeline, simulator/host_timeline.py); the wait's own wake-up latency is not priced.
 COUNT_LAUNCHES_EP = 11
 COUNT_LAUNCHES_LOCAL = 3
 PERMUTE_LAUNCHES = 4
 SORT_CHUNKS_LAUNCHES = 2
 COUNT_BYTES = 8   # tokens per expert as int64 (routing_map.sum(dim=0).long())
+
+
+# The task of an MoE layer's forward after which the host waits for the device, by
+# dispatcher. Dropless routing gives each expert a number of rows known only on the device,
+# and the host needs it: Transformer Engine's GroupedLinear takes the rows per expert as a
+# host list (m_splits), and the collectives take host split sizes.
+# - alltoall: the tokens-per-expert copies wait for the counts' all-gather over EP
+#   (MoEAlltoAllTokenDispatcher.preprocess, cuda_sync_point "before_ep_alltoall" with EP or
+#   TP > 1); without EP the sync point moves later, after the local permute whose counts
+#   it reads. With moe_pad_expert_input_to_capacity every expert gets its capacity: no copy,
+#   no sync (preprocess sets cuda_sync_point "no_sync" under drop_and_pad).
+# - allgather: MoEAllGatherTokenDispatcher copies tokens_per_expert to the host after the
+#   local permute, before the experts (token_dispatcher.py, token_permutation).
+# - deepep (and HybridEP): the normal dispatch's host waits for the received-token counts
+#   its notify kernel writes to host-mapped memory before it sizes the receive buffers
+#   (DeepEP csrc/legacy/deep_ep.cpp, Buffer::dispatch busy-waits on moe_recv_counter),
+#   i.e. right after the router's output it reads: the host waits for the router.
+# (NVIDIA/Megatron-LM d98e8a64 megatron/core/transformer/moe/token_dispatcher.py.)
+SYNC_LABELS = {"alltoall": "moe.dispatch_counts", "allgather": "permute.fwd",
+               "deepep": "router_topk.fwd"}
+
+
+def host_sync_label(dispatcher: str, ep: int, pad_to_capacity: bool) -> str | None:
+    """Label of the forward task an MoE layer's host waits for (None: no wait)."""
+    if pad_to_capacity:
+        return None
+    if dispatcher == "alltoall" and ep == 1:
+        return "permute.fwd"
+    return SYNC_LABELS[dispatcher]
 
 
 @dataclass(frozen=True)
