@@ -128,6 +128,7 @@ def _flops(bf16: float, fp8: float | None, fp32: float,
     if fp8 is not None:   # GPUs without FP8 tensor cores (A100) have no fp8 entry
         peaks["fp8"] = fp8
         peaks["fp8_rowwise"] = fp8   # row-wise scales, applied in the epilogue: same MMA
+        peaks["fp8_cs"] = fp8        # current scaling: per-tensor scales, same MMA
     if fp4 is not None:
         peaks.update(mxfp8=fp8, nvfp4=fp4)
     return MappingProxyType(peaks)

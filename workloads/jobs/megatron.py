@@ -217,7 +217,8 @@ def _dtype(get: _Getter) -> str:
         return "nvfp4"
     if get.str("fp8-format") is not None:
         need_choice(get.str("fp8-format"), get.name("fp8-format"), ("e4m3", "hybrid"))
-        return "mxfp8" if get.str("fp8-recipe") == "mxfp8" else "fp8"
+        # --fp8-recipe tensorwise is Transformer Engine's current scaling (fp8_cs)
+        return {"mxfp8": "mxfp8", "tensorwise": "fp8_cs"}.get(get.str("fp8-recipe"), "fp8")
     return "bf16" if get.on("bf16") else "fp32"
 
 
