@@ -63,3 +63,18 @@ def test_reference_rows_say_full_colon_n():
     raw = plan_dict(rows["mb-llama3-8b-h100-fp8-8"])
     assert (raw["recompute"], raw["recompute_layers"]) == ("full", 5)
     assert plan_from_dict(raw).recomputes(4) and not plan_from_dict(raw).recomputes(5)
+
+
+def test_megatron_block_method_round_trips():
+    from workloads.jobs import read_megatron, write_megatron
+    raw = {"framework": "megatron-core", "model": "llama3-8b", "recompute": "full",
+           "recompute_layers": 5, "training": {"global_batch": 8, "micro_batch": 1,
+                                               "seq_len": 8192}, "mesh": {"dp": "auto"}}
+    text = write_megatron(plan_from_dict(raw)).text
+    assert "--recompute-method block" in text and "--recompute-num-layers 5" in text
+    back = read_megatron(text)
+    assert back.plan["recompute_layers"] == 5
+    assert not [n for n in back.notes if "recompute" in n], back.notes
+    # 32 layers on one stage: 32 or more block layers is every layer
+    every = text.replace("--recompute-num-layers 5", "--recompute-num-layers 32")
+    assert "recompute_layers" not in read_megatron(every).plan

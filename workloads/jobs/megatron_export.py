@@ -134,6 +134,9 @@ def _run_flags(plan: Plan) -> list[str]:
         out.append(f"--ddp-bucket-size {plan.grad_bucket}")
     if plan.recompute in ("selective", "selective_op"):
         out.append("--recompute-granularity selective")
+    elif plan.recompute == "full" and plan.recompute_layers:
+        out += ["--recompute-granularity full", "--recompute-method block",
+                f"--recompute-num-layers {plan.recompute_layers}"]
     elif plan.recompute == "full":
         out += ["--recompute-granularity full", "--recompute-method uniform",
                 "--recompute-num-layers 1"]
