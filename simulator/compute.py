@@ -61,9 +61,10 @@ def device_time_s(task: Task, device: DeviceSpec, dtype: str) -> float:
     flops_s = 0.0
     if task.op_class == GEMM:
         m, n, k = task.gemm_mnk
-        eff = (prof.gemm_efficiency * task.efficiency
+        gemm_dtype = task.gemm_dtype or dtype
+        eff = (device.gemm_efficiency(gemm_dtype) * task.efficiency
                * wave_efficiency(m, n, k, device.sm_count, prof.gemm_tile))
-        flops_s = task.flops / (device.peak(task.gemm_dtype or dtype) * eff)
+        flops_s = task.flops / (device.peak(gemm_dtype) * eff)
     elif task.op_class == ATTENTION:
         # Attention runs in bf16 (FlashAttention-2) under bf16 and FP8/FP4 training (no
         # recipe quantises attention: workloads/precision.py), in fp32 under fp32 training.

@@ -2,6 +2,8 @@
 megatron-lm framework profile (workloads/frameworks.py) that the 2020-2021 rows run."""
 from __future__ import annotations
 
+import pytest
+
 import topologies
 from simulator import simulate
 from workloads import plan_from_dict, resolve
@@ -97,3 +99,32 @@ def test_megatron_float16_optimizer_step_bytes():
                                                 "optimizer": optimizer}), 8))
         steps += [t for t in program.stages[0] if t.label == "optimizer.step"]
     assert steps[1].bytes == steps[0].bytes * 52 / 30
+
+
+def test_the_2020_rows_run_on_the_40_gb_a100():
+    """The Megatron-LM README's A100 table names 40 GB A100s: HBM2 at 1,555 GB/s (NVIDIA
+    A100 datasheet, SXM4 40 GB column) against the 80 GB part's 2,039, same peaks. A
+    memory-bound task takes the bandwidth ratio longer; a GEMM the same time."""
+    from simulator.compute import device_time_s
+    from topologies.specs import DEVICES, GiB
+    from validation.reference_rows import load_rows, topology_for
+    from workloads.program import GEMM, MEMORY, Task
+
+    small, big = DEVICES["a100-40gb"], DEVICES["a100"]
+    assert (small.hbm_Bps, small.hbm_bytes) == (1.555e12, 40 * GiB)
+    assert small.peak_flops == big.peak_flops and small.sm_count == big.sm_count
+
+    def task(op_class, **kw):
+        return Task(id=0, kind="compute", stream="compute", op="x", phase="forward",
+                    layer=0, microbatch=0, op_class=op_class, **kw)
+    copy = task(MEMORY, bytes=1e10)
+    launch = small.profile.launch_overhead_s
+    assert (device_time_s(copy, small, "bf16") - launch) / (
+        device_time_s(copy, big, "bf16") - launch) == pytest.approx(2.039 / 1.555)
+    gemm = task(GEMM, flops=2.0 * 8192 ** 3, bytes=3 * 2 * 8192 ** 2, gemm_mnk=(8192,) * 3)
+    assert device_time_s(gemm, small, "bf16") == device_time_s(gemm, big, "bf16")
+    rows = [r for r in load_rows("validation/references/training_runs.csv")
+            if r["source_family"] == "megatron-lm-2020"]
+    assert len(rows) == 8
+    assert {topology_for(r).device(0).name for r in rows} == {"a100-40gb"}
+    assert topologies.build("dgx-a100-40gbx2").world_size == 16

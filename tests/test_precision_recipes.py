@@ -116,13 +116,14 @@ def test_blackwell_runs_mxfp8_at_the_fp8_rate_and_nvfp4_at_the_fp4_rate(gpu, fp8
     spec = DEVICES[gpu]
     assert spec.peak("fp8") == spec.peak("mxfp8") == fp8 and spec.peak("nvfp4") == fp4
     assert spec.peak("bf16") == fp8 / 2
-    # a large compute-bound GEMM: NVFP4 takes the FP8 time over the FP4/FP8 peak ratio
+    # a large compute-bound GEMM: NVFP4 takes the FP8 time over the FP4/FP8 peak ratio,
+    # and over the FP8 GEMMs' measured efficiency ratio (NVFP4 keeps the BF16 efficiency)
     gemm = next(t for st in _program("nvfp4").stages for t in st
                 if t.op == "w1" and t.layer == 2 and t.phase == "forward")
     big = replace(gemm, flops=1e15, bytes=1e9)
     assert device_time_s(big, spec, "nvfp4") == pytest.approx(
         (device_time_s(big, spec, "mxfp8") - spec.profile.launch_overhead_s) * fp8 / fp4
-        + spec.profile.launch_overhead_s)
+        * spec.profile.fp8_gemm_ratio + spec.profile.launch_overhead_s)
 
 
 def test_blackwell_specs_and_gemm_efficiency():
@@ -168,13 +169,13 @@ def test_hopper_has_no_block_scaled_tensor_cores(dtype, write_json, capsys):
     assert code == 2 and out == "" and len(err.strip().splitlines()) == 1, err
     assert err.startswith(f"error: training.dtype: got '{dtype}'")
     # only the dtypes a plan may ask for (training.dtype refuses fp16)
-    assert "on h100" in err and "bf16, fp32, fp8, fp8_rowwise on h100" in err
+    assert "on h100" in err and "bf16, fp32, fp8, fp8_cs, fp8_rowwise on h100" in err
 
 
 def test_device_peak_names_only_training_dtypes():
     with pytest.raises(topologies.TopologyError) as err:
         DEVICES["h100"].peak("nvfp4")
-    assert err.value.allowed == "bf16, fp32, fp8, fp8_rowwise on h100"
+    assert err.value.allowed == "bf16, fp32, fp8, fp8_cs, fp8_rowwise on h100"
 
 
 def test_an_unknown_dtype_names_the_allowed_ones():
@@ -192,7 +193,7 @@ MEGATRON_BASE = {"framework": "megatron-core", "model": "llama3-70b",
                  "overlap": {"grad_reduce": True, "param_gather": True, "tp_comm": True}}
 
 
-@pytest.mark.parametrize("training", [{"dtype": "mxfp8"}, {"dtype": "nvfp4"},
+@pytest.mark.parametrize("training", [{"dtype": "mxfp8"}, {"dtype": "nvfp4"}, {"dtype": "fp8_cs"},
                                       {"dtype": "nvfp4", "bf16_layers": [0, 0]},
                                       {"dtype": "fp8", "bf16_layers": [1, 1]}])
 def test_megatron_round_trip_of_the_recipes(training):
@@ -268,3 +269,52 @@ def test_the_plan_takes_its_dtypes_and_byte_sizes_from_precision():
     from workloads import memory, plan, precision as prec
     assert plan.DTYPES == prec.DTYPES and plan.LOW_PRECISION == tuple(RECIPES)
     assert "BF16_BYTES = " not in inspect.getsource(memory)
+
+
+def test_fp8_current_scaling_reads_its_input_once_more_for_the_amax():
+    """Transformer Engine's Float8CurrentScaling: an amax kernel reading the bf16 input, a
+    scale kernel, then the delayed-scaling cast with its transpose: 2 B more per element
+    than delayed scaling's 4 B, in 3 kernels; same GEMMs, same FP8 rate."""
+    fp8, cs = (_program(d) for d in ("fp8", "fp8_cs"))
+    tasks = {d: [t for st in p.stages for t in st] for d, p in (("fp8", fp8), ("cs", cs))}
+    casts = {d: [t for t in ts if t.op.endswith("_cast")] for d, ts in tasks.items()}
+    assert len(casts["cs"]) == len(casts["fp8"]) > 0
+    assert {t.op for t in casts["cs"]} == {"fp8_cs_cast"} and {t.kernels for t in casts["cs"]} \
+        == {3}
+    # read 2 B for the amax, read 2 B again and write the FP8 copy and its transpose
+    assert RECIPES["fp8_cs"].cast_bytes_per_element == (2 * BF16_BITS + 2 * FP8_E4M3_BITS) / 8
+    assert sum(t.bytes for t in casts["cs"]) == pytest.approx(
+        sum(t.bytes for t in casts["fp8"]) * 6 / 4)
+    gemms = {d: sorted((t.op, t.phase, t.bytes, t.flops) for t in ts if t.op_class == GEMM)
+             for d, ts in tasks.items()}
+    assert gemms["cs"] == gemms["fp8"]
+    assert DEVICES["b200"].peak("fp8_cs") == DEVICES["b200"].peak("fp8")
+    assert "fp8_cs" not in DEVICES["a100"].peak_flops
+
+
+def test_current_scaling_costs_its_amax_passes_in_the_step():
+    """A data-parallel step (no TP, so every cast is on the compute stream's critical path)
+    grows by the casts' extra device time: the amax reads at the memory rate and the two
+    extra launches of each cast."""
+    topo = topologies.build("dgx-h100")
+    h100 = DEVICES["h100"]
+    steps, cast_s = {}, {}
+    for dtype in ("fp8", "fp8_cs"):
+        raw = small_plan(training={"global_batch": 8, "dtype": dtype})
+        result = simulate(plan_from_dict(raw), topo)
+        steps[dtype] = result.summary["step_time_s"]
+        casts = [t for st in _program(dtype, layers=4).stages for t in st
+                 if t.op == f"{dtype}_cast"]
+        cast_s[dtype] = sum(device_time_s(t, h100, dtype) for t in casts)
+    extra_s = cast_s["fp8_cs"] - cast_s["fp8"]
+    assert extra_s > 0
+    assert steps["fp8_cs"] - steps["fp8"] == pytest.approx(extra_s, rel=0.05)
+
+
+def test_megatron_tensorwise_recipe_is_current_scaling():
+    text = write_megatron(plan_from_dict({**MEGATRON_BASE, "training": {
+        **MEGATRON_BASE["training"], "dtype": "fp8_cs"}})).text
+    assert "--fp8-recipe tensorwise" in text
+    assert read_megatron(text).plan["training"]["dtype"] == "fp8_cs"
+    delayed = text.replace("--fp8-recipe tensorwise", "--fp8-recipe delayed")
+    assert read_megatron(delayed).plan["training"]["dtype"] == "fp8"

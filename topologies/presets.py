@@ -87,6 +87,8 @@ def _nvl72(racks: int) -> ClusterSpec:
 # family prefix -> (builder of N, description of N)
 FAMILIES: dict[str, Callable[[int], ClusterSpec]] = {
     "dgx-a100": _dgx("a100", HDR_200G, "DGX A100"),
+    # DGX A100 with the 40 GB A100 (HBM2 at 1,555 GB/s): the 2020 systems, same fabric.
+    "dgx-a100-40gb": _dgx("a100-40gb", HDR_200G, "DGX A100 40GB"),
     "dgx-h100": _dgx("h100", NDR_400G, "DGX H100"),
     "dgx-h200": _dgx("h200", NDR_400G, "DGX H200"),
     # Meta Grand Teton hosts of 8 x H100 HBM2e/500 W (the torchtitan benchmark's cluster):

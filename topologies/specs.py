@@ -19,7 +19,7 @@ Sources are abbreviated here; docs/references.md, section 4, has them in full:
              (1200 W) and HGX (1000 W) variants
   [STAS]     stas00/ml-engineering compute/accelerator/README.md (TFLOPS, memory and
              power tables)
-  [NV-A100]  NVIDIA A100 Tensor Core GPU datasheet (SXM4 80 GB column)
+  [NV-A100]  NVIDIA A100 Tensor Core GPU datasheet (SXM4 80 GB and 40 GB columns)
   [NCCL-topo] NVIDIA/nccl src/graph/topo.h, per-link NVLink bandwidth NCCL assumes
 Block-scaled formats: Blackwell's fifth-generation tensor cores run MXFP8 at the FP8 rate
 and NVFP4 at the FP4 rate (the scales are applied inside the MMA: [NV-BW] lists one
@@ -51,6 +51,15 @@ class DeviceProfile:
     # [stas00/ml-engineering "MAMF" table]. Real layer shapes lose tile/wave quantisation;
     # autoparallel uses a flat 0.70. Assumption: 0.75 for large GEMMs, between the two.
     gemm_efficiency: float = 0.75
+    # The FP8 tensor-core GEMMs' efficiency relative to `gemm_efficiency` (a BF16 one):
+    # the measured best-shape FP8 matmul's fraction of the FP8 peak over the best-shape
+    # BF16 one's fraction of the BF16 peak, from the same brute-force shape search
+    # ([STAS] "Maximum Achievable Matmul FLOPS" table). On H100 SXM FP8 e4m3 reaches
+    # 1402.6 of 1979 TFLOP/s (70.9 %) against BF16's 794.5 of 989 (80.3 %): 0.883. Applies
+    # to the FP8-class dtypes (FP8_GEMM_DTYPES); NVFP4 keeps 1.0 (assumption: no published
+    # best-shape FP4 sweep; cuBLAS 12.9's FP4 at up to 2.3x its FP8 matmuls on Blackwell,
+    # see _blackwell_profile, sits above the FP8 efficiency at twice the peak).
+    fp8_gemm_ratio: float = round((1402.6 / 1979) / (794.5 / 989), 3)
     # Output tile of one thread block, for wave quantisation of GEMMs (assumption:
     # 128x128, the common CUTLASS/cuBLAS Hopper BF16 tile).
     gemm_tile: int = 128
@@ -114,10 +123,21 @@ class DeviceSpec:
             raise TopologyError("dtype", dtype, f"{', '.join(sorted(self.peak_flops))} "
                                 f"on {self.name}") from None
 
+    def gemm_efficiency(self, gemm_dtype: str) -> float:
+        """Fraction of `peak(gemm_dtype)` a large GEMM reaches: the profile's (BF16-derived)
+        efficiency, times its FP8 ratio for the FP8-class dtypes."""
+        eff = self.profile.gemm_efficiency
+        return eff * self.profile.fp8_gemm_ratio if gemm_dtype in FP8_GEMM_DTYPES else eff
+
     @property
     def nccl_nvlink_Bps(self) -> float:
         """Per-direction NVLink bandwidth NCCL's tuner plans with (links x per-link)."""
         return self.nvlink_links * self.nccl_nvlink_link_Bps
+
+
+# The training dtypes whose GEMMs run on the FP8 tensor-core path: per-tensor (delayed or
+# current scaling), row-wise and MXFP8 (block scales applied inside the same MMA).
+FP8_GEMM_DTYPES = frozenset({"fp8", "fp8_cs", "fp8_rowwise", "mxfp8"})
 
 
 def _flops(bf16: float, fp8: float | None, fp32: float,
@@ -128,19 +148,23 @@ def _flops(bf16: float, fp8: float | None, fp32: float,
     if fp8 is not None:   # GPUs without FP8 tensor cores (A100) have no fp8 entry
         peaks["fp8"] = fp8
         peaks["fp8_rowwise"] = fp8   # row-wise scales, applied in the epilogue: same MMA
+        peaks["fp8_cs"] = fp8        # current scaling: per-tensor scales, same MMA
     if fp4 is not None:
         peaks.update(mxfp8=fp8, nvfp4=fp4)
     return MappingProxyType(peaks)
 
 
-def _blackwell_profile(mamf_efficiency: float) -> DeviceProfile:
+def _blackwell_profile(mamf_efficiency: float, fp8_mamf_efficiency: float | None = None
+                       ) -> DeviceProfile:
     """The H100 defaults with the GEMM efficiency scaled by the measured best-shape BF16
     matmul efficiency ("MAMF") of this GPU against H100's: [STAS] measures 80.3 % on H100
     SXM, from which the H100 default 0.75 takes a margin for real layer shapes; the same
     margin (0.75 / 0.803) applies here. Assumption: the shape margin is the same on
-    Blackwell (no published layer-shape sweep on B200 was found). Block-scaled MXFP8 and
-    NVFP4 GEMMs get the same efficiency: assumption, resting on FP8 reaching the BF16
-    efficiency within 1.3 points on B200 and 0.6 on GB200 ([STAS] FP8 MAMF table) and on
+    Blackwell (no published layer-shape sweep on B200 was found). FP8 GEMMs take
+    `fp8_mamf_efficiency`, the best-shape FP8 matmul's fraction of the FP8 peak on this GPU
+    ([STAS] FP8 MAMF table), over the BF16 one as their ratio (DeviceProfile.
+    fp8_gemm_ratio); block-scaled MXFP8 GEMMs the same (assumption: no published
+    best-shape MXFP8 sweep). NVFP4 GEMMs keep the BF16 efficiency: assumption, resting on
     cuBLAS 12.9 running block-scaled FP4 at up to 2.3x its FP8 matmuls on Blackwell
     (NVIDIA technical blog "Boosting Matrix Multiplication Speed and Flexibility with
     NVIDIA cuBLAS 12.9", 2025), i.e. at least the FP8 efficiency at the 2x peak.
@@ -160,8 +184,10 @@ def _blackwell_profile(mamf_efficiency: float) -> DeviceProfile:
     causal at 16k, head dim 128 non-causal at 1k; its MFU column divides by 2.5 PFLOP/s),
     about half to two-thirds of the peak. 0.35 lies between the two; which kernel and
     speed is left open here."""
+    ratio = 1.0 if fp8_mamf_efficiency is None else round(fp8_mamf_efficiency
+                                                           / mamf_efficiency, 3)
     return DeviceProfile(gemm_efficiency=round(mamf_efficiency * H100_GEMM_MARGIN, 3),
-                         memory_efficiency=BLACKWELL_MEMORY_EFFICIENCY)
+                         memory_efficiency=BLACKWELL_MEMORY_EFFICIENCY, fp8_gemm_ratio=ratio)
 
 
 # Memory-bound kernels on Blackwell: torchao's B200 quantisation-kernel benchmark (a bf16
@@ -198,6 +224,7 @@ H100_500W_PEAK_FLOPS = 912 * TB    # the "h100-hbm2e" entry's assumed BF16 peak 
 H100_500W_CLOCK_RATIO = H100_500W_GEMM_FLOPS / (DeviceProfile().gemm_efficiency * 989 * TB)
 POWER_CAPPED_500W_PROFILE = DeviceProfile(
     gemm_efficiency=round(H100_500W_GEMM_FLOPS / H100_500W_PEAK_FLOPS, 3),
+    fp8_gemm_ratio=1.0,   # FBGEMM's FP8 row-wise layer GEMMs: the BF16 fraction (above)
     attention_efficiency=round(DeviceProfile().attention_efficiency * 989 / 912
                                * H100_500W_CLOCK_RATIO, 3))
 
@@ -207,6 +234,13 @@ DEVICES: dict[str, DeviceSpec] = {
     # NCCL topo.h SM80 NVLink = 20.0 GB/s per link.
     "a100": DeviceSpec("a100", _flops(312 * TB, None, 156 * TB), 80 * GiB, 2.039 * TB,
                        300 * GB, 12, 20.0 * GB, nvls=False, sm_count=108, tdp_w=400),
+    # A100 SXM4 40GB [NV-A100, SXM4 40 GB column]: the same die and peaks as the 80 GB
+    # part, 40 GB (GiB) of HBM2 at 1,555 GB/s (against HBM2e's 2,039); NVLink3 and SMs
+    # alike; 400 W. The GPU of the first DGX A100 systems (2020), which the Megatron-LM
+    # README's A100 scaling table names ("DGX A100 (8x A100 40GB)").
+    "a100-40gb": DeviceSpec("a100-40gb", _flops(312 * TB, None, 156 * TB), 40 * GiB,
+                            1.555 * TB, 300 * GB, 12, 20.0 * GB, nvls=False, sm_count=108,
+                            tdp_w=400),
     # H100 SXM5 [NV-H100]: 989 TFLOP/s BF16 dense (1979 sparse), 1979 FP8, 494 TF32;
     # 80 GB (GiB) HBM3 at 3.35 TB/s; NVLink4 18 links, 900 GB/s bidir = 450/dir; 700 W.
     # NCCL topo.h SM90 NVLink = 20.6 GB/s per link; NVSwitch gen3 has NVLS.
@@ -224,28 +258,32 @@ DEVICES: dict[str, DeviceSpec] = {
                              profile=POWER_CAPPED_500W_PROFILE, tdp_w=500),
     # H200 SXM [NV-H200]: same die as H100 (989 / 1979 / 494); 141 GB (GiB) HBM3e at
     # 4.8 TB/s; NVLink4 900 GB/s bidir; 700 W. H100 SXM5 and H200 have 132 SMs [NVIDIA
-    # H100 whitepaper].
+    # H100 whitepaper]. Best-shape FP8 e4m3 matmul: 1453.4 of 1979 TFLOP/s, 73.4 %, with
+    # BF16 stated the same as H100's 80.3 % [STAS]: its own FP8 ratio.
     "h200": DeviceSpec("h200", _flops(989 * TB, 1979 * TB, 494 * TB), 141 * GiB, 4.8 * TB,
-                       450 * GB, 18, 20.6 * GB, nvls=True, tdp_w=700),
+                       450 * GB, 18, 20.6 * GB, nvls=True, tdp_w=700,
+                       profile=DeviceProfile(fp8_gemm_ratio=round((1453.4 / 1979)
+                                                                  / (794.5 / 989), 3))),
     # B200 in HGX/DGX B200 at 1000 W [NV-BW HGX B200 column; GK-B200 HGX table; STAS]:
     # 2250 TFLOP/s BF16 dense (4.5 PF sparse), 4500 FP8 and MXFP8 (9 PF sparse), 9000 FP4
     # and NVFP4 (18 PF sparse), 1100 TF32 (2.2 PF sparse); 180 GB (GiB) HBM3e at 7.7 TB/s
     # [NV-BW] (the DGX B200 datasheet's 64 TB/s for 8 GPUs rounds it to 8); NVLink5 18
     # links, 1.8 TB/s bidir = 900/dir; 1000 W. NCCL topo.h SM100 NVLink = 40.1 GB/s per
     # link. 148 SMs, 592 tensor cores (hmc-tech.com B200 spec page; NVIDIA publishes no
-    # SM count for B200). Best-shape BF16 matmul: 1745 of 2250 TFLOP/s, 77.6 % [STAS].
+    # SM count for B200). Best-shape BF16 matmul: 1745 of 2250 TFLOP/s, 77.6 % [STAS];
+    # FP8 e4m3: 3432.5 of 4500, 76.3 % [STAS].
     "b200": DeviceSpec("b200", _flops(2250 * TB, 4500 * TB, 1100 * TB, 9000 * TB),
                        180 * GiB, 7.7 * TB, 900 * GB, 18, 40.1 * GB, nvls=True,
-                       sm_count=148, profile=_blackwell_profile(0.776), tdp_w=1000),
+                       sm_count=148, profile=_blackwell_profile(0.776, 0.763), tdp_w=1000),
     # B200 inside GB200 at 1200 W [NV-BW GB200 NVL72 column; NV-GB200; GK-B200 GB200
     # table]: 2500 BF16 dense (5 PF sparse; rack 360 PF sparse / 72), 5000 FP8 and MXFP8,
     # 10000 FP4 and NVFP4 (20 PF sparse; rack 1440 PF sparse / 72), 1250 TF32; 186 GB (GiB)
     # HBM3e at 8 TB/s (rack 13.4 TB and 576 TB/s / 72); NVLink5 1.8 TB/s bidir; 1200 W;
     # 148 SMs (hmc-tech.com GB200 page: 296 for the superchip's two GPUs). Best-shape BF16
-    # matmul: 1822 of 2500 TFLOP/s, 72.9 % [STAS].
+    # matmul: 1822 of 2500 TFLOP/s, 72.9 % [STAS]; FP8 e4m3: 3615.6 of 5000, 72.3 % [STAS].
     "gb200": DeviceSpec("gb200", _flops(2500 * TB, 5000 * TB, 1250 * TB, 10000 * TB),
                         186 * GiB, 8 * TB, 900 * GB, 18, 40.1 * GB, nvls=True,
-                        sm_count=148, profile=_blackwell_profile(0.729), tdp_w=1200),
+                        sm_count=148, profile=_blackwell_profile(0.729, 0.723), tdp_w=1200),
     # Blackwell Ultra inside GB300 at 1400 W [NV-GB300; NV-BWU; STAS]: 2500 BF16 dense
     # (rack 360 PF sparse / 72), 5000 FP8 and MXFP8 (rack 720 PF sparse / 72), 15000 FP4
     # and NVFP4 dense (rack 1080 PF dense / 72; NV-BWU "15 PetaFLOPS dense NVFP4"), 1250

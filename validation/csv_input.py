@@ -41,10 +41,11 @@ COLUMNS: dict[str, tuple[str, bool, object]] = {
     "global_batch_seqs": (INT, True, (1, MAX_INT)), "seq_len": (INT, True, (1, MAX_INT)),
     "metric": (TEXT, True, METRICS),
     "value": (NUMBER, True, (0.0, math.inf)),
-    # fp8_rowwise: torchao's row-wise FP8 recipe; mxfp8: MX FP8 (32-element blocks, E8M0
+    # fp8: per-tensor FP8 (delayed scaling, torchao tensorwise); fp8_cs: Transformer
+    # Engine's current scaling; fp8_rowwise: torchao's row-wise FP8 recipe; mxfp8: MX FP8 (32-element blocks, E8M0
     # scales); nvfp4: NVFP4 (16-element blocks, E4M3 scales), the Transformer Engine recipes
     # of Blackwell rows (reference_rows.py maps them)
-    "dtype": (TEXT, False, ("bf16", "fp8", "fp8_rowwise", "fp32", "mxfp8", "nvfp4")),
+    "dtype": (TEXT, False, ("bf16", "fp8", "fp8_cs", "fp8_rowwise", "fp32", "mxfp8", "nvfp4")),
     "micro_batch": (INT, False, (1, MAX_INT)), "virtual_stages": (INT, False, (1, MAX_INT)),
     "fsdp": (BOOL, False, None), "reshard_after_forward": (BOOL, False, None),
     "zero_stage": (INT, False, (0, 3)), "recompute": (TEXT, False, None),

@@ -133,6 +133,11 @@ def plan_dict(row: dict[str, str]) -> dict[str, Any]:
     for key in ("recompute", "kernels"):
         if row.get(key):
             raw[key] = row[key]
+    if raw.get("recompute", "").startswith("full:"):
+        # "full:N": full recompute of the first N layers of each pipeline chunk (Megatron's
+        # block method, recompute_num_layers N)
+        raw["recompute"], layers = "full", raw["recompute"][len("full:"):]
+        raw["recompute_layers"] = int(layers) if layers.isdigit() else layers
     if row.get("zero_stage"):
         raw["zero_stage"] = num("zero_stage", 0)
     if raw["framework"] == "torchtitan":

@@ -311,10 +311,17 @@ def memory_breakdown(plan: Plan, stage: int = 0,
         return saved_layer_bytes(plan, layer, recompute)
 
     flash = scores_on_chip(plan.attention)
-    activations = in_flight * sum(per_layer(layer, plan.recompute) for layer in own_layers)
+    def mode(position: int) -> str:   # a layer full recompute skips keeps what none keeps
+        full = plan.recompute in ("full", "selective_op")
+        return "none" if full and not plan.recomputes(position) else plan.recompute
+    activations = in_flight * sum(per_layer(layer, mode(pos)) for c in chunks
+                                  for pos, layer in enumerate(ranges[c]))
     working = 0.0     # what one layer's backward rebuilds (recompute) or its scores
-    if plan.recompute in ("full", "selective_op") and own_layers:
+    every = all(plan.recomputes(pos) for c in chunks for pos in range(len(ranges[c])))
+    if plan.recompute in ("full", "selective_op") and own_layers and every:
         # the layer being recomputed holds everything it would keep without recompute
+        # (under Megatron's block method the first layers rerun last in the backward,
+        # after a layer kept without recompute has freed at least as much)
         working = max(per_layer(layer, "none") for layer in own_layers)
     elif plan.recompute == "selective" and not flash:
         working = activation_scale(plan) * scores_bytes(m, s * b, tr.seq_len, tp,

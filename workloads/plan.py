@@ -78,6 +78,11 @@ class Plan:
     sequence_parallel: bool = False
     layer_overrides: tuple[tuple[int, int, Mapping[str, str]], ...] = ()
     recompute: str = "none"
+    # recompute_layers: under full recompute, only the first N transformer layers of each
+    # pipeline chunk rerun their forward (Megatron-LM's --recompute-method block with
+    # --recompute-num-layers N: megatron/core/transformer/transformer_block.py,
+    # _checkpointed_forward); 0: every layer (the uniform method over single layers)
+    recompute_layers: int = 0
     attention: str = "flash"
     kernels: str = "fused"          # memory-bound ops: fused | eager (workloads/kernels.py)
     optimizer: str = "fused"        # Adam step: fused | foreach | for_loop (workloads/kernels.py)
@@ -133,6 +138,12 @@ class Plan:
         for name, allowed in (("recompute", RECOMPUTE), ("attention", ATTENTION_IMPLS),
                               ("kernels", KERNEL_MODES), ("optimizer", OPTIMIZERS)):
             check_choice(getattr(self, name), name, allowed)
+        if not is_int(self.recompute_layers) or self.recompute_layers < 0:
+            raise WorkloadError("recompute_layers", self.recompute_layers,
+                                "an integer >= 0 (0: every layer)")
+        if self.recompute_layers and self.recompute != "full":
+            raise WorkloadError("recompute_layers", self.recompute_layers,
+                                '0 unless recompute is "full"')
         check_choice(self.cp_mode, "context_parallel.mode", CP_MODES)
         # Bounded: far beyond this the hottest rank would hold more tokens than the batch has.
         check_number(self.load_imbalance, "moe.load_imbalance", 1.0, MAX_LOAD_IMBALANCE,
@@ -167,6 +178,13 @@ class Plan:
             if first <= layer <= last:
                 return {**self.sharding, **override}
         return self.sharding
+
+    def recomputes(self, position: int) -> bool:
+        """Whether the transformer layer at `position` (0-based) among its pipeline chunk's
+        layers reruns its forward in the backward (full or op-level recompute)."""
+        if self.recompute not in ("full", "selective_op"):
+            return False
+        return not self.recompute_layers or position < self.recompute_layers
 
     @property
     def micro_batches(self) -> int:
@@ -257,7 +275,8 @@ def _pipeline(raw: dict) -> Pipeline:
 
 
 TOP_KEYS = ("name", "model", "training", "mesh", "fsdp", "zero_stage", "sharding", "layers",
-            "recompute", "attention", "kernels", "optimizer", "pipeline", "overlap", "topology",
+            "recompute", "recompute_layers", "attention", "kernels", "optimizer", "pipeline",
+            "overlap", "topology",
             "description", "framework", "cuda_graphs", "host_overhead", "ddp",
             "context_parallel", "moe", "tensor_parallel", "collectives")
 
@@ -273,6 +292,7 @@ def _extensions(raw: dict) -> dict:
     coll = _obj(raw.get("collectives"), "collectives")
     _known_keys(coll, "collectives", ("algorithm", "protocol"))
     return {"cp_mode": cp.get("mode", "ring"), **moe,
+            "recompute_layers": raw.get("recompute_layers", 0),
             "tp_depth": tp.get("depth", 1),
             "collective_algorithm": coll.get("algorithm"),
             "collective_protocol": coll.get("protocol")}

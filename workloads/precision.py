@@ -1,7 +1,7 @@
 """Bytes per element of each tensor class, by training dtype, and the low-precision GEMM
 recipes with the GEMMs each keeps in BF16 (one place).
 
-Mixed precision (bf16, fp8, fp8_rowwise, mxfp8, nvfp4): activations and the weights'
+Mixed precision (bf16, fp8, fp8_cs, fp8_rowwise, mxfp8, nvfp4): activations and the weights'
 compute copy in bf16 (also under FP8/FP4 GEMMs, as Transformer Engine keeps them), GEMM
 operands in the recipe's format. Gradients are reduced in fp32: torchtitan's default
 mixed_precision_reduce = "float32" and Megatron-LM's default main_grad accumulation in fp32.
@@ -75,6 +75,9 @@ class GemmRecipe:
         return layer < first or layer >= num_layers - last
 
 
+# The amax pass of a current-scaling cast: one more read of the bf16 input (above).
+FP8_CURRENT_SCALING_AMAX_BYTES = float(BF16_BYTES)
+
 # Block-scaled quantisation writes each operand twice: an MX/NVFP4 block runs along the
 # GEMM's reduction dimension, which is the features for the forward GEMM and the tokens
 # for the weight-gradient GEMM, so the transpose of a block-scaled tensor is not one and
@@ -85,7 +88,20 @@ RECIPES = {
     # current scaling): E4M3 / E5M2, one FP32 scale per tensor; the cast reads bf16 and
     # writes the FP8 copy and its transpose (workloads/kernels.py).
     "fp8": GemmRecipe("fp8", 1, 0, 0, FP8_CAST_BYTES_PER_ELEMENT, 1,
-                      source="torchao float8 tensorwise; Transformer Engine Float8 recipes"),
+                      source="torchao float8 tensorwise; Transformer Engine DelayedScaling"),
+    # Per-tensor FP8 with current scaling (Transformer Engine Float8CurrentScaling, what
+    # Megatron-LM's `--fp8-recipe tensorwise` and Megatron-Bridge's fp8_cs precision
+    # configs ask for): the scale comes from the tensor being cast, so the amax cannot
+    # come from the previous step's cast as delayed scaling's does. Transformer Engine's
+    # Float8CurrentScalingQuantizer (transformer_engine/pytorch/csrc/quantizer.cpp,
+    # quantize_impl) runs three kernels per cast: nvte_compute_amax over the bf16 input
+    # (read 2 B), nvte_compute_scale_from_amax (one scalar), then nvte_quantize_v2, the
+    # cast with its transpose (read 2 B, write 1 B + 1 B): 6 B per element in 3 kernels
+    # against delayed scaling's 4 B in 1. Not priced: the amax all-reduce over the TP
+    # group that sequence-parallel inputs add (with_amax_reduction), one scalar each.
+    "fp8_cs": GemmRecipe("fp8_cs", 1, 0, 0, FP8_CURRENT_SCALING_AMAX_BYTES
+                         + FP8_CAST_BYTES_PER_ELEMENT, 3,
+                         source="Transformer Engine Float8CurrentScaling (quantizer.cpp)"),
     # Row-wise FP8 (torchao Float8LinearRecipeName.ROWWISE, as torchtitan's
     # `float8.recipe_name = "rowwise"` asks for it; torchao/float8/config.py
     # from_recipe_name and float8_linear.py at the mid-2025 torchao the torchtitan
@@ -169,5 +185,6 @@ DTYPES = tuple(PRECISIONS)   # the training dtypes a plan may ask for
 
 
 def precision(dtype: str) -> Precision:
-    """The byte sizes of a training dtype (bf16, fp8, fp8_rowwise, mxfp8, nvfp4 or fp32)."""
+    """The byte sizes of a training dtype (bf16, fp8, fp8_cs, fp8_rowwise, mxfp8, nvfp4 or
+    fp32)."""
     return PRECISIONS[dtype]

@@ -255,12 +255,13 @@ class StageLowering:
             grad = self._p2p("recv", "grad", mb, (), +1, "backward", chunk)
         else:
             grad = self.graphs[(HEAD, mb)].output_task
+        layers = [u for u in self.chunk_units[local] if isinstance(u, int)]
         for index, unit in enumerate(reversed(self.chunk_units[local])):
             gathers = self._gather(unit, index, mb, "backward")
             graph = self.graphs.pop((unit, mb))
             ctx = self._ctx(unit, mb)
             deps = self._join([grad, *gathers], unit, mb, "backward")
-            if self.plan.recompute in ("full", "selective_op") and isinstance(unit, int):
+            if isinstance(unit, int) and self.plan.recomputes(layers.index(unit)):
                 # the whole layer reruns (its options ask for no separate attention
                 # recompute: that is selective recompute's alone)
                 graph = self._graph(unit)

@@ -191,6 +191,7 @@ def _plan(get: _Getter, spec: ModelSpec, ref, findings: Findings) -> dict[str, A
         "zero_stage": 0 if fsdp else int(get.on("use-distributed-optimizer")),
         "sharding": {**MEGATRON, "sequence_parallel": get.on("sequence-parallel")},
         "recompute": _recompute(get, spec, pp, findings),
+        **_recompute_layers(get, spec, pp),
         "attention": "eager" if str(get.str("attention-backend", "auto")) in EAGER_ATTENTION
                      else "flash",
         "kernels": "fused", "optimizer": "fused",
@@ -217,7 +218,8 @@ def _dtype(get: _Getter) -> str:
         return "nvfp4"
     if get.str("fp8-format") is not None:
         need_choice(get.str("fp8-format"), get.name("fp8-format"), ("e4m3", "hybrid"))
-        return "mxfp8" if get.str("fp8-recipe") == "mxfp8" else "fp8"
+        # --fp8-recipe tensorwise is Transformer Engine's current scaling (fp8_cs)
+        return {"mxfp8": "mxfp8", "tensorwise": "fp8_cs"}.get(get.str("fp8-recipe"), "fp8")
     return "bf16" if get.on("bf16") else "fp32"
 
 
@@ -254,12 +256,23 @@ def _recompute(get: _Getter, spec: ModelSpec, pp: int, findings: Findings) -> st
         return "selective"
     method = get.str("recompute-method")
     layers = get.int("recompute-num-layers", 1)
-    per_stage = -(-spec.num_layers // pp)
-    if not ((method == "uniform" and layers == 1) or (method == "block" and layers >= per_stage)):
-        findings.problem(get.name("recompute-method"), method, f"full recompute of some "
-                         f"layers only (--recompute-num-layers {layers}; simulated as every "
-                         f"layer)")
+    if method == "uniform" and layers != 1:
+        findings.problem(get.name("recompute-method"), method, f"uniform recompute of "
+                         f"groups of {layers} layers (simulated as every layer on its own)")
     return "full"
+
+
+def _recompute_layers(get: _Getter, spec: ModelSpec, pp: int) -> dict[str, int]:
+    """recompute_layers where the block method reruns only the first layers of each
+    pipeline chunk (--recompute-method block --recompute-num-layers N)."""
+    # at or above a stage's layers every layer reruns (recompute_layers at or above a
+    # virtual chunk's layers reruns every layer too)
+    chunk = -(-spec.num_layers // pp)
+    layers = get.int("recompute-num-layers", 1)
+    if (get.str("recompute-granularity") == "full" and get.str("recompute-method") == "block"
+            and layers < chunk):
+        return {"recompute_layers": layers}
+    return {}
 
 
 def _cp_mode(get: _Getter, findings: Findings) -> str:

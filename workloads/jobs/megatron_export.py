@@ -97,6 +97,7 @@ def _precision_flags(tr, num_layers: int) -> list[str]:
     if recipe is None:
         return []
     out = {"fp8": ["--fp8-format hybrid"],
+           "fp8_cs": ["--fp8-format hybrid", "--fp8-recipe tensorwise"],
            "mxfp8": ["--fp8-format e4m3", "--fp8-recipe mxfp8"],
            "nvfp4": ["--fp4-format e2m1", "--fp4-recipe nvfp4"]}[tr.dtype]
     first, last = tr.bf16_layers or recipe.bf16_layers(num_layers)
@@ -133,6 +134,9 @@ def _run_flags(plan: Plan) -> list[str]:
         out.append(f"--ddp-bucket-size {plan.grad_bucket}")
     if plan.recompute in ("selective", "selective_op"):
         out.append("--recompute-granularity selective")
+    elif plan.recompute == "full" and plan.recompute_layers:
+        out += ["--recompute-granularity full", "--recompute-method block",
+                f"--recompute-num-layers {plan.recompute_layers}"]
     elif plan.recompute == "full":
         out += ["--recompute-granularity full", "--recompute-method uniform",
                 "--recompute-num-layers 1"]
