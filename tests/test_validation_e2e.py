@@ -45,8 +45,9 @@ STEPS = 8
 # shared host most attempts read unsteady by the probe, so a third adds minutes to CI and
 # no evidence), and the assertions hold the steadiest attempt; when every attempt was
 # unsteady, a check that would fail skips with the figures instead of failing on a load
-# change (a check that holds passes). Steadiness is judged from the probes and the scatter alone, never from the error against
-# the simulation; the tolerance is never widened.
+# change (a check that holds passes). Steadiness is judged from the probes and the
+# scatter alone, never from the error against the simulation; the tolerance is never
+# widened.
 RETRIES = 1
 
 
