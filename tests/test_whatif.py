@@ -13,7 +13,7 @@ from simulator.whatif.points import plan_source, study_points, topology_source
 from simulator.whatif.variations import apply_cluster, apply_plan, parse_all
 
 import topologies
-from workloads import WorkloadError, load_plan
+from workloads import WorkloadError
 
 # One tiny layer: a point simulates in tens of milliseconds.
 TINY = {"name": "tiny",
@@ -38,7 +38,7 @@ def test_parse_vary_values_and_errors():
     assert parse_vary("fsdp=true,off").values == (True, False)
     assert parse_vary("dp=auto,2").values == ("auto", 2)
     for bad in ("foo=1", "tp=", "tp=0", "tp=two", "ib_bandwidth=fast", "ib_bandwidth=xinf",
-                "fsdp=maybe", "async_tp=false"):
+                "fsdp=maybe", "async_tp=maybe", "overlap.tp_comm=true"):
         with pytest.raises(UsageError):
             parse_vary(bad)
     with pytest.raises(topologies.TopologyError):
@@ -60,7 +60,7 @@ def test_apply_cluster_and_plan():
     assert changed.fabric.nic_nccl_Bps == 2 * spec.fabric.nic_nccl_Bps
     assert changed.gpu.nvlink_Bps == 900e9
     assert changed.build().world_size == 32
-    plan = apply_plan(load_plan("col"), {"tp": 4, "micro_batch": 2, "recompute": "full",
+    plan = apply_plan(plan_source("col"), {"tp": 4, "micro_batch": 2, "recompute": "full",
                                          "fsdp": False, "schedule": "gpipe"})
     assert (plan.mesh.tp, plan.training.micro_batch, plan.recompute, plan.fsdp,
             plan.pipeline.schedule) == (4, 2, "full", False, "gpipe")

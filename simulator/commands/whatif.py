@@ -23,10 +23,19 @@ import sys
 from ..errors import EXIT_INTERNAL
 from ..errors import UsageError
 from ..output import print_json
-from ..whatif import ENGINES, PARAMS, SweepInterrupted, plot, render, whatif
+from ..whatif import ENGINES, SweepInterrupted, plot, render, whatif
 from ..whatif.points import plan_source
-from ..whatif.variations import parse_all
+from ..whatif.variations import (CLUSTER_PARAMS, FRAMEWORK_PARAMS, PLAN_KEYS, PLAN_PARAMS,
+                                 parse_all)
 from .common import add_common
+
+
+def _named(name: str) -> str:
+    """A plan parameter with its plan-file key where that differs (fsdp_version
+    (fsdp.version))."""
+    section, key = PLAN_KEYS[name]
+    where = key if section is None else f"{section}.{key}"
+    return name if where == name else f"{name} ({where})"
 
 
 def register(sub) -> None:
@@ -37,7 +46,11 @@ def register(sub) -> None:
                    help="topology preset or file (repeat for several; default: the plan's)")
     p.add_argument("--vary", action="append", default=[], metavar="NAME=V1,V2,...",
                    help="a parameter and its values (repeatable; the study is the cross "
-                        "product): " + ", ".join(PARAMS))
+                        "product). Cluster: " + ", ".join(CLUSTER_PARAMS) + ". Plan: "
+                        + ", ".join(n for n in PLAN_PARAMS if n not in FRAMEWORK_PARAMS)
+                        + ". Framework-level (written at their plan-file keys, so a "
+                        "`framework` profile's defaults follow each point): "
+                        + ", ".join(map(_named, FRAMEWORK_PARAMS)))
     p.add_argument("--fault", action="append", default=[], metavar="FAULT",
                    help="straggler:gpu=R,slowdown=F | link-down:nic=nodeD/R | "
                         "degraded:link=CLASS|NODE|LINK,factor=F | gpu:ranks=A-B,type=GPU "

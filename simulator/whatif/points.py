@@ -28,7 +28,7 @@ from ..api import simulate
 from ..engine import SimOptions
 from ..jsonsafe import dumps_finite
 from ..network import CommOptions
-from .variations import CLUSTER_PARAMS, Variation, apply_cluster, apply_plan
+from .variations import CLUSTER_PARAMS, Variation, apply_cluster, point_raw
 
 PointSpec = dict[str, Any]
 LEAD_COLUMNS = ("point", "topo", "fault", "status", "error")
@@ -75,7 +75,6 @@ def check_values(plan_raw: dict, topos: list[dict], variations: list[Variation])
     topology gets; values that are bad only in combination (tp=16 on an 8-GPU node) pass
     and become invalid rows of the points where they are.
     """
-    plan = _plan(plan_raw)
     for variation in variations:
         for value in variation.values:
             params = {variation.name: value}
@@ -83,7 +82,7 @@ def check_values(plan_raw: dict, topos: list[dict], variations: list[Variation])
                 for topo in topos:
                     apply_cluster(_cluster(topo), params)
             else:
-                apply_plan(plan, params)
+                _plan(point_raw(plan_raw, params))
 
 
 def study_points(plan_raw: dict, topos: list[dict], variations: list[Variation],
@@ -117,6 +116,8 @@ _SPECS: dict[str, Any] = {}
 
 
 def _plan(raw: dict) -> Plan:
+    """The Plan of a raw plan object with a point's parameters written in (variations.
+    apply_plan, cached: the points of a study share few distinct plans)."""
     key = json.dumps(raw, sort_keys=True)
     if key not in _PLANS:
         _PLANS[key] = plan_from_dict(raw)
@@ -168,7 +169,7 @@ def evaluate(spec: PointSpec) -> dict[str, Any]:
     try:
         cluster = apply_cluster(_cluster(spec["topo"]), params)
         topo = apply_faults(cluster.build(), spec["faults"])
-        plan = apply_plan(_plan(spec["plan"]), params)
+        plan = _plan(point_raw(spec["plan"], params))
         # A fault splits the rank classes around what it touches (simulator/rank_classes.py).
         options = SimOptions(full=bool(opts.get("full")), fault_classes=bool(spec["faults"]),
                              comm=CommOptions(algorithm=opts.get("algorithm"),

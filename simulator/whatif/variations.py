@@ -5,12 +5,24 @@ Cluster parameters change the ClusterSpec before it is built (topologies.presets
   ib_bandwidth      per-NIC network bandwidth: xF (a factor) or GB/s per direction
   nvlink_bandwidth  per-GPU NVLink bandwidth: xF or GB/s per direction
   nodes             number of NVLink domains (DGX nodes, NVL72 racks)
-Plan parameters change the Plan with dataclasses.replace:
+Plan parameters are written into the plan's raw JSON object, which is then parsed as a
+plan file is (workloads.plan.plan_from_dict), so a varied key means what it means in a
+plan file: a framework profile's defaults are applied for the point's values (`framework`
+sets them all; `tp` decides whether megatron-core's TP overlap applies), and the plan's
+own keys override them. Names are the Plan fields (PLAN_KEYS gives each one's plan-file key):
   tp, pp, dp (or auto), cp, micro_batch, global_batch, seq_len, zero_stage   integers
   recompute, attention, dtype, schedule                                      choices
   fsdp, sequence_parallel, fsdp_prefetch                                     true/false
+Framework-level keys (workloads/frameworks.py):
+  framework (a profile), kernels, optimizer                                  choices
+  fsdp_version (1, 2), grad_bucket (unit, megatron or a parameter count)
+  async_tp, grad_reduce_overlap, param_gather_overlap, param_gather_align,
+  tp_comm_overlap, reshard_after_forward, cuda_graphs                        true/false
+  host_step_s, host_kernel_s                                                 seconds
 Three layers of checks, all exit 2 with one line:
   * parsing (here): the syntax of a value (an integer, true/false, xF), a UsageError;
+    the framework-level keys' values are checked here against the plan's own tuples
+    (FRAMEWORKS, FSDP_VERSIONS, ...), so their message names the --vary key;
   * each value applied alone to the base plan and every topology before the sweep
     (whatif.points.check_values): the plan types check their fields in __post_init__, so
     a value no plan can take (zero_stage=5, recompute=bogus) gets the very message a bad
@@ -21,12 +33,17 @@ Bandwidths are bounded (BANDWIDTH_FACTORS, BANDWIDTH_GBPS; see there why).
 """
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, replace
-from typing import Any
+from typing import Any, Mapping
 
 from topologies import ClusterSpec, device
-from workloads import Plan
-from workloads.plan import ATTENTION_IMPLS, DTYPES, RECOMPUTE, SCHEDULES
+from workloads import Plan, plan_from_dict
+from workloads.ddp_buckets import BUCKET_MODES
+from workloads.frameworks import DDP_KEYS, FRAMEWORKS, FSDP_KEYS, HOST_KEYS, OVERLAP_KEYS
+from workloads.kernels import KERNEL_MODES, OPTIMIZERS
+from workloads.plan import (ATTENTION_IMPLS, DTYPES, FSDP_VERSIONS, MAX_HOST_OVERHEAD_S,
+                            RECOMPUTE, SCHEDULES)
 
 from ..errors import UsageError
 
@@ -36,8 +53,36 @@ TRAINING_INTS = ("micro_batch", "global_batch", "seq_len")
 CHOICES = {"recompute": RECOMPUTE, "attention": ATTENTION_IMPLS, "dtype": DTYPES,
            "schedule": SCHEDULES}
 BOOLS = ("fsdp", "sequence_parallel", "fsdp_prefetch")
-PLAN_PARAMS = MESH_PARAMS + TRAINING_INTS + ("zero_stage",) + tuple(CHOICES) + BOOLS
+# The framework-level keys (a profile sets their defaults: workloads/frameworks.py).
+# Their values are checked when parsed, against the same tuples the Plan checks.
+FRAMEWORK_CHOICES = {"framework": FRAMEWORKS, "kernels": KERNEL_MODES,
+                     "optimizer": OPTIMIZERS}
+FRAMEWORK_BOOLS = ("async_tp", "grad_reduce_overlap", "param_gather_overlap",
+                   "param_gather_align", "tp_comm_overlap", "reshard_after_forward",
+                   "cuda_graphs")
+HOST_SECONDS = tuple(HOST_KEYS.values())   # host_step_s, host_kernel_s
+FRAMEWORK_PARAMS = (tuple(FRAMEWORK_CHOICES) + ("fsdp_version", "grad_bucket")
+                    + FRAMEWORK_BOOLS + HOST_SECONDS)
+PLAN_PARAMS = (MESH_PARAMS + TRAINING_INTS + ("zero_stage",) + tuple(CHOICES) + BOOLS
+               + FRAMEWORK_PARAMS)
 PARAMS = CLUSTER_PARAMS + PLAN_PARAMS
+
+
+def _plan_keys() -> dict[str, tuple[str | None, str]]:
+    """Each plan parameter's place in a plan file: (section or None for the top, key)."""
+    keys: dict[str, tuple[str | None, str]] = {k: ("mesh", k) for k in MESH_PARAMS}
+    keys.update({k: ("training", k) for k in TRAINING_INTS + ("dtype",)})
+    keys.update({k: (None, k) for k in ("zero_stage", "recompute", "attention", "framework",
+                                        "kernels", "optimizer", "cuda_graphs")})
+    keys.update(schedule=("pipeline", "schedule"),
+                sequence_parallel=("sharding", "sequence_parallel"))
+    for section, fields in (("overlap", OVERLAP_KEYS), ("fsdp", FSDP_KEYS),
+                            ("host_overhead", HOST_KEYS), ("ddp", DDP_KEYS)):
+        keys.update({field: (section, key) for key, field in fields.items()})
+    return keys
+
+
+PLAN_KEYS: Mapping[str, tuple[str | None, str]] = _plan_keys()
 _TRUE, _FALSE = ("true", "on", "yes", "1"), ("false", "off", "no", "0")
 GB = 1e9
 # A bandwidth factor xF may scale a link by at most two orders of magnitude either way,
@@ -75,6 +120,41 @@ def bandwidth(name: str, raw: str) -> tuple[bool, float]:
     return raw.startswith("x"), number
 
 
+def _framework_value(name: str, raw: str) -> Any:
+    """A framework-level key's value, checked against what the Plan accepts."""
+    flag = f"--vary {name}"
+    if name in FRAMEWORK_CHOICES:
+        if raw not in FRAMEWORK_CHOICES[name]:
+            raise UsageError(flag, raw, ", ".join(FRAMEWORK_CHOICES[name]))
+        return raw
+    if name == "fsdp_version":
+        if raw not in tuple(map(str, FSDP_VERSIONS)):
+            raise UsageError(flag, raw, " or ".join(map(str, FSDP_VERSIONS)))
+        return int(raw)
+    if name == "grad_bucket":
+        if raw in BUCKET_MODES:
+            return raw
+        if not raw.isdigit() or int(raw) < 1:
+            raise UsageError(flag, raw, ", ".join(BUCKET_MODES) + " or a number of "
+                             "parameters >= 1")
+        return int(raw)
+    if name in HOST_SECONDS:
+        try:
+            seconds = float(raw)
+        except ValueError:
+            seconds = math.nan
+        if not 0.0 <= seconds <= MAX_HOST_OVERHEAD_S:   # NaN and inf fail too
+            raise UsageError(flag, raw, f"a number of seconds in [0, {MAX_HOST_OVERHEAD_S:g}]")
+        return seconds
+    return _bool(name, raw)
+
+
+def _bool(name: str, raw: str) -> bool:
+    if raw.lower() in _TRUE + _FALSE:
+        return raw.lower() in _TRUE
+    raise UsageError(f"--vary {name}", raw, "true or false")
+
+
 def _value(name: str, raw: str) -> Any:
     """Parse one value of a parameter (the plan types check what it means)."""
     raw = raw.strip()
@@ -85,6 +165,8 @@ def _value(name: str, raw: str) -> Any:
     if name in ("ib_bandwidth", "nvlink_bandwidth"):
         bandwidth(name, raw)
         return raw
+    if name in FRAMEWORK_PARAMS:
+        return _framework_value(name, raw)
     if name == "dp" and raw == "auto":
         return "auto"
     if name in MESH_PARAMS + ("nodes",):   # degrees and node counts: at least 1
@@ -97,9 +179,7 @@ def _value(name: str, raw: str) -> Any:
         return int(raw)
     if name in CHOICES:   # checked by the plan types, with the plan file's message
         return raw
-    if raw.lower() in _TRUE + _FALSE:
-        return raw.lower() in _TRUE
-    raise UsageError(flag, raw, "true or false")
+    return _bool(name, raw)
 
 
 def parse_vary(text: str) -> Variation:
@@ -154,25 +234,28 @@ def apply_cluster(spec: ClusterSpec, params: dict[str, Any]) -> ClusterSpec:
     return spec
 
 
-def apply_plan(plan: Plan, params: dict[str, Any]) -> Plan:
-    """The Plan with the plan parameters of a point applied.
+def point_raw(plan_raw: dict, params: dict[str, Any]) -> dict:
+    """The plan's raw JSON object with the plan parameters of a point written in at their
+    plan-file keys (PLAN_KEYS); the sections it touches are copied, not changed."""
+    raw = dict(plan_raw)
+    for name, value in params.items():
+        if name not in PLAN_KEYS:
+            continue   # a cluster parameter
+        section, key = PLAN_KEYS[name]
+        if section is None:
+            raw[key] = value
+        else:
+            raw[section] = {**(raw.get(section) or {}), key: value}
+    return raw
 
-    Each field is checked as the new Plan is built (WorkloadError); the combination with
-    the world size is checked later, by resolve."""
-    mesh = {k: (0 if params[k] == "auto" else params[k]) for k in MESH_PARAMS if k in params}
-    if mesh:
-        plan = plan.with_mesh(replace(plan.mesh, **mesh))
-    training = {k: params[k] for k in TRAINING_INTS + ("dtype",) if k in params}
-    if training:
-        plan = replace(plan, training=replace(plan.training, **training))
-    simple = {k: params[k] for k in ("zero_stage", "recompute", "attention", "fsdp",
-                                     "sequence_parallel", "fsdp_prefetch")
-              if k in params}
-    if simple:
-        plan = replace(plan, **simple)
-    if "schedule" in params:
-        plan = replace(plan, pipeline=replace(plan.pipeline, schedule=params["schedule"]))
-    return plan
+
+def apply_plan(plan_raw: dict, params: dict[str, Any]) -> Plan:
+    """The Plan of a point: the raw plan with its plan parameters written in, parsed as a
+    plan file is, so that a framework profile's defaults follow the point's values.
+
+    Each field is checked as the Plan is built (WorkloadError); the combination with the
+    world size is checked later, by resolve."""
+    return plan_from_dict(point_raw(plan_raw, params))
 
 
 def label(params: dict[str, Any]) -> str:
@@ -180,6 +263,6 @@ def label(params: dict[str, Any]) -> str:
     return " ".join(f"{k}={v}" for k, v in params.items())
 
 
-__all__ = ["BANDWIDTH_FACTORS", "BANDWIDTH_GBPS", "CLUSTER_PARAMS", "PARAMS", "PLAN_PARAMS",
-           "Variation", "apply_cluster", "apply_plan", "bandwidth", "label", "parse_all",
-           "parse_vary"]
+__all__ = ["BANDWIDTH_FACTORS", "BANDWIDTH_GBPS", "CLUSTER_PARAMS", "FRAMEWORK_PARAMS",
+           "PARAMS", "PLAN_KEYS", "PLAN_PARAMS", "Variation", "apply_cluster", "apply_plan",
+           "bandwidth", "label", "parse_all", "parse_vary", "point_raw"]
