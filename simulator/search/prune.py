@@ -1,11 +1,18 @@
 """Cheap checks before any simulation: feasibility (divisibility, lowering support, memory)
-and a lower bound on the step time from the compute stream alone.
+and a lower bound on the step time from the compute stream and the host.
 
-The lower bound is valid because a rank's compute stream runs its kernels one after the
-other: the step is at least the sum of its compute kernels (without the SM-sharing
-slowdown, which only lengthens them). With a pipeline, stage s cannot start before the
-upstream stages have run the first micro-batch's forward, and after its last kernel the
-upstream stages still run the last micro-batch's backward; both are idle time of s.
+The lower bound is the larger of two, each valid alone:
+  * the device: a rank's compute stream runs its kernels one after the other, so the step
+    is at least the sum of their device times (without the SM-sharing slowdown, which only
+    lengthens them). With a pipeline, stage s cannot start before the upstream stages have
+    run the first micro-batch's forward, and after its last kernel the upstream stages
+    still run the last micro-batch's backward; both are idle time of s.
+  * the host: a rank's host issues its stage's tasks one after the other, each after its
+    host time (simulator/host_timeline.py), and a task starts no earlier than its issue, so
+    the step is at least the sum of the stage's host times.
+They are not added task by task (max(device, host) per task, simulator.compute.
+compute_time_s): the host runs ahead of the device, so one task's host time hides behind
+another's device time, and such a sum can exceed the simulated step.
 """
 from __future__ import annotations
 
@@ -20,7 +27,7 @@ from workloads.schedules import stage_layers
 from workloads.memory import peak_memory
 from workloads.program import COMPUTE
 
-from ..compute import compute_time_s
+from ..compute import device_time_s, host_factor
 from .space import Candidate
 
 EMBED_NAMES = ("embedding",)
@@ -105,21 +112,26 @@ class Checker:
 
 @dataclass(frozen=True)
 class UnitCompute:
-    """Uncontended compute-stream seconds of one micro-batch through each unit kind."""
+    """Uncontended compute-stream seconds of one micro-batch through each unit kind, and
+    the host's seconds to issue them (per micro-batch too)."""
 
     layer_fwd_s: float
     layer_bwd_s: float          # backward, recompute included
     embed_s: float
     head_s: float
+    layer_host_s: float = 0.0   # forward, backward and recompute of one layer
+    embed_host_s: float = 0.0
+    head_host_s: float = 0.0
 
 
 class LowerBound:
-    """Compute-stream lower bound on the step time, with per-layer results cached.
+    """Lower bound on the step time from the device and the host, with per-layer results
+    cached.
 
-    One layer's compute kernels depend only on (tp, cp, micro-batch, sequence
-    parallelism, recompute, strategies, dtype, attention); they come from lowering a
-    one-layer, one-stage, one-micro-batch version of the plan, so they are the kernels
-    the full program has.
+    One layer's tasks come from lowering a one-layer, one-stage, one-micro-batch version
+    of the plan, so they are the tasks the full program has per layer; the cache is keyed
+    by every field that version keeps (_layer_key: the kernels, the host cost and the
+    framework change a layer's tasks as much as the mesh does).
     """
 
     def __init__(self, topology: Topology):
@@ -127,42 +139,40 @@ class LowerBound:
         for d in topology.devices:          # the distinct device specs (equality, not hash)
             if not any(d == u for u in self.devices):
                 self.devices.append(d)
-        self._units: dict[tuple, UnitCompute] = {}
+        # the fastest host among the devices': host time is at least its
+        self.host_factor = min(host_factor(d) for d in self.devices)
+        self._units: dict[str, UnitCompute] = {}
 
     def units(self, plan: Plan) -> UnitCompute:
-        """Per-unit compute seconds (cached by the layer-relevant fields of the plan)."""
-        key = (plan.mesh.tp, plan.mesh.cp, plan.training.micro_batch, plan.training.seq_len,
-               plan.training.dtype, plan.sequence_parallel, plan.recompute, plan.attention,
-               tuple(sorted(plan.strategies(0).items())))
+        """Per-unit device and host seconds (cached by the one-layer plan)."""
+        key = _layer_key(plan)
         if key not in self._units:
-            self._units[key] = self._measure(plan)
+            self._units[key] = self._measure(_one_layer(plan), plan.training.dtype)
         return self._units[key]
 
-    def _measure(self, plan: Plan) -> UnitCompute:
-        mesh = dataclasses.replace(plan.mesh, pp=1, dp=1)
-        one = reduced_plan(dataclasses.replace(plan, mesh=mesh, fsdp=False, zero_stage=0), 1, 1)
-        one = dataclasses.replace(one, model=dataclasses.replace(one.model, num_layers=1))
-        tasks = lower(one).stages[0]
-        fwd = bwd = embed = head = 0.0
-        for t in tasks:
-            if t.kind != COMPUTE or t.phase == "optimizer":
-                continue
-            d = min(compute_time_s(t, dev, plan.training.dtype) for dev in self.devices)
+    def _measure(self, one: Plan, dtype: str) -> UnitCompute:
+        device = dict(fwd=0.0, bwd=0.0, embed=0.0, head=0.0)
+        host = dict(fwd=0.0, bwd=0.0, embed=0.0, head=0.0)
+        for t in lower(one).stages[0]:
+            if t.kind != COMPUTE or t.phase == "optimizer" or t.microbatch < 0:
+                continue   # per step (optimizer, host_step): not scaled by micro-batches
             if t.layer >= 0:
-                if t.phase == "forward":
-                    fwd += d
-                else:
-                    bwd += d
-            elif any(n in t.label for n in EMBED_NAMES):
-                embed += d
+                unit = "fwd" if t.phase == "forward" else "bwd"
             else:
-                head += d
-        return UnitCompute(fwd, bwd, embed, head)
+                unit = "embed" if any(n in t.label for n in EMBED_NAMES) else "head"
+            device[unit] += min(device_time_s(t, dev, dtype) for dev in self.devices)
+            host[unit] += t.host_s * self.host_factor
+        return UnitCompute(device["fwd"], device["bwd"], device["embed"], device["head"],
+                           host["fwd"] + host["bwd"], host["embed"], host["head"])
 
     def bound_s(self, plan: Plan) -> float:
+        """The larger of the device bound and the host bound (module docstring)."""
+        u = self.units(plan)
+        return max(self._device_bound_s(plan, u), self._host_bound_s(plan, u))
+
+    def _device_bound_s(self, plan: Plan, u: UnitCompute) -> float:
         """max over stages s of: upstream forwards and backwards of one micro-batch plus
         the compute of stage s for every micro-batch (the optimizer is left out)."""
-        u = self.units(plan)
         m, ranges = plan.micro_batches, stage_layers(plan)
         last = len(ranges) - 1
         per_mb = []
@@ -176,3 +186,41 @@ class LowerBound:
             best = max(best, upstream + m * (f + b + ends))
             upstream += f + b
         return best
+
+    def _host_bound_s(self, plan: Plan, u: UnitCompute) -> float:
+        """max over stages of the host time of its tasks: every micro-batch through its
+        layers and ends, and the step's own host work once (the optimizer left out)."""
+        m, ranges = plan.micro_batches, stage_layers(plan)
+        last = len(ranges) - 1
+        step_s = plan.host_step_s * self.host_factor
+        return max(m * (len(layers) * u.layer_host_s + (u.embed_host_s if s == 0 else 0.0)
+                        + (u.head_host_s if s == last else 0.0)) + step_s
+                   for s, layers in enumerate(ranges))
+
+
+# What _one_layer sets whatever the plan says (Plan fields; Mesh, Training and ModelSpec
+# fields within those): left out of the cache key, everything else is in it.
+_SET_BY_ONE_LAYER = {"plan": ("name", "source", "fsdp", "zero_stage", "layer_overrides",
+                              "mesh", "training", "model"),
+                     "mesh": ("pp", "dp"), "training": ("global_batch",),
+                     "model": ("num_layers",)}
+
+
+def _fields(obj: Any, kind: str) -> tuple:
+    return tuple((f.name, getattr(obj, f.name)) for f in dataclasses.fields(obj)
+                 if f.name not in _SET_BY_ONE_LAYER[kind])
+
+
+def _layer_key(plan: Plan) -> str:
+    """The cache key of a plan's per-layer times: every field its one-layer version keeps
+    (a field too many costs a lowering; one too few would mix plans up)."""
+    return repr((_fields(plan, "plan"), _fields(plan.mesh, "mesh"),
+                 _fields(plan.training, "training"), _fields(plan.model, "model")))
+
+
+def _one_layer(plan: Plan) -> Plan:
+    """The plan's one-layer, one-stage, one-micro-batch version without data parallelism
+    (no FSDP or ZeRO), whose lowering gives one layer's tasks."""
+    mesh = dataclasses.replace(plan.mesh, pp=1, dp=1)
+    one = reduced_plan(dataclasses.replace(plan, mesh=mesh, fsdp=False, zero_stage=0), 1, 1)
+    return dataclasses.replace(one, model=dataclasses.replace(one.model, num_layers=1))
