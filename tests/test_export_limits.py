@@ -16,10 +16,14 @@ def _run(capsys, *argv: str) -> tuple[int, str, str]:
 
 
 def test_export_takes_max_gpus_like_run():
+    # The export's flags frozen as tests/test_cli.py freezes run's: change on purpose.
     sub = next(a for a in build_parser()._actions if a.dest == "command")
     for command in ("run", "export"):
         flags = {s for a in sub.choices[command]._actions for s in a.option_strings}
         assert "--max-gpus" in flags, command
+    flags = {s for a in sub.choices["export"]._actions for s in a.option_strings}
+    assert flags >= {"-o", "--output", "--topo", "--max-gpus"}
+    assert "--max-tasks" not in flags   # nothing is simulated
 
 
 @pytest.mark.parametrize("framework, plan", [("torchtitan", "fsdp.json"),

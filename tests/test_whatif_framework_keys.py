@@ -127,6 +127,19 @@ def test_a_sweep_over_framework_and_cuda_graphs_simulates_each_point():
     assert by[("generic", False)]["step_time_s"] < eager["step_time_s"]
 
 
+def test_vary_names_are_frozen():
+    # Like tests/test_cli.py's frozen surface: renaming a --vary name breaks users' sweeps;
+    # change this on purpose. The framework-level names are the Plan fields.
+    assert set(PARAMS) >= {
+        "gpu", "ib_bandwidth", "nvlink_bandwidth", "nodes", "tp", "pp", "dp", "cp",
+        "micro_batch", "global_batch", "seq_len", "zero_stage", "recompute", "attention",
+        "dtype", "schedule", "fsdp", "sequence_parallel", "fsdp_prefetch", "framework",
+        "kernels", "optimizer", "fsdp_version", "grad_bucket", "async_tp",
+        "grad_reduce_overlap", "param_gather_overlap", "param_gather_align",
+        "tp_comm_overlap", "reshard_after_forward", "cuda_graphs", "host_step_s",
+        "host_kernel_s"}
+
+
 def test_help_lists_the_framework_keys():
     parser = build_parser()
     sub = next(a for a in parser._actions if a.dest == "command")
