@@ -46,9 +46,11 @@ def host_factor(device: DeviceSpec) -> float:
 
 
 def compute_time_s(task: Task, device: DeviceSpec, dtype: str) -> float:
-    """A lower bound of one compute task's duration without interference (search pruning,
-    studies): the device time, or the host's time to issue it (task.host_s) when that is
-    longer. The engine runs the host on its own timeline instead (engine.py)."""
+    """One compute task's duration alone (studies that price a single kernel): the device
+    time, or the host's time to issue it (task.host_s) when that is longer. Summed over
+    tasks it is not a lower bound of a step, since the host runs ahead of the device; the
+    engine runs the host on its own timeline (engine.py) and the search bounds device and
+    host separately (simulator/search/prune.py)."""
     return max(device_time_s(task, device, dtype), task.host_s * host_factor(device))
 
 

@@ -327,7 +327,7 @@ def host_topology(backend: str, world: int, threads: int, matmul: list[dict], me
                   attn_flops_per_s: float, launch_s: float, overlap: float, coll: dict,
                   dtype: str, eltwise_Bps: float | None = None,
                   redistribute_s: float = 0.0, skew_s: float = 0.0) -> dict:
-    """The topology JSON (topologies/presets.py load_file format) for measured numbers."""
+    """The topology JSON (topologies/presets_file.py load_file format) for measured numbers."""
     peak = max(r["flops_per_s"] for r in matmul)
     eff = fit_gemm(matmul, peak)
     gb = 1e9
