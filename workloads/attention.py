@@ -29,7 +29,11 @@ attention computes every score and masks them, so it gets no saving.
 Attention sinks (GPT-OSS): one learned logit per head joins every softmax denominator:
 per query and head one exponential and one addition, against 2 w (d_qk + d_v) FLOPs of
 the windowed core (under 0.01 % at w = 128, d = 64), so not priced; their parameters are
-counted (workloads/model_spec.py).
+counted (workloads/model_spec.py). Megatron-Core with Transformer Engine >= 2.8 and cuDNN
+>= 9.13.1 runs sink and window inside cuDNN's fused kernel (TE's get_attention_backend
+keeps FusedAttention for softmax_type "learnable"; fused_attn_f16_arbitrary_seqlen.cu
+passes the sink as set_sink_token and the window as a diagonal band), so GPT-OSS keeps
+the flash pricing (the trail: tests/test_gptoss_attention.py).
 
 Kernel speed (Shah et al. 2024, FlashAttention-3, arXiv:2407.08608, Figures 5 and 6:
 FlashAttention-2 in BF16 on H100 SXM5, head dim 128, batch x sequence = 16k tokens, 2048
