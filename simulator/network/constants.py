@@ -275,6 +275,11 @@ ASSUMPTIONS = (
     ("p4de NCCL_PROTO", "Simple", "aws-ofi-nccl forces NCCL_PROTO=simple where EFA "
      "lacks 128-byte in-order writes, as on p4d/p4de (platform table force_proto_simple, "
      "commit 0bac2382; nccl_ofi_net.cpp); the run's sbatch does not override it"),
+    ("ring passes", "NCCL's per-step latencies once per pass of the ring's loop",
+     "NCCL's tuner prices one pass [tuning.cc]; the kernel loops over passes of channels x "
+     "ranks x chunk (Simple: NCCL_BUFFSIZE / 8 steps x 4) [enqueue.cc calcCollChunking, "
+     "all_reduce.h runRing]; each further pass assumed to pay the steps' latencies again, "
+     "after NCCL's choice; no constant estimated"),
     ("CollNet (SHARP)", "switch reduces at NIC rate", "off unless network.collnet; "
      "NCCL's CollNet latencies and x0.85 Direct factor [tuning.cc]"),
     ("gcp-a3ultra-2x1 gpudirect_rdma", "false (host-staged, 40 GB/s, no LL128)",
