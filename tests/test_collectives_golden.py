@@ -105,7 +105,9 @@ def test_two_gpus_per_node_use_two_rails(h100x4):
 ])
 def test_ring_latency_matches_nccl_tuning_logs(h100x4, ranks, proto, lat_us):
     plan = CollectiveModel(h100x4, CommOptions("ring", proto)).plan("all_gather", ranks, 1 << 20)
-    assert plan.latency_s * 1e6 == pytest.approx(lat_us, rel=0.02)
+    # NCCL's tuner prices one pass of the ring; further passes (4-rank LL: 2 of 512 KiB)
+    # are the model's addition (tests/test_collectives_ring_passes.py).
+    assert (plan.latency_s - plan.passes_s) * 1e6 == pytest.approx(lat_us, rel=0.02)
 
 
 @pytest.mark.parametrize("ranks,lat_us", [((0, 8, 16, 24), 64.4), (tuple(range(32)), 120.4)])

@@ -6,7 +6,8 @@ plugins that do not behave like InfiniBand verbs:
 
   * `nccl_env` holds the NCCL environment variables that restrict the tuner
     (NCCL_ALGO, NCCL_PROTO, with NCCL's "^" exclusion form; NCCL_MIN_NCHANNELS,
-    NCCL_MAX_NCHANNELS; NCCL_NVLS_ENABLE) [NVIDIA NCCL documentation, "Environment
+    NCCL_MAX_NCHANNELS; NCCL_NVLS_ENABLE) and NCCL_BUFFSIZE, the Simple protocol's
+    buffer, which sets a ring pass's chunk [NVIDIA NCCL documentation, "Environment
     Variables"]. E.g. Google's GPUDirect-TCPX recipe runs NCCL_ALGO=Ring,
     NCCL_PROTO=Simple and 8 channels; its TCPXO profile NCCL_PROTO=Simple,LL128.
   * `tuner` holds rules in the form of NCCL's example tuner plugin (its CSV: collective,
@@ -39,7 +40,10 @@ NCCL_ALGO_NAMES = {"ring": "ring", "tree": "tree", "nvls": "nvls", "nvlstree": "
                    "collnet": "collnet_direct", "pat": "pat"}
 NCCL_PROTO_NAMES = {"ll": "LL", "ll128": "LL128", "simple": "Simple"}
 NCCL_ENV_KEYS = ("NCCL_ALGO", "NCCL_PROTO", "NCCL_MIN_NCHANNELS", "NCCL_MAX_NCHANNELS",
-                 "NCCL_NVLS_ENABLE")
+                 "NCCL_NVLS_ENABLE", "NCCL_BUFFSIZE")
+# NCCL_BUFFSIZE accepted here: 64 KiB (8 steps of 8 KiB) to 1 GiB; NCCL's default is 4 MiB
+# [src/init.cc DEFAULT_BUFFSIZE].
+BUFFSIZE_RANGE_BYTES = (1 << 16, 1 << 30)
 # MAXCHANNELS [NVIDIA/nccl src/include/device.h].
 MAX_CHANNELS = 64
 # The tuner plugin example's collective names [plugins/tuner/example] -> the simulator's.
@@ -59,6 +63,7 @@ class NcclEnv:
     min_channels: int = 0
     max_channels: int = 0
     nvls: bool = True                          # NCCL_NVLS_ENABLE
+    buffsize_bytes: int = 0                    # NCCL_BUFFSIZE (0: NCCL's 4 MiB)
 
     def allows_algorithm(self, algorithm: str) -> bool:
         """Whether NCCL_ALGO / NCCL_NVLS_ENABLE let the tuner consider `algorithm`."""
@@ -188,7 +193,10 @@ def parse_nccl_env(raw: Any, where: str = "network.nccl_env") -> NcclEnv:
         raise TopologyError(f"{where}.NCCL_MIN_NCHANNELS", low,
                             f"at most NCCL_MAX_NCHANNELS ({high})")
     nvls = _count(f"{where}.NCCL_NVLS_ENABLE", raw.get("NCCL_NVLS_ENABLE", 1), 0, 1)
-    return NcclEnv(algos, protos, low, high, bool(nvls))
+    buffsize = 0
+    if "NCCL_BUFFSIZE" in raw:
+        buffsize = _count(f"{where}.NCCL_BUFFSIZE", raw["NCCL_BUFFSIZE"], *BUFFSIZE_RANGE_BYTES)
+    return NcclEnv(algos, protos, low, high, bool(nvls), buffsize)
 
 
 def _one_name(field: str, value: Any, table: dict[str, str]) -> str | None:

@@ -16,6 +16,8 @@ Sources: NVIDIA/nccl at commit 5067397c (2.30.7):
 """
 from __future__ import annotations
 
+import math
+
 from .constants import arch_of
 
 # NCCL_{LL,LL128,SIMPLE}_MAX_NTHREADS [device.h]; Simple ring adds a sync warp, which the
@@ -141,6 +143,40 @@ def nvls_chunk_bytes(algorithm: str, size_bytes: float, channels: int, heads: in
         if size_bytes < factor * ops * chunk and chunk > limit:
             chunk = limit
     return chunk
+
+
+# The ring's chunk: what one channel moves for one rank in one pass of the ring's loop
+# [enqueue.cc calcCollChunking: stepSize = buffSizes[protocol] / NCCL_STEPS; a Simple
+# ring takes chunkSteps = NCCL_STEPS / 2 steps (ALLREDUCE/ALLGATHER/REDUCESCATTER_
+# CHUNKSTEPS, collectives.h), LL half a step (its flags), LL128 a step less its flag words
+# (120 of 128 bytes); all_reduce.h / all_gather.h runRing: a pass covers nranks chunks
+# per channel]. buffSizes [init.cc computeBuffSizes]: Simple DEFAULT_BUFFSIZE 4 MiB
+# (NCCL_BUFFSIZE), LL 8 lines x 512 threads x NCCL_STEPS x 16 bytes, LL128 120 elements
+# x 640 threads x NCCL_STEPS x 8 bytes [device.h].
+NCCL_STEPS = 8
+DEFAULT_SIMPLE_BUFFSIZE_BYTES = 1 << 22
+LL_BUFFSIZE_BYTES = 8 * 512 * NCCL_STEPS * 16
+LL128_BUFFSIZE_BYTES = 120 * 640 * NCCL_STEPS * 8
+RING_SIMPLE_CHUNK_STEPS = NCCL_STEPS // 2
+
+
+def ring_chunk_bytes(protocol: str, simple_buffsize_bytes: int = 0) -> int:
+    """Bytes one channel moves per rank in one pass of a ring all-reduce, all-gather or
+    reduce-scatter (`simple_buffsize_bytes`: NCCL_BUFFSIZE, 0 = NCCL's 4 MiB)."""
+    if protocol == "LL":
+        return LL_BUFFSIZE_BYTES // NCCL_STEPS // 2
+    if protocol == "LL128":
+        return LL128_BUFFSIZE_BYTES // NCCL_STEPS // 128 * 120
+    buffsize = simple_buffsize_bytes or DEFAULT_SIMPLE_BUFFSIZE_BYTES
+    return buffsize // NCCL_STEPS * RING_SIMPLE_CHUNK_STEPS
+
+
+def ring_passes(size_bytes: float, ranks: int, channels: int, chunk_bytes: int) -> int:
+    """Passes of the ring's loop: the collective's S (all-reduce buffer, all-gather
+    output, reduce-scatter input) over channels x ranks x chunk [all_reduce.h runRing:
+    loopCount = nranks x chunkCount over the channel's share; all_gather.h likewise]."""
+    per_pass = max(channels, 1) * max(ranks, 1) * max(chunk_bytes, 1)
+    return max(1, math.ceil(size_bytes / per_pass))
 
 
 def device_arch(device_name: str) -> str:

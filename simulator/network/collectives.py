@@ -14,13 +14,14 @@ from dataclasses import dataclass
 from .algorithms import (GroupShape, Template, available, build_template, group_shape,
                          nvls_heads, ring_rails)
 from .channels import (ONE_NODE_SEARCH_CHANNELS, coll_channels, device_arch, nvls_channels,
-                       nvls_search_speed_GBps, tuned_channels)
+                       nvls_search_speed_GBps, ring_chunk_bytes, ring_passes, tuned_channels)
 from .constants import (COLLNET_DIRECT_SM90_EFFICIENCY, NVLS_TREE_HEAD_NET_BPS,
                         PAT_EFFICIENCY, RING_EFFICIENCY, TREE_EFFICIENCY,
                         TREE_LL128_ONE_NODE_EFFICIENCY, bus_factor, ll_max_bw_Bps,
                         nvls_efficiency, per_channel_cap_Bps, tree_correction)
 from .fluid import Flow
-from .latency import host_floor_s, net_message_floor_s, nccl_latency_s, nvls_fill_s
+from .latency import (host_floor_s, net_message_floor_s, nccl_latency_s, nvls_fill_s,
+                      ring_pass_latency_s)
 
 OPS = ("all_reduce", "all_gather", "reduce_scatter", "all_to_all", "broadcast", "reduce",
        "send_recv")
@@ -73,6 +74,7 @@ class CollectivePlan:
     fill_s: float = 0.0         # NVLS pipeline fill, part of latency_s
     floor_s: float = 0.0        # host-floor excess (nccl-tests -g N), part of latency_s
     chunk_bytes: int = 0        # NVLS chunk per channel and head (0: not NVLS)
+    passes_s: float = 0.0       # ring passes beyond the first, part of latency_s
 
     @property
     def transfer_s(self) -> float:
@@ -184,6 +186,8 @@ class CollectiveModel:
         if algo in _NVLS:
             fill, chunk = self._nvls_fill(op, algo, shape, size, channels, template, eff)
         t = lat + template.unit_time_s * size / eff + fill
+        passes = self._extra_passes_s(op, algo, proto, shape, size, channels)
+        t, lat = t + passes, lat + passes
         # A transport that serialises each connection's messages (topologies.transport).
         transport = self.topology.transport
         excess = max(net_message_floor_s(op, algo, shape, size, channels, transport.message_s,
@@ -193,7 +197,23 @@ class CollectiveModel:
         flows = tuple((route, w * size / eff) for route, w in template.flows)
         is_nvls = algo in _NVLS
         return CollectivePlan(op, algo, proto, lat + fill + floor, flows, t + floor,
-                              not is_nvls, is_nvls, channels, fill, floor, chunk)
+                              not is_nvls, is_nvls, channels, fill, floor, chunk, passes)
+
+    def _extra_passes_s(self, op: str, algo: str, proto: str, shape: GroupShape,
+                        size: float, channels: int) -> float:
+        """Per-step latencies of a ring's passes beyond the first (latency.
+        ring_pass_latency_s), at the wire's network latency; 0 for other algorithms.
+        Like the NVLS fill, NCCL's tuner does not see them: they follow the choice."""
+        if algo != "ring" or op not in ("all_reduce", "all_gather", "reduce_scatter"):
+            return 0.0
+        transport = self.topology.transport
+        chunk = ring_chunk_bytes(proto, transport.nccl_env.buffsize_bytes)
+        extra = ring_passes(size, shape.n, channels, chunk) - 1
+        if extra <= 0:
+            return 0.0
+        wire = transport.wire_latency_s
+        inter = self.topology.net_latency_s if wire is None else wire
+        return extra * ring_pass_latency_s(shape, op, proto, inter, self.options.nccl_version)
 
     def _tuner_rule(self, op: str, shape: GroupShape, size: float):
         """The cluster's tuner-plugin rule for this collective (topologies.transport), or

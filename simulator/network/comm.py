@@ -50,9 +50,13 @@ class CommModel:
         return self.env.process(self._run(plan, weights))
 
     def _run(self, plan: CollectivePlan, weights):
-        if plan.latency_s > 0:
-            yield self.env.timeout(plan.latency_s)
+        # The flows start after NCCL's latency (and the NVLS fill); a ring's further
+        # passes pay their steps' latencies while the bytes move, taken here after them.
+        if plan.latency_s - plan.passes_s > 0:
+            yield self.env.timeout(plan.latency_s - plan.passes_s)
         yield self.network.transfer(plan.flows, weights)
+        if plan.passes_s > 0:
+            yield self.env.timeout(plan.passes_s)
         return plan
 
     # -- twins ------------------------------------------------------------------------

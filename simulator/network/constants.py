@@ -267,10 +267,19 @@ ASSUMPTIONS = (
     ("EFA latency_us", "75 us on p4d/p4de and p5/p5e, for NCCL's choice",
      "the internode latency aws-ofi-nccl reports to NCCL (src/platform-aws.cpp platform "
      "table), a tuner value ('below 75us ... makes NCCL choose the wrong algorithm for "
-     "the 2 nodes case', its commit d87d61e0); the wire's on p4de"),
-    ("EFA wire_latency_us on p5", "35 us",
+     "the 2 nodes case', its commit d87d61e0)"),
+    ("EFA wire_latency_us on p4de and p5", "35 us",
      "aws-ofi-nccl's empirically searched value for p5en/p6 (commit 2496e7de) taken for "
-     "p5's per-step latency; scored on aws-p5-h100-16 and its EKS run"),
+     "p5's and p4de's per-step latency; scored on aws-p5-h100-16, its EKS run and "
+     "aws-p4de-a100-16"),
+    ("p4de NCCL_PROTO", "Simple", "aws-ofi-nccl forces NCCL_PROTO=simple where EFA "
+     "lacks 128-byte in-order writes, as on p4d/p4de (platform table force_proto_simple, "
+     "commit 0bac2382; nccl_ofi_net.cpp); the run's sbatch does not override it"),
+    ("ring passes", "NCCL's per-step latencies once per pass of the ring's loop",
+     "NCCL's tuner prices one pass [tuning.cc]; the kernel loops over passes of channels x "
+     "ranks x chunk (Simple: NCCL_BUFFSIZE / 8 steps x 4) [enqueue.cc calcCollChunking, "
+     "all_reduce.h runRing]; each further pass assumed to pay the steps' latencies again, "
+     "after NCCL's choice; no constant estimated"),
     ("CollNet (SHARP)", "switch reduces at NIC rate", "off unless network.collnet; "
      "NCCL's CollNet latencies and x0.85 Direct factor [tuning.cc]"),
     ("gcp-a3ultra-2x1 gpudirect_rdma", "false (host-staged, 40 GB/s, no LL128)",

@@ -78,6 +78,29 @@ def nccl_latency_s(shape: GroupShape, op: str, algo: str, proto: str, size: floa
     return lat
 
 
+def ring_pass_latency_s(shape: GroupShape, op: str, proto: str,
+                        latency_inter_s: float = LATENCY_INTER_S,
+                        version: str | None = None) -> float:
+    """NCCL's per-step latencies of one pass of a ring all-reduce, all-gather or
+    reduce-scatter: the steps of `nccl_latency_s` without the base latency [tuning.cc].
+
+    NCCL's tuner prices these steps once. A message larger than one pass (channels x
+    ranks x chunk, channels.ring_passes) runs the loop again, and every pass is again a
+    chain of steps, each waiting for the previous rank's data: assumption, each further
+    pass pays NCCL's per-step latencies once more (all_reduce.h / all_gather.h runRing).
+    """
+    n, nodes = shape.n, shape.num_domains
+    intra = hw_latency_s("nvlink", "ring", proto, version)
+    inter = hw_latency_s("net", "tree" if shape.ppn == 1 else "ring", proto, version)
+    inter += latency_inter_s * (2 if proto == "Simple" else 1)
+    step = max(intra, NET_OVERHEAD_S * (3 if proto == "Simple" else 1) if nodes > 1 else 0.0)
+    if op == "all_reduce":
+        nsteps, n_inter = 2 * (n - 1), 2 * (nodes - 1)
+    else:
+        nsteps, n_inter = n - 1, nodes - 1
+    return (nsteps - n_inter) * step + n_inter * inter
+
+
 def tree_depth(nodes: int) -> int:
     """Levels of NCCL's binary tree over `nodes` nodes [trees.cc ncclGetBtree]."""
     return (nodes - 1).bit_length() if nodes > 1 else 0
