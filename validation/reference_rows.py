@@ -106,6 +106,20 @@ def _flag(row: dict[str, str], key: str) -> bool | None:
     return None if not value else value == "true"
 
 
+def bridge_perf_script(row: dict[str, str]) -> bool:
+    """Whether a megatron-core row was launched by Megatron-Bridge's performance scripts
+    (its settings name scripts/performance/ or perf_recipes/ at a Bridge commit). Every
+    one the rows cite turns the fp32 gradient buffer off: `cfg.ddp.grad_reduce_in_fp32 =
+    False` in set_*_common_configs of scripts/performance/configs/{llama,qwen,gpt_oss,
+    deepseek}/*_llm_pretrain.py (and llama3_llm_finetune.py) at 22ef9ff9f, fcbb603110,
+    c810129341, f9b6319e58, 0fbfe7d3e9, 9c9dd84896, 21b02e0cfb, 7af9601c9d, cfeddcd944,
+    97ad8cc6fb; `grad_reduce_in_fp32: false` in the yaml configs at 6725f70495;
+    perf_recipes/_common.py _benchmark_common at 51885cf132."""
+    settings = row.get("settings") or ""
+    return (row.get("framework") == "megatron-core" and "Megatron-Bridge@" in settings
+            and ("scripts/performance/" in settings or "perf_recipes/" in settings))
+
+
 def plan_dict(row: dict[str, str]) -> dict[str, Any]:
     """The plan object a reference row describes.
 
@@ -149,6 +163,8 @@ def plan_dict(row: dict[str, str]) -> dict[str, Any]:
     if "overlap" in row and flags:
         on = {f for f in (row.get("overlap") or "").split(";") if f}
         raw["overlap"] = {f: f in on for f in flags}
+    if bridge_perf_script(row):
+        raw["ddp"] = {"grad_reduce_in_fp32": False}
     if num("ep") > 1:
         raw["mesh"]["ep"] = num("ep")
     if row.get("ep") or row.get("moe_dispatcher"):

@@ -61,8 +61,16 @@ def _layer_tensors(model: ModelSpec, kv_seq: int, dropout: bool,
         # MoE approximation: each token's (top-k + shared) expert copies save their input and
         # their MLP tensors at the expert width; fp32 router logits; replaces the dense MLP.
         # The most loaded EP rank holds top_k x load_imbalance routed copies per local token.
+        # Fused gated experts keep 3 tensors of the expert width, as the dense fused MLP:
+        # Megatron-LM's TEGroupedMLP.forward (megatron/core/transformer/moe/experts.py at
+        # d7288711ba, core 0.17) runs fc1, then weighted_bias_swiglu_impl /
+        # weighted_bias_quick_geglu_impl, which save only their input (fc1's 2f output) and
+        # the per-row probability, then fc2, which saves its input (f); fc1's output is not
+        # kept by fc1 (TE GroupedLinear saves its input), and the unpermute that follows
+        # gets no probabilities (they were applied in the activation), so it saves no rows.
         k = model.experts_per_token * load_imbalance + model.num_shared_experts
-        width = (2 if model.mlp == "gelu" else 4) * 2 * model.moe_ffn_size
+        gated = 3 if fused_swiglu else 4
+        width = (2 if model.mlp == "gelu" else gated) * 2 * model.moe_ffn_size
         t = [x for x in t if x[0] not in ("gelu_input", "fc2_input", "w1_output",
                                           "silu_output", "w3_output", "w2_input")]
         t += [("router_logits", 4 * model.num_experts, "replicated"),

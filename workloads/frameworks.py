@@ -15,6 +15,7 @@ from __future__ import annotations
 from types import MappingProxyType
 from typing import Any, Mapping
 
+from .errors import WorkloadError
 from .fields import check_choice, is_int, json_object, known_keys
 
 # Plan keys a profile may set (the Plan field names), with the generic default of each:
@@ -28,6 +29,13 @@ GENERIC_DEFAULTS: Mapping[str, Any] = MappingProxyType({
     "kernels": "fused", "optimizer": "fused", "zero_stage": 0, "recompute": "none",
     "cuda_graphs": False, "host_step_s": 0.0, "host_kernel_s": 0.0,
     "attention": "flash",
+    # ddp.grad_reduce_in_fp32: Megatron-Core DDP's gradient buffer (main_grad) dtype, fp32
+    # when true, the parameter's otherwise (megatron/core/distributed/
+    # distributed_data_parallel.py at d7288711ba: `grad_dtype = torch.float if
+    # self.ddp_config.grad_reduce_in_fp32 else param.dtype`). True: Megatron-Bridge's
+    # library recipes (training/mixed_precision.py bf16_mixed, recipes/llama/h100/llama3.py).
+    # Only megatron-core reads it (workloads/memory.py, grad_state_bytes).
+    "grad_reduce_fp32": True,
 })
 
 # PyTorch eager dispatch costs the host on the order of 10 us per operator (Python, the
@@ -144,7 +152,7 @@ OVERLAP_KEYS = {"fsdp_prefetch": "fsdp_prefetch", "async_tp": "async_tp",
 FSDP_KEYS = {"enabled": "fsdp", "reshard_after_forward": "reshard_after_forward",
              "version": "fsdp_version"}
 HOST_KEYS = {"per_step_s": "host_step_s", "per_kernel_s": "host_kernel_s"}
-DDP_KEYS = {"bucket_params": "grad_bucket"}
+DDP_KEYS = {"bucket_params": "grad_bucket", "grad_reduce_in_fp32": "grad_reduce_fp32"}
 
 
 def _sharding_sp(raw: dict) -> bool:
@@ -170,6 +178,9 @@ def framework_values(raw: dict) -> dict:
                 "attention"):
         if key in raw:
             given[key] = raw[key]
+    if "grad_reduce_fp32" in given and framework != "megatron-core":
+        raise WorkloadError("ddp.grad_reduce_in_fp32", given["grad_reduce_fp32"],
+                            'a key of framework "megatron-core" only (its DDP gradient buffer)')
     values = {**framework_defaults(framework), **given}
     if "fsdp" not in given and given.get("zero_stage") in (1, 2):
         values["fsdp"] = False      # the plan's ZeRO 1/2 over a profile's FSDP

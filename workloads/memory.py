@@ -171,13 +171,15 @@ def mtp_activation_bytes(plan: Plan, depth: int) -> float:
 def grad_state_bytes(plan: Plan) -> float:
     """Bytes per accumulated gradient: the precision's, except Megatron-Core's DDP, whose
     gradient buffer (main_grad) is fp32 when grad_reduce_in_fp32 is set, as the
-    Megatron-Bridge recipes do (recipes/llama/h100/llama3.py: cfg.ddp.grad_reduce_in_fp32
-    = True; megatron/core/distributed/param_and_grad_buffer.py allocates the buffer in the
-    reduce dtype). FSDP2 keeps its reduced sharded gradient in the sharded parameter's dtype,
-    fp32 (sharded_state_bytes)."""
+    Megatron-Bridge library recipes do (recipes/llama/h100/llama3.py:
+    cfg.ddp.grad_reduce_in_fp32 = True), and the parameter's dtype when it is not, as the
+    Bridge performance scripts set (`ddp.grad_reduce_in_fp32: false`, plan.grad_reduce_fp32;
+    megatron/core/distributed/distributed_data_parallel.py at d7288711ba: grad_dtype =
+    torch.float if grad_reduce_in_fp32 else param.dtype). FSDP2 keeps its reduced sharded
+    gradient in the sharded parameter's dtype, fp32 (sharded_state_bytes)."""
     prec = precision(plan.training.dtype)
     if plan.framework == "megatron-core" and not plan.fsdp and plan.zero_stage < 3:
-        return max(prec.grad_state_bytes, FP32_BYTES)
+        return max(prec.grad_state_bytes, FP32_BYTES if plan.grad_reduce_fp32 else 0)
     if plan.fsdp and plan.fsdp_version == 2:
         return max(prec.grad_state_bytes, FP32_BYTES)
     return prec.grad_state_bytes
