@@ -178,3 +178,14 @@ def test_the_verified_recipes_carry_the_flag():
                   "mb-dsv3-h100-fp8-1024"}
 
 
+
+
+def test_the_extra_warmup_forward_is_held_in_memory():
+    from workloads.memory import micro_batches_in_flight
+
+    kw = dict(world=16, mesh={"pp": 2}, training={"global_batch": 64},
+              pipeline={"schedule": "interleaved", "virtual_stages": 2})
+    on, off = _plan(**kw), _plan(overlap=False, delay=False, **kw)
+    # stage 0: 2 (p - 1) + (v - 1) p + 1 = 5 chunk-micro-batches, one more with the overlap
+    assert micro_batches_in_flight(off, 0) == 5 / 2
+    assert micro_batches_in_flight(on, 0) == 6 / 2
