@@ -30,8 +30,9 @@ def _raw(overlap=True, delay=True, **over):
     """The small MoE plan: 8 ranks, EP 8, 4 micro-batches of one sequence per rank."""
     moe = {"overlap_a2a": overlap, "delay_wgrad": delay, **over.pop("moe", {})}
     training = {"global_batch": 32, **over.pop("training", {})}
-    return small_plan(model=MOE, mesh={"ep": 8, **over.pop("mesh", {})}, moe=moe,
-                      training=training, **over)
+    mesh = {"ep": 8, **over.pop("mesh", {})}
+    return small_plan(model=over.pop("model", MOE), mesh=mesh, moe=moe, training=training,
+                      **over)
 
 
 def _plan(world=8, **kw):
@@ -189,3 +190,16 @@ def test_the_extra_warmup_forward_is_held_in_memory():
     # stage 0: 2 (p - 1) + (v - 1) p + 1 = 5 chunk-micro-batches, one more with the overlap
     assert micro_batches_in_flight(off, 0) == 5 / 2
     assert micro_batches_in_flight(on, 0) == 6 / 2
+
+
+@pytest.mark.parametrize("dispatcher", ["alltoall", "deepep"])
+def test_tp_sharded_shared_experts_run_before_the_dispatch(dispatcher):
+    # TP 2 with expert TP 1 (DeepSeek-V3's H100 recipe): the shared experts' input is
+    # gathered over TP; Megatron-Core computes them in pre_dispatch
+    model = {**MOE, "n_shared_experts": 1}
+    tasks = lower(_plan(world=16, model=model, mesh={"tp": 2, "ep": 8},
+                        moe={"etp": 1, "dispatcher": dispatcher},
+                        sharding={"sequence_parallel": True})).stages[0]
+    assert all(d < t.id for t in tasks for d in t.deps)
+    pair = [t.label for t in _pair(tasks, 1, 0, 0, 3) if t.phase == "forward"]
+    assert pair.index("shared_w2.fwd") < pair.index("moe.dispatch")

@@ -88,7 +88,28 @@ def forward_segments(tasks: list[Task], ids: range) -> tuple[list[int], ...]:
             pre.append(i)
         else:
             (comb if seen_combine else mlp).append(i)
+    # what pre_dispatch or mlp waits for runs there, wherever the graph emitted it (the
+    # shared experts' input gathered over TP after the combine, for instance)
+    _pull(tasks, [pre, disp, mlp, comb], 0)
+    _pull(tasks, [pre, disp, mlp, comb], 2)
     return pre, disp, mlp, comb
+
+
+def _pull(tasks: list[Task], segments: list[list[int]], k: int,
+          waiting: list[int] | None = None) -> None:
+    """Move into segments[k] the tasks of later segments that it (or `waiting`) waits
+    for, and what those wait for (in place, each segment kept in emission order)."""
+    later = {i: j for j in range(k + 1, len(segments)) for i in segments[j]
+             if i not in (waiting or ())}
+    todo = [d for i in (waiting or segments[k]) for d in tasks[i].deps]
+    while todo:
+        d = todo.pop()
+        j = later.pop(d, None)
+        if j is not None:
+            segments[j].remove(d)
+            segments[k].append(d)
+            todo += tasks[d].deps
+    segments[k].sort()
 
 
 def backward_segments(tasks: list[Task], ids: range, delay_wgrad: bool
@@ -117,16 +138,13 @@ def backward_segments(tasks: list[Task], ids: range, delay_wgrad: bool
         else:
             comb.append(i)
     # what the dispatch's gradient waits for is mlp backward, wherever the graph emitted
-    # it (the accumulation of the experts' input gradients)
-    todo, pre_set = [d for i in disp for d in tasks[i].deps], set(pre)
-    while todo:
-        d = todo.pop()
-        if d in pre_set:
-            pre_set.discard(d)
-            mlp.append(d)
-            todo += tasks[d].deps
-    return (comb, sorted(mlp), mlp_dw, disp, [i for i in pre if i in pre_set], pre_dw,
-            after)
+    # it (the accumulation of the experts' input gradients); what mlp backward waits for
+    # is there too
+    segments = [comb, mlp, mlp_dw, disp, pre, pre_dw, after]
+    _pull(tasks, segments, 1, waiting=disp)
+    _pull(tasks, segments, 1)
+    _pull(tasks, segments, 0)
+    return tuple(segments)
 
 
 def _on(tasks: list[Task], ids: list[int], stream: str) -> list[int]:
