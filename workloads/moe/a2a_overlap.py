@@ -66,32 +66,28 @@ class PassPieces:
         return [r for unit, r in self.units if not isinstance(unit, int)]
 
 
-def _shared(task: Task) -> bool:
-    # the shared experts: Megatron-Core computes them in pre_dispatch (shared_experts_compute)
-    return "shared_" in task.label and "shared_add" not in task.label
-
-
 def forward_segments(tasks: list[Task], ids: range) -> tuple[list[int], ...]:
-    """A forward layer's tasks as (pre_dispatch, dispatch, mlp, combine); a layer without
+    """A forward layer's tasks as (pre_dispatch, dispatch, mlp, combine), by data flow:
+    combine is the combine all-to-all and what follows from it (unpermute, the shared
+    experts' add, the residual add), mlp what follows from the dispatch, pre_dispatch the
+    rest (with the shared experts, which Megatron-Core computes there). A layer without
     expert-parallel all-to-alls (a dense layer) is pre_dispatch alone."""
     pre, disp, mlp, comb = [], [], [], []
-    seen_dispatch = seen_combine = False
+    from_disp: set[int] = set()
+    from_comb: set[int] = set()
     for i in ids:
         t = tasks[i]
-        if t.stream == COMM_STREAM and t.label in DISPATCH_LABELS:
-            seen_dispatch = True
-            disp.append(i)
-        elif t.label == COMBINE_LABEL:
-            seen_combine = True
+        if t.label == COMBINE_LABEL or any(d in from_comb for d in t.deps):
+            from_comb.add(i)
             comb.append(i)
-        elif _shared(t) or not seen_dispatch:
-            pre.append(i)
+        elif t.stream == COMM_STREAM and t.label in DISPATCH_LABELS:
+            from_disp.add(i)
+            disp.append(i)
+        elif any(d in from_disp for d in t.deps):
+            from_disp.add(i)
+            mlp.append(i)
         else:
-            (comb if seen_combine else mlp).append(i)
-    # what pre_dispatch or mlp waits for runs there, wherever the graph emitted it (the
-    # shared experts' input gathered over TP after the combine, for instance)
-    _pull(tasks, [pre, disp, mlp, comb], 0)
-    _pull(tasks, [pre, disp, mlp, comb], 2)
+            pre.append(i)
     return pre, disp, mlp, comb
 
 
@@ -120,6 +116,7 @@ def backward_segments(tasks: list[Task], ids: range, delay_wgrad: bool
     comb, mlp, mlp_dw, disp, pre, pre_dw, after = [], [], [], [], [], [], []
     seen_combine = seen_dispatch = False
     moe = any(tasks[i].label == GRAD_COMBINE_LABEL for i in ids)
+    combine_waits = _waits_of(tasks, ids, GRAD_COMBINE_LABEL)
     for i in ids:
         t = tasks[i]
         wgrad = delay_wgrad and t.label.endswith(".wgrad")
@@ -131,7 +128,7 @@ def backward_segments(tasks: list[Task], ids: range, delay_wgrad: bool
         elif t.stream == COMM_STREAM and t.label in GRAD_DISPATCH_LABELS:
             seen_dispatch = True
             disp.append(i)
-        elif _shared(t) or seen_dispatch or not moe:
+        elif (not seen_combine and i not in combine_waits) or seen_dispatch or not moe:
             (pre_dw if wgrad else pre).append(i)
         elif seen_combine:
             (mlp_dw if wgrad else mlp).append(i)
@@ -147,9 +144,23 @@ def backward_segments(tasks: list[Task], ids: range, delay_wgrad: bool
     return tuple(segments)
 
 
+def _waits_of(tasks: list[Task], ids: range, label: str) -> set[int]:
+    """The tasks of `ids` that the task labelled `label` waits for, directly or not."""
+    out: set[int] = set()
+    todo = [i for i in ids if tasks[i].label == label]
+    while todo:
+        for d in tasks[todo.pop()].deps:
+            if d in ids and d not in out:
+                out.add(d)
+                todo.append(d)
+    return out
+
+
 def _on(tasks: list[Task], ids: list[int], stream: str) -> list[int]:
+    # the callable's kernels and EP collectives; TP and other streams keep their own
     for i in ids:
-        tasks[i].stream = stream
+        if tasks[i].stream in (COMPUTE_STREAM, COMM_STREAM):
+            tasks[i].stream = stream
     return ids
 
 
