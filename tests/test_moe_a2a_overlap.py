@@ -203,3 +203,16 @@ def test_tp_sharded_shared_experts_run_before_the_dispatch(dispatcher):
     assert all(d < t.id for t in tasks for d in t.deps)
     pair = [t.label for t in _pair(tasks, 1, 0, 0, 3) if t.phase == "forward"]
     assert pair.index("shared_w2.fwd") < pair.index("moe.dispatch")
+
+
+def test_tp_comm_overlap_rings_keep_their_streams(h100x2):
+    # TP overlap's ring steps (tp_ring_send / tp_ring_recv) around the shared experts'
+    # input stay on their streams: moved to the ep stream they deadlocked the peers
+    model = {**MOE, "n_shared_experts": 1}
+    raw = _raw(model=model, mesh={"tp": 2, "ep": 8}, moe={"etp": 1},
+               sharding={"sequence_parallel": True}, framework="megatron-core")
+    raw["overlap"] = {"tp_comm": True}
+    tasks = lower(resolve(plan_from_dict(raw), 16)).stages[0]
+    assert {t.stream for t in tasks if t.op == "send_recv"} <= {
+        "tp_ring_send", "tp_ring_recv", "pp_send", "pp_recv"}
+    assert simulate(plan_from_dict(raw), h100x2).summary["step_time_s"] > 0
