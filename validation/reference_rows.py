@@ -42,6 +42,11 @@ REQUIRED = ("source", "hardware", "gpus", "model", "tp", "pp", "dp", "cp", "glob
 STATED_OVERLAP = {"megatron-core": ("grad_reduce", "param_gather", "tp_comm"),
                   "megatron-lm": ("grad_reduce",),
                   "torchtitan": ("async_tp",)}
+# Overlap flags that are keys of the plan's `moe` block: Megatron-Core's
+# overlap_moe_expert_parallel_comm and delay_wgrad_compute (Megatron-Bridge's
+# moe_a2a_overlap sets both: scripts/performance/utils/overrides.py
+# _set_moe_a2a_overlap_overrides); off unless listed.
+MOE_OVERLAP = {"megatron-core": {"moe_a2a": "overlap_a2a", "delay_wgrad": "delay_wgrad"}}
 
 
 def load_rows(path: str | Path) -> list[dict[str, str]]:
@@ -159,9 +164,9 @@ def plan_dict(row: dict[str, str]) -> dict[str, Any]:
         raw["attention"] = torchtitan_sdpa_backend(hardware_name(row))
     if _flag(row, "cuda_graphs") is not None:
         raw["cuda_graphs"] = _flag(row, "cuda_graphs")
+    on = overlap_flags(row)
     flags = STATED_OVERLAP.get(row.get("framework") or "generic", ())
     if "overlap" in row and flags:
-        on = {f for f in (row.get("overlap") or "").split(";") if f}
         raw["overlap"] = {f: f in on for f in flags}
     if bridge_perf_script(row):
         raw["ddp"] = {"grad_reduce_in_fp32": False}
@@ -169,6 +174,9 @@ def plan_dict(row: dict[str, str]) -> dict[str, Any]:
         raw["mesh"]["ep"] = num("ep")
     if row.get("ep") or row.get("moe_dispatcher"):
         moe = moe_block(row, num("tp"))
+        moe.update({key: True for flag, key in
+                    MOE_OVERLAP.get(row.get("framework") or "generic", {}).items()
+                    if flag in on})
         if moe:
             raw["moe"] = moe
     if row.get("bf16_layers"):
@@ -184,6 +192,20 @@ def plan_dict(row: dict[str, str]) -> dict[str, Any]:
         raw["pipeline"] = {"schedule": "interleaved" if vstages > 1 else "1f1b",
                            "virtual_stages": vstages}
     return raw
+
+
+def overlap_flags(row: dict[str, str]) -> set[str]:
+    """The row's `overlap` flags (';'-separated), each one its framework states
+    (STATED_OVERLAP, MOE_OVERLAP), the MoE ones on an MoE row only."""
+    framework = row.get("framework") or "generic"
+    on = {f for f in (row.get("overlap") or "").split(";") if f}
+    moe = MOE_OVERLAP.get(framework, {}) if model_kind(row) == "moe" else {}
+    allowed = (*STATED_OVERLAP.get(framework, ()), *moe)
+    for flag in sorted(on):
+        if flag not in allowed:
+            raise ValidationError(f"row {row_id(row)}: overlap", flag,
+                                  f"one of {', '.join(allowed) or 'none'} ({framework})")
+    return on
 
 
 def topology_for(row: dict[str, str]):

@@ -99,7 +99,8 @@ def micro_batches_in_flight(plan: Plan, stage: int = 0) -> float:
     GPipe: all m. 1F1B: min(pp - stage, m) (Narayanan et al. 2021; Korthikanti section 4.2.3:
     the first stage holds pp micro-batches). Interleaved: Megatron's warm-up of
     2 (pp - stage - 1) + (v - 1) pp chunk-micro-batches plus one, each of 1/v of the stage's
-    layers, which for stage 0 is pp (1 + (pp - 1)/(pp v)) (Korthikanti section 4.2.3).
+    layers, which for stage 0 is pp (1 + (pp - 1)/(pp v)) (Korthikanti section 4.2.3);
+    one more with the MoE all-to-all overlap.
     """
     pp, m, v = plan.mesh.pp, plan.micro_batches, plan.pipeline.virtual_stages
     if pp == 1:
@@ -108,7 +109,10 @@ def micro_batches_in_flight(plan: Plan, stage: int = 0) -> float:
         return m
     if plan.pipeline.schedule == "1f1b" or v == 1:
         return min(pp - stage, m)
-    chunk_mbs = min(2 * (pp - stage - 1) + (v - 1) * pp + 1, m * v)
+    # the EP all-to-all overlap runs one warm-up forward more (workloads/schedules.py
+    # stage_slots, Megatron-Core's get_pp_rank_microbatches)
+    extra = 1 if plan.moe.overlap_a2a else 0
+    chunk_mbs = min(2 * (pp - stage - 1) + (v - 1) * pp + 1 + extra, m * v)
     return chunk_mbs / v
 
 

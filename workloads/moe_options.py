@@ -6,7 +6,9 @@
             "pad_to_capacity": false,
             "load_imbalance": 1.2 | [shares...] | {"distribution": "measured", "shares": [...]},
             "force_balance": false,
-            "aux_loss": false}
+            "aux_loss": false,
+            "overlap_a2a": false,           # EP all-to-all overlap (combined 1F1B)
+            "delay_wgrad": false}           # wgrads after the dgrads (needs overlap_a2a)
 
 Defaults follow Megatron-Core (NVIDIA/Megatron-LM, commit d98e8a64):
 - dispatcher: "alltoall". Megatron-Core's TransformerConfig default is "allgather"
@@ -24,6 +26,13 @@ Defaults follow Megatron-Core (NVIDIA/Megatron-LM, commit d98e8a64):
   replace the router's, "only for benchmark"); a published run that used it routes
   uniformly at random (workloads/moe/imbalance.py prices what that leaves).
 
+- overlap_a2a: Megatron-Core's overlap_moe_expert_parallel_comm (model_parallel_config.py,
+  default False): one micro-batch's forward runs interleaved with another's backward, layer
+  by layer, so that each one's dispatch and combine all-to-alls hide behind the other's
+  compute (workloads/moe/a2a_overlap.py prices it as task order; workloads/schedules.py
+  the schedule it needs). delay_wgrad: its delay_wgrad_compute (default False; it
+  asserts overlap_moe_expert_parallel_comm, transformer_config.py __post_init__).
+
 The scalar `load_imbalance` stays the Plan field it always was; a distribution goes here.
 """
 from __future__ import annotations
@@ -38,7 +47,7 @@ from .fields import check_bool, check_choice, check_number, is_int, known_keys
 DISPATCHERS = ("alltoall", "allgather", "deepep")
 DISTRIBUTIONS = ("measured",)
 MOE_KEYS = ("load_imbalance", "dispatcher", "etp", "capacity_factor", "pad_to_capacity",
-            "force_balance", "aux_loss")
+            "force_balance", "aux_loss", "overlap_a2a", "delay_wgrad")
 # Bounds: a capacity factor past the number of experts keeps every token anyway (an expert
 # can receive at most all tokens); 4096 shares is beyond any published router (256 experts).
 MAX_CAPACITY_FACTOR = 1024.0
@@ -56,6 +65,8 @@ class MoEOptions:
     expert_shares: tuple[float, ...] | None = None   # measured token share per expert
     force_balance: bool = False
     aux_loss: bool = False
+    overlap_a2a: bool = False               # combined 1F1B (workloads/moe/a2a_overlap.py)
+    delay_wgrad: bool = False               # wgrads after the layer's dgrads (needs it)
 
     def __post_init__(self) -> None:
         check_choice(self.dispatcher, "moe.dispatcher", DISPATCHERS)
@@ -64,8 +75,17 @@ class MoEOptions:
         if self.capacity_factor is not None:
             check_number(self.capacity_factor, "moe.capacity_factor", 1e-3, MAX_CAPACITY_FACTOR,
                          f"a number in (0, {MAX_CAPACITY_FACTOR:g}] or null (dropless)")
-        for name in ("pad_to_capacity", "force_balance", "aux_loss"):
+        for name in ("pad_to_capacity", "force_balance", "aux_loss", "overlap_a2a",
+                     "delay_wgrad"):
             check_bool(getattr(self, name), f"moe.{name}")
+        if self.delay_wgrad and not self.overlap_a2a:
+            raise WorkloadError("moe.delay_wgrad", True, "false unless moe.overlap_a2a is true "
+                                "(Megatron-Core: delay_wgrad_compute needs "
+                                "overlap_moe_expert_parallel_comm)")
+        if self.overlap_a2a and self.dispatcher == "allgather":
+            raise WorkloadError("moe.overlap_a2a", True, "false with the allgather dispatcher "
+                                "(Megatron-Core overlaps the alltoall and flex dispatchers "
+                                "only)")
         if self.pad_to_capacity and self.capacity_factor is None:
             raise WorkloadError("moe.pad_to_capacity", True,
                                 "false unless moe.capacity_factor is set (Megatron-LM: "
@@ -126,7 +146,8 @@ def parse_moe(raw: dict) -> dict:
         dispatcher=raw.get("dispatcher", "alltoall"), etp=raw.get("etp"),
         capacity_factor=capacity, pad_to_capacity=raw.get("pad_to_capacity", False),
         expert_shares=tuple(shares) if shares is not None else None,
-        force_balance=raw.get("force_balance", False), aux_loss=raw.get("aux_loss", False))
+        force_balance=raw.get("force_balance", False), aux_loss=raw.get("aux_loss", False),
+        overlap_a2a=raw.get("overlap_a2a", False), delay_wgrad=raw.get("delay_wgrad", False))
     return {"load_imbalance": imbalance, "moe": options}
 
 
@@ -156,3 +177,27 @@ def check_moe_resolved(plan) -> None:
     if plan.load_imbalance != 1.0 and opt.force_balance:
         raise WorkloadError("moe.force_balance", True, "false with a moe.load_imbalance "
                             "factor (a force-balanced router routes at random)")
+    if opt.overlap_a2a:
+        check_a2a_overlap(plan)
+
+
+def check_a2a_overlap(plan) -> None:
+    """What Megatron-Core asserts of overlap_moe_expert_parallel_comm (NVIDIA/Megatron-LM
+    d98e8a64, transformer_config.py __post_init__), for the plan's resolved mesh."""
+    mesh, pipe = plan.mesh, plan.pipeline
+    why = None
+    if mesh.ep < 2:
+        why = "false unless mesh.ep > 1 (it overlaps the expert-parallel all-to-alls)"
+    elif mesh.pp > 1 and (pipe.schedule != "interleaved" or pipe.virtual_stages < 2):
+        why = ("false with pipeline parallelism unless pipeline.schedule is interleaved "
+               "with virtual_stages > 1 (Megatron-Core asserts a virtual pipeline size)")
+    elif plan.recompute in ("full", "selective_op"):
+        why = "false with layer recompute (Megatron-Core asserts no full recomputation)"
+    elif plan.fsdp or plan.zero_stage == 3:
+        why = "false with FSDP / ZeRO-3 (not modelled with the combined schedule)"
+    elif plan.training.dtype == "fp32":
+        why = "false with fp32 training (Megatron-Core asserts a bf16 or fp16 model)"
+    elif plan.model.mtp_layers > 1:
+        why = "false with more than one MTP layer (Megatron-Core asserts at most one)"
+    if why:
+        raise WorkloadError("moe.overlap_a2a", True, why)

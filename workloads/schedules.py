@@ -12,6 +12,8 @@ then drains the remaining backwards. Its bubble fraction is (p - 1) / (m + p - 1
 Interleaved 1F1B (Narayanan et al. 2021 section 2.2.2, Megatron-LM's
 forward_backward_pipelining_with_interleaving): the layers form p x v chunks, chunk c on
 stage c % p; the bubble shrinks by v to (p - 1) / (v m) of the ideal time.
+Combined 1F1B (Megatron-Core's EP all-to-all overlap, stage_slots): a steady-state forward
+and backward run as one slot, their layers interleaved (workloads/moe/a2a_overlap.py).
 """
 from __future__ import annotations
 
@@ -19,6 +21,8 @@ from .errors import WorkloadError
 
 # ("F" | "B", micro-batch, chunk index on this stage: 0 .. virtual_stages - 1)
 Step = tuple[str, int, int]
+# What a stage runs at once: one step, or a forward and a backward combined (F, B)
+Slot = tuple[Step, ...]
 
 
 def stage_order(schedule: str, stage: int, stages: int, micro_batches: int,
@@ -65,6 +69,39 @@ def interleaved_order(stage: int, stages: int, micro_batches: int, chunks: int) 
         order += [step("F", warmup + i), step("B", i)]
     order += [step("B", k) for k in range(total - warmup, total)]
     return order
+
+
+def stage_slots(schedule: str, stage: int, stages: int, micro_batches: int,
+                virtual_stages: int = 1, combined: bool = False) -> list[Slot]:
+    """The stage's order as slots; with `combined` (EP all-to-all overlap) the steady
+    state's forward and backward pairs are combined slots (F, B).
+
+    Megatron-Core (NVIDIA/Megatron-LM d98e8a64, megatron/core/pipeline_parallel/):
+    without pipelining, combined_1f1b_schedule_for_no_pipelining runs micro-batch 0's
+    forward alone, then micro-batch i + 1's forward with micro-batch i's backward, then the
+    last backward alone (whatever the schedule); with virtual stages, schedules.py
+    get_pp_rank_microbatches adds one warm-up forward ("to ensure the forward and backward
+    computations are independent in all 1f1b steps") and each steady-state step runs
+    combined_1f1b_schedule_for_interleaved_pipelining. Other pipelines are refused by the
+    plan checks (Megatron-Core asserts a virtual pipeline size with PP > 1).
+    """
+    if not combined:
+        return [(s,) for s in stage_order(schedule, stage, stages, micro_batches,
+                                          virtual_stages)]
+    if stages == 1:
+        order = [("F", i, 0) for i in range(micro_batches)]
+        backs = [("B", i, 0) for i in range(micro_batches)]
+        return ([(order[0],)] + [(f, b) for f, b in zip(order[1:], backs)]
+                + [(backs[-1],)])
+    p, v, m = stages, virtual_stages, micro_batches
+    order = interleaved_order(stage, p, m, v)
+    forwards = [s for s in order if s[0] == "F"]
+    backwards = [s for s in order if s[0] == "B"]
+    warmup = min(2 * (p - stage - 1) + (v - 1) * p + 1, m * v)
+    steady = len(forwards) - warmup
+    return ([(f,) for f in forwards[:warmup]]
+            + [(forwards[warmup + i], backwards[i]) for i in range(steady)]
+            + [(b,) for b in backwards[steady:]])
 
 
 def stage_layer_ranges(num_layers: int, chunks: int,

@@ -4,6 +4,8 @@ A stage holds one chunk of layers (GPipe, 1F1B) or virtual_stages of them (inter
 1F1B: chunk c of pp x v on stage c % pp). Activations go from chunk c to chunk c + 1 and
 gradients back, as send/recv along "pp" (stage pp - 1 to stage 0 wraps around, for the
 interleaved chunks); a transfer is matched by its tag (what, sending chunk, micro-batch).
+With the MoE all-to-all overlap, a combined slot's forward and backward are built as usual
+and then put in Megatron-Core's issue order (workloads/moe/a2a_overlap.py).
 """
 from __future__ import annotations
 
@@ -16,11 +18,13 @@ from .host_cost import add_host_issue_time
 from .kernels import adam_step_cost
 from .layer_builder import BuildOptions, LayerBuilder, LayerShape, TaskSink
 from .layers import unit_builder
+from .moe.a2a_overlap import PassPieces, combined_order, reorder
+from .param_gathers import ParamGathers
 from .params import unit_param_groups
 from .precision import precision
 from .plan import Plan
 from .program import COMM, COMPUTE, MEMORY, Task
-from .schedules import EMBED, HEAD, chunk_units, stage_order
+from .schedules import EMBED, HEAD, chunk_units, stage_slots
 
 
 class StageLowering:
@@ -58,6 +62,8 @@ class StageLowering:
                                and len(self.chunk_units) > 1)
         self.chunk_gathers: dict[int, ParamGathers] = {}
         self.bucket_counter = 0
+        self.pieces: PassPieces | None = None   # recorded while building a combined slot
+        self.combined: list[tuple[range, list[int]]] = []
 
     # ---- helpers ------------------------------------------------------------------------
     def _ctx(self, unit, mb: int) -> dict:
@@ -69,6 +75,15 @@ class StageLowering:
             return deps
         return (self.sink.add(kind=COMPUTE, stream="compute", op="join", phase=phase, deps=deps,
                               op_class=MEMORY, label="wait", **self._ctx(unit, mb)),)
+
+    def _piece(self, where: str, begin: int, unit=None) -> None:
+        """Record tasks [begin, now) as a piece of the pass (combined slots only)."""
+        if self.pieces is not None:
+            span = range(begin, len(self.sink.tasks))
+            if where == "units":
+                self.pieces.units.append((unit, span))
+            else:
+                getattr(self.pieces, where).append(span)
 
     def _group_size(self, dims) -> int:
         return self.plan.parallel_dims.group_size(dims)
@@ -201,11 +216,14 @@ class StageLowering:
         """One micro-batch's forward through one of the stage's chunks."""
         self.pass_ends = []
         chunk = local * self.pp + self.stage
+        begin = len(self.sink.tasks)
         prev = self._p2p("recv", "act", mb, (), -1, "forward", chunk) if chunk > 0 else None
         gathers = None
         if self.param_gather and mb == 0:
             gathers = self.chunk_gathers.get(local) or self._param_gather_plan(local)
+        self._piece("pre", begin)
         for index, unit in enumerate(self.chunk_units[local]):
+            begin = len(self.sink.tasks)
             waits = (self._gather(unit, index, mb, "forward") if gathers is None
                      else gathers.wait(unit, prev))
             graph = self._graph(unit)
@@ -213,10 +231,13 @@ class StageLowering:
             prev = graph.emit_forward(self.sink, self._ctx(unit, mb), deps)
             self.graphs[(unit, mb)] = graph
             self.pass_ends.append(prev)
+            self._piece("units", begin, unit)
+        begin = len(self.sink.tasks)
         if chunk < self.last_chunk:
             self._p2p("send", "act", mb, (prev,), +1, "forward", chunk)
+        self._piece("post", begin)
 
-    def _param_gather_plan(self, local: int) -> "ParamGathers":
+    def _param_gather_plan(self, local: int) -> ParamGathers:
         """The chunk's ZeRO parameter all-gathers, issued in this forward (steady state of
         --overlap-param-gather: the previous step's optimizer updated the shards)."""
         units = [(u, self._param_groups(u)) for u in self.chunk_units[local]]
@@ -251,12 +272,15 @@ class StageLowering:
         """One micro-batch's backward through one of the stage's chunks, in reverse."""
         self.pass_ends = []
         chunk = local * self.pp + self.stage
+        begin = len(self.sink.tasks)
         if chunk < self.last_chunk:
             grad = self._p2p("recv", "grad", mb, (), +1, "backward", chunk)
         else:
             grad = self.graphs[(HEAD, mb)].output_task
+        self._piece("pre", begin)
         layers = [u for u in self.chunk_units[local] if isinstance(u, int)]
         for index, unit in enumerate(reversed(self.chunk_units[local])):
+            begin = len(self.sink.tasks)
             gathers = self._gather(unit, index, mb, "backward")
             graph = self.graphs.pop((unit, mb))
             ctx = self._ctx(unit, mb)
@@ -273,6 +297,8 @@ class StageLowering:
             self.pass_ends.append(grad)
             wgrads = tuple(graph.wgrad_tasks.values()) or (grad,)
             self._reduce(unit, wgrads, mb, local)
+            self._piece("units", begin, unit)
+        begin = len(self.sink.tasks)
         if not self.fsdp and self._reduces(mb) and (
                 self.bucket_sizes[local] != math.inf or mb != self.plan.micro_batches - 1):
             # The chunk's last, partly filled bucket closes when its backward ends. One
@@ -281,7 +307,21 @@ class StageLowering:
             self._emit_buckets(self.fillers[local].take(flush=True), mb)
         if chunk > 0:
             self._p2p("send", "grad", mb, (grad,), -1, "backward", chunk)
+        self._piece("post", begin)
         self.last_backward = grad
+
+    def _combined_slot(self, fwd: tuple, bwd: tuple) -> None:
+        """A forward and a backward run as one step (EP all-to-all overlap): built in
+        turn, recorded, ordered after the step (build)."""
+        begin = len(self.sink.tasks)
+        self.pieces = PassPieces()
+        self.forward(fwd[1], fwd[2])
+        f_pieces, self.pieces = self.pieces, PassPieces()
+        self.backward(bwd[1], bwd[2])
+        order = combined_order(self.sink.tasks, f_pieces, self.pieces,
+                               self.plan.moe.delay_wgrad)
+        self.pieces = None
+        self.combined.append((range(begin, len(self.sink.tasks)), order))
 
     def _param_tensors(self) -> int:
         """Parameter tensors of this stage: a layer's projections and two norms, the
@@ -321,8 +361,9 @@ class StageLowering:
 
     def build(self) -> list[Task]:
         """All tasks of the stage for one training step."""
-        order = stage_order(self.plan.pipeline.schedule, self.stage, self.pp,
-                            self.plan.micro_batches, self.plan.pipeline.virtual_stages)
+        slots = stage_slots(self.plan.pipeline.schedule, self.stage, self.pp,
+                            self.plan.micro_batches, self.plan.pipeline.virtual_stages,
+                            self.plan.moe.overlap_a2a)
         if self.plan.host_step_s:
             # host work of the step before its first kernel (framework profile)
             self.sink.add(kind=COMPUTE, stream="compute", op="host_step", phase="forward",
@@ -332,45 +373,18 @@ class StageLowering:
             for local in range(min(2, len(self.chunk_units))):
                 self._launch_chunk_gathers(local, ())
         forwards = 0
-        for kind, mb, local in order:
+        for slot in slots:
+            kind, mb, local = slot[0]
             if kind == "F":
                 self._aligned_launch(forwards)
                 forwards += 1
-            (self.forward if kind == "F" else self.backward)(mb, local)
+            if len(slot) == 2:
+                self._combined_slot(*slot)
+            else:
+                (self.forward if kind == "F" else self.backward)(mb, local)
         self.optimizer()
+        if self.combined:
+            reorder(self.sink.tasks, self.combined)
         add_host_issue_time(self.sink.tasks, self.plan)
         return self.sink.tasks
 
-
-class ParamGathers:
-    """--overlap-param-gather in one chunk's forward: bucket k + 1's all-gather is issued
-    when bucket k's first unit starts (Megatron's forward pre-hook: finish_param_sync,
-    then the next bucket group's start_param_sync), the first one at the step's start;
-    a unit waits for the gathers of every bucket holding its parameters."""
-
-    def __init__(self, lowering: StageLowering, buckets):
-        self.lowering, self.buckets = lowering, buckets
-        self.issued: dict[int, int] = {}
-
-    def _issue(self, k: int, deps) -> None:
-        if k >= len(self.buckets) or k in self.issued:
-            return
-        low, bucket = self.lowering, self.buckets[k]
-        self.issued[k] = low.sink.add(
-            kind=COMM, stream="dp_ag", op="all_gather", phase="forward",
-            deps=tuple(d for d in deps if d is not None and d >= 0),
-            bytes=bucket.params * low.precision.param_bytes, group=bucket.dims,
-            label=f"zero.gather.bucket{k}", **low._ctx(bucket.units[-1], 0))
-
-    def issue_all(self, deps) -> None:
-        """Issue every bucket's gather now, after `deps` (a chunk launched ahead)."""
-        for k in range(len(self.buckets)):
-            self._issue(k, deps)
-
-    def wait(self, unit, started) -> list[int]:
-        """The gathers `unit` waits for; issues the next bucket's as it starts."""
-        mine = [k for k, b in enumerate(self.buckets) if unit in b.units]
-        for k in mine:
-            self._issue(k, () if k == 0 else (started,))
-            self._issue(k + 1, (started,))
-        return [self.issued[k] for k in mine]

@@ -1,0 +1,242 @@
+"""Expert-parallel all-to-all overlap: one micro-batch's forward interleaved with another's
+backward, layer by layer (Megatron-Core's overlap_moe_expert_parallel_comm, the combined
+1F1B schedule), as task order on the compute and communication streams.
+
+Megatron-Core (NVIDIA/Megatron-LM d98e8a64) splits each transformer layer into five
+callables (megatron/core/models/gpt/fine_grained_callables.py): pre_dispatch (attention,
+the pre-MLP norm, the shared experts, the router and the dispatcher's preprocess: permute
+and token counts), dispatch (the all-to-all), mlp (dispatch postprocess, the routed
+experts, combine preprocess), combine (the all-to-all, combine postprocess: unpermute,
+the shared experts' add and the residual add) and MTP postprocess. dispatch and combine
+run on a communication stream, the others on the computation stream. A combined step runs
+forward layer i with backward layer n - 1 - i of the other micro-batch
+(megatron/core/models/common/model_chunk_schedule_plan.py, TransformerLayerSchedulePlan.run):
+
+    comm stream: combine_bwd       | dispatch_fwd -> dispatch_bwd     | combine_fwd
+    comp stream: pre_dispatch_fwd  | mlp_bwd -> mlp_bwd_dw -> mlp_fwd | pre_dispatch_bwd (+dw)
+
+Each stream waits for the other only where data flows, so the backward's combine hides
+behind the forward's attention, the forward's dispatch behind the backward's experts, the
+backward's dispatch behind the experts' weight gradients and the forward's experts, and
+the forward's combine behind the backward's attention; what a partner's compute does not
+cover stays exposed. With delay_wgrad_compute the weight gradients of the experts (mlp
+backward_dw) and of the attention and shared experts (pre_dispatch backward_dw) run after
+the dgrads of their callable, so the dispatch backward and the next layer's combine
+backward start after the dgrads alone. A chunk runs (ModelChunkSchedulePlan.run): the
+forward's receive and embedding, the backward's receive and output layer, the paired
+layers, the backward's remaining layers, the forward's remaining layers, both sends, the
+forward's output layer (and MTP, which this model keeps in the output unit), the
+backward's embedding.
+
+The lowering builds the forward and the backward as usual (their tasks and dependencies
+are unchanged); `combined_order` gives the order in which Megatron-Core issues them, and
+`reorder` renumbers the stage's tasks so that the streams run them in that order.
+Assumption: compute moved to the communication stream (unpermute, the residual add) runs
+beside the other stream's compute at full speed (they are small memory-bound kernels).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from ..program import COMM, Task
+
+COMM_STREAM = "ep"          # Megatron-Core's a2a communication stream
+COMPUTE_STREAM = "compute"
+DISPATCH_LABELS = ("moe.dispatch", "moe.dispatch_probs")
+COMBINE_LABEL = "moe.combine"
+GRAD_DISPATCH_LABELS = ("grad.moe.dispatch", "grad.moe.dispatch_probs")
+GRAD_COMBINE_LABEL = "grad.moe.combine"
+
+
+@dataclass
+class PassPieces:
+    """Task id ranges [begin, end) of one pass through a chunk: what comes before its
+    units (receive), each unit's tasks in pass order, what comes after (send, flush)."""
+
+    pre: list[range] = field(default_factory=list)
+    units: list[tuple[object, range]] = field(default_factory=list)
+    post: list[range] = field(default_factory=list)
+
+    def layers(self) -> list[range]:
+        """The transformer layers' ranges, in pass order."""
+        return [r for unit, r in self.units if isinstance(unit, int)]
+
+    def others(self) -> list[range]:
+        """The embedding / output unit ranges, in pass order."""
+        return [r for unit, r in self.units if not isinstance(unit, int)]
+
+
+def forward_segments(tasks: list[Task], ids: range) -> tuple[list[int], ...]:
+    """A forward layer's tasks as (pre_dispatch, dispatch, mlp, combine), by data flow:
+    combine is the combine all-to-all and what follows from it (unpermute, the shared
+    experts' add, the residual add), mlp what follows from the dispatch, pre_dispatch the
+    rest (with the shared experts, which Megatron-Core computes there). A layer without
+    expert-parallel all-to-alls (a dense layer) is pre_dispatch alone."""
+    pre, disp, mlp, comb = [], [], [], []
+    from_disp: set[int] = set()
+    from_comb: set[int] = set()
+    for i in ids:
+        t = tasks[i]
+        if t.label == COMBINE_LABEL or any(d in from_comb for d in t.deps):
+            from_comb.add(i)
+            comb.append(i)
+        elif t.stream == COMM_STREAM and t.label in DISPATCH_LABELS:
+            from_disp.add(i)
+            disp.append(i)
+        elif any(d in from_disp for d in t.deps):
+            from_disp.add(i)
+            mlp.append(i)
+        else:
+            pre.append(i)
+    return pre, disp, mlp, comb
+
+
+def _pull(tasks: list[Task], segments: list[list[int]], k: int,
+          waiting: list[int] | None = None) -> None:
+    """Move into segments[k] the tasks of later segments that it (or `waiting`) waits
+    for, and what those wait for (in place, each segment kept in emission order)."""
+    later = {i: j for j in range(k + 1, len(segments)) for i in segments[j]
+             if i not in (waiting or ())}
+    todo = [d for i in (waiting or segments[k]) for d in tasks[i].deps]
+    while todo:
+        d = todo.pop()
+        j = later.pop(d, None)
+        if j is not None:
+            segments[j].remove(d)
+            segments[k].append(d)
+            todo += tasks[d].deps
+    segments[k].sort()
+
+
+def backward_segments(tasks: list[Task], ids: range, delay_wgrad: bool
+                      ) -> tuple[list[int], ...]:
+    """A backward layer's tasks as (combine_bwd, mlp_bwd, mlp_dw, dispatch_bwd,
+    pre_dispatch_bwd, pre_dispatch_dw, after): after holds the gradient reductions the
+    lowering issues once the layer is done. The dw lists are empty without delay_wgrad."""
+    comb, mlp, mlp_dw, disp, pre, pre_dw, after = [], [], [], [], [], [], []
+    seen_combine = seen_dispatch = False
+    moe = any(tasks[i].label == GRAD_COMBINE_LABEL for i in ids)
+    combine_waits = _waits_of(tasks, ids, GRAD_COMBINE_LABEL)
+    for i in ids:
+        t = tasks[i]
+        wgrad = delay_wgrad and t.label.endswith(".wgrad")
+        if t.stream.startswith("dp_"):
+            after.append(i)
+        elif t.label == GRAD_COMBINE_LABEL:
+            seen_combine = True
+            comb.append(i)
+        elif t.stream == COMM_STREAM and t.label in GRAD_DISPATCH_LABELS:
+            seen_dispatch = True
+            disp.append(i)
+        elif (not seen_combine and i not in combine_waits) or seen_dispatch or not moe:
+            (pre_dw if wgrad else pre).append(i)
+        elif seen_combine:
+            (mlp_dw if wgrad else mlp).append(i)
+        else:
+            comb.append(i)
+    # what the dispatch's gradient waits for is mlp backward, wherever the graph emitted
+    # it (the accumulation of the experts' input gradients); what mlp backward waits for
+    # is there too
+    segments = [comb, mlp, mlp_dw, disp, pre, pre_dw, after]
+    _pull(tasks, segments, 1, waiting=disp)
+    _pull(tasks, segments, 1)
+    _pull(tasks, segments, 0)
+    return tuple(segments)
+
+
+def _waits_of(tasks: list[Task], ids: range, label: str) -> set[int]:
+    """The tasks of `ids` that the task labelled `label` waits for, directly or not."""
+    out: set[int] = set()
+    todo = [i for i in ids if tasks[i].label == label]
+    while todo:
+        for d in tasks[todo.pop()].deps:
+            if d in ids and d not in out:
+                out.add(d)
+                todo.append(d)
+    return out
+
+
+def _on(tasks: list[Task], ids: list[int], stream: str) -> list[int]:
+    # the callable's kernels and EP collectives; TP and other streams keep their own
+    for i in ids:
+        if tasks[i].stream in (COMPUTE_STREAM, COMM_STREAM):
+            tasks[i].stream = stream
+    return ids
+
+
+def _off_comm(tasks: list[Task], ids: list[int]) -> list[int]:
+    # an all-to-all dispatcher's token-count gather in pre_dispatch runs on the computation
+    # stream there (MoEAlltoAllTokenDispatcher.preprocess, issued from pre_dispatch)
+    for i in ids:
+        if tasks[i].stream == COMM_STREAM and tasks[i].kind == COMM:
+            tasks[i].stream = COMPUTE_STREAM
+    return ids
+
+
+def layer_pair(tasks: list[Task], f: range | None, b: range | None, delay_wgrad: bool,
+               deferred: list[int] | None = None) -> list[int]:
+    """Issue order of forward layer `f` with backward layer `b` (either may be None), and
+    the streams Megatron-Core runs each callable on (set on the tasks). `deferred`: where
+    the backward's pre_dispatch weight gradients go instead (the chunk's last backward
+    layer: Megatron-Core runs them after the pipeline sends)."""
+    fp = forward_segments(tasks, f) if f is not None else ([], [], [], [])
+    bp = (backward_segments(tasks, b, delay_wgrad) if b is not None
+          else ([], [], [], [], [], [], []))
+    pre, disp, mlp, comb = fp
+    b_comb, b_mlp, b_mlp_dw, b_disp, b_pre, b_pre_dw, after = bp
+    if deferred is not None:   # the reductions wait for those gradients: after them
+        deferred += b_pre_dw + after
+        b_pre_dw, after = [], []
+    return (_on(tasks, b_comb, COMM_STREAM) + _off_comm(tasks, pre) + _off_comm(tasks, b_mlp)
+            + _on(tasks, disp, COMM_STREAM) + b_mlp_dw + _on(tasks, b_disp, COMM_STREAM)
+            + _off_comm(tasks, mlp) + _on(tasks, comb, COMM_STREAM)
+            + _off_comm(tasks, b_pre) + b_pre_dw + after)
+
+
+def combined_order(tasks: list[Task], fwd: PassPieces, bwd: PassPieces,
+                   delay_wgrad: bool) -> list[int]:
+    """Issue order of a combined step's tasks (the forward's and the backward's)."""
+    def ids(ranges):
+        return [i for r in ranges for i in r]
+    f_layers, b_layers = fwd.layers(), bwd.layers()
+    # the forward's units start with the embedding (first chunk), the backward's with the
+    # output unit (last chunk)
+    f_embed = [r for u, r in fwd.units[:1] if not isinstance(u, int)]
+    f_head = [r for r in fwd.others() if r not in f_embed]
+    b_head = [r for u, r in bwd.units[:1] if not isinstance(u, int)]
+    b_embed = [r for r in bwd.others() if r not in b_head]
+    order = ids(fwd.pre) + ids(bwd.pre) + ids(f_embed) + ids(b_head)
+    paired = min(len(f_layers), len(b_layers))
+    deferred: list[int] = []
+    for i, b in enumerate(b_layers):
+        f = f_layers[i] if i < paired else None
+        last = deferred if i == len(b_layers) - 1 else None
+        order += layer_pair(tasks, f, b, delay_wgrad, last)
+    for f in f_layers[paired:]:
+        order += layer_pair(tasks, f, None, delay_wgrad)
+    post = ids(bwd.post)
+    sends = [i for i in post if not tasks[i].stream.startswith("dp_")]
+    flush = [i for i in post if tasks[i].stream.startswith("dp_")]
+    return (order + ids(fwd.post) + sends + deferred + flush + ids(f_head)
+            + ids(b_embed))
+
+
+def reorder(tasks: list[Task], steps: list[tuple[range, list[int]]]) -> None:
+    """Put each combined step's tasks (its id range) in the given order and renumber
+    every task of the stage, dependencies included. Each dependency must still come
+    earlier: the order is an issue order, so a task never waits for a later one."""
+    new_id = list(range(len(tasks)))
+    perm = list(range(len(tasks)))
+    for span, order in steps:
+        if sorted(order) != list(span):
+            raise ValueError(f"combined step {span} ordered {len(order)} tasks")
+        perm[span.start:span.stop] = order
+    for pos, old in enumerate(perm):
+        new_id[old] = pos
+    moved = [tasks[old] for old in perm]
+    for pos, task in enumerate(moved):
+        task.id = pos
+        task.deps = tuple(new_id[d] for d in task.deps)
+        if any(d >= pos for d in task.deps):
+            raise ValueError(f"task {task.label} would wait for a later task")
+    tasks[:] = moved
