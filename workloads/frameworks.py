@@ -34,7 +34,8 @@ GENERIC_DEFAULTS: Mapping[str, Any] = MappingProxyType({
     # distributed_data_parallel.py at d7288711ba: `grad_dtype = torch.float if
     # self.ddp_config.grad_reduce_in_fp32 else param.dtype`). True: Megatron-Bridge's
     # library recipes (training/mixed_precision.py bf16_mixed, recipes/llama/h100/llama3.py).
-    # Only megatron-core reads it (workloads/memory.py, grad_state_bytes).
+    # Only megatron-core reads it: the buffer's memory (workloads/memory.py,
+    # grad_state_bytes) and the bytes its reduce moves (workloads/stage_lowering.py).
     "grad_reduce_fp32": True,
 })
 

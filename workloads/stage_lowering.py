@@ -18,6 +18,7 @@ from .host_cost import add_host_issue_time
 from .kernels import adam_step_cost
 from .layer_builder import BuildOptions, LayerBuilder, LayerShape, TaskSink
 from .layers import unit_builder
+from .memory import grad_state_bytes
 from .moe.a2a_overlap import PassPieces, combined_order, reorder
 from .param_gathers import ParamGathers
 from .params import unit_param_groups
@@ -187,6 +188,10 @@ class StageLowering:
         mode: the label names the unit then)."""
         op = "reduce_scatter" if self.plan.zero_stage >= 1 else "all_reduce"
         unit_mode = self.plan.grad_bucket == "unit" and self.plan.grad_reduce_overlap
+        # Megatron-Core's DDP reduces its gradient buffer in place, in the buffer's dtype
+        # (fp32 only with ddp.grad_reduce_in_fp32: memory.grad_state_bytes).
+        grad_bytes = (grad_state_bytes(self.plan) if self.plan.framework == "megatron-core"
+                      else self.precision.grad_reduce_bytes)
         for bucket in buckets:
             unit = bucket.units[-1]
             label = (f"grad.reduce.{unit}" if unit_mode
@@ -194,7 +199,7 @@ class StageLowering:
             self.bucket_counter += 1
             self.reductions.append(self.sink.add(
                 kind=COMM, stream="dp_rs", op=op, phase="backward", deps=bucket.deps,
-                bytes=bucket.params * self.precision.grad_reduce_bytes, group=bucket.dims,
+                bytes=bucket.params * grad_bytes, group=bucket.dims,
                 label=label, **self._ctx(unit, mb)))
 
     # ---- passes -------------------------------------------------------------------------
