@@ -196,7 +196,7 @@ class LayerGraph:
                               chunked=self._feeds_only_linears(node))
         if node.kind == "linear":
             flops, nbytes, mnk = self.linear_cost(node)
-            deps = self._fp8_cast(sink, ctx, node, flops / (2 * mnk[1]), deps, phase, node.name)
+            deps = self._fp8_cast(sink, ctx, node, flops, mnk, deps, phase, node.name)
             overlapped = self._overlapped_linear(sink, ctx, node, deps, phase, flops, nbytes, mnk)
             if overlapped is not None:
                 return overlapped
@@ -214,11 +214,16 @@ class LayerGraph:
     def _gemm_dtype(self, node: Node) -> str:
         return self.shape.gemm_dtype(node.bf16)
 
-    def _fp8_cast(self, sink: TaskSink, ctx: dict, node: Node, elements: float, deps,
+    def _fp8_cast(self, sink: TaskSink, ctx: dict, node: Node, flops: float, mnk, deps,
                   phase: str, name: str) -> tuple[int, ...]:
-        """Under FP8/FP4 GEMMs, the cast of an activation operand before the GEMM, except
-        for the linears that stay in bf16; returns the GEMM's dependencies."""
-        return fp8_cast_task(sink, ctx, self.shape, elements, deps, phase, name, node.bf16)
+        """Under FP8/FP4 GEMMs, the casts before the linear's GEMMs of `phase` (its input
+        in forward, its output gradient in backward, and whatever else the recipe casts
+        there), except for the linears that stay in bf16; returns the GEMM's deps."""
+        _, n, k = mnk
+        inputs, grads = flops / (2 * n), flops / (2 * k)   # m x k and m x n
+        weights = k * n * (node.experts or 1)
+        return fp8_cast_task(sink, ctx, self.shape, grads if phase == "backward" else inputs,
+                             deps, phase, name, node.bf16, (inputs, weights, grads))
 
     def _comm(self, sink: TaskSink, ctx: dict, src: str, dst: str, features: int, deps,
               phase: str, label: str, rows_scale: float = 1.0, chunked: bool = False) -> int:
@@ -368,7 +373,7 @@ class LayerGraph:
                           bytes=nbytes, op_class=GEMM, gemm_dtype=self._gemm_dtype(node),
                           efficiency=node.efficiency, kernels=node.launches,
                           launch_streams=node.launch_streams, **ctx)
-            ready, = self._fp8_cast(sink, ctx, node, flops / (2 * k), (ready,), "backward",
+            ready, = self._fp8_cast(sink, ctx, node, flops, (m, n, k), (ready,), "backward",
                                     f"grad.{node.name}")
             if ready in self._chunks:    # the gathered output gradient, chunk by chunk
                 dgrad, self.wgrad_tasks[self._weight_keys[node.id]] = chunked_backward(
