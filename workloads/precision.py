@@ -72,6 +72,9 @@ class GemmRecipe:
     # layout the GEMM reads (cuBLAS's swizzled block-scale layout), per operand
     # (0: the scales are used as the cast wrote them).
     scale_swizzle_kernels: int = 0
+    # Whether the linears that read one activation (q, k and v; gate and up) cast it once
+    # per phase between them (False: each linear casts its own input).
+    shares_input_casts: bool = False
 
     @property
     def operand_bytes(self) -> float:
@@ -104,6 +107,8 @@ class GemmRecipe:
                 self.cast_kernels
         total_bytes, kernels = 0.0, 0
         for cast, elements in zip(self.casts, (inputs, weights, grads)):
+            if not elements:   # an operand cast already (shares_input_casts)
+                continue
             per_element, launches = cast.cost(backward)
             total_bytes += elements * per_element
             kernels += launches

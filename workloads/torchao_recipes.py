@@ -17,6 +17,13 @@ benchmarks/float8/float8_roofline.py): bf16 read at 2 B, float8 written at 1 B, 
 amax of a tensor-wise scale a two-stage reduction (two kernels, the second reading
 nothing worth counting). torchtitan's float8 runs all use torch.compile; in eager mode
 each cast would be more kernels (not modelled).
+
+Each Float8Linear casts its own input, but torchtitan's q, k and v projections (and the
+FFN's gate and up) read one activation: under torch.compile their amax and cast nodes
+are identical and AOTAutograd's common-subexpression elimination (torch/_functorch/
+compile_utils.py fx_graph_cse, on by default: functorch config `cse = True`) merges them,
+so the activation is cast once per phase (`shares_input_casts`; assumption: the merge
+happens, as it does for any identical pure nodes of one graph).
 """
 from __future__ import annotations
 
@@ -42,6 +49,7 @@ TENSORWISE = GemmRecipe(
     casts=(OperandCast(AMAX_BYTES + BF16_BYTES + 2 * FP8_BYTES, AMAX_KERNELS + 1),
            OperandCast(AMAX_BYTES + CAST_BYTES, AMAX_KERNELS + 1, CAST_BYTES, 1),
            OperandCast(0.0, 0, AMAX_BYTES + BF16_BYTES + 2 * FP8_BYTES, AMAX_KERNELS + 1)),
+    shares_input_casts=True,
     source="torchao Float8Linear tensorwise (roofline_utils.py, float8_linear.py @v0.13.0)")
 
 # Row-wise (`float8.recipe_name = "rowwise"`): roofline "rowwise". A row-wise scale runs
@@ -62,6 +70,7 @@ ROWWISE = GemmRecipe(
            OperandCast(CAST_BYTES, 1, 2 * BF16_BYTES + CAST_BYTES, 2),
            OperandCast(0.0, 0, _ROWWISE_FIRST + CAST_BYTES, 2)),
     backward_rescale_bytes=RECIPES["fp8_rowwise"].backward_rescale_bytes,
+    shares_input_casts=True,
     source="torchao Float8Linear rowwise (roofline_utils.py, float8_ops.py @v0.13.0)")
 
 # MXFP8 (`mx.recipe_name = "mxfp8_cublas"`, torchao/prototype/mx_formats/config.py
@@ -84,7 +93,7 @@ MXFP8 = GemmRecipe(
     casts=(OperandCast(MX_DIM0_BYTES, 1, MX_DIM1_BYTES, 1),
            OperandCast(MX_DIM0_BYTES, 1, MX_DIM1_BYTES, 1),
            OperandCast(0.0, 0, MX_DIM0_BYTES + MX_DIM1_BYTES, 2)),
-    scale_swizzle_kernels=1,
+    scale_swizzle_kernels=1, shares_input_casts=True,
     source="torchao MXLinear mxfp8_cublas (mx_linear.py, roofline_utils.py @v0.13.0)")
 
 TORCHAO_RECIPES = {r.name: r for r in (TENSORWISE, ROWWISE, MXFP8)}
