@@ -55,7 +55,7 @@ class LayerGraph:
         self._chunks: dict[int, list[int]] = {}
         self._reduced: dict[int, int] = {}
         self._deferred: list[tuple[str, dict]] = []
-        self._cast_inputs: set[int] = set()   # activations cast so far in this emission
+        self._cast_inputs: dict[int, int] = {}   # activation -> its cast, this emission
 
     # ---- graph building ----------------------------------------------------------
     def _node(self, **fields) -> Node:
@@ -178,7 +178,7 @@ class LayerGraph:
         `saved`: ids of nodes whose outputs were kept from the first forward, so that a
         recompute emits nothing for them (their consumers wait only for `input_dep`).
         """
-        self._cast_inputs = set()
+        self._cast_inputs = {}
         for node in self.nodes:
             deps = tuple(x.task for x in node.inputs) if node.inputs else input_dep
             if node.id in saved:
@@ -224,14 +224,15 @@ class LayerGraph:
         _, n, k = mnk
         inputs, grads = flops / (2 * n), flops / (2 * k)   # m x k and m x n
         weights = k * n * (node.experts or 1)
-        source = node.inputs[0].id
-        recipe = self.shape.recipe
+        source, recipe = node.inputs[0].id, self.shape.recipe
         if recipe is not None and recipe.shares_input_casts and source in self._cast_inputs:
-            inputs = 0.0    # a linear reading the same activation cast it already
-        if not self.shape.stays_bf16(node.bf16):
-            self._cast_inputs.add(source)
-        return fp8_cast_task(sink, ctx, self.shape, grads if phase == "backward" else inputs,
-                             deps, phase, name, node.bf16, (inputs, weights, grads))
+            inputs = 0.0    # a linear reading the same activation: its cast is done
+            deps = (*deps, self._cast_inputs[source])
+        ready = fp8_cast_task(sink, ctx, self.shape, grads if phase == "backward" else inputs,
+                              deps, phase, name, node.bf16, (inputs, weights, grads))
+        if ready != tuple(deps):   # a cast was emitted
+            self._cast_inputs.setdefault(source, ready[0])
+        return ready
 
     def _comm(self, sink: TaskSink, ctx: dict, src: str, dst: str, features: int, deps,
               phase: str, label: str, rows_scale: float = 1.0, chunked: bool = False) -> int:
@@ -316,7 +317,7 @@ class LayerGraph:
         Returns the task producing the gradient of the graph's input, or, for a graph
         without an input (the embedding), its last backward task.
         """
-        self._cast_inputs = set()
+        self._cast_inputs = {}
         grads: dict[int, list[tuple[int, str]]] = {n.id: [] for n in self.nodes}
         out = self.nodes[-1]
         grads[self._through(out).id].append((grad_dep, out.layout))

@@ -144,9 +144,10 @@ FP8_CURRENT_SCALING_AMAX_BYTES = float(BF16_BYTES)
 # Transformer Engine quantises the high-precision input both row-wise and column-wise
 # (Transformer Engine user guide, "Using FP8 with Transformer Engine", MXFP8 section).
 RECIPES = {
-    # Per-tensor FP8 (torchao Float8Linear tensorwise, Transformer Engine delayed /
-    # current scaling): E4M3 / E5M2, one FP32 scale per tensor; the cast reads bf16 and
-    # writes the FP8 copy and its transpose (workloads/kernels.py).
+    # Per-tensor FP8 (Transformer Engine delayed scaling): E4M3 / E5M2, one FP32 scale per
+    # tensor; the cast reads bf16 and writes the FP8 copy and its transpose
+    # (workloads/kernels.py). Under torchtitan, fp8, fp8_rowwise and mxfp8 run torchao's
+    # recipes instead, with their weight casts (workloads/torchao_recipes.py).
     "fp8": GemmRecipe("fp8", 1, 0, 0, FP8_CAST_BYTES_PER_ELEMENT, 1,
                       source="torchao float8 tensorwise; Transformer Engine DelayedScaling"),
     # Per-tensor FP8 with current scaling (Transformer Engine Float8CurrentScaling, what
@@ -182,7 +183,9 @@ RECIPES = {
     # request 1325): a pass reading and writing the bf16 output, 4 B per element. The
     # forward GEMM (fast accumulation) runs PyTorch's row-wise CUTLASS kernel, within
     # 90-100 % of the tensor-wise kernel's speed on most shapes (pytorch/pytorch issue
-    # 147971): priced at the FP8 rate. FSDP all-gathers stay bf16 (param_bytes).
+    # 147971): priced at the FP8 rate. FSDP all-gathers stay bf16 (param_bytes). This
+    # entry prices the activation casts alone, for plans outside torchtitan; torchtitan
+    # plans take torchao's roofline of every cast (workloads/torchao_recipes.py ROWWISE).
     "fp8_rowwise": GemmRecipe("fp8_rowwise", 1, 0, 0, 3.0 + 5.0, 3,
                               backward_rescale_bytes=2.0 * BF16_BYTES,
                               source="torchao float8 rowwise (config.py, float8_ops.py)"),

@@ -80,8 +80,10 @@ ROWWISE = GemmRecipe(
 # 1 B + one E8M0 scale per 32 elements: the input's and weight's dim0 casts in forward,
 # their dim1 casts in backward, the gradient's two in backward. The dim1 kernel is slower
 # than a stream: on one B200 at 16384 x 16384 it moves 5404 GB/s against the dim0
-# kernel's 6462 GB/s (pytorch/ao docs/source/workflows/training.md, "quantization kernel
-# microbenchmarks", dim1_mxfp8_cuda_floor and dim0_mxfp8_floor), so its bytes count
+# kernel's 6462 GB/s (pytorch/ao docs/source/workflows/training.md at b8708a2dd,
+# "quantization kernel microbenchmarks", dim1_mxfp8_cuda_floor and dim0_mxfp8_floor;
+# torchao v0.13.0's mx_formats README: "up to 5.5 TB/s" dim0, "up to 3.9 TB/s" dim1
+# with the Triton kernel the CUDA one replaced), so its bytes count
 # 6462 / 5404 times (the dim0 kernel's rate is the one the B200 memory efficiency rests
 # on, topologies/specs.py). Before each GEMM both operands' scales are rearranged into
 # cuBLAS's blocked layout (mx_ops.py _addmm_mx_dispatch: to_blocked(a_scale),
