@@ -73,23 +73,23 @@ ROWWISE = GemmRecipe(
     shares_input_casts=True,
     source="torchao Float8Linear rowwise (roofline_utils.py, float8_ops.py @v0.13.0)")
 
-# MXFP8 (`mx.recipe_name = "mxfp8_cublas"`, torchao/prototype/mx_formats/config.py
-# @v0.13.0: cuBLAS GEMM, CUDA dim1 cast): roofline "mxfp8_cublas" and mx_linear.py mx_mm.
-# Each of input, weight and output gradient is cast along dim0 (row-wise 1x32 blocks,
-# by torch.compile) and along dim1 (by torchao's CUDA kernel), each read 2 B, write
-# 1 B + one E8M0 scale per 32 elements: the input's and weight's dim0 casts in forward,
-# their dim1 casts in backward, the gradient's two in backward. The dim1 kernel is slower
-# than a stream: on one B200 at 16384 x 16384 it moves 5404 GB/s against the dim0
-# kernel's 6462 GB/s (pytorch/ao docs/source/workflows/training.md at b8708a2dd,
-# "quantization kernel microbenchmarks", dim1_mxfp8_cuda_floor and dim0_mxfp8_floor;
-# torchao v0.13.0's mx_formats README: "up to 5.5 TB/s" dim0, "up to 3.9 TB/s" dim1
-# with the Triton kernel the CUDA one replaced), so its bytes count
-# 6462 / 5404 times (the dim0 kernel's rate is the one the B200 memory efficiency rests
-# on, topologies/specs.py). Before each GEMM both operands' scales are rearranged into
-# cuBLAS's blocked layout (mx_ops.py _addmm_mx_dispatch: to_blocked(a_scale),
+# MXFP8 (`mx.recipe_name = "mxfp8_cublas"`: cuBLAS GEMM, torchao/prototype/mx_formats/
+# config.py @v0.13.0): roofline "mxfp8_cublas" and mx_linear.py mx_mm. Each of input,
+# weight and output gradient is cast along dim0 (row-wise 1x32 blocks, by torch.compile)
+# and along dim1, each read 2 B, write 1 B + one E8M0 scale per 32 elements: the input's
+# and weight's dim0 casts in forward, their dim1 casts in backward, the gradient's two in
+# backward. torchtitan picks the dim1 kernel itself, Triton by default
+# (torchtitan@6fc499f6f5 config/job_config.py MX.mxfp8_dim1_cast_kernel_choice =
+# "triton", set over the recipe's choice in components/quantization/mx.py), and the B200
+# command passed only the recipe name (pytorch/ao v0.13.0 benchmarks/float8/training/
+# llama3.sh). That kernel is slower than a stream: torchao v0.13.0's mx_formats README
+# measures "up to 5.5 TB/s" for the dim0 cast and "up to 3.9 TB/s" for the Triton dim1
+# cast on B200 (16384 x 16384, benchmarks/mx_formats/cast_bench.py), so its bytes count
+# 5.5 / 3.9 times the dim0 cast's. Before each GEMM both operands' scales are rearranged
+# into cuBLAS's blocked layout (mx_ops.py _addmm_mx_dispatch: to_blocked(a_scale),
 # to_blocked(b_scale); assumption: one compiled kernel each).
 MX_DIM0_BYTES = CAST_BYTES + 1 / 32
-MX_DIM1_BYTES = MX_DIM0_BYTES * 6462.0 / 5404.46
+MX_DIM1_BYTES = MX_DIM0_BYTES * 5.5 / 3.9
 MXFP8 = GemmRecipe(
     "mxfp8", 1, 32, 1, MX_DIM0_BYTES + MX_DIM1_BYTES, 2,
     casts=(OperandCast(MX_DIM0_BYTES, 1, MX_DIM1_BYTES, 1),
