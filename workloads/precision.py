@@ -149,7 +149,7 @@ RECIPES = {
     # (workloads/kernels.py). Under torchtitan, fp8, fp8_rowwise and mxfp8 run torchao's
     # recipes instead, with their weight casts (workloads/torchao_recipes.py).
     "fp8": GemmRecipe("fp8", 1, 0, 0, FP8_CAST_BYTES_PER_ELEMENT, 1,
-                      source="torchao float8 tensorwise; Transformer Engine DelayedScaling"),
+                      source="Transformer Engine DelayedScaling"),
     # Per-tensor FP8 with current scaling (Transformer Engine Float8CurrentScaling, what
     # Megatron-LM's `--fp8-recipe tensorwise` and Megatron-Bridge's fp8_cs precision
     # configs ask for): the scale comes from the tensor being cast, so the amax cannot
@@ -225,7 +225,8 @@ RECIPES = {
     # swizzle_scaling_factors takes NVTE_NVFP4_1D_SCALING, transformer_engine/pytorch/
     # csrc/util.cpp at v2.9).
     "nvfp4": GemmRecipe("nvfp4", 0.5, 16, 1, 2 + 2 + 2 * (0.5 + 1 / 16), 2,
-                        scale_swizzle_kernels=1, bf16_first_layers=2, bf16_last_layers=8, bf16_reference_layers=62,
+                        scale_swizzle_kernels=1, bf16_first_layers=2, bf16_last_layers=8,
+                        bf16_reference_layers=62,
                         source="arXiv:2509.25149; Transformer Engine NVFP4BlockScaling"),
 }
 
