@@ -88,10 +88,10 @@ def elementwise_cost(op: str, mode: str, act_bytes: int, fused_forward: float,
 # written too for the other GEMM of the pair (Transformer Engine's fused cast_transpose
 # kernel: read 2 B, write 1 B + 1 B per element). Assumptions: every projection casts its
 # own input (torchao's Float8Linear per module, as torchtitan's separate wq/wk/wv; a fused
-# QKV would cast once); torchao's dynamic scaling adds an amax pass that torch.compile fuses
-# into the producer; weight casts are left out (Transformer Engine caches the FP8 weights
-# across micro-batches; torchtitan casts the FSDP shard, 1/dp of them, with its FP8
-# all-gather). The output layer stays in bf16 (workloads/layers.py build_head).
+# QKV would cast once); weight casts are left out (Transformer Engine caches the FP8
+# weights across micro-batches). torchao's recipes under torchtitan price their amax
+# passes and weight casts themselves (workloads/torchao_recipes.py). The output layer
+# stays in bf16 (workloads/layers.py build_head).
 FP8_CAST_BYTES_PER_ELEMENT = 4.0
 
 # The Adam step (a plan's "optimizer": torch.optim's implementations), memory-bound, per

@@ -174,15 +174,27 @@ def backward_rescale_task(sink: TaskSink, ctx: dict, shape: LayerShape, elements
 
 
 def fp8_cast_task(sink: TaskSink, ctx: dict, shape: LayerShape, elements: float, deps,
-                  phase: str, label: str, bf16_linear: bool = False) -> tuple[int, ...]:
-    """Under FP8/FP4 GEMMs, the cast of `elements` of an activation operand before a GEMM
-    into the recipe's operand layouts (workloads/precision.py RECIPES: its bytes per
-    element and kernels); returns the GEMM's dependencies (unchanged for bf16 and fp32
-    GEMMs and for the linears that stay in BF16)."""
+                  phase: str, label: str, bf16_linear: bool = False,
+                  operands: tuple[float, float, float] | None = None) -> tuple[int, ...]:
+    """Under FP8/FP4 GEMMs, the cast before a linear's GEMMs into the recipe's operand
+    layouts (workloads/precision.py GemmRecipe.cast_cost), then the swizzles of the
+    operands' block scales where the recipe has them; returns the GEMM's dependencies
+    (unchanged for bf16 and fp32 GEMMs and for the linears that stay in BF16).
+    `elements`: the activation operand's (input in forward, output gradient in
+    backward); `operands`: the linear's (input, weight, output gradient) elements, for
+    recipes that cast more than the activation operand (default: the activation alone)."""
     if not shape.quantized or shape.stays_bf16(bf16_linear):
         return tuple(deps)
     recipe = shape.recipe
-    return (sink.add(kind=COMPUTE, stream="compute", op=f"{recipe.name}_cast", phase=phase,
-                     deps=tuple(deps), bytes=elements * recipe.cast_bytes_per_element,
-                     op_class=MEMORY, kernels=recipe.cast_kernels,
-                     label=f"{label}.{recipe.name}_cast", **ctx),)
+    if operands is None:
+        operands = (0.0, 0.0, elements) if phase == "backward" else (elements, 0.0, 0.0)
+    nbytes, kernels = recipe.cast_cost(phase, *operands)
+    task = sink.add(kind=COMPUTE, stream="compute", op=f"{recipe.name}_cast", phase=phase,
+                    deps=tuple(deps), bytes=nbytes, op_class=MEMORY, kernels=kernels,
+                    label=f"{label}.{recipe.name}_cast", **ctx)
+    swizzle_bytes, swizzles = recipe.swizzle_cost(phase, *operands)
+    if swizzles:
+        task = sink.add(kind=COMPUTE, stream="compute", op=f"{recipe.name}_swizzle",
+                        phase=phase, deps=(task,), bytes=swizzle_bytes, op_class=MEMORY,
+                        kernels=swizzles, label=f"{label}.{recipe.name}_swizzle", **ctx)
+    return (task,)

@@ -55,6 +55,7 @@ class LayerGraph:
         self._chunks: dict[int, list[int]] = {}
         self._reduced: dict[int, int] = {}
         self._deferred: list[tuple[str, dict]] = []
+        self._cast_inputs: dict[int, int] = {}   # activation -> its cast, this emission
 
     # ---- graph building ----------------------------------------------------------
     def _node(self, **fields) -> Node:
@@ -177,6 +178,7 @@ class LayerGraph:
         `saved`: ids of nodes whose outputs were kept from the first forward, so that a
         recompute emits nothing for them (their consumers wait only for `input_dep`).
         """
+        self._cast_inputs = {}
         for node in self.nodes:
             deps = tuple(x.task for x in node.inputs) if node.inputs else input_dep
             if node.id in saved:
@@ -196,7 +198,7 @@ class LayerGraph:
                               chunked=self._feeds_only_linears(node))
         if node.kind == "linear":
             flops, nbytes, mnk = self.linear_cost(node)
-            deps = self._fp8_cast(sink, ctx, node, flops / (2 * mnk[1]), deps, phase, node.name)
+            deps = self._fp8_cast(sink, ctx, node, flops, mnk, deps, phase, node.name)
             overlapped = self._overlapped_linear(sink, ctx, node, deps, phase, flops, nbytes, mnk)
             if overlapped is not None:
                 return overlapped
@@ -214,11 +216,23 @@ class LayerGraph:
     def _gemm_dtype(self, node: Node) -> str:
         return self.shape.gemm_dtype(node.bf16)
 
-    def _fp8_cast(self, sink: TaskSink, ctx: dict, node: Node, elements: float, deps,
+    def _fp8_cast(self, sink: TaskSink, ctx: dict, node: Node, flops: float, mnk, deps,
                   phase: str, name: str) -> tuple[int, ...]:
-        """Under FP8/FP4 GEMMs, the cast of an activation operand before the GEMM, except
-        for the linears that stay in bf16; returns the GEMM's dependencies."""
-        return fp8_cast_task(sink, ctx, self.shape, elements, deps, phase, name, node.bf16)
+        """Under FP8/FP4 GEMMs, the casts before the linear's GEMMs of `phase` (its input
+        in forward, its output gradient in backward, and whatever else the recipe casts
+        there), except for the linears that stay in bf16; returns the GEMM's deps."""
+        _, n, k = mnk
+        inputs, grads = flops / (2 * n), flops / (2 * k)   # m x k and m x n
+        weights = k * n * (node.experts or 1)
+        source, recipe = node.inputs[0].id, self.shape.recipe
+        if recipe is not None and recipe.shares_input_casts and source in self._cast_inputs:
+            inputs = 0.0    # a linear reading the same activation: its cast is done
+            deps = (*deps, self._cast_inputs[source])
+        ready = fp8_cast_task(sink, ctx, self.shape, grads if phase == "backward" else inputs,
+                              deps, phase, name, node.bf16, (inputs, weights, grads))
+        if ready != tuple(deps):   # a cast was emitted
+            self._cast_inputs.setdefault(source, ready[0])
+        return ready
 
     def _comm(self, sink: TaskSink, ctx: dict, src: str, dst: str, features: int, deps,
               phase: str, label: str, rows_scale: float = 1.0, chunked: bool = False) -> int:
@@ -303,6 +317,7 @@ class LayerGraph:
         Returns the task producing the gradient of the graph's input, or, for a graph
         without an input (the embedding), its last backward task.
         """
+        self._cast_inputs = {}
         grads: dict[int, list[tuple[int, str]]] = {n.id: [] for n in self.nodes}
         out = self.nodes[-1]
         grads[self._through(out).id].append((grad_dep, out.layout))
@@ -368,7 +383,7 @@ class LayerGraph:
                           bytes=nbytes, op_class=GEMM, gemm_dtype=self._gemm_dtype(node),
                           efficiency=node.efficiency, kernels=node.launches,
                           launch_streams=node.launch_streams, **ctx)
-            ready, = self._fp8_cast(sink, ctx, node, flops / (2 * k), (ready,), "backward",
+            ready, = self._fp8_cast(sink, ctx, node, flops, (m, n, k), (ready,), "backward",
                                     f"grad.{node.name}")
             if ready in self._chunks:    # the gathered output gradient, chunk by chunk
                 dgrad, self.wgrad_tasks[self._weight_keys[node.id]] = chunked_backward(

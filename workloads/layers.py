@@ -19,13 +19,14 @@ from .moe import build_moe_mlp
 from .plan import Plan
 from .precision import precision
 from .schedules import EMBED, HEAD
+from .torchao_recipes import gemm_recipe
 
 
 def layer_shape(plan: Plan) -> LayerShape:
     """Per-rank sizes of one micro-batch through one layer of a resolved plan."""
     tr, m = plan.training, plan.model
     prec = precision(tr.dtype)
-    recipe = prec.recipe
+    recipe = gemm_recipe(tr.dtype, plan.framework)   # torchao's under torchtitan
     if recipe is not None and tr.bf16_layers is not None:   # the plan's own BF16 layers
         recipe = replace(recipe, bf16_first_layers=tr.bf16_layers[0],
                          bf16_last_layers=tr.bf16_layers[1], bf16_reference_layers=0)

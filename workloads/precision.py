@@ -27,6 +27,23 @@ BF16_BYTES = 2
 
 
 @dataclass(frozen=True)
+class OperandCast:
+    """The casts of one GEMM operand role of a linear (its input, its weight or its output
+    gradient) into a recipe's layouts: HBM bytes per element of that operand and kernels,
+    in the forward and in the backward."""
+
+    forward_bytes: float = 0.0
+    forward_kernels: int = 0
+    backward_bytes: float = 0.0
+    backward_kernels: int = 0
+
+    def cost(self, backward: bool) -> tuple[float, int]:
+        """(bytes per element, kernels) in the backward or the forward."""
+        return ((self.backward_bytes, self.backward_kernels) if backward
+                else (self.forward_bytes, self.forward_kernels))
+
+
+@dataclass(frozen=True)
 class GemmRecipe:
     """How a low-precision training dtype runs the linear layers' GEMMs: the operand
     format with its block scales, the cast that produces the operands, and the transformer
@@ -47,6 +64,17 @@ class GemmRecipe:
     # (0: the counts hold at every depth, as a plan's own training.bf16_layers do).
     bf16_reference_layers: int = 0
     source: str = ""
+    # The casts by operand role, (input, weight, output gradient), where a recipe casts
+    # more than the activation operand (None: `cast_bytes_per_element` in `cast_kernels`
+    # kernels over the input in forward and over the output gradient in backward).
+    casts: tuple[OperandCast, OperandCast, OperandCast] | None = None
+    # Kernels before each quantised GEMM that rewrite one operand's block scales into the
+    # layout the GEMM reads (cuBLAS's swizzled block-scale layout), per operand
+    # (0: the scales are used as the cast wrote them).
+    scale_swizzle_kernels: int = 0
+    # Whether the linears that read one activation (q, k and v; gate and up) cast it once
+    # per phase between them (False: each linear casts its own input).
+    shares_input_casts: bool = False
 
     @property
     def operand_bytes(self) -> float:
@@ -68,6 +96,38 @@ class GemmRecipe:
             last = max(last, 1)
         return min(first, num_layers - last), min(last, num_layers)
 
+    def cast_cost(self, phase: str, inputs: float, weights: float,
+                  grads: float) -> tuple[float, int]:
+        """(HBM bytes, kernels) of the casts before a linear's GEMMs in `phase`, for a
+        linear of `inputs` input elements (m x k), `weights` weight elements (k x n) and
+        `grads` output-gradient elements (m x n)."""
+        backward = phase == "backward"
+        if self.casts is None:
+            return (grads if backward else inputs) * self.cast_bytes_per_element, \
+                self.cast_kernels
+        total_bytes, kernels = 0.0, 0
+        for cast, elements in zip(self.casts, (inputs, weights, grads)):
+            if not elements:   # an operand cast already (shares_input_casts)
+                continue
+            per_element, launches = cast.cost(backward)
+            total_bytes += elements * per_element
+            kernels += launches
+        return total_bytes, kernels
+
+    def swizzle_cost(self, phase: str, inputs: float, weights: float,
+                     grads: float) -> tuple[float, int]:
+        """(HBM bytes, kernels) of the block-scale swizzles before the GEMMs of `phase`:
+        each GEMM's two operands' scales read and written once (forward: input and
+        weight; backward: output gradient with weight, output gradient with input)."""
+        if not self.scale_swizzle_kernels or not self.block:
+            return 0.0, 0
+        if phase == "backward":
+            operands, gemms = 2 * grads + weights + inputs, 2
+        else:
+            operands, gemms = inputs + weights, 1
+        return (operands * 2 * self.scale_bytes / self.block,
+                2 * gemms * self.scale_swizzle_kernels)
+
     def keeps_bf16(self, layer: int, num_layers: int) -> bool:
         """Whether transformer layer `layer` (0-based) of `num_layers` runs its linears
         in BF16 under this recipe."""
@@ -84,11 +144,12 @@ FP8_CURRENT_SCALING_AMAX_BYTES = float(BF16_BYTES)
 # Transformer Engine quantises the high-precision input both row-wise and column-wise
 # (Transformer Engine user guide, "Using FP8 with Transformer Engine", MXFP8 section).
 RECIPES = {
-    # Per-tensor FP8 (torchao Float8Linear tensorwise, Transformer Engine delayed /
-    # current scaling): E4M3 / E5M2, one FP32 scale per tensor; the cast reads bf16 and
-    # writes the FP8 copy and its transpose (workloads/kernels.py).
+    # Per-tensor FP8 (Transformer Engine delayed scaling): E4M3 / E5M2, one FP32 scale per
+    # tensor; the cast reads bf16 and writes the FP8 copy and its transpose
+    # (workloads/kernels.py). Under torchtitan, fp8, fp8_rowwise and mxfp8 run torchao's
+    # recipes instead, with their weight casts (workloads/torchao_recipes.py).
     "fp8": GemmRecipe("fp8", 1, 0, 0, FP8_CAST_BYTES_PER_ELEMENT, 1,
-                      source="torchao float8 tensorwise; Transformer Engine DelayedScaling"),
+                      source="Transformer Engine DelayedScaling"),
     # Per-tensor FP8 with current scaling (Transformer Engine Float8CurrentScaling, what
     # Megatron-LM's `--fp8-recipe tensorwise` and Megatron-Bridge's fp8_cs precision
     # configs ask for): the scale comes from the tensor being cast, so the amax cannot
@@ -122,7 +183,9 @@ RECIPES = {
     # request 1325): a pass reading and writing the bf16 output, 4 B per element. The
     # forward GEMM (fast accumulation) runs PyTorch's row-wise CUTLASS kernel, within
     # 90-100 % of the tensor-wise kernel's speed on most shapes (pytorch/pytorch issue
-    # 147971): priced at the FP8 rate. FSDP all-gathers stay bf16 (param_bytes).
+    # 147971): priced at the FP8 rate. FSDP all-gathers stay bf16 (param_bytes). This
+    # entry prices the activation casts alone, for plans outside torchtitan; torchtitan
+    # plans take torchao's roofline of every cast (workloads/torchao_recipes.py ROWWISE).
     "fp8_rowwise": GemmRecipe("fp8_rowwise", 1, 0, 0, 3.0 + 5.0, 3,
                               backward_rescale_bytes=2.0 * BF16_BYTES,
                               source="torchao float8 rowwise (config.py, float8_ops.py)"),
@@ -132,7 +195,16 @@ RECIPES = {
     # (Transformer Engine's MXFP8BlockScaling recipe quantises both usages at once). Every
     # transformer layer quantised: Megatron-LM keeps first/last layers in BF16 only when
     # asked (--first-last-layers-bf16, off by default; Megatron Core 0.12 changelog).
+    # Before each MXFP8 GEMM, Transformer Engine rewrites both operands' E8M0 scales into
+    # the interleaved layout cuBLAS reads (transformer_engine/pytorch/csrc/extensions/
+    # gemm.cpp, gemm(): swizzle_scaling_factors(A_tensor), swizzle_scaling_factors(
+    # B_tensor) before nvte_cublas_gemm, at v2.8, v2.9 and v2.10): one kernel per
+    # operand, each reading and writing 1/32 B per operand element. The quantiser writes
+    # pre-swizzled scales only from v2.12 (NVIDIA/TransformerEngine commit 99df881, "Add
+    # logic for block-scaled tensors with GEMM swizzled scales", January 2026), after the
+    # NeMo 25.11 container the Megatron-Bridge MXFP8 rows ran.
     "mxfp8": GemmRecipe("mxfp8", 1, 32, 1, 2 + 2 * (1 + 1 / 32), 1,
+                        scale_swizzle_kernels=1,
                         source="OCP MX v1.0; Transformer Engine MXFP8BlockScaling"),
     # NVFP4 (arXiv:2509.25149, "Pretraining Large Language Models with NVFP4", sections 2
     # and 4; Transformer Engine NVFP4BlockScaling): FP4 E2M1 elements (0.5 B), one FP8 E4M3
@@ -149,8 +221,12 @@ RECIPES = {
     # end; the 12B model kept its first two and last eight of 62 blocks (section 4), the
     # one depth the paper states. Assumption: other depths keep the same shares, 2/62 at
     # the start and 8/62 at the end (GemmRecipe.bf16_layers).
+    # Its block scales are swizzled before each GEMM as MXFP8's are (the same
+    # swizzle_scaling_factors takes NVTE_NVFP4_1D_SCALING, transformer_engine/pytorch/
+    # csrc/util.cpp at v2.9).
     "nvfp4": GemmRecipe("nvfp4", 0.5, 16, 1, 2 + 2 + 2 * (0.5 + 1 / 16), 2,
-                        bf16_first_layers=2, bf16_last_layers=8, bf16_reference_layers=62,
+                        scale_swizzle_kernels=1, bf16_first_layers=2, bf16_last_layers=8,
+                        bf16_reference_layers=62,
                         source="arXiv:2509.25149; Transformer Engine NVFP4BlockScaling"),
 }
 
