@@ -57,7 +57,7 @@ def test_one_gradient_hook_per_expert_weight_on_the_first_wgrad_of_each_module()
 
 def test_the_dispatchers_collectives_cost_one_operator_each_way():
     tasks = _tasks(4)
-    for label in ("moe.dispatch", "moe.dispatch_probs", "moe.combine",
+    for label in ("moe.dispatch_counts", "moe.dispatch", "moe.dispatch_probs", "moe.combine",
                   "grad.moe.dispatch", "grad.moe.combine"):
         assert tasks[label].host_s == pytest.approx(LAUNCH_S), label
 

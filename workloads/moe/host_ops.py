@@ -22,7 +22,8 @@ the task graph already counts (workloads/moe/grouped_gemm.py):
    every micro-batch's backward (the Python hook clears param.grad and marks the bucket).
    Each is one autograd node and one Python call: charged as one operator per parameter,
    L per expert module, on its weight-gradient task.
-3. The dispatcher's collectives are Python calls: MoEAlltoAllTokenDispatcher.token_dispatch
+3. The dispatcher's collectives are Python calls: MoEAlltoAllTokenDispatcher.preprocess
+   gathers the tokens per expert (gather_from_sequence_parallel_region), token_dispatch
    and token_combine call all_to_all (megatron/core/tensor_parallel/mappings.py _AllToAll:
    an autograd Function that allocates its output and calls torch.distributed.
    all_to_all_single) in the forward and again in the backward. Each costs the host one
@@ -36,7 +37,7 @@ from __future__ import annotations
 
 # Labels of the dispatchers' collectives issued from Python (workloads/moe/dispatch.py),
 # forward and backward ("grad." prefix).
-DISPATCH_COMMS = ("moe.dispatch", "moe.dispatch_probs", "moe.combine")
+DISPATCH_COMMS = ("moe.dispatch_counts", "moe.dispatch", "moe.dispatch_probs", "moe.combine")
 EXPERT_MODULES = ("w1", "w2")       # linear_fc1 (w1 with w3) and linear_fc2
 FUSED = {"w3": "w1"}
 
