@@ -8,7 +8,10 @@ TELayerNormColumnParallelLinear, TEGroupedLinear: megatron/core/extensions/
 transformer_engine.py), whose Python around its GEMM costs the host more than one
 launch: the module's host time is charged once per call, on the first GEMM task of the
 call, instead of that task's first launch. The MoE layers' host synchronisation points
-are marked here too (workloads/moe/dispatch.py host_sync_label).
+are marked here too (workloads/moe/dispatch.py host_sync_label), and under Transformer
+Engine the host work that grows with the local experts (per-split quantisation, one
+gradient hook per expert weight, the dispatcher's Python collectives:
+workloads/moe/host_ops.py).
 
 A CUDA-graphed step (plan.cuda_graphs) replays its kernels without the host: no host time
 and no synchronisation inside the graph.
@@ -16,6 +19,7 @@ and no synchronisation inside the graph.
 from __future__ import annotations
 
 from .moe.dispatch import host_sync_label
+from .moe.host_ops import ExpertHostOps
 from .plan import Plan
 from .program import COMPUTE, GEMM, Task
 
@@ -55,6 +59,8 @@ def add_host_issue_time(tasks: list[Task], plan: Plan) -> None:
             if plan.model.num_experts else None)
     module_s = TE_MODULE_HOST_S if plan.framework in TE_FRAMEWORKS else 0.0
     called: set[tuple] = set()
+    experts = (ExpertHostOps(plan, plan.host_kernel_s)
+               if module_s and plan.model.num_experts else None)
     for task in tasks:
         # a task with neither FLOPs nor bytes is a dependency join, not a kernel
         launched = task.kernels and (task.flops or task.bytes)
@@ -63,5 +69,7 @@ def add_host_issue_time(tasks: list[Task], plan: Plan) -> None:
             if module_s and task.op_class == GEMM and _module_call(task) not in called:
                 called.add(_module_call(task))
                 task.host_s += module_s - plan.host_kernel_s
+        if experts is not None:
+            task.host_s += experts.extra_s(task)
         if sync is not None and task.label == sync and task.phase in ("forward", "recompute"):
             task.host_sync = True

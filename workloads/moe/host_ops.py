@@ -1,0 +1,104 @@
+"""Host work of an MoE layer that scales with its local experts, counted from the code.
+
+Megatron-Core runs the routed experts as Transformer Engine GroupedLinear modules
+(megatron/core/transformer/moe/experts.py TEGroupedMLP; NVIDIA/Megatron-LM core_v0.16.0),
+whose host work grows with the rank's local experts L beyond the per-expert GEMM launches
+the task graph already counts (workloads/moe/grouped_gemm.py):
+
+1. Per-split quantisation. Under FP8 / MXFP8 the module quantises its input (forward) and
+   its output gradient (backward) with tex.split_quantize, one quantize call per expert
+   split: Transformer Engine v2.11 transformer_engine/pytorch/csrc/extensions/cast.cpp
+   multi_tensor_quantize_impl has a fused multi-tensor kernel for delayed-scaling FP8 only
+   and otherwise "Quantize kernels individually" (a loop of quantizer->quantize). The task
+   graph has one cast task per operand; the other L - 1 splits' launches are charged here,
+   once per module call (linear_fc1 holds w1 and w3: workloads/host_cost.py FUSED_INTO).
+   Assumption: the FP8 recipes are current scaling (the Megatron-Bridge performance
+   recipes' fp8_cs), so delayed scaling's fused kernel is not taken.
+2. Per-parameter gradient hooks. GroupedLinear holds one weight parameter per expert
+   (weight0 .. weight{L-1}: grouped_linear.py GroupedLinear.__init__), and Megatron-Core's
+   DistributedDataParallel registers a hook on each parameter's AccumulateGrad node
+   (megatron/core/distributed/distributed_data_parallel.py: grad_acc.register_hook(
+   self._make_backward_post_hook(param))), which autograd runs for every parameter on
+   every micro-batch's backward (the Python hook clears param.grad and marks the bucket).
+   Each is one autograd node and one Python call: charged as one operator per parameter,
+   L per expert module, on its weight-gradient task.
+3. The dispatcher's collectives are Python calls: MoEAlltoAllTokenDispatcher.preprocess
+   gathers the tokens per expert (gather_from_sequence_parallel_region), token_dispatch
+   and token_combine call all_to_all (megatron/core/tensor_parallel/mappings.py _AllToAll:
+   an autograd Function that allocates its output and calls torch.distributed.
+   all_to_all_single) in the forward and again in the backward. Each costs the host one
+   operator.
+
+Every operator is priced at the framework's per-kernel host time (workloads/frameworks.py
+EAGER_HOST_KERNEL_S, 10 us: the eager PyTorch per-operator overhead), the cost the task
+graph already charges its own launches.
+"""
+from __future__ import annotations
+
+# Labels of the dispatchers' collectives issued from Python (workloads/moe/dispatch.py),
+# forward and backward ("grad." prefix).
+DISPATCH_COMMS = ("moe.dispatch_counts", "moe.dispatch", "moe.dispatch_probs", "moe.combine")
+EXPERT_MODULES = ("w1", "w2")       # linear_fc1 (w1 with w3) and linear_fc2
+FUSED = {"w3": "w1"}
+
+
+def local_experts(plan) -> int:
+    """Routed experts one rank holds (E / ep)."""
+    return max(1, plan.model.num_experts // max(1, plan.mesh.ep))
+
+
+def _expert_module(name: str) -> str | None:
+    module = FUSED.get(name, name)
+    return module if module in EXPERT_MODULES else None
+
+
+def _cast_module(label: str) -> str | None:
+    """The expert module whose operand a cast task quantises ("w1.mxfp8_cast",
+    "grad.w2.mxfp8_cast"), or None."""
+    parts = label.split(".")
+    if parts and parts[0] == "grad":
+        parts = parts[1:]
+    return _expert_module(parts[0]) if len(parts) >= 2 and parts[-1].endswith("_cast") \
+        else None
+
+
+def _is_dispatch_comm(label: str) -> bool:
+    base = label[len("grad."):] if label.startswith("grad.") else label
+    return base in DISPATCH_COMMS
+
+
+class ExpertHostOps:
+    """Adds the host operators above to an MoE plan's tasks (once per module call)."""
+
+    def __init__(self, plan, op_s: float) -> None:
+        self.plan, self.op_s = plan, op_s
+        self.experts = local_experts(plan)
+        self.seen: set[tuple] = set()
+
+    def _moe_layer(self, task) -> bool:
+        return task.layer >= 0 and self.plan.model.is_moe_layer(task.layer)
+
+    def _once(self, task, module: str, what: str) -> bool:
+        key = (task.layer, task.microbatch, task.phase, module, what)
+        if key in self.seen:
+            return False
+        self.seen.add(key)
+        return True
+
+    def extra_s(self, task) -> float:
+        """Host seconds to add to `task` (0.0 for tasks outside the counted work)."""
+        if not self._moe_layer(task):
+            return 0.0
+        if _is_dispatch_comm(task.label):
+            return self.op_s
+        cast = _cast_module(task.label)
+        if cast is not None:
+            what = "grad_cast" if task.label.startswith("grad.") else "cast"
+            if self._once(task, cast, what):
+                return (self.experts - 1) * task.kernels * self.op_s
+            return 0.0
+        module = _expert_module(task.op)
+        if module is not None and task.label.endswith(".wgrad") and task.launch_streams > 1:
+            if self._once(task, module, "hooks"):
+                return self.experts * self.op_s
+        return 0.0
