@@ -16,12 +16,12 @@ from .context_parallel_torch import TorchRingAttention
 from .explicit_comm import ExplicitComm
 from .graph_node import Node
 from .kernels import fused_cost
+from .layer_graph_comm import TPCommMixin
 from .layer_builder import BuildOptions, LayerBuilder, LayerShape, TaskSink, \
     backward_rescale_task, fp8_cast_task, memory_task
-from .layouts import STRATEGY_LAYOUTS, collective, collective_bytes, grad_layout_needed
-from .program import COMM, COMPUTE, GEMM, MEMORY, RELAYOUT
-from .tp_overlap import (USERBUFFERS, chunked_backward, chunked_gemm, gemm_reduce_scatter,
-                         ring_gather)
+from .layouts import STRATEGY_LAYOUTS, grad_layout_needed
+from .program import COMM, COMPUTE, GEMM, MEMORY
+from .tp_overlap import USERBUFFERS, chunked_backward
 
 
 def attention_core(shape: LayerShape, options: BuildOptions, window: int = 0) -> LayerBuilder:
@@ -36,7 +36,7 @@ def attention_core(shape: LayerShape, options: BuildOptions, window: int = 0) ->
     return LocalAttention(cost, options)
 
 
-class LayerGraph:
+class LayerGraph(TPCommMixin):
     """Build one layer's forward graph, then emit forward and backward tasks (a layer
     builder: workloads/layer_builder.py)."""
 
@@ -233,77 +233,6 @@ class LayerGraph:
         if ready != tuple(deps):   # a cast was emitted
             self._cast_inputs.setdefault(source, ready[0])
         return ready
-
-    def _comm(self, sink: TaskSink, ctx: dict, src: str, dst: str, features: int, deps,
-              phase: str, label: str, rows_scale: float = 1.0, chunked: bool = False) -> int:
-        op = collective(src, dst)
-        if chunked and op == "all_gather" and self.options.tp_overlap:
-            return self._ring_gather(sink, ctx, features, deps, phase, label, rows_scale)
-        if op is None:
-            return deps[0] if len(deps) == 1 else sink.add(
-                kind=COMPUTE, stream="compute", op="join", phase=phase, deps=tuple(deps),
-                op_class=MEMORY, label=label, **ctx)
-        sh = self.shape
-        full = sh.tokens * features * sh.act_bytes * rows_scale
-        # Activations are [batch, sequence, features]: the sequence (S) and feature (H)
-        # shards are not dim 0, so DTensor chunks and concatenates around the collective,
-        # one read and one write of the local tensor (autoparallel's redistribute cost:
-        # non-dim-0 gather/scatter and Shard->Shard add compute_read_write_time(2 x bytes):
-        # meta-pytorch/autoparallel, autoparallel/cost_models/collective_runtime_estimation.py).
-        copy = {"all_gather": 2 * full, "reduce_scatter": 2 * full,
-                "all_to_all": 2 * full / sh.tp}.get(op, 0.0)
-        deps = tuple(deps)
-        if copy and op == "reduce_scatter":   # the input is made contiguous per shard first
-            deps = (sink.add(kind=COMPUTE, stream="compute", op=RELAYOUT, phase=phase,
-                             deps=deps, bytes=copy, op_class=MEMORY, label=f"{label}.relayout",
-                             **ctx),)
-        task = sink.add(kind=COMM, stream="tp", op=op, phase=phase, deps=deps,
-                        bytes=collective_bytes(op, full, sh.tp), group=("tp",),
-                        label=label, **ctx)
-        if copy and op != "reduce_scatter":   # the gathered chunks are concatenated after
-            task = sink.add(kind=COMPUTE, stream="compute", op=RELAYOUT, phase=phase,
-                            deps=(task,), bytes=copy, op_class=MEMORY,
-                            label=f"{label}.relayout", **ctx)
-        return task
-
-    # ---- TP communication overlapped with GEMMs (workloads/tp_overlap.py) ---------------
-    def _feeds_only_linears(self, node: Node) -> bool:
-        users = [n for n in self.nodes if node in n.inputs]
-        return bool(users) and all(n.kind == "linear" and not n.experts for n in users)
-
-    def _ring_gather(self, sink: TaskSink, ctx: dict, features: int, deps, phase: str,
-                     label: str, rows_scale: float) -> int:
-        """A sequence-parallel all-gather as tp ring steps; its consumers GEMM each chunk
-        as it arrives (chunked_gemm). Returns the last arrival."""
-        sh = self.shape
-        chunk = sh.tokens * features * sh.act_bytes * rows_scale / sh.tp
-        chunks = ring_gather(sink, ctx, tuple(deps), chunk, sh.tp, phase, label)
-        self._chunks[chunks[-1]] = chunks
-        return chunks[-1]
-
-    def _overlapped_linear(self, sink: TaskSink, ctx: dict, node: Node, deps, phase: str,
-                           flops: float, nbytes: float, mnk) -> int | None:
-        """A linear's forward GEMM chunked with the TP transfer before or after it, or
-        None when it has none to overlap."""
-        if not self.options.tp_overlap or node.experts:
-            return None
-        fields = dict(op=node.name, phase=phase, gemm_dtype=self._gemm_dtype(node), **ctx)
-        operand = nbytes / max(1, mnk[0] * mnk[2] + mnk[2] * mnk[1] + mnk[0] * mnk[1])
-        if len(deps) == 1 and deps[0] in self._chunks:
-            return chunked_gemm(sink, self._chunks[deps[0]], flops, operand, mnk, 0,
-                                f"{node.name}.fwd", **fields)
-        users = [n for n in self.nodes if node in n.inputs]
-        if node.strategy == "row" and users and all(
-                n.kind == "redistribute" and collective(node.layout, n.layout) == "reduce_scatter"
-                for n in users):
-            sh = self.shape
-            chunk = sh.tokens * node.features * sh.act_bytes * node.rows_scale / sh.tp
-            out = gemm_reduce_scatter(sink, ctx, self.options.tp_overlap, sh.tp, deps, flops,
-                                      operand, mnk, chunk, phase, f"{node.name}.fwd",
-                                      op=node.name, gemm_dtype=self._gemm_dtype(node))
-            self._reduced[node.id] = out
-            return out
-        return None
 
     def _flush_wgrads(self, sink: TaskSink) -> None:
         """Emit the held-back wgrad GEMMs (after the reduce-scatter they overlap)."""
