@@ -17,7 +17,8 @@ Framework-level keys (workloads/frameworks.py):
   framework (a profile), kernels, optimizer                                  choices
   fsdp_version (1, 2), grad_bucket (unit, megatron or a parameter count)
   async_tp, grad_reduce_overlap, param_gather_overlap, param_gather_align,
-  tp_comm_overlap, reshard_after_forward, cuda_graphs                        true/false
+  tp_comm_overlap, reshard_after_forward, cuda_graphs,
+  grad_reduce_fp32 (ddp.grad_reduce_in_fp32, megatron-core only)             true/false
   host_step_s, host_kernel_s                                                 seconds
 Three layers of checks, all exit 2 with one line:
   * parsing (here): the syntax of a value (an integer, true/false, xF), a UsageError;
@@ -59,7 +60,7 @@ FRAMEWORK_CHOICES = {"framework": FRAMEWORKS, "kernels": KERNEL_MODES,
                      "optimizer": OPTIMIZERS}
 FRAMEWORK_BOOLS = ("async_tp", "grad_reduce_overlap", "param_gather_overlap",
                    "param_gather_align", "tp_comm_overlap", "reshard_after_forward",
-                   "cuda_graphs")
+                   "cuda_graphs", "grad_reduce_fp32")
 HOST_SECONDS = tuple(HOST_KEYS.values())   # host_step_s, host_kernel_s
 FRAMEWORK_PARAMS = (tuple(FRAMEWORK_CHOICES) + ("fsdp_version", "grad_bucket")
                     + FRAMEWORK_BOOLS + HOST_SECONDS)
