@@ -13,7 +13,7 @@ from collections import Counter
 
 import pytest
 
-from workloads import plan_from_dict, resolve
+from workloads import plan_from_dict
 from workloads.lowering import lower
 from workloads.memory import memory_breakdown
 from workloads.moe import imbalance
@@ -24,18 +24,8 @@ from workloads.layers import layer_shape
 from workloads.params import unit_param_groups
 
 from conftest import small_plan
+from moe_small import D, E, F, K, MOE, T, layer_tasks as _tasks, moe_plan as _plan
 
-E, K, F, D, T = 8, 2, 1024, 1024, 2048
-MOE = {**small_plan()["model"], "num_local_experts": E, "num_experts_per_tok": K,
-       "moe_intermediate_size": F}
-
-
-def _plan(world=8, model=MOE, **over):
-    return resolve(plan_from_dict(small_plan(model=model, **over)), world)
-
-
-def _tasks(plan, layer=1):
-    return [t for t in lower(plan).stages[0] if t.layer == layer and t.microbatch == 0]
 
 
 def _comm(tasks):

@@ -13,25 +13,14 @@ import math
 import pytest
 
 from simulator.cli import main
-from workloads import plan_from_dict, resolve
-from workloads.lowering import lower
+from workloads import plan_from_dict
 from workloads.memory import memory_breakdown
 from workloads.moe import imbalance
 from workloads.moe.grouped_gemm import EFFICIENCY_POINTS, grouped_gemm_efficiency
 
 from conftest import small_plan
+from moe_small import D, E, F, K, MOE, T, layer_tasks as _tasks, moe_plan as _plan
 
-E, K, F, D, T = 8, 2, 1024, 1024, 2048
-MOE = {**small_plan()["model"], "num_local_experts": E, "num_experts_per_tok": K,
-       "moe_intermediate_size": F}
-
-
-def _plan(world=8, model=MOE, **over):
-    return resolve(plan_from_dict(small_plan(model=model, **over)), world)
-
-
-def _tasks(plan, layer=1):
-    return [t for t in lower(plan).stages[0] if t.layer == layer and t.microbatch == 0]
 
 
 # ---- capacity and imbalance ---------------------------------------------------------
