@@ -41,6 +41,18 @@ EXPRESSIBLE = {
     "eager-attention-fp32": {"attention": "eager",
                              "training": {**BASE["training"], "dtype": "fp32"}},
     "moe": {"model": "mixtral-8x7b", "mesh": {"tp": 1, "ep": 8}, "sharding": {}},
+    # --overlap-moe-expert-parallel-comm, --delay-wgrad-compute (megatron_moe.py)
+    "moe-a2a-overlap": {"model": "mixtral-8x7b", "mesh": {"tp": 1, "ep": 8}, "sharding": {},
+                        "moe": {"overlap_a2a": True}},
+    "moe-a2a-overlap-delay-wgrad": {"model": "mixtral-8x7b", "mesh": {"tp": 1, "ep": 8},
+                                    "sharding": {},
+                                    "moe": {"overlap_a2a": True, "delay_wgrad": True}},
+    # --grad-reduce-in-bf16 under --bf16 (else validate_args sets the fp32 buffer)
+    "bf16-grad-buffer": {"ddp": {"grad_reduce_in_fp32": False}},
+    "bf16-grad-buffer-fp8": {"ddp": {"grad_reduce_in_fp32": False},
+                             "training": {**BASE["training"], "dtype": "fp8"}},
+    "fp32-no-grad-flag": {"ddp": {"grad_reduce_in_fp32": False},
+                          "training": {**BASE["training"], "dtype": "fp32"}},
     "custom-model": {"model": {"name": "mine", "hidden_size": 2048, "num_hidden_layers": 12,
                                "num_attention_heads": 16, "num_key_value_heads": 4,
                                "intermediate_size": 5504, "vocab_size": 32000,

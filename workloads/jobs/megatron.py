@@ -19,7 +19,7 @@ from . import megatron_keys as K
 from .common import Imported, model_ref
 from .findings import Findings, JobConfigError, need_choice, need_int
 from .megatron_args import Flags, parse_args_text, parse_bridge_yaml
-from .megatron_moe import moe_block
+from .megatron_moe import check_a2a_overlap_flags, moe_block
 
 CP_COMM = {"p2p": "ring", "allgather": "all_gather", "a2a": "all_to_all"}
 EAGER_ATTENTION = ("unfused", "local")
@@ -205,11 +205,39 @@ def _plan(get: _Getter, spec: ModelSpec, ref, findings: Findings) -> dict[str, A
         "context_parallel": {"mode": _cp_mode(get, findings)},
         "cuda_graphs": get.on("enable-cuda-graph"),
     }
-    if get.int("ddp-bucket-size") is not None and not fsdp:
-        plan["ddp"] = {"bucket_params": get.int("ddp-bucket-size")}
+    if not fsdp:      # torch FSDP2's config takes neither (megatron/training/training.py)
+        plan["ddp"] = {"grad_reduce_in_fp32": _grad_reduce_fp32(get)}
+        if get.int("ddp-bucket-size") is not None:
+            plan["ddp"]["bucket_params"] = get.int("ddp-bucket-size")
     if spec.num_experts:
         plan["moe"] = moe_block(get, tp, findings)   # megatron_moe.py
+    check_a2a_overlap_flags(get, plan, spec)
     return plan
+
+
+def _grad_reduce_fp32(get: _Getter) -> bool:
+    """ddp.grad_reduce_in_fp32, DDP's gradient-buffer dtype, as core_v0.15.0 sets it
+    (megatron/training/arguments.py validate_args; training.py passes
+    args.accumulate_allreduce_grads_in_fp32 as DistributedDataParallelConfig's
+    grad_reduce_in_fp32). With --bf16: false under --grad-reduce-in-bf16, else true unless
+    --main-grads-dtype bf16 (default fp32), which --accumulate-allreduce-grads-in-fp32
+    refuses (an assert). Without --bf16: the switch as given (fp32 parameters: an fp32
+    buffer either way). A Megatron-Bridge YAML gives the value itself (ddp section, or its
+    mixed-precision recipe's: megatron_args.py), with no validate_args in between."""
+    accumulate = get.flags.get(K.ACCUMULATE_FP32)
+    if get.names:                   # a Bridge YAML: its DDP config as written
+        return bool(accumulate)
+    accumulate = get.on(K.ACCUMULATE_FP32)
+    main = need_choice(get.str("main-grads-dtype", "fp32"), get.name("main-grads-dtype"),
+                       ("fp32", "bf16"))
+    if not get.on("bf16"):
+        return accumulate
+    if accumulate and main != "fp32":
+        raise JobConfigError(get.name("main-grads-dtype"), main, "fp32 with --accumulate-"
+                             "allreduce-grads-in-fp32 (core_v0.15.0 asserts it)")
+    if get.on("grad-reduce-in-bf16"):
+        return False
+    return accumulate or main == "fp32"
 
 
 def _dtype(get: _Getter) -> str:

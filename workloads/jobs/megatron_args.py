@@ -69,6 +69,7 @@ def parse_bridge_yaml(text: str, source: str, findings: Findings) -> tuple[Flags
                              "(model, train, ddp, ...); NeMo 1.x configs are not read")
     flags: Flags = {}
     names: dict[str, str] = {}
+    recipe = raw.get("mixed_precision")
     for section, body in raw.items():
         if section in K.BRIDGE_IGNORED:
             findings.ignore(section, K.BRIDGE_IGNORED[section])
@@ -82,6 +83,11 @@ def parse_bridge_yaml(text: str, source: str, findings: Findings) -> tuple[Flags
             _section(section, body, flags, names, findings)
         elif body is not None:
             findings.problem(section, body, f"not a section of {K.BRIDGE_RELEASE}'s YAML")
+    if isinstance(recipe, str) and recipe.startswith("bf16"):
+        # Bridge's setup copies the recipe's grad_reduce_in_fp32 over the DDP config's
+        # (mixed_precision.py update_config_with_precision_overrides); every bf16 recipe
+        # is built on bf16_mixed, whose value is true (Megatron-Bridge v0.6.0).
+        flags[K.ACCUMULATE_FP32] = True
     return flags, names
 
 
@@ -116,7 +122,7 @@ def _activation(value: Any, gated: bool, findings: Findings) -> None:
 def _set_flag(flags: Flags, key: str, flag: str, value: Any) -> None:
     if flag.startswith("!"):             # an inverted switch
         flag, value = flag[1:], (not value if isinstance(value, bool) else value)
-    if value is None or value is False:
+    if value is None or value is False and flag not in K.BRIDGE_KEEP_FALSE:
         return                           # an unset option or an off switch: the default
     if flag in flags and flags[flag] != value:
         raise JobConfigError(key, value, f"the value another section gives --{flag} "

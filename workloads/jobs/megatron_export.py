@@ -80,8 +80,7 @@ def _model_flags(m: ModelSpec) -> list[str]:
     out += ["--swiglu"] if m.mlp == "swiglu" else []
     out += [] if m.tie_word_embeddings else ["--untie-embeddings-and-output-weights"]
     out += ["--normalization RMSNorm", "--position-embedding-type rope",
-            "--disable-bias-linear", "--hidden-dropout 0", "--attention-dropout 0",
-            "--accumulate-allreduce-grads-in-fp32"]
+            "--disable-bias-linear", "--hidden-dropout 0", "--attention-dropout 0"]
     if m.num_experts:
         out += [f"--num-experts {m.num_experts}", f"--moe-router-topk {m.experts_per_token}",
                 f"--moe-ffn-hidden-size {m.moe_ffn_size}"]
@@ -130,6 +129,7 @@ def _run_flags(plan: Plan) -> list[str]:
                 ("--tp-comm-overlap", plan.tp_comm_overlap),
                 ("--enable-cuda-graph", plan.cuda_graphs)]
     out += [flag for flag, on in switches if on]
+    out += _grad_dtype_flags(plan, "--bf16" in out)
     if isinstance(plan.grad_bucket, int) and not plan.fsdp:
         out.append(f"--ddp-bucket-size {plan.grad_bucket}")
     if plan.recompute in ("selective", "selective_op"):
@@ -157,3 +157,12 @@ def _pipeline_flags(plan: Plan) -> list[str]:
         out += [f"--decoder-first-pipeline-num-layers {counts[0]}",
                 f"--decoder-last-pipeline-num-layers {counts[-1]}"]
     return out
+
+
+def _grad_dtype_flags(plan: Plan, bf16: bool) -> list[str]:
+    """ddp.grad_reduce_in_fp32 as flags: core_v0.15.0 turns the fp32 buffer on by itself
+    under --bf16, so false needs --grad-reduce-in-bf16 there (megatron.py reads it back);
+    without --bf16 the parameters are fp32 and so is the buffer either way."""
+    if plan.grad_reduce_fp32:
+        return ["--accumulate-allreduce-grads-in-fp32"]
+    return ["--grad-reduce-in-bf16"] if bf16 else []

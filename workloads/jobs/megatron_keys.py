@@ -51,6 +51,13 @@ MAPPED = {
     "overlap-grad-reduce": "overlap.grad_reduce", "overlap-param-gather": "overlap.param_gather",
     "no-align-param-gather": "overlap.param_gather_align (false)",
     "tp-comm-overlap": "overlap.tp_comm", "ddp-bucket-size": "ddp.bucket_params",
+    # validate_args: with --bf16 the buffer is fp32 unless --grad-reduce-in-bf16 or
+    # --main-grads-dtype bf16 (megatron.py, _grad_reduce_fp32)
+    "accumulate-allreduce-grads-in-fp32": "ddp.grad_reduce_in_fp32",
+    "grad-reduce-in-bf16": "ddp.grad_reduce_in_fp32 (false)",
+    "main-grads-dtype": "ddp.grad_reduce_in_fp32 (bf16: false)",
+    "overlap-moe-expert-parallel-comm": "moe.overlap_a2a",
+    "delay-wgrad-compute": "moe.delay_wgrad",
     "recompute-granularity": "recompute (selective | full)",
     "recompute-activations": "recompute (selective)", "recompute-method": "recompute (full)",
     "recompute-num-layers": "recompute (full)", "recompute-modules": "recompute (core_attn)",
@@ -89,10 +96,8 @@ UNMODELLED = {
     "cuda-graph-impl": ("none", ("none",), "CUDA graphs by another implementation"),
     "cpu-offloading": (False, (False,), "activation offload to the host"),
     "use-legacy-models": (False, (False,), "the legacy (non-Core) GPT model"),
-    # The megatron-core profile's gradient buffer is fp32, as Megatron-Bridge recipes set
-    # (workloads/memory.py, grad_state_bytes).
-    "accumulate-allreduce-grads-in-fp32": (False, (True,), "a bf16 gradient buffer"),
 }
+ACCUMULATE_FP32 = "accumulate-allreduce-grads-in-fp32"
 
 # Flags of other releases, refused whatever --lenient says (megatron/training/arguments.py
 # at core_v0.15.0 exits on the first two; the others are Megatron-LM v2.x's).
@@ -156,6 +161,9 @@ BRIDGE_KEYS = {
     ("dataset", "seq_length"): "seq-length",
     ("dataset", "sequence_length"): "seq-length",
 }
+# Flags a Bridge YAML's false sets (its DDP config is used as written: an absent
+# ddp.grad_reduce_in_fp32 is Megatron-Core's default false, not validate_args' rule).
+BRIDGE_KEEP_FALSE = (ACCUMULATE_FP32,)
 # Bridge sections whose every field maps through the flag table (name with - for _).
 BRIDGE_FLAG_SECTIONS = ("model", "train", "ddp", "optimizer", "comm_overlap", "mixed_precision")
 BRIDGE_IGNORED_SECTIONS = {

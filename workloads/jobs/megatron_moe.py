@@ -5,7 +5,10 @@ Flags of Megatron-LM core_v0.15.0 (megatron/training/arguments.py): the token di
 Megatron-Bridge's moe_flex_dispatcher_backend deepep, is DeepEP), expert TP
 (--expert-tensor-parallel-size, default the TP size), capacity (--moe-expert-capacity-
 factor, --moe-pad-expert-input-to-capacity), the force-balanced router
-(--moe-router-force-load-balancing) and the load-balancing loss (--moe-aux-loss-coeff > 0).
+(--moe-router-force-load-balancing), the load-balancing loss (--moe-aux-loss-coeff > 0), and
+the EP all-to-all overlap (--overlap-moe-expert-parallel-comm, --delay-wgrad-compute: both
+store_true switches, default off; Megatron-Core's TransformerConfig fields of the same names,
+which Megatron-Bridge v0.6.0 also writes under comm_overlap).
 """
 from __future__ import annotations
 
@@ -17,7 +20,8 @@ from .findings import JobConfigError
 FLAGS = ("moe-token-dispatcher-type", "moe-enable-deepep", "moe-flex-dispatcher-backend",
          "expert-tensor-parallel-size", "moe-expert-capacity-factor",
          "moe-pad-expert-input-to-capacity", "moe-router-force-load-balancing",
-         "moe-aux-loss-coeff")
+         "moe-aux-loss-coeff", "overlap-moe-expert-parallel-comm", "delay-wgrad-compute")
+OVERLAP, DELAY = "overlap-moe-expert-parallel-comm", "delay-wgrad-compute"
 
 
 def _float(get, flag: str) -> float | None:
@@ -63,7 +67,58 @@ def moe_block(get, tp: int, findings) -> dict[str, Any]:
         out["force_balance"] = True
     if (_float(get, "moe-aux-loss-coeff") or 0.0) > 0:
         out["aux_loss"] = True
+    if get.on(OVERLAP):
+        out["overlap_a2a"] = True
+    if get.on(DELAY):
+        out["delay_wgrad"] = True
     return out
+
+
+def check_a2a_overlap_flags(get, plan: dict, spec) -> None:
+    """Megatron's refusals of --overlap-moe-expert-parallel-comm / --delay-wgrad-compute,
+    as one JobConfigError naming the flag (exit 2), where the plan would refuse
+    moe.overlap_a2a / moe.delay_wgrad (workloads/moe_options.py, check_a2a_overlap).
+
+    The asserts are TransformerConfig.__post_init__'s (NVIDIA/Megatron-LM core_v0.15.0,
+    megatron/core/transformer/transformer_config.py): delay_wgrad_compute needs
+    overlap_moe_expert_parallel_comm; that needs expert_model_parallel_size > 1, a virtual
+    pipeline size when pipeline_model_parallel_size > 1, the alltoall or flex dispatcher, no
+    full recompute and no recompute method or layer count, a bf16/fp16 model, at most one
+    MTP layer. Megatron-Bridge v0.6.0 (training/comm_overlap.py) also asserts experts."""
+    if get.on(DELAY) and not get.on(OVERLAP):
+        raise JobConfigError(get.name(DELAY), True, f"absent unless {get.name(OVERLAP)} is "
+                             "given (Megatron-Core asserts overlap_moe_expert_parallel_comm)")
+    if not get.on(OVERLAP):
+        return
+    why = _overlap_refusal(get, plan, spec)
+    if why:
+        raise JobConfigError(get.name(OVERLAP), True, f"absent {why}")
+
+
+def _overlap_refusal(get, plan: dict, spec) -> str | None:
+    mesh, pipe = plan["mesh"], plan["pipeline"]
+    if not spec.num_experts:
+        return "for a dense model (it overlaps the expert all-to-alls; --num-experts is unset)"
+    if mesh["ep"] < 2:
+        return "unless --expert-model-parallel-size > 1 (Megatron-Core asserts EP)"
+    if plan.get("moe", {}).get("dispatcher", "alltoall") == "allgather":
+        return ("unless --moe-token-dispatcher-type is alltoall or flex (Megatron-Core asserts; "
+                "the flag's default is allgather)")
+    if mesh["pp"] > 1 and pipe["virtual_stages"] < 2:
+        return ("with --pipeline-model-parallel-size > 1 unless virtual pipeline stages are "
+                "given (Megatron-Core asserts a virtual pipeline size)")
+    if plan["recompute"] == "full":
+        return "with --recompute-granularity full (Megatron-Core asserts no full recompute)"
+    for flag in ("recompute-method", "recompute-num-layers"):
+        if get.str(flag) is not None:
+            return f"with {get.name(flag)} (Megatron-Core asserts it is unset)"
+    if not (get.on("bf16") or get.on("fp16")):
+        return "without --bf16 (Megatron-Core asserts a bf16 or fp16 model)"
+    if spec.mtp_layers > 1:
+        return "with --mtp-num-layers > 1 (Megatron-Core asserts at most one MTP layer)"
+    if plan["fsdp"]["enabled"]:
+        return "with --use-torch-fsdp2 (the combined schedule is not modelled with FSDP)"
+    return None
 
 
 def moe_flags(plan: Plan) -> list[str]:
@@ -81,4 +136,6 @@ def moe_flags(plan: Plan) -> list[str]:
                                   ("--moe-router-force-load-balancing", opt.force_balance))
             if on]
     out.append(f"--moe-aux-loss-coeff {0.01 if opt.aux_loss else 0.0}")
+    out += [flag for flag, on in (("--overlap-moe-expert-parallel-comm", opt.overlap_a2a),
+                                  ("--delay-wgrad-compute", opt.delay_wgrad)) if on]
     return out
