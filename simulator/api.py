@@ -9,6 +9,7 @@ import pyarrow.compute as pc
 
 from topologies import Topology, TopologyError
 from workloads import Plan, WorkloadError, resolve
+from workloads.attention_impls import BY_GPU_IMPLS, sdpa_backend
 from workloads.budget import MAX_TASKS, check_work
 from workloads.lowering import lower
 from workloads.memory import peak_memory
@@ -113,6 +114,23 @@ def check_deepep(plan: Plan, topology: Topology) -> None:
                                 f"{DEEPEP_NVL_PEERS} consecutive ranks as NVLink peers)")
 
 
+def resolve_on(plan: Plan, topology: Topology) -> Plan:
+    """The plan resolved for a topology: `dp: auto` filled in from its world size
+    (workloads.resolve), and an attention the GPU decides (`sdpa`) named as the backend
+    torchtitan's SDPA runs on the topology's GPU (attention_impls.sdpa_backend). A
+    topology whose GPUs would pick different backends is refused (one plan, one
+    attention)."""
+    plan = resolve(plan, topology.world_size)
+    if plan.attention not in BY_GPU_IMPLS:
+        return plan
+    gpus = sorted({d.name for d in topology.devices})
+    backends = {sdpa_backend(plan.attention, gpu) for gpu in gpus}
+    if len(backends) > 1:
+        raise TopologyError("attention", plan.attention, f"flash or cudnn named in the plan "
+                            f"on a topology of {', '.join(gpus)} (their SDPA backends differ)")
+    return replace(plan, attention=backends.pop())
+
+
 def simulate(plan: Plan, topology: Topology, options: SimOptions | None = None,
              max_tasks: int = MAX_TASKS) -> Result:
     """Lower a plan for a topology's world size and replay one training step.
@@ -121,7 +139,7 @@ def simulate(plan: Plan, topology: Topology, options: SimOptions | None = None,
     a WorkloadError, before anything is built.
     """
     options = _with_plan_collectives(options or SimOptions(), plan)
-    plan = resolve(plan, topology.world_size)
+    plan = resolve_on(plan, topology)
     check_dtype(plan, topology)
     check_deepep(plan, topology)
     check_work(plan, topology.world_size if options.full else plan.mesh.pp, max_tasks)

@@ -24,7 +24,6 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-from workloads.attention_impls import torchtitan_sdpa_backend
 
 from .csv_input import read_reference_csv
 from .errors import ValidationError
@@ -160,8 +159,9 @@ def plan_dict(row: dict[str, str]) -> dict[str, Any]:
     if row.get("zero_stage"):
         raw["zero_stage"] = num("zero_stage", 0)
     if raw["framework"] == "torchtitan":
-        # the SDPA backend torchtitan puts first on the row's GPU: cuDNN on Blackwell
-        raw["attention"] = torchtitan_sdpa_backend(hardware_name(row))
+        # torch's SDPA with torchtitan's backend order: the simulator names the backend
+        # for the row's GPU (cuDNN on Blackwell; simulator/api.py resolve_on)
+        raw["attention"] = "sdpa"
     if _flag(row, "cuda_graphs") is not None:
         raw["cuda_graphs"] = _flag(row, "cuda_graphs")
     on = overlap_flags(row)

@@ -10,6 +10,10 @@
   (which kernel a Blackwell profile's efficiency stands for is left open in
   topologies/specs.py). What differs is the operator it runs as, which decides what an
   op-level checkpoint policy keeps (workloads/checkpointing.py);
+* `sdpa` (framework torchtitan only): torch's scaled_dot_product_attention with the backend
+  torchtitan asks for, which depends on the GPU: the plan leaves it open and the simulator
+  names it (`flash` or `cudnn`, torchtitan_sdpa_backend) once the topology's GPU is known
+  (simulator/api.py, resolve_on); nothing is lowered with `sdpa` unresolved;
 * `eager`: PyTorch's math path (ATen's _scaled_dot_product_attention_math with is_causal);
 * `fused_softmax`: Megatron-LM's attention before FlashAttention, as its 2020-2022 code
   runs it (megatron/model/transformer.py, ParallelSelfAttention / CoreAttention, e.g.
@@ -32,10 +36,15 @@ prices them in full; `eager` keeps the causal half its model has always used.
 """
 from __future__ import annotations
 
-ATTENTION_IMPLS = ("flash", "cudnn", "eager", "fused_softmax")
+ATTENTION_IMPLS = ("flash", "cudnn", "sdpa", "eager", "fused_softmax")
+# Names whose backend the GPU decides (resolved by sdpa_backend), with the frameworks whose
+# backend choice is modelled.
+BY_GPU_IMPLS = {"sdpa": ("torchtitan",)}
 
-# Implementations whose scores never leave the chip (fused flash-style kernels).
-ON_CHIP_IMPLS = ("flash", "cudnn")
+# Implementations whose scores never leave the chip (fused flash-style kernels); `sdpa`
+# under torchtitan is one of them on every GPU (flash or cuDNN), so a memory estimate made
+# before the GPU is known holds.
+ON_CHIP_IMPLS = ("flash", "cudnn", "sdpa")
 
 # The ATen operator each implementation runs as under PyTorch's dispatcher, which is what
 # a TorchDispatchMode (and so torch.utils.checkpoint's selective-checkpoint policy) sees:
@@ -95,6 +104,13 @@ def torchtitan_sdpa_backend(gpu: str) -> str:
     dim at most 128 and a multiple of 8; check_cudnn_layout), so cuDNN runs on Blackwell
     and flash elsewhere. Unknown devices: flash."""
     return "cudnn" if COMPUTE_CAPABILITY.get(gpu.lower(), (0, 0)) >= (10, 0) else "flash"
+
+
+def sdpa_backend(impl: str, gpu: str) -> str:
+    """The implementation a plan's `impl` runs as on `gpu` (a device name): `sdpa` is the
+    backend torchtitan's SDPA picks there (torchtitan_sdpa_backend); other names are
+    themselves."""
+    return torchtitan_sdpa_backend(gpu) if impl in BY_GPU_IMPLS else impl
 
 
 def score_passes(impl: str, phase: str) -> float:

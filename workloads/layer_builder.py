@@ -17,7 +17,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Protocol
 
-from .attention_impls import scores_on_chip
+from .attention_impls import BY_GPU_IMPLS, scores_on_chip
+from .errors import WorkloadError
 from .kernels import eager_cost
 from .precision import BF16_BYTES, GemmRecipe
 from .program import COMPUTE, MEMORY, Task
@@ -109,6 +110,10 @@ class BuildOptions:
     @classmethod
     def from_plan(cls, plan) -> "BuildOptions":
         """The options a resolved plan asks for."""
+        if plan.attention in BY_GPU_IMPLS:
+            raise WorkloadError("attention", plan.attention, "a backend (flash, cudnn) by "
+                                "lowering: the simulator names sdpa's for the topology's GPU "
+                                "(simulator/api.py resolve_on)")
         flash = scores_on_chip(plan.attention)
         # With flash attention the scores are already recomputed in its backward, so
         # selective recompute has nothing left to do.

@@ -18,7 +18,7 @@ from typing import Any, Mapping
 
 from inputs import load_json_file
 
-from .attention_impls import ATTENTION_IMPLS  # noqa: F401 (the plan's names)
+from .attention_impls import ATTENTION_IMPLS, BY_GPU_IMPLS  # noqa: F401 (the plan's names)
 from .errors import WorkloadError
 from .ddp_buckets import BUCKET_MODES
 from .fields import (MAX_INT, check_bool, check_choice, check_int, check_number, check_optional_name,
@@ -52,7 +52,9 @@ MAX_LOAD_IMBALANCE = 64.0
 ZERO_STAGES = (0, 1, 2, 3)   # ZeRO (Rajbhandari et al. 2020): none, optimizer, +grads, +params
 # ATTENTION_IMPLS (workloads/attention_impls.py): flash (FlashAttention: scores never
 # stored, recomputed inside the backward); eager and fused_softmax (PyTorch's math path,
-# Megatron-LM's pre-FlashAttention path): the s x s scores are materialised and kept.
+# Megatron-LM's pre-FlashAttention path): the s x s scores are materialised and kept;
+# cudnn (SDPA's cuDNN backend, priced as flash); sdpa (torchtitan: the backend its SDPA
+# picks on the topology's GPU, named by the simulator).
 FSDP_VERSIONS = (1, 2)   # FSDP1 (FlatParameter per wrapped unit) | FSDP2 (fully_shard)
 MAX_HOST_OVERHEAD_S = 10.0   # bound on host_overhead values: far beyond any real step
 BUNDLED_DIR = Path(__file__).parent / "plans"
@@ -146,6 +148,12 @@ class Plan:
         if self.recompute_layers and self.recompute != "full":
             raise WorkloadError("recompute_layers", self.recompute_layers,
                                 '0 unless recompute is "full"')
+        frameworks = BY_GPU_IMPLS.get(self.attention)
+        if frameworks is not None and self.framework not in frameworks:
+            raise WorkloadError("attention", self.attention, f"flash, cudnn, eager or "
+                                f"fused_softmax under framework {self.framework!r} ("
+                                f"{self.attention!r}: framework {', '.join(frameworks)} only, "
+                                "whose SDPA backend order per GPU is modelled)")
         check_choice(self.cp_mode, "context_parallel.mode", CP_MODES)
         # Bounded: far beyond this the hottest rank would hold more tokens than the batch has.
         check_number(self.load_imbalance, "moe.load_imbalance", 1.0, MAX_LOAD_IMBALANCE,

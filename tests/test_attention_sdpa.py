@@ -1,0 +1,67 @@
+"""`"attention": "sdpa"` under torchtitan: the plan leaves SDPA's backend open and the
+simulator names the one torchtitan's SDPA runs on the topology's GPU (simulator/api.py
+resolve_on; the rule: workloads/attention_impls.py torchtitan_sdpa_backend, cuDNN first
+from compute capability 10.0, torchtitan@6fc499f6f5 torchtitan/models/attention.py)."""
+from __future__ import annotations
+
+import pytest
+
+from simulator import simulate
+from simulator.api import resolve_on
+from topologies import build
+from workloads import WorkloadError, plan_from_dict, resolve
+from workloads.lowering import lower
+from workloads.memory import memory_breakdown
+
+from conftest import small_plan
+
+
+def _plan(attention: str, framework: str = "torchtitan"):
+    # selective_op: the backend decides what torchtitan's op-level checkpoint keeps
+    # (cuDNN's operator is not in its save list: workloads/checkpointing.py)
+    return plan_from_dict(small_plan(framework=framework, attention=attention,
+                                     recompute="selective_op", training={"seq_len": 8192}))
+
+
+@pytest.mark.parametrize("topo_name, backend", [("dgx-h100", "flash"), ("dgx-b200", "cudnn"),
+                                                ("dgx-a100", "flash")])
+def test_sdpa_is_the_backend_of_the_topologys_gpu(topo_name, backend):
+    topo = build(topo_name)
+    assert resolve_on(_plan("sdpa"), topo).attention == backend
+    sdpa = simulate(_plan("sdpa"), topo).summary
+    explicit = simulate(_plan(backend), topo).summary
+    assert sdpa["step_time_s"] == explicit["step_time_s"]
+    assert sdpa["peak_memory_bytes"] == explicit["peak_memory_bytes"]
+
+
+def test_the_same_sdpa_plan_runs_different_backends_on_hopper_and_blackwell():
+    b200 = build("dgx-b200")
+    sdpa_s = simulate(_plan("sdpa"), b200).summary["step_time_s"]
+    flash_s = simulate(_plan("flash"), b200).summary["step_time_s"]
+    # cuDNN's forward is recomputed under the op-level checkpoint: a longer step
+    assert sdpa_s > flash_s
+    h100 = build("dgx-h100")
+    assert simulate(_plan("sdpa"), h100).summary["step_time_s"] == \
+        simulate(_plan("flash"), h100).summary["step_time_s"]
+
+
+def test_explicit_backends_are_kept_whatever_the_gpu():
+    for backend in ("flash", "cudnn", "eager"):
+        assert resolve_on(_plan(backend), build("dgx-b200")).attention == backend
+        assert resolve_on(_plan(backend), build("dgx-h100")).attention == backend
+
+
+@pytest.mark.parametrize("framework", ["generic", "megatron-core", "megatron-lm"])
+def test_sdpa_is_refused_where_its_backend_order_is_not_modelled(framework):
+    with pytest.raises(WorkloadError) as err:
+        _plan("sdpa", framework)
+    assert err.value.field == "attention" and "torchtitan" in str(err.value)
+
+
+def test_an_unresolved_sdpa_is_never_priced_but_its_memory_is_known():
+    plan = resolve(_plan("sdpa"), 8)
+    with pytest.raises(WorkloadError, match="attention"):
+        lower(plan)
+    # both backends keep the scores on chip: a memory estimate needs no GPU
+    flash = memory_breakdown(resolve(_plan("flash"), 8))
+    assert memory_breakdown(plan).activations_bytes == flash.activations_bytes
