@@ -65,3 +65,28 @@ def test_an_unresolved_sdpa_is_never_priced_but_its_memory_is_known():
     # both backends keep the scores on chip: a memory estimate needs no GPU
     flash = memory_breakdown(resolve(_plan("flash"), 8))
     assert memory_breakdown(plan).activations_bytes == flash.activations_bytes
+
+
+def test_a_torchtitan_config_expresses_sdpa_but_not_a_forced_backend():
+    from workloads.jobs import write_torchtitan
+
+    plan = plan_from_dict(small_plan(framework="torchtitan", attention="sdpa",
+                                     mesh={"dp": 8}, fsdp={"enabled": True}))
+    assert not any("attention" in n for n in write_torchtitan(plan).notes)
+    forced = plan_from_dict(small_plan(framework="torchtitan", attention="cudnn",
+                                       mesh={"dp": 8}, fsdp={"enabled": True}))
+    assert any(n.startswith("not expressible in torchtitan: attention = 'cudnn'")
+               for n in write_torchtitan(forced).notes)
+
+
+def test_gpus_that_pick_different_backends_are_refused():
+    from types import SimpleNamespace
+
+    from topologies import TopologyError
+    from topologies.specs import DEVICES
+
+    mixed = SimpleNamespace(world_size=8, devices=[DEVICES["h100"]] * 4 + [DEVICES["b200"]] * 4)
+    with pytest.raises(TopologyError, match="b200, h100"):
+        resolve_on(_plan("sdpa"), mixed)
+    same = SimpleNamespace(world_size=8, devices=[DEVICES["h100"]] * 4 + [DEVICES["h200"]] * 4)
+    assert resolve_on(_plan("sdpa"), same).attention == "flash"

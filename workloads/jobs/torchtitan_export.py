@@ -23,7 +23,8 @@ REASONS = {
     "layer_overrides": "torchtitan applies one TP plan to every layer",
     "sequence_parallel": "torchtitan's TP always shards the norms over the sequence",
     "attention": "torchtitan picks SDPA's backend by GPU, not by a config key (flash; cuDNN "
-                 "first on Blackwell: workloads/attention_impls.py torchtitan_sdpa_backend)",
+                 "first on Blackwell: the plan's \"sdpa\", workloads/attention_impls.py "
+                 "torchtitan_sdpa_backend)",
     "zero_stage": "torchtitan shards with FSDP (ZeRO-3) or replicates (DDP)",
     "fsdp": "torchtitan shards with FSDP whenever CP or the shard degree is > 1",
     "cp_mode": "torchtitan rotates KV by all-gather or all-to-all (no Ulysses)",
@@ -72,7 +73,11 @@ def write_torchtitan(plan: Plan, world_size: int | None = None) -> Exported:
     flavor = _flavor_of(plan.model)
     back = read_torchtitan(text, lenient=True, model=None if flavor else ref)
     mesh = {**back.plan["mesh"], "dp": mesh.dp or "auto"}     # a resolved dp is noted below
-    notes = unexpressed(plan, {**back.plan, "model": ref, "mesh": mesh}, "torchtitan", REASONS)
+    # a torchtitan config runs SDPA with its GPU's backend, which is what "sdpa" says (the
+    # importer reads it as flash, the backend on Hopper)
+    attention = "sdpa" if plan.attention == "sdpa" else back.plan["attention"]
+    notes = unexpressed(plan, {**back.plan, "model": ref, "mesh": mesh, "attention": attention},
+                        "torchtitan", REASONS)
     if not plan.mesh.dp and back.plan["mesh"]["dp"] != "auto":
         notes.insert(0, f"not expressible in torchtitan: mesh.dp = 'auto' (written as {dp}, "
                         f"the world size {world_size} over pp x cp x tp: torchtitan needs "
