@@ -58,6 +58,10 @@ def test_bridge_yaml_grad_buffer_is_its_ddp_config():
     assert _bridge_grad_fp32(None) is False         # Megatron-Core's DDP default
     # a bf16 recipe's grad_reduce_in_fp32 (true) is copied over the DDP config's
     assert _bridge_grad_fp32("false", "mixed_precision: bf16_mixed") is True
+    # a MixedPrecisionConfig's own field (default true) wins the same way
+    assert _bridge_grad_fp32("true", "mixed_precision:\n  bf16: true\n"
+                                     "  grad_reduce_in_fp32: false") is False
+    assert _bridge_grad_fp32("false", "mixed_precision:\n  bf16: true") is True
 
 
 MOE = ARGS.format(extra="{extra}").replace(

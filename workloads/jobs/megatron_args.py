@@ -83,18 +83,35 @@ def parse_bridge_yaml(text: str, source: str, findings: Findings) -> tuple[Flags
             _section(section, body, flags, names, findings)
         elif body is not None:
             findings.problem(section, body, f"not a section of {K.BRIDGE_RELEASE}'s YAML")
-    if isinstance(recipe, str) and recipe.startswith("bf16"):
-        # Bridge's setup copies the recipe's grad_reduce_in_fp32 over the DDP config's
-        # (mixed_precision.py update_config_with_precision_overrides); every bf16 recipe
-        # is built on bf16_mixed, whose value is true (Megatron-Bridge v0.6.0).
-        flags[K.ACCUMULATE_FP32] = True
+    grad_fp32 = _recipe_grad_fp32(recipe)
+    if grad_fp32 is not None:
+        flags[K.ACCUMULATE_FP32] = grad_fp32
+        names[K.ACCUMULATE_FP32] = "mixed_precision"
     return flags, names
+
+
+def _recipe_grad_fp32(recipe: Any) -> bool | None:
+    """The grad_reduce_in_fp32 a mixed-precision config copies over the DDP config's at
+    setup (Megatron-Bridge v0.6.0 mixed_precision.py, update_config_with_precision_
+    overrides): a MixedPrecisionConfig's field (default true), or a named bf16 recipe's
+    (each is built on bf16_mixed: true). None: no mixed-precision config, or an fp16 one
+    (not modelled: the recipe check reports it)."""
+    if isinstance(recipe, dict):
+        value = recipe.get("grad_reduce_in_fp32", True)
+        if not isinstance(value, bool):
+            raise JobConfigError("mixed_precision.grad_reduce_in_fp32", value, "true or false")
+        return value
+    if isinstance(recipe, str) and recipe.startswith("bf16"):
+        return True
+    return None
 
 
 def _section(section: str, body: dict, flags: Flags, names: dict, findings: Findings) -> None:
     for field, value in body.items():
         key = f"{section}.{field}"
         flag = K.BRIDGE_KEYS.get((section, field))
+        if (section, field) == ("mixed_precision", "grad_reduce_in_fp32"):
+            continue                     # copied over the DDP config's (_recipe_grad_fp32)
         if (section, field) == ("model", "activation_func"):
             _activation(value, body.get("gated_linear_unit", False), findings)
         elif field in K.BRIDGE_IGNORED:
