@@ -63,3 +63,26 @@ def test_release_sets_ring_ll_bandwidth_on_8xa100():
     cap = ll_max_bw_Bps("a100", 1) / link_busbw
     assert cap < 0.5   # the cap binds 2.26's rating, not 2.18's
     assert old.transfer_s / new.transfer_s == pytest.approx(min(0.5, cap) / 0.25, rel=1e-6)
+
+
+def test_hopper_one_node_ll_cap_by_release():
+    # tuning.cc llMaxBws: Hopper's one-node row 87.7 GB/s up to v2.20.5-1, 141 from
+    # v2.21.5-1; Ampere's 87.7 and the Intel multi-node row (39 at 2 nodes) never moved.
+    assert ll_max_bw_Bps("h100", 1, "2.18.5") == pytest.approx(87.7e9)
+    assert ll_max_bw_Bps("h200", 1, "2.20.5") == pytest.approx(87.7e9)
+    assert ll_max_bw_Bps("h100", 1, "2.21.5") == pytest.approx(141e9)
+    assert ll_max_bw_Bps("h100", 1) == pytest.approx(141e9)
+    assert ll_max_bw_Bps("a100", 1, "2.18.5") == ll_max_bw_Bps("a100", 1) == pytest.approx(87.7e9)
+    assert ll_max_bw_Bps("h100", 2, "2.18.5") == ll_max_bw_Bps("h100", 2) == pytest.approx(39e9)
+
+
+def test_8xh100_ring_ll_under_2_18_is_capped_lower():
+    # One node of 8 x H100, ring LL forced at 4 MiB: 2.18's rating (x 1/4) and cap (87.7)
+    # make it slower than the newest release's (x .5, 141).
+    topo = build("dgx-h100")
+    ranks, size = tuple(range(8)), 4 * MIB
+    times = {v: CollectiveModel(topo, CommOptions(algorithm="ring", protocol="LL",
+                                                  nccl_version=v)).plan("all_reduce", ranks,
+                                                                        size).transfer_s
+             for v in ("2.18.5", "2.26.2")}
+    assert times["2.18.5"] > times["2.26.2"]

@@ -36,7 +36,8 @@ ONE_NODE_SEARCH_CHANNELS = 16
 # under the GPU's NVLink bandwidth, 12 links x SM80_NVLINK_BW 20 GB/s = 240 GB/s [topo.h]:
 # 6 rings at 40 GB/s, duplicated to 12 at 20 (bwIntra >= 25), then x2 in connect.cc = 24
 # coll channels, as NCCL's log of 8 x A100 SXM4 on NVSwitch shows ("Channel 23/24",
-# NVIDIA/nccl-tests issue 100).
+# NVIDIA/nccl-tests issue 100). The speeds, SM80_NVLINK_BW and the duplication rule are
+# the same at 5067397c.
 SEARCH_CHANNELS_ONE_NODE_BY_ARCH = {"ampere": 12}
 MAX_CHANNELS = 64
 # The ring graph searches at most MAXCHANNELS / 2 channels [init.cc]; trees reuse them.

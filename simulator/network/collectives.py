@@ -361,7 +361,8 @@ class CollectiveModel:
             # Tree's size correction multiplies the capped bandwidth too: NCCL caps busBw
             # at llMaxBw in ncclTopoTuneModel and applies treeCorrectionFactor to the
             # result in ncclTopoGetAlgoTime [tuning.cc].
-            eff = min(eff, ll_max_bw_Bps(device.name, shape.num_domains) / link_busbw
+            eff = min(eff, ll_max_bw_Bps(device.name, shape.num_domains,
+                                         self.options.nccl_version) / link_busbw
                       * (tree_correction(proto, size) if algo == "tree" else 1.0))
         kind = {("ring", "LL128"): "ring_LL128", ("tree", "LL128"): "tree_LL128"}.get(
             (algo, proto), "tree" if algo == "tree" else None)

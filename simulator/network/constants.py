@@ -112,6 +112,10 @@ LL_MAX_BW_ONE_NODE_BPS = {"a100": 87.7e9, "h100": 141e9, "h100-hbm2e": 141e9, "h
                           "b200": 282e9, "gb200": 282e9}
 LL_MAX_BW_ONE_NODE_DEFAULT_BPS = 141e9   # assumption: Hopper row for custom devices
 LL_MAX_BW_MULTI_NODE_BPS = (39e9, 20.4e9)  # Intel row, [2 nodes, >= 3 nodes]
+# Up to 2.20 the Hopper row (every GPU of compute capability >= 9.0) was Ampere's 87.7 on
+# one node; v2.21.5-1 raised it to 141 in the same retune that rated ring LL x .5
+# [tuning.cc llMaxBws at v2.20.5-1 and v2.21.5-1]. The Intel multi-node row is unchanged.
+LL_MAX_BW_HOPPER_ONE_NODE_BEFORE_2_21_BPS = 87.7e9
 
 
 # Per-channel bus-bandwidth caps (GB/s) NCCL's tuner applies, by architecture and by
@@ -138,9 +142,14 @@ def per_channel_cap_Bps(kind: str, arch: str, nodes: int) -> float:
     return value * 1e9 if value > 0 else float("inf")
 
 
-def ll_max_bw_Bps(device_name: str, nodes: int) -> float:
-    """NCCL llMaxBw: the cap on LL bus bandwidth."""
+def ll_max_bw_Bps(device_name: str, nodes: int, version: str | None = None) -> float:
+    """NCCL llMaxBw: the cap on LL bus bandwidth, as NCCL `version` shipped it (None or
+    unparsable: the newest)."""
     if nodes <= 1:
+        parsed = parse_version(version)
+        if (parsed is not None and parsed < RING_LL_HALF_FROM
+                and arch_of(device_name) in ("hopper", "blackwell")):
+            return LL_MAX_BW_HOPPER_ONE_NODE_BEFORE_2_21_BPS
         return LL_MAX_BW_ONE_NODE_BPS.get(device_name.lower(), LL_MAX_BW_ONE_NODE_DEFAULT_BPS)
     return LL_MAX_BW_MULTI_NODE_BPS[0 if nodes == 2 else 1]
 
@@ -249,9 +258,10 @@ ASSUMPTIONS = (
      "(links bind first there). Ampere: NCCL's search at 12 NVLinks x SM80_NVLINK_BW 20 "
      "GB/s finds 6 rings at 40 GB/s, duplicated to 12 [search.cc, topo.h at v2.18.5-1], "
      "x2 in connect.cc = 24, as the 8 x A100 log in NVIDIA/nccl-tests issue 100 shows"),
-    ("ring LL rating before NCCL 2.21", "busBw x 1/4 (AR, reduce, multi-node), x 1/3",
-     "tuning.cc v2.18.5-1 .. v2.20.5-1 (x .5 from v2.21.5-1); sets the LL -> LL128 "
-     "switch and LL's payload fraction for rows of those releases"),
+    ("ring LL rating before NCCL 2.21", "busBw x 1/4 (AR, reduce, multi-node), x 1/3; "
+     "Hopper+ llMaxBw 87.7 GB/s on one node",
+     "tuning.cc v2.18.5-1 .. v2.20.5-1 (x .5 and 141 GB/s from v2.21.5-1); sets the LL -> "
+     "LL128 switch and LL's payload fraction for rows of those releases"),
     ("NVLS_Tree fill", "+2 stages per tree level, each at its part's rate",
      "a chunk crosses one network hop per level up and down (NCCL's double binary tree "
      "[trees.cc]); the pipeline streams at its slowest stage and fills through the others, "
