@@ -32,6 +32,13 @@ THREAD_THRESHOLD = {"LL": 8, "LL128": 8, "Simple": 64}
 # node (NCCL's INIT log on 8 x H100 reports "32 coll channels", i.e. 16 x 2). MAXCHANNELS
 # is 64 [device.h].
 ONE_NODE_SEARCH_CHANNELS = 16
+# Ampere: NCCL's search (v2.18.5-1 search.cc) starts at the first speedArrayIntra entry
+# under the GPU's NVLink bandwidth, 12 links x SM80_NVLINK_BW 20 GB/s = 240 GB/s [topo.h]:
+# 6 rings at 40 GB/s, duplicated to 12 at 20 (bwIntra >= 25), then x2 in connect.cc = 24
+# coll channels, as NCCL's log of 8 x A100 SXM4 on NVSwitch shows ("Channel 23/24",
+# NVIDIA/nccl-tests issue 100). The speeds, SM80_NVLINK_BW and the duplication rule are
+# the same at 5067397c.
+SEARCH_CHANNELS_ONE_NODE_BY_ARCH = {"ampere": 12}
 MAX_CHANNELS = 64
 # The ring graph searches at most MAXCHANNELS / 2 channels [init.cc]; trees reuse them.
 MAX_RING_SEARCH_CHANNELS = MAX_CHANNELS // 2
@@ -65,10 +72,16 @@ def nvls_search_speed_GBps(arch: str, heads: int, nvlink_GBps: float) -> float:
     return speeds[-1]
 
 
+def one_node_search_channels(arch: str) -> int:
+    """Ring graph channels NCCL's search finds in one NVSwitch node, before connect.cc
+    duplicates them."""
+    return SEARCH_CHANNELS_ONE_NODE_BY_ARCH.get(arch, ONE_NODE_SEARCH_CHANNELS)
+
+
 def coll_channels(arch: str, nodes: int, rails: int) -> int:
     """comm->nChannels for ring/tree: the ring graph's channels, duplicated [connect.cc]."""
-    search = ONE_NODE_SEARCH_CHANNELS if nodes <= 1 else min(max(rails, 1),
-                                                               MAX_RING_SEARCH_CHANNELS)
+    search = one_node_search_channels(arch) if nodes <= 1 else min(
+        max(rails, 1), MAX_RING_SEARCH_CHANNELS)
     channels = 2 * search
     if arch in ("hopper", "blackwell") and nodes > 1 and channels < 16:
         channels *= 2   # "Use 4 compute channels per search channel ... on <8 PPN"

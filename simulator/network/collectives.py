@@ -13,12 +13,13 @@ from dataclasses import dataclass
 
 from .algorithms import (GroupShape, Template, available, build_template, group_shape,
                          nvls_heads, ring_rails)
-from .channels import (ONE_NODE_SEARCH_CHANNELS, coll_channels, device_arch, nvls_channels,
-                       nvls_search_speed_GBps, ring_chunk_bytes, ring_passes, tuned_channels)
+from .channels import (coll_channels, device_arch, nvls_channels, nvls_search_speed_GBps,
+                       one_node_search_channels, ring_chunk_bytes, ring_passes, tuned_channels)
 from .constants import (COLLNET_DIRECT_SM90_EFFICIENCY, NVLS_TREE_HEAD_NET_BPS,
                         PAT_EFFICIENCY, RING_EFFICIENCY, TREE_EFFICIENCY,
                         TREE_LL128_ONE_NODE_EFFICIENCY, bus_factor, ll_max_bw_Bps,
-                        nvls_efficiency, per_channel_cap_Bps, tree_correction)
+                        nvls_efficiency, per_channel_cap_Bps, ring_ll_efficiency,
+                        tree_correction)
 from .fluid import Flow
 from .latency import (host_floor_s, net_message_floor_s, nccl_latency_s, nvls_fill_s,
                       ring_pass_latency_s)
@@ -353,19 +354,22 @@ class CollectiveModel:
             link_busbw = 2.0 / template.unit_time_s   # Tree: busBw = 2 x algBw (NCCL)
         else:
             eff = RING_EFFICIENCY[proto]
+            if proto == "LL" and algo == "ring":   # the release's rating [constants]
+                eff = ring_ll_efficiency(op, shape.num_domains, self.options.nccl_version)
             link_busbw = bus_factor(op, shape.n) / template.unit_time_s
         if proto == "LL" and algo != "p2p" and template.unit_time_s > 0:
             # Tree's size correction multiplies the capped bandwidth too: NCCL caps busBw
             # at llMaxBw in ncclTopoTuneModel and applies treeCorrectionFactor to the
             # result in ncclTopoGetAlgoTime [tuning.cc].
-            eff = min(eff, ll_max_bw_Bps(device.name, shape.num_domains) / link_busbw
+            eff = min(eff, ll_max_bw_Bps(device.name, shape.num_domains,
+                                         self.options.nccl_version) / link_busbw
                       * (tree_correction(proto, size) if algo == "tree" else 1.0))
         kind = {("ring", "LL128"): "ring_LL128", ("tree", "LL128"): "tree_LL128"}.get(
             (algo, proto), "tree" if algo == "tree" else None)
         if kind and template.unit_time_s > 0:
             # Across nodes one search channel per NIC rail the group reaches [search.cc].
             search = (min(ring_rails(shape), self.topology.rails) if shape.num_domains > 1
-                      else ONE_NODE_SEARCH_CHANNELS)
+                      else one_node_search_channels(device_arch(device.name)))
             cap = search * per_channel_cap_Bps(kind, device_arch(device.name),
                                                shape.num_domains)
             eff = min(eff, cap / link_busbw * (tree_correction(proto, size)

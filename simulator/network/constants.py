@@ -8,7 +8,7 @@ seconds here (`_s` names).
 """
 from __future__ import annotations
 
-from .tuning_versions import override_us
+from .tuning_versions import override_us, parse_version
 
 US = 1e-6
 PROTOCOLS = ("LL", "LL128", "Simple")
@@ -66,6 +66,16 @@ def base_latency_s(algorithm: str, protocol: str, version: str | None = None) ->
     return (_BASE_LAT_US[algorithm][_P[protocol]] if value is None else value) * US
 
 
+def ring_ll_efficiency(op: str, nodes: int, version: str | None = None) -> float:
+    """Ring LL's payload fraction as NCCL `version` rates it (None or unparsable: the
+    newest, 0.5) [tuning.cc; RING_LL_EFFICIENCY_BEFORE_2_21]."""
+    parsed = parse_version(version)
+    if parsed is None or parsed >= RING_LL_HALF_FROM:
+        return RING_EFFICIENCY["LL"]
+    quarter, third = RING_LL_EFFICIENCY_BEFORE_2_21
+    return quarter if nodes > 1 or op in ("all_reduce", "reduce") else third
+
+
 def hw_latency_s(link: str, algorithm: str, protocol: str,
                  version: str | None = None) -> float:
     """NCCL hwLatencies[link][algorithm][protocol] per step in seconds (link: nvlink|net),
@@ -78,6 +88,13 @@ def hw_latency_s(link: str, algorithm: str, protocol: str,
 # Ring: LL 8-byte stores of 4 B data + 4 B flag -> busBw*0.5; LL128 120 B of 128 ->
 # busBw*0.92; Simple 1.0 [tuning.cc refinements].
 RING_EFFICIENCY = {"LL": 0.5, "LL128": 0.92, "Simple": 1.0}
+# Before 2.21 NCCL rated ring LL lower: busBw x 1/4 for all-reduce, reduce and any
+# collective across nodes, x 1/3 for the others on one node [tuning.cc at v2.18.5-1 ..
+# v2.20.5-1; v2.21.5-1 has busBw x .5]. The rating is NCCL's own measure of the LL
+# kernels' rate in that release: it sets the tuner's LL -> LL128 switch and, in this
+# model, LL's payload fraction.
+RING_LL_EFFICIENCY_BEFORE_2_21 = (0.25, 1.0 / 3.0)   # (AR/reduce/multi-node, others)
+RING_LL_HALF_FROM = (2, 21, 0)
 # Tree all-reduce: busBw*0.92 for every protocol, then LL /3.8 and LL128 x120/128
 # across nodes (x7/9 on one node) [tuning.cc].
 TREE_EFFICIENCY = {"LL": 0.92 / 3.8, "LL128": 0.92 * 120 / 128, "Simple": 0.92}
@@ -95,6 +112,10 @@ LL_MAX_BW_ONE_NODE_BPS = {"a100": 87.7e9, "h100": 141e9, "h100-hbm2e": 141e9, "h
                           "b200": 282e9, "gb200": 282e9}
 LL_MAX_BW_ONE_NODE_DEFAULT_BPS = 141e9   # assumption: Hopper row for custom devices
 LL_MAX_BW_MULTI_NODE_BPS = (39e9, 20.4e9)  # Intel row, [2 nodes, >= 3 nodes]
+# Up to 2.20 the Hopper row (every GPU of compute capability >= 9.0) was Ampere's 87.7 on
+# one node; v2.21.5-1 raised it to 141 in the same retune that rated ring LL x .5
+# [tuning.cc llMaxBws at v2.20.5-1 and v2.21.5-1]. The Intel multi-node row is unchanged.
+LL_MAX_BW_HOPPER_ONE_NODE_BEFORE_2_21_BPS = 87.7e9
 
 
 # Per-channel bus-bandwidth caps (GB/s) NCCL's tuner applies, by architecture and by
@@ -121,9 +142,14 @@ def per_channel_cap_Bps(kind: str, arch: str, nodes: int) -> float:
     return value * 1e9 if value > 0 else float("inf")
 
 
-def ll_max_bw_Bps(device_name: str, nodes: int) -> float:
-    """NCCL llMaxBw: the cap on LL bus bandwidth."""
+def ll_max_bw_Bps(device_name: str, nodes: int, version: str | None = None) -> float:
+    """NCCL llMaxBw: the cap on LL bus bandwidth, as NCCL `version` shipped it (None or
+    unparsable: the newest)."""
     if nodes <= 1:
+        parsed = parse_version(version)
+        if (parsed is not None and parsed < RING_LL_HALF_FROM
+                and arch_of(device_name) in ("hopper", "blackwell")):
+            return LL_MAX_BW_HOPPER_ONE_NODE_BEFORE_2_21_BPS
         return LL_MAX_BW_ONE_NODE_BPS.get(device_name.lower(), LL_MAX_BW_ONE_NODE_DEFAULT_BPS)
     return LL_MAX_BW_MULTI_NODE_BPS[0 if nodes == 2 else 1]
 
@@ -227,8 +253,15 @@ ASSUMPTIONS = (
      "NCCL NVLS kernels' warp groups: scatter, reduce+multicast (one primitive), gather; "
      "AG multicast, gather; RS scatter, reduce [all_reduce.h, all_gather.h, "
      "reduce_scatter.h]; each stage assumed to take one wave at the streaming rate"),
-    ("ONE_NODE_SEARCH_CHANNELS", "16 (32 coll channels)", "NCCL INIT log of 8 x H100; "
-     "the channels NCCL's per-channel caps multiply in one node (links bind first there)"),
+    ("ONE_NODE_SEARCH_CHANNELS", "16 (32 coll channels); Ampere 12 (24)",
+     "NCCL INIT log of 8 x H100; the channels NCCL's per-channel caps multiply in one node "
+     "(links bind first there). Ampere: NCCL's search at 12 NVLinks x SM80_NVLINK_BW 20 "
+     "GB/s finds 6 rings at 40 GB/s, duplicated to 12 [search.cc, topo.h at v2.18.5-1], "
+     "x2 in connect.cc = 24, as the 8 x A100 log in NVIDIA/nccl-tests issue 100 shows"),
+    ("ring LL rating before NCCL 2.21", "busBw x 1/4 (AR, reduce, multi-node), x 1/3; "
+     "Hopper+ llMaxBw 87.7 GB/s on one node",
+     "tuning.cc v2.18.5-1 .. v2.20.5-1 (x .5 and 141 GB/s from v2.21.5-1); sets the LL -> "
+     "LL128 switch and LL's payload fraction for rows of those releases"),
     ("NVLS_Tree fill", "+2 stages per tree level, each at its part's rate",
      "a chunk crosses one network hop per level up and down (NCCL's double binary tree "
      "[trees.cc]); the pipeline streams at its slowest stage and fills through the others, "
