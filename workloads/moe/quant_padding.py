@@ -41,6 +41,9 @@ alignment has probability about alignment^-L: the copies always run.
 Left out: the padded rows themselves ((alignment - 1) / 2 per expert on average) in the
 copies' bytes and the GEMMs' rows, under 1 % of the rows at 2048 rows per expert or more;
 the probabilities' copies' bytes (4 B a row against the hidden size x 2 B of the tokens').
+Priced as the layer graph prices a memory-bound node: the backward copies at its fused
+backward's 3 passes (workloads/kernels.py FUSED_BACKWARD_FACTOR) where TE's kernels move 2,
+as for the dispatcher's other row copies (sort_chunks, permute).
 """
 from __future__ import annotations
 
