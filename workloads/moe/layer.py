@@ -15,7 +15,8 @@ d98e8a64, megatron/core/transformer/moe/moe_layer.py, router.py, token_dispatche
    (workloads/moe/imbalance.py), split over expert TP like the dense MLP when etp = tp, or
    whole on each rank when etp = 1; each at the grouped-GEMM efficiency of its rows per
    expert, in the framework's kernel launches (Transformer Engine: one GEMM per expert;
-   workloads/moe/grouped_gemm.py);
+   workloads/moe/grouped_gemm.py); under FP8 / FP4, Transformer Engine's per-expert
+   padding copies before and after them (workloads/moe/quant_padding.py);
 4. shared experts (DeepSeek-V3) run as a dense MLP on every token and are added after the
    combine (Megatron-LM shared_experts.py: their own TP reduction).
 
@@ -42,6 +43,7 @@ from ..layouts import P, S
 from .dispatch import Geometry, combine, dispatch
 from .grouped_gemm import grouped_gemm_efficiency, grouped_gemm_launches, grouped_gemm_streams
 from .imbalance import routed_tokens, rows_per_token, rows_sent
+from .quant_padding import PAD_LAUNCHES, pads_expert_rows, unpad_launches
 
 if TYPE_CHECKING:  # pragma: no cover
     from ..layer_graph import LayerGraph, Node
@@ -108,6 +110,11 @@ def _experts(g: "LayerGraph", plan, layer: int, geo: Geometry, rows: "Node") -> 
     grouped = dict(experts=geo.local_experts, efficiency=grouped_gemm_efficiency(per_expert),
                    launches=grouped_gemm_launches(plan.framework, geo.local_experts),
                    launch_streams=grouped_gemm_streams(plan.framework))
+    recipe = g.shape.recipe.name if g.shape.quantized else None
+    padded = pads_expert_rows(plan, recipe, geo.ep * geo.etp)
+    if padded:   # Fp8Padding: each expert's rows padded to the alignment (a copy)
+        rows = g.elementwise("expert_pad", [rows], rw=(1.0, 1.0), passthrough=True,
+                             launches=PAD_LAUNCHES)
     a = g.linear("w1", rows, s1, m.moe_ffn_size, **grouped)
     if m.mlp == "swiglu":
         # Megatron-Core's linear_fc1 is w1 and w3 in one GroupedLinear (TEGroupedMLP, gated
@@ -117,7 +124,11 @@ def _experts(g: "LayerGraph", plan, layer: int, geo: Geometry, rows: "Node") -> 
         act = g.elementwise("swiglu", [a, b], layout=_nonpartial(a.layout), rw=(2.0, 1.0))
     else:
         act = g.elementwise("gelu", [a], layout=_nonpartial(a.layout))
-    return g.linear("w2", act, s2, m.hidden_size, **grouped)
+    out = g.linear("w2", act, s2, m.hidden_size, **grouped)
+    if padded:   # Fp8Unpadding: the output rows copied back without the padding
+        out = g.elementwise("expert_unpad", [out], rw=(1.0, 1.0), passthrough=True,
+                            launches=unpad_launches(geo.local_experts))
+    return out
 
 
 def _shared_experts(g: "LayerGraph", plan, layer: int, h: "Node") -> "Node":
