@@ -217,8 +217,9 @@ H100_GEMM_MARGIN = DeviceProfile().gemm_efficiency / 0.803
 
 # Blackwell GEMMs at layer shapes. Transformer Engine's GEMM benchmark (NVIDIA/
 # TransformerEngine benchmarks/gemm/benchmark_gemm.py; its results in docs/examples/
-# gemm_profiling/gemm_profiling.rst, "Autocast vs Pre-quantized", 2026) times the 12 GEMMs
-# of one layer of a 5B model (hidden 4096, FFN 16384, 32 heads without GQA: QKV 12288;
+# gemm_profiling/gemm_profiling.rst, "Autocast vs Pre-quantized": pull request 2863, commit
+# 1609c890e, June 2026, in v2.17) times the 12 GEMMs of one layer of a 5B model
+# (hidden 4096, FFN 16384, 32 heads without GQA: QKV 12288;
 # 31 x 512 = 15,872 tokens; forward, data- and weight-gradient shapes) on a "B300 SXM6 AC"
 # with the inputs quantised beforehand (kernel time only): BF16 13.102 ms, FP8 tensor-wise
 # (current scaling) 6.812 ms, MXFP8 7.161 ms per layer. 3 x 2 x 15872 x 4096 x (12288 +
