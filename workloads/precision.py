@@ -146,8 +146,9 @@ FP8_CURRENT_SCALING_AMAX_BYTES = float(BF16_BYTES)
 RECIPES = {
     # Per-tensor FP8 (Transformer Engine delayed scaling): E4M3 / E5M2, one FP32 scale per
     # tensor; the cast reads bf16 and writes the FP8 copy and its transpose
-    # (workloads/kernels.py), on Hopper (Blackwell: NON_TN_FP8_RECIPES below). Under torchtitan, fp8, fp8_rowwise and mxfp8 run torchao's
-    # recipes instead, with their weight casts (workloads/torchao_recipes.py).
+    # (workloads/kernels.py), on Hopper (Blackwell: NON_TN_FP8_RECIPES below). Under
+    # torchtitan, fp8, fp8_rowwise and mxfp8 run torchao's recipes instead, with their
+    # weight casts (workloads/torchao_recipes.py).
     "fp8": GemmRecipe("fp8", 1, 0, 0, FP8_CAST_BYTES_PER_ELEMENT, 1,
                       source="Transformer Engine DelayedScaling"),
     # Per-tensor FP8 with current scaling (Transformer Engine Float8CurrentScaling, what
@@ -236,8 +237,8 @@ RECIPES = {
 # Float8Quantizer and Float8CurrentScalingQuantizer allocate the transpose only when
 # `columnwise_usage && !nvte_is_non_tn_fp8_gemm_supported()`, and a column-wise usage reuses
 # the row-wise data instead (transformer_engine/pytorch/csrc/quantizer.cpp, create_tensor
-# and convert_and_update_tensor, from v2.4 on: every container of the Blackwell rows, TE
-# 2.7 to 2.14). nvte_is_non_tn_fp8_gemm_supported() is true for compute capability 10.x
+# and convert_and_update_tensor, from v2.4 on: every container of the Blackwell rows runs
+# TE 2.7 or later). nvte_is_non_tn_fp8_gemm_supported() is true for compute capability 10.x
 # and 11.x and from 13.0 on (transformer_engine/common/transformer_engine.cpp at v2.9; the
 # 12.x consumer parts are excluded). So the cast reads 2 B and writes 1 B: delayed scaling
 # 3 B in 1 kernel, current scaling 2 B (amax) + 3 B in 3 kernels. The block-scaled recipes
