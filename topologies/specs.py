@@ -230,6 +230,10 @@ H100_GEMM_MARGIN = DeviceProfile().gemm_efficiency / 0.803
 # best-shape rate, where H100 keeps 0.934 (above). The same run's MXFP8 layer takes
 # 7.161 / 6.812 of the tensor-wise FP8 time: an MXFP8 GEMM runs at 0.951 of the FP8 rate
 # (the E8M0 block scales are loaded beside the operands and applied in the MMA).
+# A B200 cross-check, not used: torchao's bench_matmul on an "NVIDIA B200" (power limit
+# not stated) ran BF16 matmuls at 1.41, 1.45 and 1.42 PFLOP/s at 4096^3, 6144^3 and
+# 8192^3 (pytorch/ao pull request 2427, June 2025), 62.7-64.6 % of 2.25 PFLOP/s, where the
+# B200 profile below prices 64.2 % (it priced 72.5 % with H100's margin).
 TE_B300_LAYER_GEMM_FLOPS = 3 * 2 * 15872 * 4096 * (12288 + 4096 + 2 * 16384)
 TE_B300_LAYER_GEMM_S = {"bf16": 13.102e-3, "fp8": 6.812e-3, "mxfp8": 7.161e-3}
 B300_BF16_PEAK_FLOPS, B300_BF16_MAMF_EFFICIENCY = 2250 * TB, 0.786
