@@ -143,7 +143,9 @@ def simulate(plan: Plan, topology: Topology, options: SimOptions | None = None,
     check_dtype(plan, topology)
     check_deepep(plan, topology)
     check_work(plan, topology.world_size if options.full else plan.mesh.pp, max_tasks)
-    program = lower(plan)
+    # the first rank's GPU picks what a low-precision recipe casts (its compute
+    # capability: workloads/precision.py te_recipe); one program serves every rank
+    program = lower(plan, topology.device(0).name if topology.world_size else "")
     engine = Engine(program, topology, options)
     # Fault-aware rank classes are known only now (one per stage at least, every rank
     # when the mesh and the domains do not nest): check the ranks actually simulated.

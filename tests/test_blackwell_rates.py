@@ -42,9 +42,11 @@ def test_b200_gemm_rate_over_h100_is_peak_times_efficiency():
         return task.flops / (device_time_s(task, spec, "bf16") - launch)
 
     waves = (wave_efficiency(m, n, k, 148, 128) / wave_efficiency(m, n, k, 132, 128))
-    expected = 2250 / 989 * 0.725 / 0.75 * waves
+    # B200's best-shape 77.6 % times the Blackwell layer-shape margin 0.827 (Transformer
+    # Engine's GEMM benchmark on B300) against H100's 0.75
+    expected = 2250 / 989 * 0.642 / 0.75 * waves
     assert rate(b200) / rate(h100) == pytest.approx(expected, rel=1e-9)
-    assert 2.0 < rate(b200) / rate(h100) < 2.4
+    assert 1.8 < rate(b200) / rate(h100) < 2.4
 
 
 @pytest.mark.parametrize("dtype", ["fp8", "mxfp8", "nvfp4"])
@@ -93,8 +95,10 @@ def test_fp8_gemms_reach_the_measured_fp8_fraction_of_their_peak(gpu):
              for d in ("bf16", "fp8", "fp8_cs", "mxfp8") if d in spec.peak_flops}
     for dtype in ("fp8", "fp8_cs") + (("mxfp8",) if "mxfp8" in times else ()):
         speedup = times["bf16"] / times[dtype]
-        assert speedup == pytest.approx(spec.peak(dtype) / spec.peak("bf16") * ratio,
-                                        rel=2e-3)
+        # MXFP8 at Transformer Engine's measured MXFP8-over-FP8 layer time on Blackwell
+        block_scaled = 6.812 / 7.161 if dtype == "mxfp8" else 1.0
+        assert speedup == pytest.approx(spec.peak(dtype) / spec.peak("bf16") * ratio
+                                        * block_scaled, rel=2e-3)
     assert spec.gemm_efficiency("bf16") == spec.profile.gemm_efficiency
     if "nvfp4" in spec.peak_flops:
         assert spec.gemm_efficiency("nvfp4") == spec.profile.gemm_efficiency

@@ -16,12 +16,13 @@ ROWS = Path(__file__).resolve().parents[1] / "validation" / "references" / "trai
 
 def test_gemm_rate_is_the_measured_750w_one():
     """The capped B200 runs GEMMs at tritonbench's ~930 TFLOP/s, well under the 1000 W
-    profile's rate: a regression to the rated part would make every GEMM ~75 % faster."""
+    profile's layer-shape rate (2250 x 0.642 = 1444 TFLOP/s): a regression to the rated
+    part would make every GEMM ~55 % faster."""
     capped, rated = POWER_CAPPED["b200-750w"], DEVICES["b200"]
     rate = capped.peak("bf16") * capped.profile.gemm_efficiency
     assert rate == pytest.approx(930.0 * TB, rel=2e-3)
     assert rate == pytest.approx(B200_750W_GEMM_FLOPS, rel=2e-3)
-    assert rate < 0.6 * rated.peak("bf16") * rated.profile.gemm_efficiency
+    assert rate < 0.7 * rated.peak("bf16") * rated.profile.gemm_efficiency
 
 
 def test_attention_loses_the_gemm_clock_and_memory_does_not():

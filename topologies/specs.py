@@ -60,6 +60,10 @@ class DeviceProfile:
     # best-shape FP4 sweep; cuBLAS 12.9's FP4 at up to 2.3x its FP8 matmuls on Blackwell,
     # see _blackwell_profile, sits above the FP8 efficiency at twice the peak).
     fp8_gemm_ratio: float = round((1402.6 / 1979) / (794.5 / 989), 3)
+    # An MXFP8 GEMM's speed relative to a per-tensor FP8 one of the same shape (block
+    # scales read inside the MMA): 1.0 where no measurement says otherwise; Blackwell
+    # profiles take Transformer Engine's measured ratio (BLACKWELL_MXFP8_OVER_FP8).
+    mxfp8_gemm_ratio: float = 1.0
     # Output tile of one thread block, for wave quantisation of GEMMs (assumption:
     # 128x128, the common CUTLASS/cuBLAS Hopper BF16 tile).
     gemm_tile: int = 128
@@ -125,8 +129,11 @@ class DeviceSpec:
 
     def gemm_efficiency(self, gemm_dtype: str) -> float:
         """Fraction of `peak(gemm_dtype)` a large GEMM reaches: the profile's (BF16-derived)
-        efficiency, times its FP8 ratio for the FP8-class dtypes."""
+        efficiency, times its FP8 ratio for the FP8-class dtypes (and MXFP8's own ratio
+        to those)."""
         eff = self.profile.gemm_efficiency
+        if gemm_dtype == "mxfp8":
+            return eff * self.profile.fp8_gemm_ratio * self.profile.mxfp8_gemm_ratio
         return eff * self.profile.fp8_gemm_ratio if gemm_dtype in FP8_GEMM_DTYPES else eff
 
     @property
@@ -156,15 +163,16 @@ def _flops(bf16: float, fp8: float | None, fp32: float,
 
 def _blackwell_profile(mamf_efficiency: float, fp8_mamf_efficiency: float | None = None
                        ) -> DeviceProfile:
-    """The H100 defaults with the GEMM efficiency scaled by the measured best-shape BF16
-    matmul efficiency ("MAMF") of this GPU against H100's: [STAS] measures 80.3 % on H100
-    SXM, from which the H100 default 0.75 takes a margin for real layer shapes; the same
-    margin (0.75 / 0.803) applies here. Assumption: the shape margin is the same on
-    Blackwell (no published layer-shape sweep on B200 was found). FP8 GEMMs take
+    """The H100 defaults with the GEMM efficiency at the measured best-shape BF16 matmul
+    efficiency ("MAMF") of this GPU [STAS] times the Blackwell layer-shape margin
+    (BLACKWELL_GEMM_MARGIN, measured by Transformer Engine's GEMM benchmark at a model's
+    layer shapes on B300; H100's default takes its own margin, 0.75 of 80.3 %).
+    Assumption: the margin measured on B300 holds on B200 and GB200 (the same
+    fifth-generation tensor cores and cuBLAS kernel families). FP8 GEMMs take
     `fp8_mamf_efficiency`, the best-shape FP8 matmul's fraction of the FP8 peak on this GPU
     ([STAS] FP8 MAMF table), over the BF16 one as their ratio (DeviceProfile.
-    fp8_gemm_ratio); block-scaled MXFP8 GEMMs the same (assumption: no published
-    best-shape MXFP8 sweep). NVFP4 GEMMs keep the BF16 efficiency: assumption, resting on
+    fp8_gemm_ratio); block-scaled MXFP8 GEMMs that times BLACKWELL_MXFP8_OVER_FP8 (the same
+    benchmark). NVFP4 GEMMs keep the BF16 efficiency: assumption, resting on
     cuBLAS 12.9 running block-scaled FP4 at up to 2.3x its FP8 matmuls on Blackwell
     (NVIDIA technical blog "Boosting Matrix Multiplication Speed and Flexibility with
     NVIDIA cuBLAS 12.9", 2025), i.e. at least the FP8 efficiency at the 2x peak.
@@ -186,8 +194,9 @@ def _blackwell_profile(mamf_efficiency: float, fp8_mamf_efficiency: float | None
     speed is left open here."""
     ratio = 1.0 if fp8_mamf_efficiency is None else round(fp8_mamf_efficiency
                                                            / mamf_efficiency, 3)
-    return DeviceProfile(gemm_efficiency=round(mamf_efficiency * H100_GEMM_MARGIN, 3),
-                         memory_efficiency=BLACKWELL_MEMORY_EFFICIENCY, fp8_gemm_ratio=ratio)
+    return DeviceProfile(gemm_efficiency=round(mamf_efficiency * BLACKWELL_GEMM_MARGIN, 3),
+                         memory_efficiency=BLACKWELL_MEMORY_EFFICIENCY, fp8_gemm_ratio=ratio,
+                         mxfp8_gemm_ratio=BLACKWELL_MXFP8_OVER_FP8)
 
 
 # Memory-bound kernels on Blackwell: torchao's B200 quantisation-kernel benchmark (a bf16
@@ -205,6 +214,32 @@ BLACKWELL_MEMORY_EFFICIENCY = round(B200_BEST_MEMORY_KERNEL_Bps / (7.7 * TB), 3)
 
 # The H100 default GEMM efficiency over its measured best-shape BF16 MAMF (80.3 %, [STAS]).
 H100_GEMM_MARGIN = DeviceProfile().gemm_efficiency / 0.803
+
+# Blackwell GEMMs at layer shapes. Transformer Engine's GEMM benchmark (NVIDIA/
+# TransformerEngine benchmarks/gemm/benchmark_gemm.py; its results in docs/examples/
+# gemm_profiling/gemm_profiling.rst, "Autocast vs Pre-quantized": pull request 2863, commit
+# 1609c890e, June 2026, in v2.17) times the 12 GEMMs of one layer of a 5B model
+# (hidden 4096, FFN 16384, 32 heads without GQA: QKV 12288;
+# 31 x 512 = 15,872 tokens; forward, data- and weight-gradient shapes) on a "B300 SXM6 AC"
+# with the inputs quantised beforehand (kernel time only): BF16 13.102 ms, FP8 tensor-wise
+# (current scaling) 6.812 ms, MXFP8 7.161 ms per layer. 3 x 2 x 15872 x 4096 x (12288 +
+# 4096 + 2 x 16384) FLOPs in 13.102 ms is 1463 TFLOP/s, 65.0 % of B300's 2.25 PFLOP/s
+# dense BF16 peak (the "NVIDIA B300 SXM6 AC" entry of pytorch/ao torchao/testing/training/
+# roofline_utils.py, from NVIDIA's Blackwell Ultra datasheet), against B300's best-shape
+# 78.6 % [STAS] (the GB300 entry below): at layer shapes Blackwell keeps 0.827 of its
+# best-shape rate, where H100 keeps 0.934 (above). The same run's MXFP8 layer takes
+# 7.161 / 6.812 of the tensor-wise FP8 time: an MXFP8 GEMM runs at 0.951 of the FP8 rate
+# (the E8M0 block scales are loaded beside the operands and applied in the MMA).
+# A B200 cross-check, not used: torchao's bench_matmul on an "NVIDIA B200" (power limit
+# not stated) ran BF16 matmuls at 1.41, 1.45 and 1.42 PFLOP/s at 4096^3, 6144^3 and
+# 8192^3 (pytorch/ao pull request 2427, June 2025), 62.7-64.6 % of 2.25 PFLOP/s, where the
+# B200 profile below prices 64.2 % (it priced 72.5 % with H100's margin).
+TE_B300_LAYER_GEMM_FLOPS = 3 * 2 * 15872 * 4096 * (12288 + 4096 + 2 * 16384)
+TE_B300_LAYER_GEMM_S = {"bf16": 13.102e-3, "fp8": 6.812e-3, "mxfp8": 7.161e-3}
+B300_BF16_PEAK_FLOPS, B300_BF16_MAMF_EFFICIENCY = 2250 * TB, 0.786
+BLACKWELL_GEMM_MARGIN = (TE_B300_LAYER_GEMM_FLOPS / TE_B300_LAYER_GEMM_S["bf16"]
+                         / B300_BF16_PEAK_FLOPS / B300_BF16_MAMF_EFFICIENCY)
+BLACKWELL_MXFP8_OVER_FP8 = round(TE_B300_LAYER_GEMM_S["fp8"] / TE_B300_LAYER_GEMM_S["mxfp8"], 3)
 
 # What a 500 W power limit does to an H100: under a dense GEMM the board reaches its power
 # limit and the tensor-core clock drops until it fits, so the sustained rate sits well

@@ -86,7 +86,8 @@ def elementwise_cost(op: str, mode: str, act_bytes: int, fused_forward: float,
 # FP8 GEMMs take FP8 operands: each activation operand (a projection's input in forward,
 # its output gradient in backward) is scaled and cast from bf16 first, and its transpose is
 # written too for the other GEMM of the pair (Transformer Engine's fused cast_transpose
-# kernel: read 2 B, write 1 B + 1 B per element). Assumptions: every projection casts its
+# kernel: read 2 B, write 1 B + 1 B per element; on Blackwell no transpose is written:
+# workloads/precision.py NON_TN_FP8_RECIPES). Assumptions: every projection casts its
 # own input (torchao's Float8Linear per module, as torchtitan's separate wq/wk/wv; a fused
 # QKV would cast once); weight casts are left out (Transformer Engine caches the FP8
 # weights across micro-batches). torchao's recipes under torchtitan price their amax

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from dataclasses import replace
 
+from .attention_impls import COMPUTE_CAPABILITY
 from .grid_layer import GridLayer
 from .layer_builder import BuildOptions, LayerBuilder, LayerShape
 from .layer_graph import LayerGraph, Node
@@ -22,11 +23,13 @@ from .schedules import EMBED, HEAD
 from .torchao_recipes import gemm_recipe
 
 
-def layer_shape(plan: Plan) -> LayerShape:
-    """Per-rank sizes of one micro-batch through one layer of a resolved plan."""
+def layer_shape(plan: Plan, gpu: str = "") -> LayerShape:
+    """Per-rank sizes of one micro-batch through one layer of a resolved plan, on `gpu`
+    (a device name: its compute capability picks the recipe's casts; "": Hopper's)."""
     tr, m = plan.training, plan.model
     prec = precision(tr.dtype)
-    recipe = gemm_recipe(tr.dtype, plan.framework)   # torchao's under torchtitan
+    recipe = gemm_recipe(tr.dtype, plan.framework,   # torchao's under torchtitan
+                         COMPUTE_CAPABILITY.get(gpu.lower(), (0, 0)))
     if recipe is not None and tr.bf16_layers is not None:   # the plan's own BF16 layers
         recipe = replace(recipe, bf16_first_layers=tr.bf16_layers[0],
                          bf16_last_layers=tr.bf16_layers[1], bf16_reference_layers=0)

@@ -16,11 +16,13 @@ from .schedules import stage_layers
 from .stage_lowering import StageLowering
 
 
-def lower(plan: Plan) -> Program:
-    """The Program of a resolved plan (plan.mesh.dp must be a number)."""
+def lower(plan: Plan, gpu: str = "") -> Program:
+    """The Program of a resolved plan (plan.mesh.dp must be a number) on `gpu`, the device
+    name whose compute capability decides what a low-precision recipe casts (""; as on
+    Hopper: workloads/precision.py te_recipe)."""
     if plan.mesh.dp < 1:
         raise ValueError("lower() needs a resolved plan: call workloads.resolve first")
-    shape = layer_shape(plan)
+    shape = layer_shape(plan, gpu)
     layers = stage_layers(plan)
     stages = [StageLowering(plan, shape, s, layers).build() for s in range(plan.mesh.pp)]
     pp = plan.mesh.pp

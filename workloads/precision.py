@@ -19,7 +19,7 @@ transformer layers stay BF16 (`GemmRecipe.bf16_first_layers` / `bf16_last_layers
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from .kernels import FP8_CAST_BYTES_PER_ELEMENT
 
@@ -146,8 +146,9 @@ FP8_CURRENT_SCALING_AMAX_BYTES = float(BF16_BYTES)
 RECIPES = {
     # Per-tensor FP8 (Transformer Engine delayed scaling): E4M3 / E5M2, one FP32 scale per
     # tensor; the cast reads bf16 and writes the FP8 copy and its transpose
-    # (workloads/kernels.py). Under torchtitan, fp8, fp8_rowwise and mxfp8 run torchao's
-    # recipes instead, with their weight casts (workloads/torchao_recipes.py).
+    # (workloads/kernels.py), on Hopper (Blackwell: NON_TN_FP8_RECIPES below). Under
+    # torchtitan, fp8, fp8_rowwise and mxfp8 run torchao's recipes instead, with their
+    # weight casts (workloads/torchao_recipes.py).
     "fp8": GemmRecipe("fp8", 1, 0, 0, FP8_CAST_BYTES_PER_ELEMENT, 1,
                       source="Transformer Engine DelayedScaling"),
     # Per-tensor FP8 with current scaling (Transformer Engine Float8CurrentScaling, what
@@ -229,6 +230,43 @@ RECIPES = {
                         bf16_reference_layers=62,
                         source="arXiv:2509.25149; Transformer Engine NVFP4BlockScaling"),
 }
+
+
+# Blackwell (sm100) runs FP8 GEMMs in every operand layout, so Transformer Engine's
+# per-tensor FP8 casts (delayed and current scaling) write no transposed copy there: its
+# Float8Quantizer and Float8CurrentScalingQuantizer allocate the transpose only when
+# `columnwise_usage && !nvte_is_non_tn_fp8_gemm_supported()`, and a column-wise usage reuses
+# the row-wise data instead (transformer_engine/pytorch/csrc/quantizer.cpp, create_tensor
+# and convert_and_update_tensor, from v2.4 on: every container of the Blackwell rows runs
+# TE 2.7 or later). nvte_is_non_tn_fp8_gemm_supported() is true for compute capability 10.x
+# and 11.x and from 13.0 on (transformer_engine/common/transformer_engine.cpp at v2.9; the
+# 12.x consumer parts are excluded). So the cast reads 2 B and writes 1 B: delayed scaling
+# 3 B in 1 kernel, current scaling 2 B (amax) + 3 B in 3 kernels. The block-scaled recipes
+# (MXFP8, NVFP4) keep both copies: their blocks run along different dimensions.
+NON_TN_FP8_CAST_BYTES_PER_ELEMENT = float(BF16_BYTES + 1)
+NON_TN_FP8_RECIPES = {
+    "fp8": replace(RECIPES["fp8"], cast_bytes_per_element=NON_TN_FP8_CAST_BYTES_PER_ELEMENT,
+                   source="Transformer Engine DelayedScaling, no transpose on sm100 "
+                          "(quantizer.cpp)"),
+    "fp8_cs": replace(RECIPES["fp8_cs"], cast_bytes_per_element=FP8_CURRENT_SCALING_AMAX_BYTES
+                      + NON_TN_FP8_CAST_BYTES_PER_ELEMENT,
+                      source="Transformer Engine Float8CurrentScaling, no transpose on sm100 "
+                             "(quantizer.cpp)"),
+}
+
+
+def non_tn_fp8_gemms(compute_capability: tuple[int, int]) -> bool:
+    """Whether cuBLAS runs FP8 GEMMs with non-TN operand layouts on a GPU of this compute
+    capability, as Transformer Engine's nvte_is_non_tn_fp8_gemm_supported() decides."""
+    return (10, 0) <= compute_capability < (12, 0) or compute_capability >= (13, 0)
+
+
+def te_recipe(dtype: str, compute_capability: tuple[int, int] = (0, 0)) -> GemmRecipe | None:
+    """Transformer Engine's recipe of a training dtype on a GPU of this compute capability
+    ((0, 0): unknown, priced as Hopper); None for bf16 and fp32."""
+    if dtype in NON_TN_FP8_RECIPES and non_tn_fp8_gemms(compute_capability):
+        return NON_TN_FP8_RECIPES[dtype]
+    return RECIPES.get(dtype)
 
 
 @dataclass(frozen=True)

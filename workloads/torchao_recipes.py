@@ -27,7 +27,7 @@ happens, as it does for any identical pure nodes of one graph).
 """
 from __future__ import annotations
 
-from .precision import BF16_BYTES, RECIPES, GemmRecipe, OperandCast
+from .precision import BF16_BYTES, RECIPES, GemmRecipe, OperandCast, te_recipe
 
 FP8_BYTES = 1
 # A tensor-wise amax: read the bf16 tensor (stage 1), reduce the partial maxima (stage 2).
@@ -103,10 +103,13 @@ TORCHAO_RECIPES = {r.name: r for r in (TENSORWISE, ROWWISE, MXFP8)}
 TORCHAO_FRAMEWORKS = frozenset({"torchtitan"})
 
 
-def gemm_recipe(dtype: str, framework: str) -> GemmRecipe | None:
-    """The GEMM recipe a plan's training dtype means under its framework: torchao's under
-    torchtitan, Transformer Engine's (workloads/precision.py RECIPES) otherwise; None for
-    bf16 and fp32."""
+def gemm_recipe(dtype: str, framework: str,
+                compute_capability: tuple[int, int] = (0, 0)) -> GemmRecipe | None:
+    """The GEMM recipe a plan's training dtype means under its framework on a GPU of this
+    compute capability: torchao's under torchtitan (its roofline, above, on every GPU),
+    Transformer Engine's otherwise
+    (workloads/precision.py te_recipe: no FP8 transposes on Blackwell); None for bf16 and
+    fp32."""
     if framework in TORCHAO_FRAMEWORKS and dtype in TORCHAO_RECIPES:
         return TORCHAO_RECIPES[dtype]
-    return RECIPES.get(dtype)
+    return te_recipe(dtype, compute_capability)

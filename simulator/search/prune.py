@@ -22,9 +22,11 @@ from typing import Any
 
 from topologies import Topology
 from workloads import Plan, WorkloadError, plan_from_dict, resolve
+from workloads.attention_impls import COMPUTE_CAPABILITY
 from workloads.lowering import lower
 from workloads.schedules import stage_layers
 from workloads.memory import peak_memory
+from workloads.precision import non_tn_fp8_gemms
 from workloads.program import COMPUTE
 
 from ..compute import device_time_s, host_factor
@@ -141,6 +143,10 @@ class LowerBound:
                 self.devices.append(d)
         # the fastest host among the devices': host time is at least its
         self.host_factor = min(host_factor(d) for d in self.devices)
+        # the GPU whose recipe casts the least (Blackwell's FP8 casts write no transpose:
+        # workloads/precision.py te_recipe), so the bound stays a bound on every device
+        self.cast_gpu = next((d.name for d in self.devices if non_tn_fp8_gemms(
+            COMPUTE_CAPABILITY.get(d.name.lower(), (0, 0)))), self.devices[0].name)
         self._units: dict[str, UnitCompute] = {}
 
     def units(self, plan: Plan) -> UnitCompute:
@@ -153,7 +159,7 @@ class LowerBound:
     def _measure(self, one: Plan, dtype: str) -> UnitCompute:
         device = dict(fwd=0.0, bwd=0.0, embed=0.0, head=0.0)
         host = dict(fwd=0.0, bwd=0.0, embed=0.0, head=0.0)
-        for t in lower(one).stages[0]:
+        for t in lower(one, self.cast_gpu).stages[0]:
             if t.kind != COMPUTE or t.phase == "optimizer" or t.microbatch < 0:
                 continue   # per step (optimizer, host_step): not scaled by micro-batches
             if t.layer >= 0:
