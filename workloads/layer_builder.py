@@ -180,20 +180,25 @@ def backward_rescale_task(sink: TaskSink, ctx: dict, shape: LayerShape, elements
 
 def fp8_cast_task(sink: TaskSink, ctx: dict, shape: LayerShape, elements: float, deps,
                   phase: str, label: str, bf16_linear: bool = False,
-                  operands: tuple[float, float, float] | None = None) -> tuple[int, ...]:
+                  operands: tuple[float, float, float] | None = None,
+                  experts: int = 0) -> tuple[int, ...]:
     """Under FP8/FP4 GEMMs, the cast before a linear's GEMMs into the recipe's operand
     layouts (workloads/precision.py GemmRecipe.cast_cost), then the swizzles of the
     operands' block scales where the recipe has them; returns the GEMM's dependencies
     (unchanged for bf16 and fp32 GEMMs and for the linears that stay in BF16).
     `elements`: the activation operand's (input in forward, output gradient in
     backward); `operands`: the linear's (input, weight, output gradient) elements, for
-    recipes that cast more than the activation operand (default: the activation alone)."""
+    recipes that cast more than the activation operand (default: the activation alone);
+    `experts`: the local experts of a grouped GEMM, whose splits the recipe may cast one
+    launch each (GemmRecipe.cast_per_expert)."""
     if not shape.quantized or shape.stays_bf16(bf16_linear):
         return tuple(deps)
     recipe = shape.recipe
     if operands is None:
         operands = (0.0, 0.0, elements) if phase == "backward" else (elements, 0.0, 0.0)
     nbytes, kernels = recipe.cast_cost(phase, *operands)
+    if recipe.cast_per_expert and experts > 1:
+        kernels *= experts
     task = sink.add(kind=COMPUTE, stream="compute", op=f"{recipe.name}_cast", phase=phase,
                     deps=tuple(deps), bytes=nbytes, op_class=MEMORY, kernels=kernels,
                     label=f"{label}.{recipe.name}_cast", **ctx)

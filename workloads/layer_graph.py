@@ -229,7 +229,8 @@ class LayerGraph(TPCommMixin):
             inputs = 0.0    # a linear reading the same activation: its cast is done
             deps = (*deps, self._cast_inputs[source])
         ready = fp8_cast_task(sink, ctx, self.shape, grads if phase == "backward" else inputs,
-                              deps, phase, name, node.bf16, (inputs, weights, grads))
+                              deps, phase, name, node.bf16, (inputs, weights, grads),
+                              node.experts)
         if ready != tuple(deps):   # a cast was emitted
             self._cast_inputs.setdefault(source, ready[0])
         return ready

@@ -75,6 +75,15 @@ class GemmRecipe:
     # Whether the linears that read one activation (q, k and v; gate and up) cast it once
     # per phase between them (False: each linear casts its own input).
     shares_input_casts: bool = False
+    # Whether a grouped GEMM's per-expert operands are cast by one launch per expert
+    # (True) or by one fused multi-tensor kernel (False). Transformer Engine's
+    # split_quantize (GroupedLinear's forward input and backward output gradient) fuses
+    # them into nvte_multi_cast_transpose only when every quantiser is a delayed-scaling
+    # Float8Quantizer with a column-wise (transposed) output; current scaling, the block-
+    # scaled recipes and delayed scaling without a transpose (Blackwell) quantise each
+    # split with its own kernel (transformer_engine/pytorch/csrc/extensions/cast.cpp,
+    # multi_tensor_quantize_impl, "Quantize kernels individually", v2.2 through v2.14).
+    cast_per_expert: bool = False
 
     @property
     def operand_bytes(self) -> float:
@@ -162,7 +171,7 @@ RECIPES = {
     # against delayed scaling's 4 B in 1. Not priced: the amax all-reduce over the TP
     # group that sequence-parallel inputs add (with_amax_reduction), one scalar each.
     "fp8_cs": GemmRecipe("fp8_cs", 1, 0, 0, FP8_CURRENT_SCALING_AMAX_BYTES
-                         + FP8_CAST_BYTES_PER_ELEMENT, 3,
+                         + FP8_CAST_BYTES_PER_ELEMENT, 3, cast_per_expert=True,
                          source="Transformer Engine Float8CurrentScaling (quantizer.cpp)"),
     # Row-wise FP8 (torchao Float8LinearRecipeName.ROWWISE, as torchtitan's
     # `float8.recipe_name = "rowwise"` asks for it; torchao/float8/config.py
@@ -205,7 +214,7 @@ RECIPES = {
     # logic for block-scaled tensors with GEMM swizzled scales", January 2026), after the
     # NeMo 25.11 container the Megatron-Bridge MXFP8 rows ran.
     "mxfp8": GemmRecipe("mxfp8", 1, 32, 1, 2 + 2 * (1 + 1 / 32), 1,
-                        scale_swizzle_kernels=1,
+                        scale_swizzle_kernels=1, cast_per_expert=True,
                         source="OCP MX v1.0; Transformer Engine MXFP8BlockScaling"),
     # NVFP4 (arXiv:2509.25149, "Pretraining Large Language Models with NVFP4", sections 2
     # and 4; Transformer Engine NVFP4BlockScaling): FP4 E2M1 elements (0.5 B), one FP8 E4M3
@@ -227,6 +236,7 @@ RECIPES = {
     # csrc/util.cpp at v2.9).
     "nvfp4": GemmRecipe("nvfp4", 0.5, 16, 1, 2 + 2 + 2 * (0.5 + 1 / 16), 2,
                         scale_swizzle_kernels=1, bf16_first_layers=2, bf16_last_layers=8,
+                        cast_per_expert=True,
                         bf16_reference_layers=62,
                         source="arXiv:2509.25149; Transformer Engine NVFP4BlockScaling"),
 }
@@ -246,6 +256,7 @@ RECIPES = {
 NON_TN_FP8_CAST_BYTES_PER_ELEMENT = float(BF16_BYTES + 1)
 NON_TN_FP8_RECIPES = {
     "fp8": replace(RECIPES["fp8"], cast_bytes_per_element=NON_TN_FP8_CAST_BYTES_PER_ELEMENT,
+                   cast_per_expert=True,   # no column-wise output: no fused multi-cast
                    source="Transformer Engine DelayedScaling, no transpose on sm100 "
                           "(quantizer.cpp)"),
     "fp8_cs": replace(RECIPES["fp8_cs"], cast_bytes_per_element=FP8_CURRENT_SCALING_AMAX_BYTES
