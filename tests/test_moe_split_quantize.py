@@ -27,6 +27,7 @@ def _casts(dtype, gpu=""):
 def test_grouped_gemm_casts_launch_once_per_local_expert(dtype, gpu, per_cast):
     casts = _casts(dtype, gpu)
     assert casts[f"w1.{dtype}_cast"] == per_cast * LOCAL_EXPERTS
+    assert casts[f"w3.{dtype}_cast"] == per_cast   # linear_fc1's other half: cast with w1
     assert casts[f"grad.w2.{dtype}_cast"] == per_cast * LOCAL_EXPERTS
 
 

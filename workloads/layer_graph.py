@@ -15,6 +15,7 @@ from .context_parallel import ContextParallelAttention
 from .context_parallel_torch import TorchRingAttention
 from .explicit_comm import ExplicitComm
 from .graph_node import Node
+from .host_cost import FUSED_INTO
 from .kernels import fused_cost
 from .layer_graph_comm import TPCommMixin
 from .layer_builder import BuildOptions, LayerBuilder, LayerShape, TaskSink, \
@@ -230,7 +231,8 @@ class LayerGraph(TPCommMixin):
             deps = (*deps, self._cast_inputs[source])
         ready = fp8_cast_task(sink, ctx, self.shape, grads if phase == "backward" else inputs,
                               deps, phase, name, node.bf16, (inputs, weights, grads),
-                              node.experts)
+                              # w3's splits were cast with w1's: one linear_fc1 module
+                              0 if node.name in FUSED_INTO else node.experts)
         if ready != tuple(deps):   # a cast was emitted
             self._cast_inputs.setdefault(source, ready[0])
         return ready

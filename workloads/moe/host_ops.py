@@ -5,15 +5,10 @@ Megatron-Core runs the routed experts as Transformer Engine GroupedLinear module
 whose host work grows with the rank's local experts L beyond the per-expert GEMM launches
 the task graph already counts (workloads/moe/grouped_gemm.py):
 
-1. Per-split quantisation. Under FP8 / MXFP8 the module quantises its input (forward) and
-   its output gradient (backward) with tex.split_quantize, one quantize call per expert
-   split: Transformer Engine v2.11 transformer_engine/pytorch/csrc/extensions/cast.cpp
-   multi_tensor_quantize_impl has a fused multi-tensor kernel for delayed-scaling FP8 only
-   and otherwise "Quantize kernels individually" (a loop of quantizer->quantize). The task
-   graph has one cast task per operand; the other L - 1 splits' launches are charged here,
-   once per module call (linear_fc1 holds w1 and w3: workloads/host_cost.py FUSED_INTO).
-   Assumption: the FP8 recipes are current scaling (the Megatron-Bridge performance
-   recipes' fp8_cs), so delayed scaling's fused kernel is not taken.
+1. Per-split quantisation is not counted here: the cast task before a grouped GEMM
+   already carries one launch per local expert where Transformer Engine quantises the
+   splits one by one (workloads/precision.py GemmRecipe.cast_per_expert), and the host
+   pays per launch (workloads/host_cost.py).
 2. Per-parameter gradient hooks. GroupedLinear holds one weight parameter per expert
    (weight0 .. weight{L-1}: grouped_linear.py GroupedLinear.__init__), and Megatron-Core's
    DistributedDataParallel registers a hook on each parameter's AccumulateGrad node
@@ -52,16 +47,6 @@ def _expert_module(name: str) -> str | None:
     return module if module in EXPERT_MODULES else None
 
 
-def _cast_module(label: str) -> str | None:
-    """The expert module whose operand a cast task quantises ("w1.mxfp8_cast",
-    "grad.w2.mxfp8_cast"), or None."""
-    parts = label.split(".")
-    if parts and parts[0] == "grad":
-        parts = parts[1:]
-    return _expert_module(parts[0]) if len(parts) >= 2 and parts[-1].endswith("_cast") \
-        else None
-
-
 def _is_dispatch_comm(label: str) -> bool:
     base = label[len("grad."):] if label.startswith("grad.") else label
     return base in DISPATCH_COMMS
@@ -91,12 +76,6 @@ class ExpertHostOps:
             return 0.0
         if _is_dispatch_comm(task.label):
             return self.op_s
-        cast = _cast_module(task.label)
-        if cast is not None:
-            what = "grad_cast" if task.label.startswith("grad.") else "cast"
-            if self._once(task, cast, what):
-                return (self.experts - 1) * task.kernels * self.op_s
-            return 0.0
         module = _expert_module(task.op)
         if module is not None and task.label.endswith(".wgrad") and task.launch_streams > 1:
             if self._once(task, module, "hooks"):
