@@ -7,6 +7,12 @@ from dataclasses import dataclass, field
 
 from .explicit_comm import ExplicitComm
 
+# Linears the simulator builds as separate GEMMs that Megatron-Core runs as one TE module:
+# linear_qkv (query, key, value) and the gated linear_fc1 (w1 and w3), dense and experts
+# (megatron/core/transformer/attention.py SelfAttention, mlp.py MLP, experts.py
+# TEGroupedMLP).
+FUSED_INTO = {"wk": "wq", "wv": "wq", "w3": "w1", "shared_w3": "shared_w1"}
+
 
 @dataclass
 class Node:

@@ -18,6 +18,7 @@ and no synchronisation inside the graph.
 """
 from __future__ import annotations
 
+from .graph_node import FUSED_INTO
 from .moe.dispatch import host_sync_label
 from .moe.host_ops import ExpertHostOps
 from .plan import Plan
@@ -35,11 +36,6 @@ from .program import COMPUTE, GEMM, Task
 # quantisation kernels are launches of their own, priced per launch).
 TE_MODULE_HOST_S = 13.48e-6 * 99.66 / 37.08
 TE_FRAMEWORKS = ("megatron-core",)
-# Linears the simulator builds as separate GEMMs that Megatron-Core runs as one TE module:
-# linear_qkv (query, key, value) and the gated linear_fc1 (w1 and w3), dense and experts
-# (megatron/core/transformer/attention.py SelfAttention, mlp.py MLP, experts.py
-# TEGroupedMLP).
-FUSED_INTO = {"wk": "wq", "wv": "wq", "w3": "w1", "shared_w3": "shared_w1"}
 
 
 def _module_call(task: Task) -> tuple:

@@ -14,8 +14,7 @@ from .attention import AttentionCost, LocalAttention
 from .context_parallel import ContextParallelAttention
 from .context_parallel_torch import TorchRingAttention
 from .explicit_comm import ExplicitComm
-from .graph_node import Node
-from .host_cost import FUSED_INTO
+from .graph_node import FUSED_INTO, Node
 from .kernels import fused_cost
 from .layer_graph_comm import TPCommMixin
 from .layer_builder import BuildOptions, LayerBuilder, LayerShape, TaskSink, \
