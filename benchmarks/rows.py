@@ -17,6 +17,7 @@ import csv
 import hashlib
 import json
 import os
+import resource
 import statistics
 import subprocess
 import sys
@@ -70,6 +71,8 @@ def run_row(row_id: str) -> dict:
     result = api.simulate(plan_from_dict(plan_dict(row)), topology_for(row), api.SimOptions())
     out = {"row": row_id, "wall_s": time.perf_counter() - wall,
            "cpu_s": time.process_time() - cpu0, **cpu, "events": result.events,
+           # ru_maxrss is in KiB on Linux
+           "peak_rss_bytes": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024,
            "step_time_s": repr(float(result.summary["step_time_s"])),
            "summary_digest": hashlib.sha256(json.dumps(
                result.summary, sort_keys=True, default=str).encode()).hexdigest(),
