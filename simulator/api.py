@@ -16,7 +16,7 @@ from workloads.memory import peak_memory
 from workloads.moe.dispatch import DEEPEP_NVL_PEERS, deepep_blocks
 from workloads.moe.layer import dispatch_dims
 from workloads.precision import DTYPES
-from workloads.program import Program
+from workloads.program import Program, gc_paused
 
 from .engine import Engine, SimOptions
 from .network import ALGORITHMS, PROTOCOLS
@@ -138,7 +138,14 @@ def simulate(plan: Plan, topology: Topology, options: SimOptions | None = None,
     The work is estimated first (workloads/budget.py): past `max_tasks` simulated tasks,
     a WorkloadError, before anything is built.
     """
-    options = _with_plan_collectives(options or SimOptions(), plan)
+    # The step's tasks and rows are long-lived and acyclic: the cyclic collector, paused
+    # until the caller drops them, would only rescan them (workloads.program.gc_paused).
+    with gc_paused():
+        return _simulate(plan, topology, options or SimOptions(), max_tasks)
+
+
+def _simulate(plan: Plan, topology: Topology, options: SimOptions, max_tasks: int) -> Result:
+    options = _with_plan_collectives(options, plan)
     plan = resolve_on(plan, topology)
     check_dtype(plan, topology)
     check_deepep(plan, topology)

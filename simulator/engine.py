@@ -21,7 +21,7 @@ from typing import Iterator
 import simpy
 
 from topologies import Topology
-from workloads.program import COMPUTE, Program, Task
+from workloads.program import COMPUTE, Program, Task, gc_paused
 
 from .compute import device_time_s, host_factor
 from .host_timeline import HostTimeline
@@ -87,6 +87,7 @@ class Engine:
         self._twins: dict[tuple, tuple] = {}
         self._class_groups: dict[tuple, tuple[int, ...]] = {}
         self._groups: dict[tuple, tuple[int, ...]] = {}
+        self._group_names: dict[tuple, str] = {}
         self._simulated = set(self.ranks)
         self._busy_sm = {r: 0 for r in self.ranks}
         self._busy_nvls = {r: 0 for r in self.ranks}
@@ -102,6 +103,10 @@ class Engine:
     # ---- driving ------------------------------------------------------------------------
     def run(self) -> None:
         """Simulate the step to completion."""
+        with gc_paused():   # the stage's tasks and the trace's rows are all long-lived
+            self._run()
+
+    def _run(self) -> None:
         for rank in self.ranks:
             stage = self.mesh.stage_of(rank)
             device = self.topology.device(rank)
@@ -131,15 +136,15 @@ class Engine:
         key = (stage, serial)
         if key not in self._streams:
             tasks = self.program.stages[stage]
-            def lane(task: Task) -> str:
-                return ("compute" if serial and (task.kind == COMPUTE or task.op != "send_recv")
-                        else task.stream)
+            # each task's lane once (a stage holds up to millions of tasks)
+            lanes = [("compute" if serial and (t.kind == COMPUTE or t.op != "send_recv")
+                      else t.stream) for t in tasks]
             streams: dict[str, list] = {}
             watched: set[int] = set()
-            for task in tasks:
-                cross = tuple(d for d in task.deps if lane(tasks[d]) != lane(task))
+            for task, own in zip(tasks, lanes):
+                cross = tuple(d for d in task.deps if lanes[d] != own) if task.deps else ()
                 watched.update(cross)
-                streams.setdefault(lane(task), []).append((task, cross))
+                streams.setdefault(own, []).append((task, cross))
             self._streams[key] = (streams, frozenset(watched))
         return self._streams[key]
 
@@ -163,39 +168,41 @@ class Engine:
 
     def _stream(self, rank: int, stage: int, tasks: list, state: "_RankState",
                 durations: list[float], host: HostTimeline | None = None) -> Iterator:
+        # The hot loop, once per task of the step: look-ups hoisted, and the wait until
+        # the rank's host has issued the task (HostTimeline) inline, same events in the
+        # same order as a helper generator would create.
         env, record = self.env, self.trace.record
-        done, waiters = state.done, state.waiters
+        done, waiters, synced_at = state.done, state.waiters, state.synced_at
+        timeout, slowed = env.timeout, self._slowed
+        last_sync, offset = (host.last_sync, host.offset) if host is not None else (None, None)
         for task, cross in tasks:
             for dep in cross:
                 if not done[dep]:
                     yield state.wait(env, dep)
-            if host is not None:
-                yield from self._issued(task.id, state, host)
+            task_id = task.id
+            if last_sync is not None:
+                sync = last_sync[task_id]
+                if sync >= 0 and not done[sync]:
+                    yield state.wait(env, sync)
+                issued = (synced_at[sync] if sync >= 0 else 0.0) + offset[task_id]
+                if issued > env.now:
+                    yield timeout(issued - env.now)
             start = env.now
             if task.kind == COMPUTE:
-                duration = durations[task.id]
+                duration = durations[task_id]
                 if duration:
-                    yield env.timeout(self._slowed(rank, duration))
-                record(rank, stage, task.id, start, env.now, "", "")
+                    yield timeout(slowed(rank, duration))
+                record(rank, stage, task_id, start, env.now, "", "")
             else:
                 algorithm, began = yield from self._communicate(rank, task)
-                record(rank, stage, task.id, max(start, began), env.now,
+                record(rank, stage, task_id, max(start, began), env.now,
                        self._group_name(rank, task), algorithm)
-            done[task.id] = True
+            done[task_id] = True
             if task.host_sync:
-                state.synced_at[task.id] = env.now
-            if task.id in waiters:
-                waiters.pop(task.id).succeed()
+                synced_at[task_id] = env.now
+            if task_id in waiters:
+                waiters.pop(task_id).succeed()
             self.events += 1
-
-    def _issued(self, task_id: int, state: "_RankState", host: HostTimeline) -> Iterator:
-        """Wait until the rank's host has issued task `task_id` (HostTimeline)."""
-        env, sync = self.env, host.last_sync[task_id]
-        if sync >= 0 and not state.done[sync]:
-            yield state.wait(env, sync)
-        issued = (state.synced_at[sync] if sync >= 0 else 0.0) + host.offset[task_id]
-        if issued > env.now:
-            yield env.timeout(issued - env.now)
 
     def _slowed(self, rank: int, duration: float) -> float:
         """A compute duration stretched by collectives running on this rank's SMs."""
@@ -386,8 +393,17 @@ class Engine:
         return lambda member: classes.group_key(member, fixed) == own_key
 
     def _group_name(self, rank: int, task: Task) -> str:
+        """The trace's group column of a task on `rank` (cached: a step repeats a few
+        hundred thousand collectives over a handful of groups)."""
         if task.kind == COMPUTE:
             return ""
+        key = (rank, task.op == "send_recv", task.group, task.peer, task.stream)
+        name = self._group_names.get(key)
+        if name is None:
+            name = self._group_names[key] = self._new_group_name(rank, task)
+        return name
+
+    def _new_group_name(self, rank: int, task: Task) -> str:
         if task.op == "send_recv":
             dim = task.group[0]
             here = self.mesh.index(rank, dim)

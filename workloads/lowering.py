@@ -11,7 +11,7 @@ from __future__ import annotations
 from .layers import layer_shape
 from .params import model_flops
 from .plan import Plan
-from .program import Program
+from .program import Program, gc_paused
 from .schedules import stage_layers
 from .stage_lowering import StageLowering
 
@@ -24,7 +24,8 @@ def lower(plan: Plan, gpu: str = "") -> Program:
         raise ValueError("lower() needs a resolved plan: call workloads.resolve first")
     shape = layer_shape(plan, gpu)
     layers = stage_layers(plan)
-    stages = [StageLowering(plan, shape, s, layers).build() for s in range(plan.mesh.pp)]
+    with gc_paused():   # millions of long-lived tasks: the collector only rescans them
+        stages = [StageLowering(plan, shape, s, layers).build() for s in range(plan.mesh.pp)]
     pp = plan.mesh.pp
     return Program(plan=plan, stages=stages, model_flops=model_flops(plan),
                    notes={"layers_per_stage": [sum(len(r) for r in layers[s::pp])
