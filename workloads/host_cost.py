@@ -22,6 +22,7 @@ from .graph_node import FUSED_INTO
 from .moe.dispatch import host_sync_label
 from .moe.host_ops import ExpertHostOps
 from .plan import Plan
+from .precision import TE_FRAMEWORKS
 from .program import COMPUTE, GEMM, Task
 
 # Host time of one Transformer Engine Linear forward on an x86 DGX host. Measured, BF16,
@@ -35,7 +36,6 @@ from .program import COMPUTE, GEMM, Task
 # what its forward does; FP8 / MXFP8 modules cost what the BF16 one does (their
 # quantisation kernels are launches of their own, priced per launch).
 TE_MODULE_HOST_S = 13.48e-6 * 99.66 / 37.08
-TE_FRAMEWORKS = ("megatron-core",)
 
 
 def _module_call(task: Task) -> tuple:

@@ -20,7 +20,7 @@ from typing import Protocol
 from .attention_impls import BY_GPU_IMPLS, scores_on_chip
 from .errors import WorkloadError
 from .kernels import eager_cost
-from .precision import BF16_BYTES, GemmRecipe
+from .precision import BF16_BYTES, TE_FRAMEWORKS, GemmRecipe
 from .program import COMPUTE, MEMORY, Task
 
 
@@ -106,6 +106,11 @@ class BuildOptions:
     # generic one: workloads/context_parallel.py) or "torch" (torch's ring attention, which
     # torchtitan runs: workloads/context_parallel_torch.py).
     cp_impl: str = ""
+    # Whether q/k/v and gate/up run as one Transformer Engine module each (Megatron-Core's
+    # linear_qkv and linear_fc1: graph_node.FUSED_INTO), which casts its input to FP8/FP4
+    # once for all its GEMMs (TE's Linear casts the module's input, then runs the GEMM of
+    # the concatenated weight: transformer_engine/pytorch/module/layernorm_linear.py).
+    fused_te_modules: bool = False
 
     @classmethod
     def from_plan(cls, plan) -> "BuildOptions":
@@ -122,7 +127,8 @@ class BuildOptions:
         return cls(flash_attention=flash, attention_impl=plan.attention, kernels=plan.kernels,
                    recompute_attention=plan.recompute == "selective" and not flash,
                    tp_overlap=overlap,
-                   cp_impl="torch" if plan.framework == "torchtitan" else "")
+                   cp_impl="torch" if plan.framework == "torchtitan" else "",
+                   fused_te_modules=plan.framework in TE_FRAMEWORKS)
 
 
 class LayerBuilder(Protocol):

@@ -56,6 +56,7 @@ class LayerGraph(TPCommMixin):
         self._reduced: dict[int, int] = {}
         self._deferred: list[tuple[str, dict]] = []
         self._cast_inputs: dict[int, int] = {}   # activation -> its cast, this emission
+        self._module_casts: dict[str, int] = {}  # fused TE module -> its input's cast
 
     # ---- graph building ----------------------------------------------------------
     def _node(self, **fields) -> Node:
@@ -178,7 +179,7 @@ class LayerGraph(TPCommMixin):
         `saved`: ids of nodes whose outputs were kept from the first forward, so that a
         recompute emits nothing for them (their consumers wait only for `input_dep`).
         """
-        self._cast_inputs = {}
+        self._cast_inputs, self._module_casts = {}, {}
         for node in self.nodes:
             deps = tuple(x.task for x in node.inputs) if node.inputs else input_dep
             if node.id in saved:
@@ -228,12 +229,18 @@ class LayerGraph(TPCommMixin):
         if recipe is not None and recipe.shares_input_casts and source in self._cast_inputs:
             inputs = 0.0    # a linear reading the same activation: its cast is done
             deps = (*deps, self._cast_inputs[source])
+        module = FUSED_INTO.get(node.name, node.name)
+        if phase != "backward" and self.options.fused_te_modules \
+                and module in self._module_casts:
+            inputs = 0.0    # one TE module's input, cast once for all its GEMMs
+            deps = (*deps, self._module_casts[module])
         ready = fp8_cast_task(sink, ctx, self.shape, grads if phase == "backward" else inputs,
                               deps, phase, name, node.bf16, (inputs, weights, grads),
                               # w3's splits were cast with w1's: one linear_fc1 module
                               0 if node.name in FUSED_INTO else node.experts)
         if ready != tuple(deps):   # a cast was emitted
             self._cast_inputs.setdefault(source, ready[0])
+            self._module_casts.setdefault(module, ready[0])
         return ready
 
     def _flush_wgrads(self, sink: TaskSink) -> None:

@@ -43,6 +43,11 @@ class OperandCast:
                 else (self.forward_bytes, self.forward_kernels))
 
 
+# The frameworks that run their linears as Transformer Engine modules (Megatron-Core:
+# linear_qkv and linear_fc1 fuse the linears of workloads/graph_node.py FUSED_INTO).
+TE_FRAMEWORKS = ("megatron-core",)
+
+
 @dataclass(frozen=True)
 class GemmRecipe:
     """How a low-precision training dtype runs the linear layers' GEMMs: the operand
