@@ -118,9 +118,12 @@ def test_torchtitan_runs_cudnn_first_on_blackwell_only():
         assert torchtitan_sdpa_backend(gpu) == "cudnn"
     for gpu in ("a100", "h100", "h100-hbm2e", "h200", "unknown"):
         assert torchtitan_sdpa_backend(gpu) == "flash"
-    # the profile's default is Hopper's: flash, kept by the save list
+    # the profile's default leaves the backend to the GPU: flash on Hopper, kept by the
+    # save list; cuDNN on Blackwell, recomputed
     plan = plan_from_dict(small_plan(framework="torchtitan"))
-    assert plan.attention == "flash" and attention_kept(plan.attention)
+    assert plan.attention == "sdpa"
+    assert attention_kept(resolve_on(plan, build("dgx-h100")).attention)
+    assert not attention_kept(resolve_on(plan, build("dgx-b200")).attention)
 
 
 def test_torchtitan_reference_rows_run_the_backend_of_their_gpu():

@@ -68,15 +68,44 @@ def test_an_unresolved_sdpa_is_never_priced_but_its_memory_is_known():
 
 
 def test_a_torchtitan_config_expresses_sdpa_but_not_a_forced_backend():
-    from workloads.jobs import write_torchtitan
+    from workloads.jobs import read_torchtitan, write_torchtitan
 
     plan = plan_from_dict(small_plan(framework="torchtitan", attention="sdpa",
                                      mesh={"dp": 8}, fsdp={"enabled": True}))
-    assert not any("attention" in n for n in write_torchtitan(plan).notes)
-    forced = plan_from_dict(small_plan(framework="torchtitan", attention="cudnn",
-                                       mesh={"dp": 8}, fsdp={"enabled": True}))
-    assert any(n.startswith("not expressible in torchtitan: attention = 'cudnn'")
-               for n in write_torchtitan(forced).notes)
+    exported = write_torchtitan(plan)
+    assert not any("attention" in n for n in exported.notes)
+    # no job-config key picks the backend: the importer leaves it to the GPU
+    back = read_torchtitan(exported.text, model=plan.model.to_dict()).plan
+    assert back["attention"] == "sdpa"
+    for backend in ("cudnn", "flash"):
+        forced = plan_from_dict(small_plan(framework="torchtitan", attention=backend,
+                                           mesh={"dp": 8}, fsdp={"enabled": True}))
+        assert any(n.startswith(f"not expressible in torchtitan: attention = '{backend}'")
+                   for n in write_torchtitan(forced).notes)
+
+
+def _tasks(program) -> list:
+    return [(t.kind, t.op, t.phase, t.label, t.flops, t.bytes) for t in program.stages[0]]
+
+
+@pytest.mark.parametrize("gpu, backend", [("h100", "flash"), ("b200", "cudnn")])
+def test_lowering_on_a_gpu_names_sdpa_as_its_backend(gpu, backend):
+    # lower(plan, gpu) applies the rule resolve_on applies (attention_impls.sdpa_backend)
+    program = lower(resolve(_plan("sdpa"), 8), gpu)
+    assert program.plan.attention == backend
+    assert _tasks(program) == _tasks(lower(resolve(_plan(backend), 8), gpu))
+
+
+def test_the_torchtitan_default_is_the_backend_of_the_topologys_gpu():
+    # a torchtitan plan that names no attention runs cuDNN on a B200 (recomputed under the
+    # op-level checkpoint) and flash on an H100, as torchtitan's SDPA does
+    raw = small_plan(framework="torchtitan", recompute="selective_op",
+                     training={"seq_len": 8192})
+    assert "attention" not in raw and plan_from_dict(raw).attention == "sdpa"
+    for topo_name, backend in (("dgx-b200", "cudnn"), ("dgx-h100", "flash")):
+        topo = build(topo_name)
+        default = simulate(plan_from_dict(raw), topo).summary["step_time_s"]
+        assert default == simulate(_plan(backend), topo).summary["step_time_s"], topo_name
 
 
 def test_gpus_that_pick_different_backends_are_refused():

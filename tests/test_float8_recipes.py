@@ -23,7 +23,7 @@ BF16, FP8, AMAX = 2, 1, 2
 
 def _layer_tasks(dtype: str, framework: str = "torchtitan", layer: int = 1):
     raw = small_plan(training={"dtype": dtype, "global_batch": 8}, framework=framework)
-    program = lower(resolve(plan_from_dict(raw), 8))
+    program = lower(resolve(plan_from_dict(raw), 8), "h100")   # torchtitan's SDPA: flash
     return [t for t in program.stages[0] if t.layer == layer and t.microbatch == 0]
 
 

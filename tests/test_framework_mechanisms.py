@@ -22,7 +22,7 @@ def _run(world: int = 8, **over):
     raw = small_plan(training={"global_batch": 16})
     raw.update(over)
     plan = plan_from_dict(raw)
-    program = lower(resolve(plan, world))
+    program = lower(resolve(plan, world), "h100")   # torchtitan's SDPA runs flash there
     topo = {8: "dgx-h100", 16: "dgx-h100x2"}.get(world, "dgx-h100")
     return program, simulate(plan, topologies.build(topo)).summary
 

@@ -117,6 +117,8 @@ def test_search_framework_restricts_the_space():
     from simulator.search.space import SearchSpace, for_framework
     space = for_framework(SearchSpace(), "torchtitan")
     assert space.granularity == "megatron" and space.sequence_parallel == (True,)
+    assert space.attention == "sdpa"          # SDPA's backend by the topology's GPU
+    assert for_framework(SearchSpace(), "megatron-core").attention == "flash"
     assert "selective" not in space.recompute
     assert "selective_op" not in for_framework(SearchSpace(recompute=("none", "selective_op",
                                                                       "full")),

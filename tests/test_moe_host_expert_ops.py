@@ -18,7 +18,7 @@ LAUNCH_S = 10e-6    # megatron-core's per-kernel host time (workloads/frameworks
 def _tasks(ep: int, **over):
     raw = small_plan(**{"model": MOE, "framework": "megatron-core", "mesh": {"ep": ep},
                         **over})
-    stage = lower(resolve(plan_from_dict(raw), 8)).stages[0]
+    stage = lower(resolve(plan_from_dict(raw), 8), "h100").stages[0]   # SDPA: flash
     return {t.label: t for t in stage if t.layer == 1 and t.microbatch == 0}
 
 

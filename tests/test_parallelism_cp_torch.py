@@ -29,7 +29,7 @@ def _layer_tasks(mode: str, framework: str = "torchtitan", layer: int = 1,
                  kernels: str = "eager"):
     raw = small_plan(mesh={"cp": CP, "dp": DP}, framework=framework, recompute="none",
                      context_parallel={"mode": mode}, kernels=kernels)
-    prog = lower(resolve(plan_from_dict(raw), CP * DP))
+    prog = lower(resolve(plan_from_dict(raw), CP * DP), "h100")   # torchtitan SDPA: flash
     return [t for t in prog.stages[0] if t.layer == layer and t.microbatch == 0]
 
 

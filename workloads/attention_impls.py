@@ -10,10 +10,11 @@
   (which kernel a Blackwell profile's efficiency stands for is left open in
   topologies/specs.py). What differs is the operator it runs as, which decides what an
   op-level checkpoint policy keeps (workloads/checkpointing.py);
-* `sdpa` (framework torchtitan only): torch's scaled_dot_product_attention with the backend
-  torchtitan asks for, which depends on the GPU: the plan leaves it open and the simulator
-  names it (`flash` or `cudnn`, torchtitan_sdpa_backend) once the topology's GPU is known
-  (simulator/api.py, resolve_on); nothing is lowered with `sdpa` unresolved;
+* `sdpa` (framework torchtitan only, and its profile's default): torch's
+  scaled_dot_product_attention with the backend torchtitan asks for, which depends on the
+  GPU: the plan leaves it open and the simulator names it (`flash` or `cudnn`,
+  torchtitan_sdpa_backend) once the topology's GPU is known (simulator/api.py resolve_on;
+  workloads/lowering.py lower, given a GPU); nothing is lowered with `sdpa` unresolved;
 * `eager`: PyTorch's math path (ATen's _scaled_dot_product_attention_math with is_causal);
 * `fused_softmax`: Megatron-LM's attention before FlashAttention, as its 2020-2022 code
   runs it (megatron/model/transformer.py, ParallelSelfAttention / CoreAttention, e.g.

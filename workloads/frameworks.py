@@ -103,6 +103,12 @@ TORCHTITAN: Mapping[str, Any] = MappingProxyType({
     "async_tp": False,
     # No CUDA graphs in torchtitan's training loop; eager Python issues each kernel.
     "cuda_graphs": False, "host_kernel_s": EAGER_HOST_KERNEL_S,
+    # The Llama models' attention is torch SDPA with the backend torchtitan asks for by
+    # GPU (cuDNN first from compute capability 10.0, flash before: torchtitan@6fc499f6f5
+    # torchtitan/models/attention.py, ScaledDotProductAttention._init_backend); "sdpa"
+    # is named as that backend once the topology's GPU is known
+    # (workloads/attention_impls.py torchtitan_sdpa_backend).
+    "attention": "sdpa",
 })
 
 # Megatron-LM before Megatron-Core and FlashAttention (its 2020-2021 code, which the

@@ -8,6 +8,9 @@ uses separate all-gather and reduce-scatter streams), and the optimizer step at 
 """
 from __future__ import annotations
 
+from dataclasses import replace
+
+from .attention_impls import BY_GPU_IMPLS, sdpa_backend
 from .layers import layer_shape
 from .params import model_flops
 from .plan import Plan
@@ -19,9 +22,13 @@ from .stage_lowering import StageLowering
 def lower(plan: Plan, gpu: str = "") -> Program:
     """The Program of a resolved plan (plan.mesh.dp must be a number) on `gpu`, the device
     name whose compute capability decides what a low-precision recipe casts (""; as on
-    Hopper: workloads/precision.py te_recipe)."""
+    Hopper: workloads/precision.py te_recipe) and which backend an attention the GPU
+    decides (`sdpa`) runs as (attention_impls.sdpa_backend; without a GPU it must be
+    named already, else BuildOptions refuses it)."""
     if plan.mesh.dp < 1:
         raise ValueError("lower() needs a resolved plan: call workloads.resolve first")
+    if gpu and plan.attention in BY_GPU_IMPLS:
+        plan = replace(plan, attention=sdpa_backend(plan.attention, gpu))
     shape = layer_shape(plan, gpu)
     layers = stage_layers(plan)
     with gc_paused():   # millions of long-lived tasks: the collector only rescans them

@@ -20,8 +20,8 @@ import dataclasses
 from dataclasses import dataclass
 from typing import Any
 
-from topologies import Topology
-from workloads import Plan, WorkloadError, plan_from_dict, resolve
+from topologies import Topology, TopologyError
+from workloads import Plan, WorkloadError, plan_from_dict
 from workloads.attention_impls import COMPUTE_CAPABILITY
 from workloads.lowering import lower
 from workloads.schedules import stage_layers
@@ -29,6 +29,7 @@ from workloads.memory import peak_memory
 from workloads.precision import non_tn_fp8_gemms
 from workloads.program import COMPUTE
 
+from ..api import resolve_on
 from ..compute import device_time_s, host_factor
 from .space import Candidate
 
@@ -78,8 +79,9 @@ class Checker:
     def check(self, c: Candidate) -> Feasibility:
         """Resolve (divisibility), probe the lowering, check memory against the budget."""
         try:
-            plan = resolve(candidate_plan(c, self.model_ref), self.topology.world_size)
-        except WorkloadError as exc:
+            # resolved as `run` does: dp for the world size, `sdpa` as the GPU's backend
+            plan = resolve_on(candidate_plan(c, self.model_ref), self.topology)
+        except (WorkloadError, TopologyError) as exc:
             return Feasibility(None, f"divisibility: {exc.field}" if hasattr(exc, "field")
                                else f"invalid: {exc}")
         reason = self._lowering_support(plan)

@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 from typing import Any, Iterator
 
 from workloads import ModelSpec
+from workloads.attention_impls import scores_on_chip
 from workloads.plan import MEGATRON, PROJECTIONS, RECOMPUTE, STRATEGIES
 
 # Projection groups the default search assigns one strategy to (the adaptive-sharding study's table rows).
@@ -127,7 +128,10 @@ class Candidate:
 # column/row), the recompute modes it has; torchtitan's TP always shards the norms over
 # the sequence (sequence parallelism), and it shards with FSDP whenever CP is on.
 FRAMEWORK_SPACES = {
-    "torchtitan": {"recompute": ("none", "selective_op", "full"), "sequence_parallel": (True,)},
+    "torchtitan": {"recompute": ("none", "selective_op", "full"), "sequence_parallel": (True,),
+                   # SDPA with the backend torchtitan picks by GPU (its profile's default,
+                   # workloads/frameworks.py; named per topology by simulator/api.py)
+                   "attention": "sdpa"},
     "megatron-core": {"recompute": ("none", "selective", "full")},
     # Megatron-LM 2020-2021 had full recompute only (--checkpoint-activations, arguments.py)
     "megatron-lm": {"recompute": ("none", "full")},
@@ -145,7 +149,8 @@ def for_framework(space: SearchSpace, framework: str) -> SearchSpace:
                          f"{framework} ({', '.join(limits['recompute'])})")
     return dataclasses.replace(space, framework=framework, granularity="megatron",
                                recompute=recompute, sequence_parallel=limits.get(
-                                   "sequence_parallel", space.sequence_parallel))
+                                   "sequence_parallel", space.sequence_parallel),
+                               attention=limits.get("attention", space.attention))
 
 
 def divisors(n: int) -> list[int]:
@@ -218,7 +223,7 @@ def enumerate_space(space: SearchSpace, model: ModelSpec, world_size: int, globa
                     fold("sequence parallelism needs tp > 1", len(assignments))
                     continue
                 sp = False
-            if rc == "selective" and space.attention == "flash":
+            if rc == "selective" and scores_on_chip(space.attention):
                 if "none" in space.recompute:
                     fold("selective recompute = none under flash attention", len(assignments))
                     continue

@@ -125,7 +125,10 @@ def _plan(get, spec: ModelSpec, ref, findings: Findings) -> dict[str, Any]:
         "fsdp": {"enabled": fsdp, "reshard_after_forward": _reshard(get, pp), "version": 2},
         "zero_stage": 0,
         "sharding": {**MEGATRON, "sequence_parallel": tp > 1},
-        "recompute": _recompute(get, findings), "attention": "flash",
+        "recompute": _recompute(get, findings),
+        # no job-config key picks SDPA's backend: torchtitan asks for it by GPU (the
+        # profile's "sdpa", workloads/attention_impls.py torchtitan_sdpa_backend)
+        "attention": "sdpa",
         "kernels": _kernels(get), "optimizer": _optimizer(get, findings),
         "pipeline": _pipeline(get, spec.num_layers, pp, findings),
         # FSDP2 and DDP reduce gradients during the backward (the profile's

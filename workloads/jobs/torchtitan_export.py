@@ -73,11 +73,8 @@ def write_torchtitan(plan: Plan, world_size: int | None = None) -> Exported:
     flavor = _flavor_of(plan.model)
     back = read_torchtitan(text, lenient=True, model=None if flavor else ref)
     mesh = {**back.plan["mesh"], "dp": mesh.dp or "auto"}     # a resolved dp is noted below
-    # a torchtitan config runs SDPA with its GPU's backend, which is what "sdpa" says (the
-    # importer reads it as flash, the backend on Hopper)
-    attention = "sdpa" if plan.attention == "sdpa" else back.plan["attention"]
-    notes = unexpressed(plan, {**back.plan, "model": ref, "mesh": mesh, "attention": attention},
-                        "torchtitan", REASONS)
+    notes = unexpressed(plan, {**back.plan, "model": ref, "mesh": mesh}, "torchtitan",
+                        REASONS)
     if not plan.mesh.dp and back.plan["mesh"]["dp"] != "auto":
         notes.insert(0, f"not expressible in torchtitan: mesh.dp = 'auto' (written as {dp}, "
                         f"the world size {world_size} over pp x cp x tp: torchtitan needs "
