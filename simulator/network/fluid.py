@@ -243,19 +243,18 @@ class Network:
 
     def _component(self, seeds) -> list[_Transfer]:
         """Active transfers connected to `seeds` through shared links, in start order."""
+        mask = np.zeros(len(self.capacity), dtype=bool)
         members = {t.seq: t for t in seeds}
-        stack = [l for t in seeds for l in t.shape.link_ids]
-        seen: set[int] = set()
-        users = self._link_users
-        while stack:
-            link = stack.pop()
-            if link in seen:
-                continue
-            seen.add(link)
-            for seq, u in users.get(link, {}).items():
-                if seq not in members:
-                    members[seq] = u
-                    stack.extend(u.shape.link_ids)
+        for t in seeds:
+            mask[t.shape.links] = True
+        grew = True
+        while grew:
+            grew = False
+            for seq, t in self._active.items():
+                if seq not in members and mask[t.shape.links].any():
+                    members[seq] = t
+                    mask[t.shape.links] = True
+                    grew = True
         return [members[s] for s in sorted(members)]
 
     def _advance(self, t: _Transfer) -> None:
