@@ -67,8 +67,9 @@ class CommModel:
         ratio = self.twin_load_ratio(op, ranks, twins, plan.algorithm)
         weights = None
         if ratio:   # template and plan list the same routes in the same order
-            weights = [{l: 1.0 + ratio[l] for l in route if l in ratio} or None
-                       for route, _ in plan.flows]
+            # A tuple, never mutated: the Network caches its shapes by its identity.
+            weights = tuple({l: 1.0 + ratio[l] for l in route if l in ratio} or None
+                            for route, _ in plan.flows)
         self._twin_weights[key] = weights
         return weights
 

@@ -100,13 +100,14 @@ class _Transfer:
 class _Shape:
     """Size-independent arrays of a transfer, and its schedule on idle links (cached)."""
 
-    __slots__ = ("id", "routes", "mults", "sizes", "links", "phases")
+    __slots__ = ("id", "routes", "mults", "sizes", "links", "link_ids", "phases")
 
     def __init__(self, shape_id: int, routes, mults, sizes, capacity: np.ndarray) -> None:
         self.id = shape_id
         self.routes, self.mults = routes, mults
         self.sizes = np.asarray(sizes, dtype=float)
         self.links = np.unique(np.concatenate(routes))
+        self.link_ids = tuple(int(l) for l in self.links)   # for the per-link index
         self.phases = _idle_phases(routes, mults, self.sizes, capacity)
 
     def state_at(self, elapsed: float) -> tuple[np.ndarray, np.ndarray]:
@@ -160,12 +161,17 @@ class Network:
     def __init__(self, env: simpy.Environment, topology) -> None:
         self.env = env
         self.capacity = np.asarray(topology.link_nccl_Bps, dtype=float)
-        self._users = np.zeros(len(self.capacity), dtype=np.int64)  # transfers per link
+        # link id -> {seq: transfer} of the active transfers on it (no empty entries):
+        # components are found by walking links, not by scanning every active transfer.
+        self._link_users: dict[int, dict[int, _Transfer]] = {}
         self._active: dict[int, _Transfer] = {}                       # seq -> transfer
         self._shapes: dict[tuple, _Shape] = {}
+        # (id(flows), id(weights)) -> (flows, weights, shape), for immutable arguments
+        # (see _shape); holding the objects keeps their ids from being reused.
+        self._shapes_by_id: dict[tuple[int, int], tuple] = {}
         # Rates depend only on which flows of which shapes are running, not on bytes
         # left: a training step repeats the same overlaps, so they are cached.
-        self._rates: dict[tuple, np.ndarray] = {}
+        self._rates: dict[tuple, list[tuple[np.ndarray, np.ndarray]]] = {}
         self._seq = 0
 
     @property
@@ -179,6 +185,8 @@ class Network:
 
         `weights[i]`, if given, maps link id -> multiplicity of flow i on that link
         (1 where absent): the flow stands for that many identical flows on the link.
+        A tuple `flows` (of tuple routes) and a tuple `weights` are cached by identity:
+        the caller must not mutate the mappings in a `weights` tuple afterwards.
         """
         done = self.env.event()
         shape = self._shape(flows, weights)
@@ -187,8 +195,10 @@ class Network:
             return done
         self._seq += 1
         transfer = _Transfer(self._seq, shape, done, self.env.now)
-        isolated = not self._users[shape.links].any()
-        self._users[shape.links] += 1
+        users = self._link_users
+        isolated = not any(l in users for l in shape.link_ids)
+        for l in shape.link_ids:
+            users.setdefault(l, {})[transfer.seq] = transfer
         self._active[transfer.seq] = transfer
         if isolated:
             transfer.isolated_since = self.env.now
@@ -199,6 +209,19 @@ class Network:
 
     # -- internals --------------------------------------------------------------------
     def _shape(self, flows, weights) -> _Shape | None:
+        # Tuples cannot change, so the same objects give the same shape without hashing
+        # every route again (CommModel passes its cached plans' flows and twin weights).
+        by_id = type(flows) is tuple and (weights is None or type(weights) is tuple)
+        if by_id:
+            hit = self._shapes_by_id.get((id(flows), id(weights)))
+            if hit is not None:
+                return hit[2]
+        shape = self._shape_by_content(flows, weights)
+        if by_id:
+            self._shapes_by_id[(id(flows), id(weights))] = (flows, weights, shape)
+        return shape
+
+    def _shape_by_content(self, flows, weights) -> _Shape | None:
         wkey = None if weights is None else tuple(
             None if w is None else tuple(sorted(w.items())) for w in weights)
         key = (tuple(flows), wkey)
@@ -248,21 +271,29 @@ class Network:
         """Recompute max-min rates of a component and schedule each transfer's next event."""
         for t in component:
             self._advance(t)
-        live = [(t, np.flatnonzero(t.left > 0)) for t in component]
-        key = tuple((t.shape.id, idx.tobytes()) for t, idx in live)
-        rates = self._rates.get(key)
-        if rates is None:
-            routes = [t.shape.routes[i] for t, idx in live for i in idx]
-            mults = [t.shape.mults[i] for t, idx in live for i in idx]
-            rates = _FlowSet(routes, mults, self.capacity).rates() if routes else np.zeros(0)
-            self._rates[key] = rates
-        offset = 0
-        for t, idx in live:
-            t.rates = np.zeros(len(t.left))
-            t.rates[idx] = rates[offset:offset + len(idx)]
-            offset += len(idx)
+        masks = [t.left > 0 for t in component]
+        key = tuple((t.shape.id, m.tobytes()) for t, m in zip(component, masks))
+        solved = self._rates.get(key)
+        if solved is None:
+            solved = self._rates[key] = self._solve(component, masks)
+        for t, (idx, rates) in zip(component, solved):
+            t.rates = rates     # shared with the cache: rate arrays are never written to
             if len(idx):
-                self._schedule(t, float((t.left[idx] / t.rates[idx]).min()))
+                self._schedule(t, float((t.left[idx] / rates[idx]).min()))
+
+    def _solve(self, component: list[_Transfer], masks: list[np.ndarray]) -> list[tuple]:
+        """[(indices of live flows, rate of every flow), ...] per transfer of a component."""
+        live = [(t, np.flatnonzero(m)) for t, m in zip(component, masks)]
+        routes = [t.shape.routes[i] for t, idx in live for i in idx]
+        mults = [t.shape.mults[i] for t, idx in live for i in idx]
+        rates = _FlowSet(routes, mults, self.capacity).rates() if routes else np.zeros(0)
+        solved, offset = [], 0
+        for t, idx in live:
+            full = np.zeros(len(t.left))
+            full[idx] = rates[offset:offset + len(idx)]
+            offset += len(idx)
+            solved.append((idx, full))
+        return solved
 
     def _schedule(self, t: _Transfer, delay: float) -> None:
         t.generation += 1
@@ -286,7 +317,11 @@ class Network:
             else:
                 self._resolve(neighbours)
             return
-        self._users[t.shape.links] -= 1
+        for l in t.shape.link_ids:
+            on_link = self._link_users[l]
+            del on_link[t.seq]
+            if not on_link:
+                del self._link_users[l]
         del self._active[t.seq]
         t.generation += 1
         t.done.succeed()
