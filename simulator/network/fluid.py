@@ -161,9 +161,9 @@ class Network:
     def __init__(self, env: simpy.Environment, topology) -> None:
         self.env = env
         self.capacity = np.asarray(topology.link_nccl_Bps, dtype=float)
-        # link id -> {seq: transfer} of the active transfers on it (no empty entries):
-        # components are found by walking links, not by scanning every active transfer.
-        self._link_users: dict[int, dict[int, _Transfer]] = {}
+        # link id -> how many active transfers use it (no zero entries): whether a new
+        # transfer starts alone on idle links, without an array scan per transfer.
+        self._link_users: dict[int, int] = {}
         self._active: dict[int, _Transfer] = {}                       # seq -> transfer
         self._shapes: dict[tuple, _Shape] = {}
         # (id(flows), id(weights)) -> (flows, weights, shape), for immutable arguments
@@ -198,7 +198,7 @@ class Network:
         users = self._link_users
         isolated = not any(l in users for l in shape.link_ids)
         for l in shape.link_ids:
-            users.setdefault(l, {})[transfer.seq] = transfer
+            users[l] = users.get(l, 0) + 1
         self._active[transfer.seq] = transfer
         if isolated:
             transfer.isolated_since = self.env.now
@@ -317,11 +317,12 @@ class Network:
             else:
                 self._resolve(neighbours)
             return
+        users = self._link_users
         for l in t.shape.link_ids:
-            on_link = self._link_users[l]
-            del on_link[t.seq]
-            if not on_link:
-                del self._link_users[l]
+            if users[l] == 1:
+                del users[l]
+            else:
+                users[l] -= 1
         del self._active[t.seq]
         t.generation += 1
         t.done.succeed()

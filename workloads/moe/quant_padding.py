@@ -49,6 +49,7 @@ from __future__ import annotations
 
 import math
 
+from ..precision import TE_FRAMEWORKS
 from .imbalance import capacity, routed_tokens
 
 # Transformer Engine Fp8Padding / Fp8Unpadding's default alignment (align_size None):
@@ -58,7 +59,6 @@ ALIGN_ROWS = 16
 # Forward kernels of the padding (the tokens' and the probabilities' fused_multi_row_padding)
 PAD_LAUNCHES = 2
 CAT_BATCH = 128   # PyTorch CUDA cat: inputs per batched-copy launch (CAT_ARRAY_BATCH_SIZE)
-PADDING_FRAMEWORKS = ("megatron-core",)     # TEGroupedMLP; others: no such module
 PADDING_DISPATCHERS = ("alltoall", "allgather")
 
 
@@ -79,7 +79,7 @@ def pads_expert_rows(plan, recipe_name: str | None, group_ranks: int) -> bool:
     padding); `group_ranks`: the EP x expert-TP ranks whose rows each expert receives.
     """
     opt = plan.moe
-    if recipe_name is None or plan.framework not in PADDING_FRAMEWORKS:
+    if recipe_name is None or plan.framework not in TE_FRAMEWORKS:
         return False
     if opt.dispatcher not in PADDING_DISPATCHERS:
         return False
