@@ -24,6 +24,20 @@ layer-sized shapes, so, as for the 500 W H100, no shape margin is taken off (wav
 quantisation is still charged per GEMM). Attention loses the same clock: the B200 profile's
 attention efficiency times the ratio of this GEMM rate to the 1000 W profile's (the 500 W
 H100's rule, topologies/specs.py POWER_CAPPED_500W_PROFILE).
+
+Cross-check with the limit stated, not used for pricing: Meta's TLX tutorial benchmark,
+run through denoise.sh, which prints "Locking GPU 4 power cap to 750 W" and a 1965 MHz
+clock cap, times cuBLAS FP16 matmuls (the BF16 tensor-core rate) at 1110.1 and 1087.7
+TFLOP/s at 4096^3 and 8192^3 (facebookexperimental/triton pull request 854, 2026;
+pull request 814 printed 1056.8 and 1059.0 on the same script), and in the same run
+PyTorch SDPA's attention forward at 719.2 TFLOP/s at 8192 tokens (head dim 128; the
+backend is not printed); pull request 407 ("On 750W B200") has a Triton warp-specialised
+attention forward at 840.6 TFLOP/s (batch 4, 32 heads, head dim 128, 8192 tokens). So
+the 930 TFLOP/s above is the low end of what a 750 W B200 is measured to sustain
+(B200_750W_CUBLAS_CAPPED_FLOPS is 1.16 times it) and the priced attention rate,
+0.225 x 2250 = 506 TFLOP/s averaged over forward and backward, is below the measured
+750 W forward: the torchtitan B200 rows' shortfall (they run ~1.45x the simulated device
+time) is not a too-high rate of this profile.
 """
 from __future__ import annotations
 
@@ -35,6 +49,9 @@ from .specs import TB, DeviceSpec, device
 # (meta-pytorch/tritonbench pull requests 1009 and 1011).
 B200_750W_GEMM_FLOPS = (913.191 + 933.638 + 914.601 + 958.591) / 4 * TB
 B200_750W_POWER_W = 750
+# Cross-check only (module docstring): cuBLAS FP16 at 4096^3 and 8192^3 under an explicit
+# 750 W cap (facebookexperimental/triton pull request 854).
+B200_750W_CUBLAS_CAPPED_FLOPS = (1110.097549 + 1087.746585) / 2 * TB
 
 
 def _b200_750w() -> DeviceSpec:
