@@ -191,7 +191,14 @@ def _blackwell_profile(mamf_efficiency: float, fp8_mamf_efficiency: float | None
     on Blackwell (Dao-AILab/flash-attention pull request 2605, cuDNN column: head dim 64
     causal at 16k, head dim 128 non-causal at 1k; its MFU column divides by 2.5 PFLOP/s),
     about half to two-thirds of the peak. 0.35 lies between the two; which kernel and
-    speed is left open here."""
+    speed is left open here. Cross-check with the 2025 software the torchtitan B200 rows
+    ran: NVIDIA's SDPA training benchmark on a B200 (NVIDIA/cudnn-frontend v1.13.0,
+    commit 9793df5, benchmark/sdpa_benchmark_training/artifacts/
+    sdpa_bf16_benchmark_results_NVIDIA_B200.csv; PyTorch 2.8 nv25.06, cuDNN 9.10.2;
+    causal, head dim 128, 128 query and 8 KV heads, 8192 tokens) times PyTorch SDPA's
+    cuDNN backend at 1197 TFLOP/s forward and 940 backward (0.53 and 0.42 of the peak)
+    and its flash backend (FlashAttention-2) at 375 and 309: 0.35 is below the cuDNN
+    kernel torchtitan and Transformer Engine run on Blackwell (power limit not stated)."""
     ratio = 1.0 if fp8_mamf_efficiency is None else round(fp8_mamf_efficiency
                                                            / mamf_efficiency, 3)
     return DeviceProfile(gemm_efficiency=round(mamf_efficiency * BLACKWELL_GEMM_MARGIN, 3),
