@@ -1,11 +1,14 @@
-"""GPT-OSS's eager expert epilogue under Megatron-Core (workloads/expert_epilogue.py).
+"""GPT-OSS's eager expert epilogue under Megatron-Core (workloads/expert_epilogue.py)
+and its unfused YaRN RoPE (workloads/yarn_rope.py).
 
 Sources: openai/gpt-oss-120b config.json (swiglu_limit 7.0, expert biases); Megatron-LM
 core_v0.15.0-core_v0.17.0 megatron/core/fusions/fused_bias_geglu.py
 weighted_bias_quick_geglu_impl (eager clamp of both halves, torch.cat, torch.tensor of
 the linear offset on the device) and megatron/core/transformer/moe/experts.py
 TEGroupedMLP._apply_bias (per-expert t + b * p, torch.cat); PyTorch Copy.cu
-(memcpy_and_sync for a blocking host-to-device copy).
+(memcpy_and_sync for a blocking host-to-device copy); Megatron-Bridge utils/fusions.py
+validate_rope_fusion_compatibility (no RoPE fusion for position_embedding_type yarn) and
+Megatron-LM rope_utils.py _apply_rotary_pos_emb_bshd.
 """
 from __future__ import annotations
 
@@ -77,3 +80,22 @@ def test_graphed_and_other_models_get_nothing():
         _, by_op, tasks = _layer_tasks(rid, gpu)
         assert not {op for _, op in by_op} & {"glu_clamp", "expert_bias"}, rid
         assert not any(t.label == CLAMP_SYNC_LABEL for t in tasks)
+
+
+def test_gpt_oss_yarn_rope_runs_unfused_under_megatron_core():
+    """q: 4 x 4096 tokens x 64 heads x 64 (bf16); 12 passes in 12 launches forward (6 on
+    q, 6 on the frequencies), 13 passes in 7 kernels backward, against 2 passes fused."""
+    plan, by_op, _ = _layer_tasks("mb-gptoss120b-b200-bf16-64", "b200")
+    assert plan.model.position_embedding == "yarn"
+    q_bytes = 4 * 4096 * 64 * 64 * 2
+    fwd, bwd = by_op[("forward", "rope")], by_op[("backward", "rope")]
+    assert fwd.bytes == pytest.approx(12 * q_bytes) and fwd.kernels == 12
+    assert bwd.bytes == pytest.approx(13 * q_bytes) and bwd.kernels == 7
+    assert by_op[("forward", "rope_k")].bytes == pytest.approx(12 * q_bytes / 8)   # 8 KV heads
+    _, qwen, _ = _layer_tasks("mb-qwen3-30b-b200-mxfp8-8", "b200")
+    assert qwen[("forward", "rope")].kernels == 1   # plain RoPE stays TE's fused kernel
+
+
+def test_position_embedding_is_rope_or_yarn():
+    with pytest.raises(WorkloadError):
+        ModelSpec("x", 64, 2, 4, 4, 128, 1000, position_embedding="alibi")

@@ -39,7 +39,8 @@ REQUIRED = ("hidden_size", "num_hidden_layers", "num_attention_heads", "intermed
 INTERPRETED_KEYS = {
     "model_type": "gpt2: a GeLU MLP; gpt_oss: attention sinks (transformers' GptOssAttention "
                   "holds a sinks parameter of num_attention_heads) and expert biases "
-                  "(GptOssExperts' gate_up_proj_bias, down_proj_bias); others: gated SiLU",
+                  "(GptOssExperts' gate_up_proj_bias, down_proj_bias) and YaRN RoPE "
+                  "(Megatron-Core's position_embedding_type yarn); others: gated SiLU",
     "hidden_act": "with model_type, the MLP (swiglu unless gpt2)",
     "use_sliding_window": "false drops sliding_window (Qwen2/Qwen3 MoE: transformers sets "
                           "it to None); true needs layer_types",
@@ -133,6 +134,7 @@ def _apply_rules(raw: dict[str, Any], values: dict[str, Any]) -> None:
     if model_type in _SINK_MODEL_TYPES:
         values.setdefault("attention_sinks", True)
         values.setdefault("expert_bias", True)
+        values.setdefault("position_embedding", "yarn")   # GptOssConfig rope_scaling yarn
     if (values.get("kv_lora_rank") and "head_dim" in values
             and values["head_dim"] == values.get("qk_rope_head_dim")):
         # transformers' DeepseekV3Config writes head_dim = qk_rope_head_dim (the RoPE part)

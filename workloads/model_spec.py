@@ -64,6 +64,9 @@ class ModelSpec:
     # carry biases (workloads/expert_epilogue.py prices what Megatron-Core runs for them).
     glu_clamp: float = 0.0
     expert_bias: bool = False
+    # rope | yarn (Megatron-Core's position_embedding_type; GPT-OSS: YaRN, which
+    # Megatron-Bridge runs unfused: workloads/yarn_rope.py)
+    position_embedding: str = "rope"
     mtp_layers: int = 0               # multi-token prediction depth (0: off)
 
     def __post_init__(self) -> None:
@@ -265,6 +268,8 @@ def _check_types(m: ModelSpec) -> None:
         raise WorkloadError("model.name", m.name, "a string")
     if m.mlp not in ("swiglu", "gelu"):
         raise WorkloadError("model.mlp", m.mlp, "swiglu, gelu")
+    if m.position_embedding not in ("rope", "yarn"):
+        raise WorkloadError("model.position_embedding", m.position_embedding, "rope, yarn")
     for flag in ("tie_word_embeddings", "attention_sinks", "expert_bias"):
         if not isinstance(getattr(m, flag), bool):
             raise WorkloadError(f"model.{flag}", getattr(m, flag), "true or false")
