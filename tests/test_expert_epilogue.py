@@ -99,3 +99,30 @@ def test_gpt_oss_yarn_rope_runs_unfused_under_megatron_core():
 def test_position_embedding_is_rope_or_yarn():
     with pytest.raises(WorkloadError):
         ModelSpec("x", 64, 2, 4, 4, 128, 1000, position_embedding="alibi")
+
+
+def test_recompute_modules_rerun_norm_and_moe_act():
+    """Megatron-Bridge's GPT-OSS configs recompute ["layernorm", "moe_act"] with
+    granularity selective from v0.3.0 (overrides.py _set_recompute_overrides): the MoE
+    layer's pre-MLP norm and the experts' clamp + activation run again before the
+    backward, with the linear offset's blocking copy; nothing else reruns."""
+    plan, _, tasks = _layer_tasks("mb-gptoss120b-b200-bf16-64", "b200")
+    assert plan.recompute == "none" and plan.recompute_modules == ("layernorm", "moe_act")
+    rerun = {t.op: t for t in tasks if t.phase == "recompute"}
+    assert set(rerun) == {"ffn_norm", "glu_clamp", "swiglu"}
+    fwd = {t.op: t for t in tasks if t.phase == "forward"}
+    for op, task in rerun.items():
+        assert task.bytes == pytest.approx(fwd[op].bytes), op
+    assert rerun["glu_clamp"].host_sync
+    # the 25.11 rows set the modules without the granularity: no recompute
+    _, _, tasks = _layer_tasks("mb-gptoss120b-b200-bf16-64-gbs512", "b200")
+    assert not [t for t in tasks if t.phase == "recompute"]
+
+
+def test_recompute_modules_are_checked():
+    raw = plan_dict(_row("mb-gptoss120b-b200-bf16-64"))
+    for bad in (["mlp"], "moe_act"):
+        with pytest.raises(WorkloadError):
+            plan_from_dict({**raw, "recompute_modules": bad})
+    with pytest.raises(WorkloadError):
+        plan_from_dict({**raw, "recompute": "full"})
