@@ -36,8 +36,11 @@ core_v0.17.0: megatron/core/transformer/moe/experts.py, the versions of the NeMo
    over rows for the bias (2 + 1), grad * b and its sum over H for the probability
    (2 + 1), 4 kernels per expert; the split's backward cats the row gradients (2 passes,
    1 kernel) and the probabilities' (negligible, 1 kernel): 8 passes, 4 E + 2 kernels.
-   Assumption: the routing probabilities are bf16 like the activations (with fp32 ones
-   b * p and the sum would be fp32 tensors: more bytes, so this is the lower bound).
+   The routing probabilities are bf16: the GPT-OSS configs leave moe_router_dtype unset,
+   so TopKRouter.gating computes the logits in the activations' dtype and the unfused
+   top-k casts the softmax back to it (router.py, moe_utils.py type_as(logits)).
+   Assumption: the dispatchers pass them on in that dtype (fp32 ones would make b * p
+   and the sum fp32 tensors: more bytes, so this is the lower bound).
 
 Only Megatron-Core (Transformer Engine frameworks) runs these, and only eagerly: a
 CUDA-graphed step cannot capture _apply_bias's tokens_per_expert.tolist() nor the blocking
