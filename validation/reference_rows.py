@@ -156,6 +156,11 @@ def plan_dict(row: dict[str, str]) -> dict[str, Any]:
         # block method, recompute_num_layers N)
         raw["recompute"], layers = "full", raw["recompute"][len("full:"):]
         raw["recompute_layers"] = int(layers) if layers.isdigit() else layers
+    elif ":" in raw.get("recompute", ""):
+        # "none:layernorm+moe_act" / "selective:...": Megatron-Core's selective recompute
+        # of those modules (recompute_modules; "selective" adds the attention core)
+        raw["recompute"], modules = raw["recompute"].split(":", 1)
+        raw["recompute_modules"] = modules.split("+")
     if row.get("zero_stage"):
         raw["zero_stage"] = num("zero_stage", 0)
     if raw["framework"] == "torchtitan":

@@ -37,3 +37,5 @@ class Node:
     launch_streams: int = 1        # linear only: streams its launches alternate over
     comm: ExplicitComm | None = None   # kind "comm" only
     passthrough: bool = False      # elementwise: a row permutation, gradients in any layout
+    backward: tuple[float, int] | None = None   # elementwise: (passes, kernels) of an
+                                   # unfused backward (None: one fused kernel's)

@@ -29,14 +29,18 @@ HF_KEYS = {"hidden_size": "hidden_size", "num_hidden_layers": "num_layers",
            "qk_nope_head_dim": "qk_nope_head_dim", "qk_rope_head_dim": "qk_rope_head_dim",
            "v_head_dim": "v_head_dim",
            # sliding-window attention (MistralConfig, GptOssConfig)
-           "sliding_window": "sliding_window", "layer_types": "layer_types"}
+           "sliding_window": "sliding_window", "layer_types": "layer_types",
+           # GptOssConfig: both GLU halves clamped at this value (workloads/expert_epilogue.py)
+           "swiglu_limit": "glu_clamp"}
 REQUIRED = ("hidden_size", "num_hidden_layers", "num_attention_heads", "intermediate_size",
             "vocab_size")
 
 # Keys read by a rule of model_from_dict, with the values it can express.
 INTERPRETED_KEYS = {
     "model_type": "gpt2: a GeLU MLP; gpt_oss: attention sinks (transformers' GptOssAttention "
-                  "holds a sinks parameter of num_attention_heads); others: gated SiLU",
+                  "holds a sinks parameter of num_attention_heads) and expert biases "
+                  "(GptOssExperts' gate_up_proj_bias, down_proj_bias) and YaRN RoPE "
+                  "(Megatron-Core's position_embedding_type yarn); others: gated SiLU",
     "hidden_act": "with model_type, the MLP (swiglu unless gpt2)",
     "use_sliding_window": "false drops sliding_window (Qwen2/Qwen3 MoE: transformers sets "
                           "it to None); true needs layer_types",
@@ -53,7 +57,7 @@ _IGNORED_BY_REASON = {
     "initialisation and numerics (no work or memory)": (
         "initializer_range", "rms_norm_eps", "layer_norm_eps", "layer_norm_epsilon",
         "activation_function", "scale_attn_weights", "reorder_and_upcast_attn",
-        "scale_attn_by_inverse_layer_idx", "swiglu_limit", "pretraining_tp"),
+        "scale_attn_by_inverse_layer_idx", "pretraining_tp"),
     "positions: RoPE's frequencies and the longest context, not the trained sequence": (
         "max_position_embeddings", "n_positions", "n_ctx", "rope_theta", "rope_scaling",
         "rope_parameters", "rope_interleave", "initial_context_length"),
@@ -129,6 +133,8 @@ def _apply_rules(raw: dict[str, Any], values: dict[str, Any]) -> None:
         values["mlp"] = "swiglu" if model_type != "gpt2" else "gelu"
     if model_type in _SINK_MODEL_TYPES:
         values.setdefault("attention_sinks", True)
+        values.setdefault("expert_bias", True)
+        values.setdefault("position_embedding", "yarn")   # GptOssConfig rope_scaling yarn
     if (values.get("kv_lora_rank") and "head_dim" in values
             and values["head_dim"] == values.get("qk_rope_head_dim")):
         # transformers' DeepseekV3Config writes head_dim = qk_rope_head_dim (the RoPE part)

@@ -18,6 +18,7 @@ and no synchronisation inside the graph.
 """
 from __future__ import annotations
 
+from .expert_epilogue import CLAMP_SYNC_LABEL
 from .graph_node import FUSED_INTO
 from .moe.dispatch import host_sync_label
 from .moe.host_ops import ExpertHostOps
@@ -67,5 +68,5 @@ def add_host_issue_time(tasks: list[Task], plan: Plan) -> None:
                 task.host_s += module_s - plan.host_kernel_s
         if experts is not None:
             task.host_s += experts.extra_s(task)
-        if sync is not None and task.label == sync and task.phase in ("forward", "recompute"):
+        if task.label in (sync, CLAMP_SYNC_LABEL) and task.phase in ("forward", "recompute"):
             task.host_sync = True

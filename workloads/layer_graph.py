@@ -82,18 +82,20 @@ class LayerGraph(TPCommMixin):
     def elementwise(self, name: str, inputs: list[Node], layout: str | None = None,
                     features: int | None = None, rw: tuple[float, float] = (1.0, 1.0),
                     rows_scale: float | None = None, passthrough: bool = False,
-                    launches: int = 1) -> Node:
+                    launches: int = 1, backward: tuple[float, int] | None = None) -> Node:
         """A memory-bound op; all inputs are first brought to one layout. By default it
         works on as many token rows as its inputs (MoE: the dispatched expert rows).
         `passthrough`: it only moves rows (MoE permutes), so its gradient may stay a
-        partial sum. `launches`: its forward's kernels (MoE: workloads/moe/dispatch.py)."""
+        partial sum. `launches`: its forward's kernels (MoE: workloads/moe/dispatch.py).
+        `backward`: (passes, kernels) of a backward that is not one fused kernel's."""
         layout = layout or inputs[0].layout
         inputs = [self.to_layout(x, layout) for x in inputs]
         rows = max((x.rows_scale for x in inputs), default=1.0) if rows_scale is None \
             else rows_scale
         return self._node(kind="elementwise", name=name, layout=layout,
                           features=features or inputs[0].features, inputs=inputs, rw=rw,
-                          rows_scale=rows, passthrough=passthrough, launches=launches)
+                          rows_scale=rows, passthrough=passthrough, launches=launches,
+                          backward=backward)
 
     def linear(self, name: str, x: Node, strategy: str, out_features: int,
                experts: int = 0, bf16: bool = False, efficiency: float = 1.0,
@@ -162,6 +164,8 @@ class LayerGraph(TPCommMixin):
         backward = "backward" if phase == "backward" else "forward"
         passes, kernels = fused_cost(node.name, node.rw[0] + node.rw[1], backward)
         fused = (passes, node.launches if backward == "forward" and kernels else kernels)
+        if backward == "backward" and node.backward is not None:
+            fused = node.backward
         return memory_task(sink, ctx, self.options, sh.act_bytes, node.name, phase, deps,
                            local * node.rows_scale, fused,
                            f"{node.name}.{'bwd' if backward == 'backward' else 'fwd'}")

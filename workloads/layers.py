@@ -21,6 +21,7 @@ from .plan import Plan
 from .precision import precision
 from .schedules import EMBED, HEAD
 from .torchao_recipes import gemm_recipe
+from .yarn_rope import rope
 
 
 def layer_shape(plan: Plan, gpu: str = "") -> LayerShape:
@@ -77,8 +78,8 @@ def add_layer(g: LayerGraph, plan: Plan, layer: int, x: Node) -> Node:
         q = g.linear("wq", h, st["wq"], m.q_size)
         k = g.linear("wk", h, st["wk"], m.kv_size)
         v = g.linear("wv", h, st["wv"], m.v_size)
-        q = g.elementwise("rope", [q], layout=_elementwise_layout(q.layout))
-        k = g.elementwise("rope_k", [k], layout=_elementwise_layout(k.layout))
+        q = rope(g, plan, "rope", q, _elementwise_layout(q.layout))
+        k = rope(g, plan, "rope_k", k, _elementwise_layout(k.layout))
         o = g.attention(q, k, v, window)
     y = g.to_layout(g.linear("wo", o, st["wo"], m.hidden_size), resid)
     x = g.elementwise("residual_add", [x, y], rw=(2.0, 1.0))

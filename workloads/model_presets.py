@@ -65,10 +65,14 @@ PRESETS: dict[str, ModelSpec] = {
     # d 2880, 64 query heads and 8 KV heads of 64, 128 experts of FFN 2880 (SwiGLU), top-4,
     # vocab 201088; layers alternate a 128-token sliding window and full attention, the
     # first windowed; a learned sink logit per head. 116.83B total, 5.13B active (model
-    # card Table 1). Not modelled: the q/k/v/o and expert biases (0.04B, under 0.1 %).
+    # card Table 1). The q/k/v/o and expert biases' parameters and FLOPs are not counted
+    # (0.04B, under 0.1 %); the expert biases' eager kernels and the GLU clamp (config.json
+    # swiglu_limit 7.0) are priced (workloads/expert_epilogue.py), and YaRN RoPE
+    # (rope_scaling yarn, factor 32) runs unfused in Megatron-Core (workloads/yarn_rope.py).
     "gpt-oss-120b": ModelSpec("gpt-oss-120b", 2880, 36, 64, 8, 2880, 201088, head_dim=64,
                               num_experts=128, experts_per_token=4, sliding_window=128,
                               layer_types=tuple(SLIDING if i % 2 == 0 else FULL
                                                 for i in range(36)),
-                              attention_sinks=True),
+                              attention_sinks=True, glu_clamp=7.0, expert_bias=True,
+                              position_embedding="yarn"),
 }

@@ -59,6 +59,14 @@ class ModelSpec:
     sliding_window: int = 0
     layer_types: tuple = ()
     attention_sinks: bool = False     # one learned softmax logit per head (GPT-OSS)
+    # Clamped GLU (GPT-OSS: swiglu_limit 7.0): both halves of the gated unit's input are
+    # clamped before the activation (0.0: none); expert_bias: the routed experts' GEMMs
+    # carry biases (workloads/expert_epilogue.py prices what Megatron-Core runs for them).
+    glu_clamp: float = 0.0
+    expert_bias: bool = False
+    # rope | yarn (Megatron-Core's position_embedding_type; GPT-OSS: YaRN, which
+    # Megatron-Bridge runs unfused: workloads/yarn_rope.py)
+    position_embedding: str = "rope"
     mtp_layers: int = 0               # multi-token prediction depth (0: off)
 
     def __post_init__(self) -> None:
@@ -260,9 +268,14 @@ def _check_types(m: ModelSpec) -> None:
         raise WorkloadError("model.name", m.name, "a string")
     if m.mlp not in ("swiglu", "gelu"):
         raise WorkloadError("model.mlp", m.mlp, "swiglu, gelu")
-    for flag in ("tie_word_embeddings", "attention_sinks"):
+    if m.position_embedding not in ("rope", "yarn"):
+        raise WorkloadError("model.position_embedding", m.position_embedding, "rope, yarn")
+    for flag in ("tie_word_embeddings", "attention_sinks", "expert_bias"):
         if not isinstance(getattr(m, flag), bool):
             raise WorkloadError(f"model.{flag}", getattr(m, flag), "true or false")
+    if (not isinstance(m.glu_clamp, (int, float)) or isinstance(m.glu_clamp, bool)
+            or not 0 <= m.glu_clamp < float("inf")):
+        raise WorkloadError("model.glu_clamp", m.glu_clamp, "a non-negative number (0: none)")
     types = m.layer_types
     if not isinstance(types, (list, tuple)) or any(t not in (FULL, SLIDING) for t in types):
         raise WorkloadError("model.layer_types", types, f"a list of {FULL!r} or {SLIDING!r}")

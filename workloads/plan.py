@@ -27,6 +27,7 @@ from .frameworks import FRAMEWORKS, framework_values
 from .kernels import KERNEL_MODES, OPTIMIZERS
 from .mesh import Mesh, ParallelDims
 from .models import ModelSpec, load_model
+from .module_recompute import RECOMPUTE_MODULES
 from .moe_options import MoEOptions, parse_moe
 from .plan_checks import check_resolved
 from .plan_sections import (DTYPES, LOW_PRECISION, SCHEDULES,  # noqa: F401 (the plan's names)
@@ -85,6 +86,9 @@ class Plan:
     # --recompute-num-layers N: megatron/core/transformer/transformer_block.py,
     # _checkpointed_forward); 0: every layer (the uniform method over single layers)
     recompute_layers: int = 0
+    # Megatron-Core's recompute_modules beyond the attention core (workloads/
+    # module_recompute.py): () or some of "layernorm", "moe_act"
+    recompute_modules: tuple[str, ...] = ()
     attention: str = "flash"
     kernels: str = "fused"          # memory-bound ops: fused | eager (workloads/kernels.py)
     optimizer: str = "fused"        # Adam step: fused | foreach | for_loop (workloads/kernels.py)
@@ -145,6 +149,12 @@ class Plan:
         if not is_int(self.recompute_layers) or self.recompute_layers < 0:
             raise WorkloadError("recompute_layers", self.recompute_layers,
                                 "an integer >= 0 (0: every layer)")
+        if not isinstance(self.recompute_modules, tuple) or not set(
+                self.recompute_modules) <= set(RECOMPUTE_MODULES) or (
+                self.recompute_modules and self.recompute not in ("none", "selective")):
+            raise WorkloadError("recompute_modules", self.recompute_modules,
+                                f"a list of {', '.join(RECOMPUTE_MODULES)} (with recompute "
+                                "none or selective)")
         if self.recompute_layers and self.recompute != "full":
             raise WorkloadError("recompute_layers", self.recompute_layers,
                                 '0 unless recompute is "full"')
@@ -285,8 +295,8 @@ def _pipeline(raw: dict) -> Pipeline:
 
 
 TOP_KEYS = ("name", "model", "training", "mesh", "fsdp", "zero_stage", "sharding", "layers",
-            "recompute", "recompute_layers", "attention", "kernels", "optimizer", "pipeline",
-            "overlap", "topology",
+            "recompute", "recompute_layers", "recompute_modules", "attention", "kernels",
+            "optimizer", "pipeline", "overlap", "topology",
             "description", "framework", "cuda_graphs", "host_overhead", "ddp",
             "context_parallel", "moe", "tensor_parallel", "collectives")
 
@@ -303,9 +313,14 @@ def _extensions(raw: dict) -> dict:
     _known_keys(coll, "collectives", ("algorithm", "protocol"))
     return {"cp_mode": cp.get("mode", "ring"), **moe,
             "recompute_layers": raw.get("recompute_layers", 0),
+            "recompute_modules": _modules(raw.get("recompute_modules", [])),
             "tp_depth": tp.get("depth", 1),
             "collective_algorithm": coll.get("algorithm"),
             "collective_protocol": coll.get("protocol")}
+
+
+def _modules(value: Any) -> Any:
+    return tuple(value) if isinstance(value, list) else value
 
 
 def plan_from_dict(raw: Any, base_dir: Path | None = None, default_name: str = "plan") -> Plan:

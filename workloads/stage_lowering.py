@@ -19,6 +19,7 @@ from .kernels import adam_step_cost
 from .layer_builder import BuildOptions, LayerBuilder, LayerShape, TaskSink
 from .layers import unit_builder
 from .memory import grad_state_bytes
+from .module_recompute import module_recompute_saved, recomputed_nodes
 from .moe.a2a_overlap import PassPieces, combined_order, reorder
 from .param_gathers import ParamGathers
 from .params import unit_param_groups
@@ -290,13 +291,16 @@ class StageLowering:
             graph = self.graphs.pop((unit, mb))
             ctx = self._ctx(unit, mb)
             deps = self._join([grad, *gathers], unit, mb, "backward")
-            if isinstance(unit, int) and self.plan.recomputes(layers.index(unit)):
+            whole = isinstance(unit, int) and self.plan.recomputes(layers.index(unit))
+            if whole or (isinstance(unit, int) and recomputed_nodes(self.plan, unit)):
                 # the whole layer reruns (its options ask for no separate attention
-                # recompute: that is selective recompute's alone)
+                # recompute: that is selective recompute's alone), or what op-level
+                # checkpointing did not keep (1D TP only), or Megatron-Core's named modules
                 graph = self._graph(unit)
-                # op-level checkpointing reruns only what it did not keep (1D TP only)
                 kept = ({"saved": op_checkpoint_saved(graph)}
-                        if self.plan.recompute == "selective_op" else {})
+                        if whole and self.plan.recompute == "selective_op" else
+                        {} if whole else
+                        {"saved": module_recompute_saved(graph, self.plan, unit)})
                 deps = (graph.emit_forward(self.sink, ctx, deps, phase="recompute", **kept),)
             grad = graph.emit_backward(self.sink, ctx, deps[0] if len(deps) == 1 else grad)
             self.pass_ends.append(grad)

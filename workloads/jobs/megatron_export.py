@@ -60,6 +60,14 @@ def write_megatron(plan: Plan) -> Exported:
         if getattr(plan.model, name):
             notes.append(f"not expressible in these flags: model.{name} = "
                          f"{getattr(plan.model, name)} (the flags write full attention)")
+    for name in ("glu_clamp", "expert_bias"):
+        if getattr(plan.model, name):
+            notes.append(f"not expressible in these flags: model.{name} = "
+                         f"{getattr(plan.model, name)} (the flags write an unclamped GLU "
+                         "and bias-free experts)")
+    if plan.model.position_embedding != "rope":
+        notes.append(f"not expressible in these flags: model.position_embedding = "
+                     f"{plan.model.position_embedding} (the flags write plain RoPE)")
     return Exported(text, notes)
 
 

@@ -39,6 +39,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+from ..expert_epilogue import clamped_glu, expert_bias
 from ..layouts import P, S
 from .dispatch import Geometry, combine, dispatch
 from .grouped_gemm import grouped_gemm_efficiency, grouped_gemm_launches, grouped_gemm_streams
@@ -121,10 +122,12 @@ def _experts(g: "LayerGraph", plan, layer: int, geo: Geometry, rows: "Node") -> 
         # linear unit): its per-expert launches are w1's; w3 stands for the other half
         fused = dict(grouped, launches=1)
         b = g.linear("w3", rows, s3, m.moe_ffn_size, **fused)
-        act = g.elementwise("swiglu", [a, b], layout=_nonpartial(a.layout), rw=(2.0, 1.0))
+        act = g.elementwise("swiglu", clamped_glu(g, plan, a, b), layout=_nonpartial(a.layout),
+                            rw=(2.0, 1.0))
     else:
         act = g.elementwise("gelu", [a], layout=_nonpartial(a.layout))
-    out = g.linear("w2", act, s2, m.hidden_size, **grouped)
+    out = expert_bias(g, plan, g.linear("w2", act, s2, m.hidden_size, **grouped),
+                      geo.local_experts)
     if padded:   # Fp8Unpadding: the output rows copied back without the padding
         out = g.elementwise("expert_unpad", [out], rw=(1.0, 1.0), passthrough=True,
                             launches=unpad_launches(geo.local_experts))
