@@ -241,7 +241,8 @@ class CollectiveModel:
         nvlink_unit, net_unit = self._nvls_stage_units(shape, op, template, eff)
         return nvls_fill_s(op, algo, shape, size, channels, nvls_heads(shape), nvlink_unit,
                            device_arch(device.name), self.topology.nic_nccl_Bps / 1e9,
-                           behind_switch, net_unit)
+                           behind_switch, net_unit, self.options.nccl_version,
+                           self.topology.transport.nccl_env.buffsize_bytes)
 
     def _nvls_stage_units(self, shape: GroupShape, op: str, template: Template,
                           eff: float) -> tuple[float, float]:
@@ -268,7 +269,7 @@ class CollectiveModel:
         arch = device_arch(device.name)
         if algo in _NVLS:
             return nvls_channels(arch, shape.num_domains, shape.ppn,
-                                 self.topology.nic_nccl_Bps / 1e9)
+                                 self.topology.nic_nccl_Bps / 1e9, self.options.nccl_version)
         base = coll_channels(arch, shape.num_domains, min(shape.channels, self.topology.rails)
                              if shape.num_domains > 1 else 0)
         base = self.topology.transport.nccl_env.clamp_channels(base)  # NCCL_MIN/MAX_NCHANNELS

@@ -109,17 +109,19 @@ def tree_depth(nodes: int) -> int:
 def nvls_fill_s(op: str, algo: str, shape: GroupShape, size: float, channels: int,
                 heads: int, unit_time_s: float, arch: str = "hopper", nic_GBps: float = 0.0,
                 nic_behind_switch: bool = True,
-                net_unit_time_s: float | None = None) -> tuple[float, int]:
+                net_unit_time_s: float | None = None, version: str | None = None,
+                simple_buffsize_bytes: int = 0) -> tuple[float, int]:
     """(pipeline-fill seconds, chunk bytes) of an NVLS or NVLS_Tree collective.
 
     `unit_time_s` is the streaming time per byte of S of the NVLink stages, and
     `net_unit_time_s` that of the network stages (default: the same), so a wave of W bytes
     passes one stage in W x its unit time. A pipeline of stages streams at its slowest
     stage and fills in the time of the others: fill = wave x (sum of the stages' unit
-    times - the largest).
+    times - the largest). `version` (NCCL release) and `simple_buffsize_bytes`
+    (NCCL_BUFFSIZE) set the chunk (channels.nvls_tree_max_chunk).
     """
     base, tree_max = nvls_tree_max_chunk(arch, shape.num_domains, shape.ppn, nic_GBps,
-                                         nic_behind_switch)
+                                         nic_behind_switch, version, simple_buffsize_bytes)
     chunk = nvls_chunk_bytes(algo, size, channels, heads, base, tree_max)
     wave = min(channels * heads * chunk, size)
     units = [unit_time_s] * NVLS_STAGES.get(op, 3)

@@ -16,6 +16,17 @@ ncclTunerConstantsDefaults):
     14 us per network step.
   * from 2.28.9: the tables of constants.py (NVLS_Tree 20.9 us per network step).
 
+NVLS tuning by release [NVIDIA/nccl src/transport/nvls.cc, src/enqueue.cc at each tag]:
+
+  * up to 2.20.x an NVLS_Tree chunk starts at the Simple step, NCCL_BUFFSIZE / NCCL_STEPS
+    (512 KiB by default), 64 KiB from 4 nodes on (v2.18.5-1 calcCollChunking, v2.20.5-1
+    computeCollChunkInfo); from 2.21 at NCCL_NVLS_CHUNKSIZE (128 KiB), capped by
+    NVLSTREE_MAX_CHUNKSIZE (64 KiB from 4 nodes on) (v2.21.5-1 computeCollChunkInfo).
+  * Blackwell nvlsChannels: 32 up to 2.26.x (NVLS_NCHANNELS_SM100, v2.26.6-1); from 2.27
+    24 in one NVLink domain (NVLS_NCHANNELS_SM100_NVL, v2.27.3-1 ncclNvlsInit); from 2.30
+    the multi-node SM100 NVLS_Tree tuning sets channels and chunks by node count, NIC
+    speed and GPUs per node (ncclNvlsTreeSm100Tuning, first in v2.30.3-1).
+
 A version string that does not parse ("unknown", "") gets the newest tables.
 """
 from __future__ import annotations
@@ -48,6 +59,10 @@ _ERAS: tuple[tuple[tuple[int, int, int], dict[tuple[str, str, str, str], float]]
 # Before 2.19 NVLS_Tree's network latency grows with the node count, not its log
 # [tuning.cc 2.18.x: 2 * (nNodes - 1) * hwLat[NET][NVLS_TREE]].
 LINEAR_NVLS_TREE_BEFORE = (2, 19, 0)
+# First releases of NVLS tuning changes (module docstring).
+NVLS_TREE_CHUNK_FROM_NVLS_CHUNKSIZE = (2, 21, 0)
+NVLS_SM100_ONE_DOMAIN_CHANNELS_FROM = (2, 27, 0)
+NVLS_SM100_TREE_TUNING_FROM = (2, 30, 0)
 
 
 def parse_version(version: str | None) -> tuple[int, int, int] | None:
@@ -76,3 +91,10 @@ def linear_nvls_tree(version: str | None) -> bool:
     """True where the release prices NVLS_Tree's network steps as 2 x (nNodes - 1)."""
     parsed = parse_version(version)
     return parsed is not None and parsed < LINEAR_NVLS_TREE_BEFORE
+
+
+def released_before(version: str | None, first: tuple[int, int, int]) -> bool:
+    """True where the release is older than `first`; False for an unknown release (the
+    newest behaviour applies)."""
+    parsed = parse_version(version)
+    return parsed is not None and parsed < first
