@@ -170,9 +170,12 @@ class CollectiveModel:
                 version = self.options.nccl_version
                 lat = nccl_latency_s(shape, op, algo, proto, size, channels,
                                      self.topology.net_latency_s, version)
-                wire = self.topology.transport.wire_latency_s   # when the plugin reports
-                lat_wire = lat if wire is None else nccl_latency_s(   # another latency
-                    shape, op, algo, proto, size, channels, wire, version)
+                # The time: the wire's latency where the plugin reports another one, and
+                # later recalibrations of the release's constants (tuning_versions).
+                wire = self.topology.transport.wire_latency_s
+                lat_wire = nccl_latency_s(shape, op, algo, proto, size, channels,
+                                          self.topology.net_latency_s if wire is None
+                                          else wire, version, timing=True)
                 # NCCL's tuner chooses by its own model, which has no pipeline fill
                 # [enqueue.cc topoGetAlgoInfo]; the fill is paid after the choice.
                 tuned = lat + template.unit_time_s * size / eff

@@ -77,10 +77,11 @@ def ring_ll_efficiency(op: str, nodes: int, version: str | None = None) -> float
 
 
 def hw_latency_s(link: str, algorithm: str, protocol: str,
-                 version: str | None = None) -> float:
+                 version: str | None = None, timing: bool = False) -> float:
     """NCCL hwLatencies[link][algorithm][protocol] per step in seconds (link: nvlink|net),
-    as NCCL `version` shipped it [tuning_versions]."""
-    value = override_us(version, "hw", link, algorithm, protocol)
+    as NCCL `version` shipped it, or with `timing` as later recalibrated
+    [tuning_versions]."""
+    value = override_us(version, "hw", link, algorithm, protocol, timing)
     return (_HW_LAT_US[link][algorithm][_P[protocol]] if value is None else value) * US
 
 
@@ -272,7 +273,10 @@ ASSUMPTIONS = (
      "[tuning.cc at each tag]; so do NVLS_Tree's first chunk (the Simple step, 512 KiB, "
      "up to 2.20; NVLS_CHUNKSIZE 128 KiB from 2.21) and Blackwell's NVLS channels (32 up "
      "to 2.26; 24 in one domain from 2.27; ncclNvlsTreeSm100Tuning from 2.30) [enqueue.cc, "
-     "nvls.cc at each tag]; a row without a version gets the newest"),
+     "nvls.cc at each tag]; a row without a version gets the newest. The release's "
+     "latencies steer the choice; the time takes a later recalibration of an entry "
+     "whose kernel did not change (NVLS_Tree's 20.9 us per network step from 2.28.9, "
+     "for 2.26.2+: tuning_versions.RECALIBRATED_FROM)"),
     ("NVLS search speed", "only with more GPUs than heads (NVL72)", "NCCL's search fits "
      "(heads+1) x speed in each GPU's NVLink [search.cc]; with one head per GPU the links "
      "match 5-8 x H100 NVLS (NVIDIA/nccl issue 1455)"),

@@ -32,10 +32,12 @@ def _log2i(x: int) -> int:
 
 def nccl_latency_s(shape: GroupShape, op: str, algo: str, proto: str, size: float,
                    channels: int, latency_inter_s: float = LATENCY_INTER_S,
-                   version: str | None = None) -> float:
+                   version: str | None = None, timing: bool = False) -> float:
     """NCCL tuning.cc latency of (algorithm, protocol) on this group; `latency_inter_s` is
     the net plugin's reported latency (graph->latencyInter); `version` the NCCL release
-    whose constants apply (None: the newest) [tuning_versions]."""
+    whose constants apply (None: the newest) [tuning_versions]; `timing`: the time of
+    the kernels, with later recalibrations of the release's entries (NCCL's choice uses
+    the release's own)."""
     n, nodes, ppn = shape.n, shape.num_domains, shape.ppn
     multi = nodes > 1
     lat_algo = "ring" if algo in ("p2p", "hierarchical") else algo
@@ -43,7 +45,7 @@ def nccl_latency_s(shape: GroupShape, op: str, algo: str, proto: str, size: floa
     intra = hw_latency_s("nvlink", lat_algo, proto, version)
     # NCCL: with one GPU per node the network step costs Tree's NET latency.
     inter = hw_latency_s("net", "tree" if ppn == 1 and lat_algo in ("ring", "pat")
-                         else lat_algo, proto, version)
+                         else lat_algo, proto, version, timing)
     inter += latency_inter_s * (2 if proto == "Simple" else 1)
     net_oh = NET_OVERHEAD_S * (3 if proto == "Simple" else 1) if multi else 0.0
     step = max(intra, net_oh)
