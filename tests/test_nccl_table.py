@@ -233,14 +233,23 @@ def test_report_lists_the_lambda_one_off_and_keeps_it_scored():
 
 
 def test_rows_are_priced_with_their_nccl_release():
-    # Lambda's B200 run states NCCL 2.26.2, whose NVLS_Tree network step is 14 us (20.9
-    # from 2.28.9): its NVLS_Tree points are 2 x 6.9 us faster than under the newest tables.
+    # Lambda's B200 run states NCCL 2.26.2: its NVLS_Tree moves 128 KiB chunks
+    # (NCCL_NVLS_CHUNKSIZE; the SM100 tuning that cuts them to 64 KiB on 2 nodes of 8
+    # B200 behind PCIe switches came in 2.30), so at 512 MiB its pipeline fill is twice
+    # the newest release's: the stated point is slower by one newest fill.
     from dataclasses import replace
 
-    pts = [p for p in load_points() if p.id == "lambda-b200-16-all_reduce-16777216"]
+    from simulator.network import CollectiveModel
+    from topologies import build
+
+    pts = [p for p in load_points() if p.id == "lambda-b200-16-all_reduce-536870912"]
     assert pts and pts[0].nccl_version == "2.26.2"
     systems = load_systems()
     stated, _ = predict(pts, systems)
     newest, _ = predict([replace(pts[0], nccl_version="unknown")], systems)
     assert stated[0].predicted_algorithm == newest[0].predicted_algorithm == "nvls_tree"
-    assert newest[0].predicted_time_us - stated[0].predicted_time_us == pytest.approx(13.8)
+    plan = CollectiveModel(build("dgx-b200x2")).plan("all_reduce", tuple(range(16)),
+                                                     1 << 29)
+    assert plan.chunk_bytes == 64 * 1024
+    assert stated[0].predicted_time_us - newest[0].predicted_time_us == pytest.approx(
+        plan.fill_s * 1e6, rel=1e-6)

@@ -70,13 +70,24 @@ def test_nvls_tree_latency_per_release():
 
 
 def test_the_model_prices_a_plan_with_its_release():
-    topo = build("dgx-b200x2")
+    # Tree + Simple on 2 x 8 H100: 2.20.5 has no base latency and 28 us per step on
+    # NVLink and NET: 2 x (7 x 28 + 28); the newest 8.4 + 2 x (7 x 4 + 14).
+    topo = build("dgx-h100x2")
     ranks = tuple(range(16))
-    new = CollectiveModel(topo).plan("all_reduce", ranks, 1 << 22)
-    old = CollectiveModel(topo, CommOptions(nccl_version="2.26.2")).plan(
+    forced = dict(algorithm="tree", protocol="Simple")
+    new = CollectiveModel(topo, CommOptions(**forced)).plan("all_reduce", ranks, 1 << 22)
+    old = CollectiveModel(topo, CommOptions(nccl_version="2.20.5", **forced)).plan(
         "all_reduce", ranks, 1 << 22)
-    assert new.algorithm == old.algorithm == "nvls_tree"
-    assert new.closed_form_s - old.closed_form_s == pytest.approx(2 * 6.9 * US)
+    assert old.latency_s - new.latency_s == pytest.approx(
+        (2 * (7 * 28 + 28) - (8.4 + 2 * (7 * 4 + 14))) * US)
+    # NVLS_Tree on 2 x 8 B200 under 2.26.2: NCCL chose by 14 us per network step, the
+    # kernel's time takes 2.28.9's recalibrated 20.9 (test below).
+    b200 = build("dgx-b200x2")
+    newest = CollectiveModel(b200).plan("all_reduce", ranks, 1 << 22)
+    v226 = CollectiveModel(b200, CommOptions(nccl_version="2.26.2")).plan(
+        "all_reduce", ranks, 1 << 22)
+    assert newest.algorithm == v226.algorithm == "nvls_tree"
+    assert newest.latency_s - newest.fill_s == pytest.approx(v226.latency_s - v226.fill_s)
 
 
 def test_cli_refuses_a_version_it_cannot_read():
@@ -86,3 +97,33 @@ def test_cli_refuses_a_version_it_cannot_read():
                           capture_output=True, text=True)
     assert proc.returncode == 2
     assert "--nccl-version" in proc.stderr and "latest" in proc.stderr
+
+
+def test_recalibrated_nvls_tree_step_prices_the_time_not_the_choice():
+    # NVLS_Tree's NET step: 14 us as 2.26.2 shipped it (NCCL's choice), 20.9 us as 2.28.9
+    # recalibrated the same kernel (the time) [NVIDIA/nccl v2.28.7-1..v2.28.9-1 tuning.cc].
+    assert hw_latency_s("net", "nvls_tree", "Simple", "2.26.2") == pytest.approx(14.0 * US)
+    assert hw_latency_s("net", "nvls_tree", "Simple", "2.26.2", timing=True) == \
+        pytest.approx(20.9 * US)
+    # Releases not checked keep their own value; other entries are not recalibrated.
+    assert hw_latency_s("net", "nvls_tree", "Simple", "2.20.5", timing=True) == \
+        pytest.approx(14.0 * US)
+    assert hw_latency_s("nvlink", "tree", "Simple", "2.20.5", timing=True) == \
+        pytest.approx(28.0 * US)
+    shape = _shape(2)
+    choice = nccl_latency_s(shape, "all_reduce", "nvls_tree", "Simple", 1 << 20, 32,
+                            version="2.26.2")
+    time = nccl_latency_s(shape, "all_reduce", "nvls_tree", "Simple", 1 << 20, 32,
+                          version="2.26.2", timing=True)
+    assert time - choice == pytest.approx(2 * (20.9 - 14.0) * US)   # 2 x log2(2) steps
+
+
+def test_plan_times_nvls_tree_with_the_recalibrated_step():
+    topo = build("dgx-b200x2")
+    ranks = tuple(range(16))
+    model = CollectiveModel(topo, CommOptions(algorithm="nvls_tree", nccl_version="2.26.2"))
+    newest = CollectiveModel(topo, CommOptions(algorithm="nvls_tree", nccl_version="2.30.7"))
+    old, new = model.plan("all_reduce", ranks, 1 << 20), newest.plan("all_reduce", ranks,
+                                                                      1 << 20)
+    # Same latency term (2.30.7's chunk and channels differ, so compare latency less fill).
+    assert old.latency_s - old.fill_s == pytest.approx(new.latency_s - new.fill_s)

@@ -19,6 +19,9 @@ from __future__ import annotations
 import math
 
 from .constants import arch_of
+from .tuning_versions import (NVLS_SM100_ONE_DOMAIN_CHANNELS_FROM,
+                              NVLS_SM100_TREE_TUNING_FROM,
+                              NVLS_TREE_CHUNK_FROM_NVLS_CHUNKSIZE, released_before)
 
 # NCCL_{LL,LL128,SIMPLE}_MAX_NTHREADS [device.h]; Simple ring adds a sync warp, which the
 # channel test does not count.
@@ -88,10 +91,16 @@ def coll_channels(arch: str, nodes: int, rails: int) -> int:
     return min(channels, MAX_CHANNELS)
 
 
-def nvls_channels(arch: str, nodes: int, ppn: int, nic_GBps: float) -> int:
-    """comm->nvlsChannels [nvls.cc ncclNvlsTuning, ncclNvlsTreeSm100Tuning]."""
+def nvls_channels(arch: str, nodes: int, ppn: int, nic_GBps: float,
+                  version: str | None = None) -> int:
+    """comm->nvlsChannels of the NCCL release [nvls.cc ncclNvlsTuning,
+    ncclNvlsTreeSm100Tuning; before 2.27 and 2.30: tuning_versions]."""
     if arch != "blackwell":
         return NVLS_CHANNELS_SM90
+    if released_before(version, NVLS_SM100_ONE_DOMAIN_CHANNELS_FROM):
+        return NVLS_CHANNELS_SM100_MULTI
+    if released_before(version, NVLS_SM100_TREE_TUNING_FROM):
+        return NVLS_CHANNELS_SM100_ONE if nodes <= 1 else NVLS_CHANNELS_SM100_MULTI
     if nodes <= 1:
         return NVLS_CHANNELS_SM100_ONE
     if nodes == 2 and nic_GBps >= 48:
@@ -117,12 +126,19 @@ def tuned_channels(base: int, algorithm: str, protocol: str, size_bytes: float,
 
 
 def nvls_tree_max_chunk(arch: str, nodes: int, ppn: int, nic_GBps: float,
-                        nic_behind_switch: bool) -> tuple[int, int]:
+                        nic_behind_switch: bool, version: str | None = None,
+                        simple_buffsize_bytes: int = 0) -> tuple[int, int]:
     """(nvlsChunkSize, nvlsTreeMaxChunkSize) [nvls.cc ncclNvlsTuning and, on Blackwell
-    across nodes, ncclNvlsTreeSm100Tuning: by node count, NIC speed, GPUs per node and
-    whether the GPU reaches its NIC through a PCIe switch (PATH_PXB)]."""
+    across nodes from 2.30, ncclNvlsTreeSm100Tuning: by node count, NIC speed, GPUs per
+    node and whether the GPU reaches its NIC through a PCIe switch (PATH_PXB)]. Before
+    2.21 an NVLS_Tree chunk starts at the Simple step (NCCL_BUFFSIZE / NCCL_STEPS), not
+    at the NVLS chunk size (tuning_versions)."""
     chunk, tree_max = NVLS_CHUNK_BYTES, 0
-    if arch == "blackwell" and nodes > 1:
+    if released_before(version, NVLS_TREE_CHUNK_FROM_NVLS_CHUNKSIZE):
+        step = (simple_buffsize_bytes or DEFAULT_SIMPLE_BUFFSIZE_BYTES) // NCCL_STEPS
+        return step, (65536 if nodes >= 4 else step)
+    if arch == "blackwell" and nodes > 1 and not released_before(
+            version, NVLS_SM100_TREE_TUNING_FROM):
         if nodes == 2 and nic_GBps >= 48:
             tree_max = 128 * 1024
             if ppn <= 4:

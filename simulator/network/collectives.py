@@ -170,9 +170,12 @@ class CollectiveModel:
                 version = self.options.nccl_version
                 lat = nccl_latency_s(shape, op, algo, proto, size, channels,
                                      self.topology.net_latency_s, version)
-                wire = self.topology.transport.wire_latency_s   # when the plugin reports
-                lat_wire = lat if wire is None else nccl_latency_s(   # another latency
-                    shape, op, algo, proto, size, channels, wire, version)
+                # The time: the wire's latency where the plugin reports another one, and
+                # later recalibrations of the release's constants (tuning_versions).
+                wire = self.topology.transport.wire_latency_s
+                lat_wire = nccl_latency_s(shape, op, algo, proto, size, channels,
+                                          self.topology.net_latency_s if wire is None
+                                          else wire, version, timing=True)
                 # NCCL's tuner chooses by its own model, which has no pipeline fill
                 # [enqueue.cc topoGetAlgoInfo]; the fill is paid after the choice.
                 tuned = lat + template.unit_time_s * size / eff
@@ -241,7 +244,8 @@ class CollectiveModel:
         nvlink_unit, net_unit = self._nvls_stage_units(shape, op, template, eff)
         return nvls_fill_s(op, algo, shape, size, channels, nvls_heads(shape), nvlink_unit,
                            device_arch(device.name), self.topology.nic_nccl_Bps / 1e9,
-                           behind_switch, net_unit)
+                           behind_switch, net_unit, self.options.nccl_version,
+                           self.topology.transport.nccl_env.buffsize_bytes)
 
     def _nvls_stage_units(self, shape: GroupShape, op: str, template: Template,
                           eff: float) -> tuple[float, float]:
@@ -268,7 +272,7 @@ class CollectiveModel:
         arch = device_arch(device.name)
         if algo in _NVLS:
             return nvls_channels(arch, shape.num_domains, shape.ppn,
-                                 self.topology.nic_nccl_Bps / 1e9)
+                                 self.topology.nic_nccl_Bps / 1e9, self.options.nccl_version)
         base = coll_channels(arch, shape.num_domains, min(shape.channels, self.topology.rails)
                              if shape.num_domains > 1 else 0)
         base = self.topology.transport.nccl_env.clamp_channels(base)  # NCCL_MIN/MAX_NCHANNELS

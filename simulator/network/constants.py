@@ -77,10 +77,11 @@ def ring_ll_efficiency(op: str, nodes: int, version: str | None = None) -> float
 
 
 def hw_latency_s(link: str, algorithm: str, protocol: str,
-                 version: str | None = None) -> float:
+                 version: str | None = None, timing: bool = False) -> float:
     """NCCL hwLatencies[link][algorithm][protocol] per step in seconds (link: nvlink|net),
-    as NCCL `version` shipped it [tuning_versions]."""
-    value = override_us(version, "hw", link, algorithm, protocol)
+    as NCCL `version` shipped it, or with `timing` as later recalibrated
+    [tuning_versions]."""
+    value = override_us(version, "hw", link, algorithm, protocol, timing)
     return (_HW_LAT_US[link][algorithm][_P[protocol]] if value is None else value) * US
 
 
@@ -269,12 +270,18 @@ ASSUMPTIONS = (
      "tree flows' rate (perChMaxNVLSTreeBw, NVL72 heads' network rate)"),
     ("NCCL version", "the row's release; 2.30.7's tables when unknown",
      "baseLat / hwLat differ by release (2.18, 2.19-2.22, 2.23-2.28.7, 2.28.9+) "
-     "[tuning.cc at each tag]; a row without a version gets the newest"),
+     "[tuning.cc at each tag]; so do NVLS_Tree's first chunk (the Simple step, 512 KiB, "
+     "up to 2.20; NVLS_CHUNKSIZE 128 KiB from 2.21) and Blackwell's NVLS channels (32 up "
+     "to 2.26; 24 in one domain from 2.27; ncclNvlsTreeSm100Tuning from 2.30) [enqueue.cc, "
+     "nvls.cc at each tag]; a row without a version gets the newest. The release's "
+     "latencies steer the choice; the time takes a later recalibration of an entry "
+     "whose kernel did not change (NVLS_Tree's 20.9 us per network step from 2.28.9, "
+     "for 2.26.2+: tuning_versions.RECALIBRATED_FROM)"),
     ("NVLS search speed", "only with more GPUs than heads (NVL72)", "NCCL's search fits "
      "(heads+1) x speed in each GPU's NVLink [search.cc]; with one head per GPU the links "
      "match 5-8 x H100 NVLS (NVIDIA/nccl issue 1455)"),
-    ("GB200 NIC path", "not behind a PCIe switch", "selects ncclNvlsTreeSm100Tuning's chunk; "
-     "HGX/DGX boards are (DGX B200 user guide)"),
+    ("GB200 NIC path", "not behind a PCIe switch", "selects ncclNvlsTreeSm100Tuning's chunk "
+     "(NCCL 2.30+); HGX/DGX boards are (DGX B200 user guide)"),
     ("NVLS heads", "min(32, GPUs per domain)", "NCCL_MAX_NVLS_ARITY [search.cc, device.h]"),
     ("NVLS_TREE_HEAD_NET_BPS", "13.0 GB/s per NVLS head (x2 on 2 racks)",
      "ESTIMATED on coreweave-gb200-nvl72-144 (8 -> 16 GiB slope, 417.5 GB/s / 32 heads); "

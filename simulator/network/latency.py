@@ -32,10 +32,12 @@ def _log2i(x: int) -> int:
 
 def nccl_latency_s(shape: GroupShape, op: str, algo: str, proto: str, size: float,
                    channels: int, latency_inter_s: float = LATENCY_INTER_S,
-                   version: str | None = None) -> float:
+                   version: str | None = None, timing: bool = False) -> float:
     """NCCL tuning.cc latency of (algorithm, protocol) on this group; `latency_inter_s` is
     the net plugin's reported latency (graph->latencyInter); `version` the NCCL release
-    whose constants apply (None: the newest) [tuning_versions]."""
+    whose constants apply (None: the newest) [tuning_versions]; `timing`: the time of
+    the kernels, with later recalibrations of the release's entries (NCCL's choice uses
+    the release's own)."""
     n, nodes, ppn = shape.n, shape.num_domains, shape.ppn
     multi = nodes > 1
     lat_algo = "ring" if algo in ("p2p", "hierarchical") else algo
@@ -43,7 +45,7 @@ def nccl_latency_s(shape: GroupShape, op: str, algo: str, proto: str, size: floa
     intra = hw_latency_s("nvlink", lat_algo, proto, version)
     # NCCL: with one GPU per node the network step costs Tree's NET latency.
     inter = hw_latency_s("net", "tree" if ppn == 1 and lat_algo in ("ring", "pat")
-                         else lat_algo, proto, version)
+                         else lat_algo, proto, version, timing)
     inter += latency_inter_s * (2 if proto == "Simple" else 1)
     net_oh = NET_OVERHEAD_S * (3 if proto == "Simple" else 1) if multi else 0.0
     step = max(intra, net_oh)
@@ -109,17 +111,19 @@ def tree_depth(nodes: int) -> int:
 def nvls_fill_s(op: str, algo: str, shape: GroupShape, size: float, channels: int,
                 heads: int, unit_time_s: float, arch: str = "hopper", nic_GBps: float = 0.0,
                 nic_behind_switch: bool = True,
-                net_unit_time_s: float | None = None) -> tuple[float, int]:
+                net_unit_time_s: float | None = None, version: str | None = None,
+                simple_buffsize_bytes: int = 0) -> tuple[float, int]:
     """(pipeline-fill seconds, chunk bytes) of an NVLS or NVLS_Tree collective.
 
     `unit_time_s` is the streaming time per byte of S of the NVLink stages, and
     `net_unit_time_s` that of the network stages (default: the same), so a wave of W bytes
     passes one stage in W x its unit time. A pipeline of stages streams at its slowest
     stage and fills in the time of the others: fill = wave x (sum of the stages' unit
-    times - the largest).
+    times - the largest). `version` (NCCL release) and `simple_buffsize_bytes`
+    (NCCL_BUFFSIZE) set the chunk (channels.nvls_tree_max_chunk).
     """
     base, tree_max = nvls_tree_max_chunk(arch, shape.num_domains, shape.ppn, nic_GBps,
-                                         nic_behind_switch)
+                                         nic_behind_switch, version, simple_buffsize_bytes)
     chunk = nvls_chunk_bytes(algo, size, channels, heads, base, tree_max)
     wave = min(channels * heads * chunk, size)
     units = [unit_time_s] * NVLS_STAGES.get(op, 3)

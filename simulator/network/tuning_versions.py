@@ -16,6 +16,20 @@ ncclTunerConstantsDefaults):
     14 us per network step.
   * from 2.28.9: the tables of constants.py (NVLS_Tree 20.9 us per network step).
 
+The release's values steer NCCL's choice. The time of the chosen kernels takes a later
+recalibration of an entry whose kernel did not change (RECALIBRATED_FROM).
+
+NVLS tuning by release [NVIDIA/nccl src/transport/nvls.cc, src/enqueue.cc at each tag]:
+
+  * up to 2.20.x an NVLS_Tree chunk starts at the Simple step, NCCL_BUFFSIZE / NCCL_STEPS
+    (512 KiB by default), 64 KiB from 4 nodes on (v2.18.5-1 calcCollChunking, v2.20.5-1
+    computeCollChunkInfo); from 2.21 at NCCL_NVLS_CHUNKSIZE (128 KiB), capped by
+    NVLSTREE_MAX_CHUNKSIZE (64 KiB from 4 nodes on) (v2.21.5-1 computeCollChunkInfo).
+  * Blackwell nvlsChannels: 32 up to 2.26.x (NVLS_NCHANNELS_SM100, v2.26.6-1); from 2.27
+    24 in one NVLink domain (NVLS_NCHANNELS_SM100_NVL, v2.27.3-1 ncclNvlsInit); from 2.30
+    the multi-node SM100 NVLS_Tree tuning sets channels and chunks by node count, NIC
+    speed and GPUs per node (ncclNvlsTreeSm100Tuning, first in v2.30.3-1).
+
 A version string that does not parse ("unknown", "") gets the newest tables.
 """
 from __future__ import annotations
@@ -48,6 +62,21 @@ _ERAS: tuple[tuple[tuple[int, int, int], dict[tuple[str, str, str, str], float]]
 # Before 2.19 NVLS_Tree's network latency grows with the node count, not its log
 # [tuning.cc 2.18.x: 2 * (nNodes - 1) * hwLat[NET][NVLS_TREE]].
 LINEAR_NVLS_TREE_BEFORE = (2, 19, 0)
+# Entries a later release changed without changing the kernels they price: the newest
+# value is NVIDIA's later measurement of the same kernel, so it prices the time of the
+# releases listed (override_us timing), while NCCL's choice keeps the release's value.
+# NVLS_Tree's latency per network step went from 14 to 20.9 us in 2.28.9, a release
+# whose diff to 2.28.7 touches no NVLS_Tree device code (tuning.cc: this entry and
+# Blackwell's N4 perChMaxNVLSTreeBw; release notes: a proxy-ordering fix, a GIN fix);
+# from 2.26.2 to 2.28.9 the NVLS_Tree kernel is unchanged too (src/device/all_reduce.h
+# differs by one ring call's signature, prims_simple.h by template plumbing)
+# [NVIDIA/nccl v2.26.2-1, v2.28.7-1, v2.28.9-1]. Earlier releases are not checked and
+# keep their own value.
+RECALIBRATED_FROM = {("hw", "net", "nvls_tree", "Simple"): (2, 26, 2)}
+# First releases of NVLS tuning changes (module docstring).
+NVLS_TREE_CHUNK_FROM_NVLS_CHUNKSIZE = (2, 21, 0)
+NVLS_SM100_ONE_DOMAIN_CHANNELS_FROM = (2, 27, 0)
+NVLS_SM100_TREE_TUNING_FROM = (2, 30, 0)
 
 
 def parse_version(version: str | None) -> tuple[int, int, int] | None:
@@ -60,11 +89,16 @@ def parse_version(version: str | None) -> tuple[int, int, int] | None:
 
 
 def override_us(version: str | None, table: str, link: str, algorithm: str,
-                protocol: str) -> float | None:
+                protocol: str, timing: bool = False) -> float | None:
     """The release's value (us) of one latency entry where it differs from the newest
-    tables, else None."""
+    tables, else None. With `timing`, an entry a later release only recalibrated
+    (RECALIBRATED_FROM) gets the newest value: the release's value steers NCCL's choice,
+    the recalibrated one prices the same kernel's time."""
     parsed = parse_version(version)
     if parsed is None:
+        return None
+    key = (table, link if table == "hw" else "", algorithm, protocol)
+    if timing and key in RECALIBRATED_FROM and parsed >= RECALIBRATED_FROM[key]:
         return None
     for first, entries in _ERAS:
         if parsed >= first:
@@ -76,3 +110,10 @@ def linear_nvls_tree(version: str | None) -> bool:
     """True where the release prices NVLS_Tree's network steps as 2 x (nNodes - 1)."""
     parsed = parse_version(version)
     return parsed is not None and parsed < LINEAR_NVLS_TREE_BEFORE
+
+
+def released_before(version: str | None, first: tuple[int, int, int]) -> bool:
+    """True where the release is older than `first`; False for an unknown release (the
+    newest behaviour applies)."""
+    parsed = parse_version(version)
+    return parsed is not None and parsed < first
