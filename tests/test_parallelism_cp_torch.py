@@ -114,19 +114,20 @@ def test_torch_ring_buffers_by_hand():
 
 
 def test_torchtitan_plans_count_the_torch_ring_buffers():
+    from workloads.context_parallel_memory import cp_memory_bytes
     from workloads.context_parallel_torch import torch_cp_buffer_bytes
-    from workloads.memory import memory_breakdown
 
-    def buffers(framework, cp):
+    def transient(framework, cp):
         raw = small_plan(mesh={"cp": cp, "dp": DP}, framework=framework, recompute="full",
                          context_parallel={"mode": "all_gather"})
-        return memory_breakdown(resolve(plan_from_dict(raw), cp * DP), 0).buffers_bytes
+        return cp_memory_bytes(resolve(plan_from_dict(raw), cp * DP), TOKENS, 2, 4, 1)
     generic_kv = CP * TOKENS * 2 * KV_HEADS * HEAD_DIM * 2
     torch_kv = torch_cp_buffer_bytes("all_gather", CP, TOKENS, HEADS * HEAD_DIM,
                                      HEADS * HEAD_DIM, 2)
-    # the same plan without CP leaves the other buffers: the difference is the ring's
-    assert buffers("generic", CP) - buffers("generic", 1) == generic_kv
-    assert buffers("torchtitan", CP) - buffers("torchtitan", 1) == torch_kv
+    # full recompute keeps nothing; the attention's transient is the ring's buffers
+    assert transient("generic", CP) == (0.0, generic_kv)
+    assert transient("torchtitan", CP) == (0.0, torch_kv)
+    assert transient("torchtitan", 1) == (0.0, 0.0)
 
 
 def _calls(tasks, phase):

@@ -28,7 +28,7 @@ from typing import Sequence
 from .activations import (activation_bytes_per_layer, default_dropout,
                           output_layer_activation_bytes, scores_bytes)
 from .attention_impls import scores_on_chip
-from .context_parallel_torch import torch_cp_buffer_bytes
+from .context_parallel_memory import cp_memory_bytes
 from .loss_memory import fp32_logits_bytes, fp32_logits_copies
 from .models import ModelSpec
 from .moe.memory import dispatch_buffer_bytes, expert_rows_factor, gathered_expert_input_bytes
@@ -270,11 +270,11 @@ def memory_breakdown(plan: Plan, stage: int = 0,
     - PP (pp > 1): a send and a receive buffer of one micro-batch's activation 2sbh (/t with
       SP); torch.distributed.pipelining's receive buffers per micro-batch (torchtitan,
       pipeline_buffer_count).
-    - CP (cp > 1): ring attention's send and receive KV blocks; all-gather CP's gathered K
-      and V (and, without full or op-level recompute, the gathered K and V every layer in
-      flight keeps for its backward, counted as activations); Ulysses' gathered q, k, v.
     Working set: full and op-level (selective_op) recompute rebuild one layer's activations
     for one micro-batch during the backward; selective rebuilds one layer's attention scores;
+    CP adds its attention's transient buffers (ring KV blocks, gathered K and V, Ulysses'
+    q, k, v, torch's float32 accumulators; workloads/context_parallel_memory.py), and,
+    without full or op-level recompute, all-gather CP's kept K and V count as activations;
     on the last stage the loss's fp32 logits copies (loss_memory.py) come first, so the
     working set is the larger of the two, never their sum.
     ZeRO/FSDP shard over dp x cp (torchtitan's dp_shard_cp, Megatron's DP-with-CP group);
@@ -332,6 +332,11 @@ def memory_breakdown(plan: Plan, stage: int = 0,
     elif plan.recompute == "selective" and not flash:
         working = activation_scale(plan) * scores_bytes(m, s * b, tr.seq_len, tp,
                                                         default_dropout(m))
+    # CP's attention buffers live inside one layer's attention: with its recompute, never
+    # with the loss (workloads/context_parallel_memory.py).
+    cp_kept, cp_transient = cp_memory_bytes(plan, s * b, prec.act_bytes, layers, in_flight)
+    activations += cp_kept
+    working += cp_transient
     if len(ranges) - 1 in chunks:
         # The last stage runs the loss right after its forward: 1F1B holds one micro-batch of
         # logits; GPipe holds every micro-batch's. The loss's backward (its extra fp32
@@ -367,23 +372,6 @@ def memory_breakdown(plan: Plan, stage: int = 0,
     if mesh.pp > 1:
         activation = prec.act_bytes * s * b * m.hidden_size / (tp if sp else 1)
         buffers += pipeline_buffer_count(plan, chunks, len(ranges)) * activation
-    if mesh.cp > 1:
-        # Ring attention: the KV block being sent and the one being received (the dK/dV
-        # partials travel in the same-size buffers); all-gather: the gathered K and V, kept
-        # for the backward of each layer in flight; Ulysses: the all-to-all outputs q, k, v.
-        kv_block = prec.act_bytes * s * b * (m.kv_size + m.v_size) / tp
-        q_local = prec.act_bytes * s * b * m.q_size / tp
-        if plan.cp_mode == "all_gather" and plan.recompute in ("none", "selective") \
-                and plan.framework != "torchtitan":      # torch's ring gathers them again
-            # kept for each layer's backward (recompute gathers them again instead)
-            activations += in_flight * len(own_layers) * (mesh.cp - 1) * kv_block
-        if plan.framework == "torchtitan" and plan.cp_mode != "all_to_all":
-            buffers += torch_cp_buffer_bytes(plan.cp_mode, mesh.cp, s * b, m.q_size / tp,
-                                             m.q_size / tp, prec.act_bytes)
-        else:
-            buffers += {"ring": 2 * kv_block, "all_gather": mesh.cp * kv_block}.get(
-                plan.cp_mode, q_local + kv_block)
-
     peak = params + grads + optimizer + activations + buffers
     return MemoryBreakdown(params, grads, optimizer, activations, buffers, peak,
                            stage, layers, in_flight)
