@@ -5,7 +5,8 @@ A stage holds one chunk of layers (GPipe, 1F1B) or virtual_stages of them (inter
 gradients back, as send/recv along "pp" (stage pp - 1 to stage 0 wraps around, for the
 interleaved chunks); a transfer is matched by its tag (what, sending chunk, micro-batch).
 With the MoE all-to-all overlap, a combined slot's forward and backward are built as usual
-and then put in Megatron-Core's issue order (workloads/moe/a2a_overlap.py).
+and then put in Megatron-Core's issue order (workloads/moe/a2a_overlap.py). Megatron's
+non-interleaved 1F1B synchronises the host after each send/receive (workloads/p2p_sync.py).
 """
 from __future__ import annotations
 
@@ -21,6 +22,7 @@ from .layers import unit_builder
 from .memory import grad_state_bytes
 from .module_recompute import module_recompute_saved, recomputed_nodes
 from .moe.a2a_overlap import PassPieces, combined_order, reorder
+from .p2p_sync import P2PSync, p2p_host_sync
 from .param_gathers import ParamGathers
 from .params import unit_param_groups
 from .precision import precision
@@ -66,6 +68,7 @@ class StageLowering:
         self.bucket_counter = 0
         self.pieces: PassPieces | None = None   # recorded while building a combined slot
         self.combined: list[tuple[range, list[int]]] = []
+        self.p2p_sync = P2PSync(self.sink, p2p_host_sync(plan))   # workloads/p2p_sync.py
 
     # ---- helpers ------------------------------------------------------------------------
     def _ctx(self, unit, mb: int) -> dict:
@@ -213,10 +216,13 @@ class StageLowering:
         elif self.plan.grid_strategy is not None:
             size *= self.plan.parallel_dims.grid.resid_fraction
         src = chunk if kind == "send" else chunk + peer
-        return self.sink.add(kind=COMM, stream=f"pp_{kind}", op="send_recv", phase=phase,
+        task = self.sink.add(kind=COMM, stream=f"pp_{kind}", op="send_recv", phase=phase,
                              deps=tuple(deps), bytes=size, group=("pp",), peer=peer,
                              tag=(what, src, mb), label=f"pp.{kind}.{what}", layer=-1,
                              microbatch=mb)
+        if kind == "send":
+            self.p2p_sync.sent(task)
+        return task
 
     def forward(self, mb: int, local: int = 0) -> None:
         """One micro-batch's forward through one of the stage's chunks."""
@@ -224,6 +230,7 @@ class StageLowering:
         chunk = local * self.pp + self.stage
         begin = len(self.sink.tasks)
         prev = self._p2p("recv", "act", mb, (), -1, "forward", chunk) if chunk > 0 else None
+        self.p2p_sync.call_end(prev, mb, "forward")
         gathers = None
         if self.param_gather and mb == 0:
             gathers = self.chunk_gathers.get(local) or self._param_gather_plan(local)
@@ -283,6 +290,7 @@ class StageLowering:
             grad = self._p2p("recv", "grad", mb, (), +1, "backward", chunk)
         else:
             grad = self.graphs[(HEAD, mb)].output_task
+        self.p2p_sync.call_end(grad if chunk < self.last_chunk else None, mb, "backward")
         self._piece("pre", begin)
         layers = [u for u in self.chunk_units[local] if isinstance(u, int)]
         for index, unit in enumerate(reversed(self.chunk_units[local])):
@@ -340,6 +348,7 @@ class StageLowering:
 
     def optimizer(self) -> None:
         """Adam on this rank's parameter shard, then ZeRO-1/2's parameter all-gathers."""
+        self.p2p_sync.call_end(None, self.plan.micro_batches - 1, "backward")
         local = 0.0
         for unit in self.units:
             for dims, params in self._param_groups(unit).items():
