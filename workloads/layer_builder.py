@@ -21,6 +21,7 @@ from .attention_impls import BY_GPU_IMPLS, scores_on_chip
 from .errors import WorkloadError
 from .kernels import eager_cost
 from .precision import BF16_BYTES, TE_FRAMEWORKS, GemmRecipe
+from .te_quant import cast_efficiency
 from .program import COMPUTE, MEMORY, Task
 
 
@@ -205,9 +206,11 @@ def fp8_cast_task(sink: TaskSink, ctx: dict, shape: LayerShape, elements: float,
     nbytes, kernels = recipe.cast_cost(phase, *operands)
     if recipe.cast_per_expert and experts > 1:
         kernels *= experts
+    cast = operands[2] if phase == "backward" else operands[0]   # the activation operand
+    efficiency = cast_efficiency(recipe.cast_kernel, cast / max(1, kernels))
     task = sink.add(kind=COMPUTE, stream="compute", op=f"{recipe.name}_cast", phase=phase,
                     deps=tuple(deps), bytes=nbytes, op_class=MEMORY, kernels=kernels,
-                    label=f"{label}.{recipe.name}_cast", **ctx)
+                    efficiency=efficiency, label=f"{label}.{recipe.name}_cast", **ctx)
     swizzle_bytes, swizzles = recipe.swizzle_cost(phase, *operands)
     if swizzles:
         task = sink.add(kind=COMPUTE, stream="compute", op=f"{recipe.name}_swizzle",

@@ -22,6 +22,7 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 
 from .kernels import FP8_CAST_BYTES_PER_ELEMENT
+from .te_quant import TE_MXFP8_CAST
 
 BF16_BYTES = 2
 
@@ -89,6 +90,9 @@ class GemmRecipe:
     # split with its own kernel (transformer_engine/pytorch/csrc/extensions/cast.cpp,
     # multi_tensor_quantize_impl, "Quantize kernels individually", v2.2 through v2.14).
     cast_per_expert: bool = False
+    # The quantisation kernel the casts run, where its speed is measured apart from the
+    # device profile's streaming kernel (workloads/te_quant.py; "": the profile's speed).
+    cast_kernel: str = ""
 
     @property
     def operand_bytes(self) -> float:
@@ -220,6 +224,7 @@ RECIPES = {
     # NeMo 25.11 container the Megatron-Bridge MXFP8 rows ran.
     "mxfp8": GemmRecipe("mxfp8", 1, 32, 1, 2 + 2 * (1 + 1 / 32), 1,
                         scale_swizzle_kernels=1, cast_per_expert=True,
+                        cast_kernel=TE_MXFP8_CAST,
                         source="OCP MX v1.0; Transformer Engine MXFP8BlockScaling"),
     # NVFP4 (arXiv:2509.25149, "Pretraining Large Language Models with NVFP4", sections 2
     # and 4; Transformer Engine NVFP4BlockScaling): FP4 E2M1 elements (0.5 B), one FP8 E4M3

@@ -52,7 +52,10 @@ class Task:
     efficiency: float = 1.0         # a GEMM's efficiency relative to one large GEMM (grouped
                                     # GEMMs with few rows per expert: workloads/moe); an
                                     # attention kernel's speed at its call's length
-                                    # (workloads/attention.py)
+                                    # (workloads/attention.py); a memory-bound kernel's
+                                    # speed relative to the device profile's streaming
+                                    # kernel (Transformer Engine's MXFP8 cast:
+                                    # workloads/te_quant.py)
     host_s: float = 0.0             # host time to issue it, on the rank's host timeline:
                                     # the task starts no earlier than the host has issued
                                     # it (framework host overhead; workloads/frameworks.py)
