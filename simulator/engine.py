@@ -27,6 +27,7 @@ from .compute import device_time_s, host_factor
 from .host_timeline import HostTimeline
 from .network import CommModel, CommOptions
 from .rank_classes import RankClasses, rank_classes
+from .rank_groups import RankGroups
 from .trace import TraceRecorder
 from .trace_spill import SpillRecorder
 
@@ -84,10 +85,7 @@ class Engine:
             self.ranks = [self.mesh.representative(s) for s in range(len(program.stages))]
         self._p2p: dict[tuple, simpy.Event] = {}
         self._rendezvous: dict[tuple, list] = {}
-        self._twins: dict[tuple, tuple] = {}
-        self._class_groups: dict[tuple, tuple[int, ...]] = {}
-        self._groups: dict[tuple, tuple[int, ...]] = {}
-        self._group_names: dict[tuple, str] = {}
+        self.groups = RankGroups(self.mesh, self.classes)
         self._simulated = set(self.ranks)
         self._busy_sm = {r: 0 for r in self.ranks}
         self._busy_nvls = {r: 0 for r in self.ranks}
@@ -196,7 +194,7 @@ class Engine:
             else:
                 algorithm, began = yield from self._communicate(rank, task)
                 record(rank, stage, task_id, max(start, began), env.now,
-                       self._group_name(rank, task), algorithm)
+                       self.groups.trace_name(rank, task), algorithm)
             done[task_id] = True
             if task.host_sync:
                 synced_at[task_id] = env.now
@@ -218,7 +216,7 @@ class Engine:
         """Run a communication task; returns (algorithm, time its transfer began)."""
         if task.op == "send_recv":
             return (yield from self._point_to_point(rank, task))
-        ranks = self._group(rank, task.group)
+        ranks = self.groups.group(rank, task.group)
         if len(ranks) == 1:
             return "", self.env.now
         profile = self.topology.device(rank).profile
@@ -235,7 +233,7 @@ class Engine:
             ranks, event = self._class_collective(rank, task)
         else:
             event = self.comm.collective(task.op, ranks, task.bytes,
-                                         self._twin_groups(rank, task.group))
+                                         self.groups.twins(rank, task.group))
         algorithm = yield from self._track(rank, task.op, ranks, task.bytes, event)
         return algorithm, began
 
@@ -273,29 +271,21 @@ class Engine:
         lowest of those representatives (the same for all of them: one orbit), with the
         other groups of its orbit in the stage as twins.
         """
-        reps = self._group_representatives(rank, task.group)
+        reps = self.groups.representatives(rank, task.group)
         lead = reps[0]
-        ranks = self._group(lead, task.group)
+        ranks = self.groups.group(lead, task.group)
         if len(reps) == 1:
             return ranks, self.comm.collective(task.op, ranks, task.bytes,
-                                               self._twin_groups(lead, task.group))
+                                               self.groups.twins(lead, task.group))
         key = (task.id, lead)
         entry = self._rendezvous.setdefault(key, [self.env.event(), 0])
         entry[1] += 1
         if entry[1] == len(reps):
             del self._rendezvous[key]
             start = self.comm.collective(task.op, ranks, task.bytes,
-                                         self._twin_groups(lead, task.group))
+                                         self.groups.twins(lead, task.group))
             start.callbacks.append(lambda ev, out=entry[0]: out.succeed(ev.value))
         return ranks, entry[0]
-
-    def _group_representatives(self, rank: int, dims: tuple[str, ...]) -> tuple[int, ...]:
-        """Representatives of the classes in `rank`'s group over `dims`, ascending."""
-        key = (rank, dims)
-        if key not in self._class_groups:
-            self._class_groups[key] = tuple(sorted(
-                {self.classes.representative(m) for m in self._group(rank, dims)}))
-        return self._class_groups[key]
 
     def _receiver(self, rank: int, dim: str, step: int, peer: int) -> int | None:
         """The simulated rank whose receive `rank`'s send to `peer` completes, or None.
@@ -329,7 +319,7 @@ class Engine:
         dim = task.group[0]
         peer = self.mesh.peer(rank, dim, task.peer)
         began = self.env.now
-        twins = () if self.full else self._twin_groups(rank, (dim,), peer=task.peer)
+        twins = () if self.full else self.groups.twins(rank, (dim,), peer=task.peer)
         event = self.comm.collective("send_recv", (rank, peer), task.bytes, twins)
         algorithm = yield from self._track(rank, "send_recv", (rank, peer), task.bytes, event)
         receiver = peer if self.full else self._receiver(rank, dim, task.peer, peer)
@@ -342,72 +332,3 @@ class Engine:
         if key not in self._p2p:
             self._p2p[key] = self.env.event()
         return self._p2p[key]
-
-    # ---- groups -----------------------------------------------------------------------------
-    def _group(self, rank: int, dims: tuple[str, ...]) -> tuple[int, ...]:
-        key = (rank, dims)
-        if key not in self._groups:
-            self._groups[key] = self.mesh.group_ranks(rank, dims)
-        return self._groups[key]
-
-    def _twin_groups(self, rank: int, dims: tuple[str, ...], peer: int = 0) -> tuple:
-        """Groups that run the same collective at the same time as `rank`'s group.
-
-        They are the other groups over `dims` among the ranks of the same stage. For a
-        point-to-point step along one dim (`peer` != 0) each twin is (sender, receiver).
-        With fault-aware classes only groups of the same orbit are twins (the others run
-        on their own), and only senders of `rank`'s class.
-        """
-        key = (rank, dims, peer)
-        if key in self._twins:
-            return self._twins[key]
-        own = self._group(rank, dims)
-        alike = self._orbit_test(rank, dims, peer)
-        seen, twins = set(own), []
-        for member in self.mesh.stage_ranks(self.mesh.stage_of(rank)):
-            if member in seen:
-                continue
-            if peer:
-                if alike(member):
-                    twins.append((member, self.mesh.peer(member, dims[0], peer)))
-                seen.add(member)
-            else:
-                group = self._group(member, dims)
-                seen.update(group)
-                if alike(member):
-                    twins.append(group)
-        self._twins[key] = tuple(twins)
-        return self._twins[key]
-
-    def _orbit_test(self, rank: int, dims: tuple[str, ...], peer: int):
-        """member -> whether its group (or, for a send, itself) is an orbit-mate of
-        `rank`'s: always with the stage classes."""
-        classes = self.classes
-        if classes is None:
-            return lambda member: True
-        if peer:
-            own_class = classes.class_of[rank]
-            return lambda member: classes.class_of[member] == own_class
-        fixed = ~classes.varied_digits(dims)
-        own_key = classes.group_key(rank, fixed)
-        return lambda member: classes.group_key(member, fixed) == own_key
-
-    def _group_name(self, rank: int, task: Task) -> str:
-        """The trace's group column of a task on `rank` (cached: a step repeats a few
-        hundred thousand collectives over a handful of groups)."""
-        if task.kind == COMPUTE:
-            return ""
-        key = (rank, task.op == "send_recv", task.group, task.peer, task.stream)
-        name = self._group_names.get(key)
-        if name is None:
-            name = self._group_names[key] = self._new_group_name(rank, task)
-        return name
-
-    def _new_group_name(self, rank: int, task: Task) -> str:
-        if task.op == "send_recv":
-            dim = task.group[0]
-            here = self.mesh.index(rank, dim)
-            there = self.mesh.index(self.mesh.peer(rank, dim, task.peer), dim)
-            src, dst = (here, there) if task.stream.endswith("send") else (there, here)
-            return f"{dim}:{src}->{dst}"
-        return ",".join(task.group)
