@@ -72,7 +72,9 @@ class DeviceProfile:
     # 2024, FlashAttention-3, arXiv:2407.08608, Figure 5); FA3 reaches ~60-75 %.
     attention_efficiency: float = 0.35
     # Copy kernels reach ~3.0-3.1 of 3.35 TB/s on H100 [stas00/ml-engineering,
-    # compute/accelerator/README.md]: 0.9.
+    # compute/accelerator/README.md]: 0.9. Cross-check on H200 with PyTorch's own eager
+    # kernel: torch.maximum fp16 (tile-ai/TileOPs issue #512, PyTorch 2.9.1) at 4-21 M
+    # elements fits a fixed ~7.8 us plus bytes at 4.25 TB/s, 0.89 of 4.8.
     memory_efficiency: float = 0.9
     # Kernel launch + tail per op. autoparallel floors every op at 7 us; an eager
     # PyTorch launch is ~4-10 us. Assumption: 5 us.
@@ -214,7 +216,12 @@ def _blackwell_profile(mamf_efficiency: float, fp8_mamf_efficiency: float | None
 # H100's 0.9 is its best copy kernels' fraction [STAS]. Assumptions: a streaming quantise
 # kernel stands for the step's memory-bound ops (no published B200 copy benchmark was
 # found); GB200 and GB300 (HBM3e behind the same memory controllers) keep the same
-# fraction of their published 8 TB/s.
+# fraction of their published 8 TB/s. Cross-check: elementwise kernels of PyTorch's ops on
+# a B200 (NVIDIA/cccl pull request #7391, cub::DeviceTransform relu bf16 and add fp16,
+# 2^24 and 2^28 elements) take a fixed ~8.7 us plus bytes at 6.93-6.97 TB/s (0.90), so
+# this fraction plus the launch overhead stays within 7 % above and ~9 us below them
+# (tests/test_memory_bandwidth.py); no published B200 timing of PyTorch's own eager kernels
+# was found that is slower.
 B200_BEST_MEMORY_KERNEL_Bps = 6462e9
 BLACKWELL_MEMORY_EFFICIENCY = round(B200_BEST_MEMORY_KERNEL_Bps / (7.7 * TB), 3)
 
