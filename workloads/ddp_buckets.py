@@ -23,7 +23,12 @@ closes at the first parameter that brings it to `bucket_size` elements or more):
 - `--overlap-param-gather`: the distributed optimizer's all-gather of bucket k + 1 is
   dispatched when the forward of bucket k's first module starts (forward pre-hook,
   `finish_param_sync` then `next_param_gather_bucket_group.start_param_sync`), the first
-  one when the step's forward begins; each module waits for its own bucket.
+  one when the step's forward begins; each module waits for its own bucket. Checked at
+  core_v0.14.0 through core_v0.17.0: the distributed optimizer's zero_grad and
+  step_with_ready_grads dispatch nothing under overlap (the latter's comment about
+  zero_grad is stale), and only the interleaved schedule calls `param_sync_func`
+  (align_param_gather), so without virtual stages the first forward pre-hook dispatches
+  the first bucket; the dense and the expert buffers chain their buckets separately.
 
 Buckets are cut at exact multiples of the bucket size here (Megatron cuts at parameter
 boundaries, so its buckets run up to one tensor larger and are at most as many): a

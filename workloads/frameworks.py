@@ -37,6 +37,16 @@ GENERIC_DEFAULTS: Mapping[str, Any] = MappingProxyType({
     # Only megatron-core reads it: the buffer's memory (workloads/memory.py,
     # grad_state_bytes) and the bytes its reduce moves (workloads/stage_lowering.py).
     "grad_reduce_fp32": True,
+    # ddp.fp8_param_gather: Megatron-Core's fp8_param_gather (TransformerConfig.fp8_param):
+    # the linear layers' weights are Transformer Engine FP8 tensors (built under
+    # fp8_model_init) and the distributed optimizer's parameter buffer holds their uint8
+    # data, so ZeRO's all-gather moves 1 byte per such weight (megatron/core/distributed/
+    # distributed_data_parallel.py at core_v0.15.0: `param_dtype = torch.uint8` for a
+    # Float8Tensor). It changes nothing for MXFP8: that buffer is the BF16 view of the
+    # gradient buffer and the gathered values are cast to MXFP8 as they are copied into the
+    # weights (param_and_grad_buffer.py at core_v0.15.0/0.16.0, `shared_buffer`,
+    # finish_param_sync: "The paramaters are cast from bf16 to MXFP8 during copy").
+    "fp8_param_gather": False,
 })
 
 # PyTorch eager dispatch costs the host on the order of 10 us per operator (Python, the
@@ -76,6 +86,13 @@ MEGATRON_CORE: Mapping[str, Any] = MappingProxyType({
     # the schedule calls it in forward_step_helper (megatron/core/pipeline_parallel/
     # schedules.py, forward_backward_pipelining_with_interleaving, `param_sync_func`).
     "param_gather_align": True,
+    # Megatron-Bridge's per-tensor FP8 recipes set fp8_param_gather=True
+    # (src/megatron/bridge/training/mixed_precision.py bf16_with_fp8_delayed_scaling_mixed
+    # and bf16_with_fp8_current_scaling_mixed, at v0.1.0rc4 6725f70495 through v0.6.0
+    # 51885cf132; scripts/performance/utils/helpers.py get_precision_config picks them;
+    # bf16_with_mxfp8_mixed too), as NeMo 2's bf16_with_fp8_mixed recipe does.
+    # Megatron-LM alone: `--fp8-param-gather`, off by default.
+    "fp8_param_gather": True,
     # TransformerConfig.enable_cuda_graph defaults to False
     # (megatron/core/transformer/transformer_config.py); the H100 Llama 3 recipes set
     # cuda_graph_impl = "none"; recipes that graph say so.
@@ -159,7 +176,9 @@ OVERLAP_KEYS = {"fsdp_prefetch": "fsdp_prefetch", "async_tp": "async_tp",
 FSDP_KEYS = {"enabled": "fsdp", "reshard_after_forward": "reshard_after_forward",
              "version": "fsdp_version"}
 HOST_KEYS = {"per_step_s": "host_step_s", "per_kernel_s": "host_kernel_s"}
-DDP_KEYS = {"bucket_params": "grad_bucket", "grad_reduce_in_fp32": "grad_reduce_fp32"}
+DDP_KEYS = {"bucket_params": "grad_bucket", "grad_reduce_in_fp32": "grad_reduce_fp32",
+            "fp8_param_gather": "fp8_param_gather"}
+FP8_PARAM_DTYPES = ("fp8", "fp8_cs", "mxfp8")   # the dtypes with FP8 primary weights
 
 
 def _sharding_sp(raw: dict) -> bool:
@@ -199,6 +218,11 @@ def framework_values(raw: dict) -> dict:
     if "param_gather_overlap" not in given and (values["fsdp"] is True
                                                  or values["zero_stage"] not in (1, 2)):
         values["param_gather_overlap"] = False
+    training = raw.get("training")
+    dtype = training.get("dtype") if isinstance(training, dict) else None
+    if "fp8_param_gather" not in given and (values["fsdp"] is True
+                                             or dtype not in FP8_PARAM_DTYPES):
+        values["fp8_param_gather"] = False   # FP8 weights only with an FP8 recipe
     if values["fsdp"] is True and "grad_bucket" not in given:
         values["grad_bucket"] = "unit"    # FSDP reduces per unit; DDP buckets do not apply
     tp_sp = _sharding_sp(raw)

@@ -100,6 +100,7 @@ class Plan:
     grad_reduce_overlap: bool = True    # gradients reduced while the backward runs
     grad_bucket: str | int = "unit"     # ddp.bucket_params: unit | megatron | a count
     grad_reduce_fp32: bool = True       # ddp.grad_reduce_in_fp32 (megatron-core): fp32 main_grad
+    fp8_param_gather: bool = False      # ddp.fp8_param_gather: FP8 weights gathered (1 B)
     param_gather_overlap: bool = False  # distributed optimizer: param all-gather in forward
     param_gather_align: bool = False    # interleaved: chunk gathers one chunk ahead, aligned
     tp_comm_overlap: bool = False   # Megatron --tp-comm-overlap (TE userbuffers)
@@ -128,6 +129,7 @@ class Plan:
                             ("param_gather_align", "overlap.param_gather_align"),
                             ("tp_comm_overlap", "overlap.tp_comm"),
                             ("grad_reduce_fp32", "ddp.grad_reduce_in_fp32"),
+                            ("fp8_param_gather", "ddp.fp8_param_gather"),
                             ("cuda_graphs", "cuda_graphs")):
             check_bool(getattr(self, name), where)
         if not is_int(self.fsdp_version) or self.fsdp_version not in FSDP_VERSIONS:

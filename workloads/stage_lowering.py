@@ -23,7 +23,7 @@ from .memory import grad_state_bytes
 from .module_recompute import module_recompute_saved, recomputed_nodes
 from .moe.a2a_overlap import PassPieces, combined_order, reorder
 from .p2p_sync import P2PSync, p2p_host_sync
-from .param_gathers import ParamGathers
+from .param_gathers import ParamGathers, step_gathers
 from .params import unit_param_groups
 from .precision import precision
 from .plan import Plan
@@ -362,20 +362,7 @@ class StageLowering:
                              kernels=kernels, op_class=MEMORY, label="optimizer.step",
                              layer=-1, microbatch=-1)
         if self.plan.zero_stage in (1, 2) and not self.fsdp and not self.param_gather:
-            # the updated shards gathered back after the step, exposed: per unit, or per
-            # bucket of the gradient buffer (Megatron's start_param_sync without overlap)
-            for local, units in enumerate(self.chunk_units):
-                for k, bucket in enumerate(forward_buckets(
-                        [(u, self._param_groups(u)) for u in units], self.bucket_sizes[local])):
-                    if self._group_size(bucket.dims) == 1:
-                        continue
-                    unit = bucket.units[-1]
-                    label = (f"zero.gather.{unit}" if len(bucket.units) == 1
-                             and self.bucket_sizes[local] is None else f"zero.gather.bucket{k}")
-                    self.sink.add(kind=COMM, stream="dp_ag", op="all_gather",
-                                  phase="optimizer", deps=(step,),
-                                  bytes=bucket.params * self.precision.param_bytes,
-                                  group=bucket.dims, label=label, **self._ctx(unit, -1))
+            step_gathers(self, forward_buckets, step)
 
     def build(self) -> list[Task]:
         """All tasks of the stage for one training step."""

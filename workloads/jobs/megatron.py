@@ -206,7 +206,8 @@ def _plan(get: _Getter, spec: ModelSpec, ref, findings: Findings) -> dict[str, A
         "cuda_graphs": get.on("enable-cuda-graph"),
     }
     if not fsdp:      # torch FSDP2's config takes neither (megatron/training/training.py)
-        plan["ddp"] = {"grad_reduce_in_fp32": _grad_reduce_fp32(get)}
+        plan["ddp"] = {"grad_reduce_in_fp32": _grad_reduce_fp32(get),
+                       "fp8_param_gather": get.on("fp8-param-gather")}
         if get.int("ddp-bucket-size") is not None:
             plan["ddp"]["bucket_params"] = get.int("ddp-bucket-size")
     if spec.num_experts:

@@ -135,6 +135,7 @@ def _run_flags(plan: Plan) -> list[str]:
                 ("--no-align-param-gather", not plan.param_gather_align
                  and plan.pipeline.schedule == "interleaved"),
                 ("--tp-comm-overlap", plan.tp_comm_overlap),
+                ("--fp8-param-gather", plan.fp8_param_gather and not plan.fsdp),
                 ("--enable-cuda-graph", plan.cuda_graphs)]
     out += [flag for flag, on in switches if on]
     out += _grad_dtype_flags(plan, "--bf16" in out)

@@ -49,6 +49,7 @@ MAPPED = {
     "sequence-parallel": "sharding.sequence_parallel",
     "use-distributed-optimizer": "zero_stage (1)", "use-torch-fsdp2": "fsdp (version 2)",
     "overlap-grad-reduce": "overlap.grad_reduce", "overlap-param-gather": "overlap.param_gather",
+    "fp8-param-gather": "ddp.fp8_param_gather",
     "no-align-param-gather": "overlap.param_gather_align (false)",
     "tp-comm-overlap": "overlap.tp_comm", "ddp-bucket-size": "ddp.bucket_params",
     # validate_args: with --bf16 the buffer is fp32 unless --grad-reduce-in-bf16 or
@@ -88,7 +89,6 @@ UNMODELLED = {
     # mxfp8 reads as training.dtype mxfp8; delayed and tensorwise as fp8
     "fp8-recipe": ("delayed", ("delayed", "tensorwise", "mxfp8"), "128-element block scaling"),
     "fp4-recipe": ("nvfp4", ("nvfp4",), "an FP4 recipe other than NVFP4"),
-    "fp8-param-gather": (False, (False,), "FP8 parameter all-gathers"),
     "use-megatron-fsdp": (False, (False,), "Megatron FSDP"),
     "data-parallel-sharding-strategy": ("no_shard", ("no_shard",), "Megatron FSDP sharding"),
     "use-precision-aware-optimizer": (False, (False,), "low-precision optimizer states"),
