@@ -18,6 +18,7 @@ from workloads.lowering import lower
 from workloads.memory import memory_breakdown
 from workloads.moe import imbalance
 from workloads.moe.dispatch import deepep_bytes
+from workloads.moe.ep_rdma import rdma_slowdown
 from workloads.moe.layer import geometry
 from workloads.layer_graph import LayerGraph
 from workloads.layers import layer_shape
@@ -176,8 +177,11 @@ def test_deepep_moves_less_over_rdma_than_alltoall(h100x2):
         ep = t[(t["rank"] == 0) & (t["stream"] == "ep")]
         return (ep.end_s - ep.start_s).sum()
     # top-4 of 16 experts on 2 nodes: alltoall sends 4 copies of a token, half of them
-    # across; DeepEP crosses once when the other node holds one of its experts (0.96)
-    assert ep_seconds("deepep") < 0.75 * ep_seconds("alltoall")
+    # across; DeepEP crosses once when the other node holds one of its experts (0.96),
+    # at its measured RDMA rate (workloads/moe/ep_rdma.py: DeepEP's EP16 benchmark, the
+    # same for dispatch and combine)
+    slowdown = rdma_slowdown("deepep", 2, "h100")[0]
+    assert ep_seconds("deepep") < 0.75 * slowdown * ep_seconds("alltoall")
 
 
 def test_dispatch_buffers_and_gathered_expert_inputs_in_memory():

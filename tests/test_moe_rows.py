@@ -92,6 +92,8 @@ def test_moe_columns_become_plan_keys_and_racks_become_domains():
     assert "dispatcher" not in raw["moe"]              # alltoall is the default
     row = rows["mb-qwen3-30b-gb200-mxfp8-8"]
     assert plan_dict(row)["moe"]["dispatcher"] == "deepep"       # HybridEP's family
+    assert plan_dict(row)["moe"]["flex_backend"] == "hybridep"   # its kernels' rates
+    assert "flex_backend" not in plan_dict(rows["mb-dsv3-h100-fp8-1024"])["moe"]  # DeepEP
     drop = plan_dict(rows["mb-qwen3-30b-b200-fp8-8-tokendrop"])["moe"]
     assert drop["capacity_factor"] == 1.0 and drop["pad_to_capacity"] is True
     topo = topology_for(rows["mb-llama31-405b-gb200-fp8-256"])   # 4 racks x 64 GPUs used

@@ -87,6 +87,8 @@ def moe_block(row: dict[str, str], tp: int) -> dict[str, Any]:
     dispatcher = row.get("moe_dispatcher") or "alltoall"
     if dispatcher != "alltoall":
         moe["dispatcher"] = PLAN_DISPATCHER[dispatcher]
+    if dispatcher == "hybridep":   # the flex dispatcher's backend (moe/ep_rdma.py rates)
+        moe["flex_backend"] = "hybridep"
     etp = int(row.get("etp") or tp)
     if etp != tp:
         moe["etp"] = etp

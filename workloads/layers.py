@@ -39,7 +39,8 @@ def layer_shape(plan: Plan, gpu: str = "") -> LayerShape:
                       head_dim=m.head_dim, act_bytes=prec.act_bytes,
                       gemm_bytes=prec.gemm_bytes, cp=plan.mesh.cp,
                       cp_mode=plan.cp_mode, recipe=recipe,
-                      v_head_dim=m.value_head_dim if m.value_head_dim != m.head_dim else 0)
+                      v_head_dim=m.value_head_dim if m.value_head_dim != m.head_dim else 0,
+                      gpu=gpu.lower())
 
 
 def unit_builder(plan: Plan, unit, shape: LayerShape, options: BuildOptions) -> LayerBuilder:

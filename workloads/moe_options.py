@@ -1,6 +1,7 @@
 """The plan's `moe` block: how an MoE layer dispatches, splits and routes its tokens.
 
     "moe": {"dispatcher": "alltoall" | "allgather" | "deepep",
+            "flex_backend": "deepep" | "hybridep",   # the deepep dispatcher's kernels
             "etp": 1,                       # expert tensor parallelism (default: mesh.tp)
             "capacity_factor": 1.25,        # default none: dropless
             "pad_to_capacity": false,
@@ -45,9 +46,13 @@ from .errors import WorkloadError
 from .fields import check_bool, check_choice, check_number, is_int, known_keys
 
 DISPATCHERS = ("alltoall", "allgather", "deepep")
+# Megatron-Core's flex dispatcher backends (moe_flex_dispatcher_backend): the plan's
+# "deepep" dispatcher runs DeepEP's or NVIDIA's HybridEP kernels; they share the design
+# (NVLink within a node, RDMA across) but measure different RDMA rates (moe/ep_rdma.py).
+FLEX_BACKENDS = ("deepep", "hybridep")
 DISTRIBUTIONS = ("measured",)
 MOE_KEYS = ("load_imbalance", "dispatcher", "etp", "capacity_factor", "pad_to_capacity",
-            "force_balance", "aux_loss", "overlap_a2a", "delay_wgrad")
+            "force_balance", "aux_loss", "overlap_a2a", "delay_wgrad", "flex_backend")
 # Bounds: a capacity factor past the number of experts keeps every token anyway (an expert
 # can receive at most all tokens); 4096 shares is beyond any published router (256 experts).
 MAX_CAPACITY_FACTOR = 1024.0
@@ -67,9 +72,11 @@ class MoEOptions:
     aux_loss: bool = False
     overlap_a2a: bool = False               # combined 1F1B (workloads/moe/a2a_overlap.py)
     delay_wgrad: bool = False               # wgrads after the layer's dgrads (needs it)
+    flex_backend: str = "deepep"            # the deepep dispatcher's kernels
 
     def __post_init__(self) -> None:
         check_choice(self.dispatcher, "moe.dispatcher", DISPATCHERS)
+        check_choice(self.flex_backend, "moe.flex_backend", FLEX_BACKENDS)
         if self.etp is not None and (not is_int(self.etp) or self.etp < 1):
             raise WorkloadError("moe.etp", self.etp, "an integer >= 1 (1 or mesh.tp)")
         if self.capacity_factor is not None:
@@ -147,7 +154,8 @@ def parse_moe(raw: dict) -> dict:
         capacity_factor=capacity, pad_to_capacity=raw.get("pad_to_capacity", False),
         expert_shares=tuple(shares) if shares is not None else None,
         force_balance=raw.get("force_balance", False), aux_loss=raw.get("aux_loss", False),
-        overlap_a2a=raw.get("overlap_a2a", False), delay_wgrad=raw.get("delay_wgrad", False))
+        overlap_a2a=raw.get("overlap_a2a", False), delay_wgrad=raw.get("delay_wgrad", False),
+        flex_backend=raw.get("flex_backend", "deepep"))
     return {"load_imbalance": imbalance, "moe": options}
 
 

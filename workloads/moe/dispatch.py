@@ -26,9 +26,10 @@ deepep (Megatron's flex dispatcher with the DeepEP backend, _DeepepManager): one
   internode.cu; its normal kernels group ranks by 8 NVLink peers, csrc/legacy/buffer.hpp
   LEGACY_NUM_MAX_NVL_PEERS). The engine prices a flat all-to-all, so the dispatch is one of
   the per-rank size that puts DeepEP's RDMA bytes on the inter-node links (deepep_bytes).
-  DeepEP's legacy README measures its normal kernels at 153-158 GB/s over NVLink and
-  43-58 GB/s over 400 Gb/s RDMA (docs/legacy.md, "Performance"): the links' bandwidths,
-  which the network model already gives, so no extra factor is applied.
+  Across nodes the kernels move their inter-node bytes slower than the NIC's line rate:
+  the flat all-to-all grows by the factor their own benchmarks give (ep_rdma.py: HybridEP
+  on H100 and DeepEP's legacy kernels, 21-45 GB/s of a 50 GB/s NIC); the dispatch's backward is a combine and the
+  combine's a dispatch, each with its own factor.
 """
 from __future__ import annotations
 
@@ -38,6 +39,7 @@ from typing import TYPE_CHECKING
 
 from ..explicit_comm import ExplicitComm
 from ..layouts import R, S
+from .ep_rdma import rdma_slowdown
 
 if TYPE_CHECKING:  # pragma: no cover
     from ..layer_graph import LayerGraph, Node
@@ -127,6 +129,8 @@ class Geometry:
     ep: int
     group: tuple[str, ...]   # the dispatcher's group: ("ep",) or ("tp", "ep") with ETP
     group_ranks: tuple[int, ...]   # rank 0's members of that group (DeepEP's node split)
+    gpu: str = ""        # the device lowered for (ep_rdma.py: NVL72 GPUs have no RDMA stage)
+    flex_backend: str = "deepep"   # the deepep dispatcher's kernels: deepep | hybridep
 
     @property
     def local_experts(self) -> int:
@@ -259,7 +263,7 @@ def _deepep_dispatch(g, geo: Geometry, x, gate):
     rows = x
     if geo.group_size > 1:
         grad = x.layout
-        fused = _both_ways("all_to_all", geo.group, deepep_bytes(geo), "all_to_all", grad)
+        fused = _deepep_comm(geo, grad, combine=False)
         rows = g.explicit_comm("dispatch", x, fused, layout=geo.expert_layout,
                                rows_scale=geo.rows)
         rows.inputs.append(gate)   # the fused dispatch sends each token where it is routed
@@ -275,9 +279,21 @@ def _deepep_combine(g, geo: Geometry, y, probs, out_layout):
     out.inputs.extend(probs)   # probabilities (and aux loss): their gradients flow back
     if geo.group_size > 1:
         grad = R if geo.etp > 1 or geo.tp == 1 else S
-        fused = _both_ways("all_to_all", geo.group, deepep_bytes(geo), "all_to_all", grad)
+        fused = _deepep_comm(geo, grad, combine=True)
         out = g.explicit_comm("combine", out, fused, layout=out_layout, rows_scale=1.0)
     return out
+
+
+def _deepep_comm(geo: Geometry, grad: str, combine: bool) -> ExplicitComm:
+    """The fused dispatch's (or combine's) all-to-all, forward and backward: the backward
+    of a dispatch is a combine and that of a combine a dispatch, each at the size that
+    takes its kernel's measured time across nodes (ep_rdma.py)."""
+    nbytes = deepep_bytes(geo)
+    dispatch, comb = rdma_slowdown(geo.flex_backend, len(deepep_blocks(geo.group_ranks)),
+                                   geo.gpu)
+    fwd, bwd = (comb, dispatch) if combine else (dispatch, comb)
+    return ExplicitComm("all_to_all", geo.group, nbytes * fwd, "all_to_all", nbytes * bwd,
+                        grad, "ep")
 
 
 def _hit(experts: int, held: int, k: int) -> float:

@@ -66,7 +66,8 @@ def geometry(g: "LayerGraph", plan, x: "Node") -> Geometry:
     return Geometry(tokens=tokens, top_k=k, rows=rows, sent=sent, hidden=m.hidden_size,
                     num_experts=m.num_experts, act_bytes=g.shape.act_bytes, tp=mesh.tp,
                     etp=etp, ep=mesh.ep, group=group,
-                    group_ranks=plan.parallel_dims.group_ranks(0, group))
+                    group_ranks=plan.parallel_dims.group_ranks(0, group), gpu=g.shape.gpu,
+                    flex_backend=opt.flex_backend)
 
 
 def build_moe_mlp(g: "LayerGraph", plan, layer: int, h: "Node", resid: str) -> "Node":

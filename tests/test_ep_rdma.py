@@ -1,0 +1,75 @@
+"""The fused EP kernels' measured RDMA rates across nodes (workloads/moe/ep_rdma.py).
+
+Golden figures: deepseek-ai/DeepEP docs/README_Hybrid-EP.md (commit 5fbafce2, H100
+Platform, Torch API, BF16, 16 SMs) and docs/legacy.md (commit dd758caf, internode normal
+kernels); both count the token's own node in their "RDMA" bytes.
+"""
+from __future__ import annotations
+
+import pytest
+
+from workloads import plan_from_dict
+from workloads.errors import WorkloadError
+from workloads.layer_graph import LayerGraph
+from workloads.layers import layer_shape
+from workloads.lowering import lower
+from workloads.moe.dispatch import deepep_bytes
+from workloads.moe.ep_rdma import achieved_rdma_Bps, rdma_slowdown
+from workloads.moe.layer import geometry
+
+from conftest import small_plan
+from moe_small import D, MOE, moe_plan
+
+
+def test_hybridep_two_nodes_moves_half_its_counted_bytes_over_rdma():
+    # 16 ranks: 54.47 / 53.35 GB/s counted over both nodes, half of them remote
+    dispatch, combine = achieved_rdma_Bps("hybridep", 2)
+    assert dispatch == pytest.approx(54.47e9 / 2)
+    assert combine == pytest.approx(53.35e9 / 2)
+    assert rdma_slowdown("hybridep", 2, "h100") == pytest.approx((50 / 27.235, 50 / 26.675))
+
+
+def test_deepep_legacy_rates_by_node_count():
+    # EP32: 58 / 57 GB/s over 4 nodes, 3/4 remote; EP64: 51 / 50 over 8 nodes
+    assert achieved_rdma_Bps("deepep", 4) == pytest.approx((43.5e9, 42.75e9))
+    assert achieved_rdma_Bps("deepep", 8) == pytest.approx((51e9 * 7 / 8, 50e9 * 7 / 8))
+    # past the largest measured group: its figures; between two: the smaller group's
+    assert achieved_rdma_Bps("deepep", 16) == achieved_rdma_Bps("deepep", 8)
+    assert achieved_rdma_Bps("hybridep", 6) == achieved_rdma_Bps("hybridep", 4)
+
+
+def test_no_slowdown_on_one_node_or_inside_an_nvl72_domain():
+    assert rdma_slowdown("hybridep", 1, "h100") == (1.0, 1.0)
+    assert rdma_slowdown("hybridep", 4, "GB200") == (1.0, 1.0)
+
+
+def _ep16(backend):
+    model = {**MOE, "num_local_experts": 16}
+    return moe_plan(world=16, model=model, mesh={"ep": 16}, training={"global_batch": 16},
+                    moe={"dispatcher": "deepep", "flex_backend": backend})
+
+
+def _sizes(plan, gpu):
+    tasks = [t for t in lower(plan, gpu).tasks() if t.layer == 1 and t.microbatch == 0]
+    return {t.label: t.bytes for t in tasks if t.op == "all_to_all"}
+
+
+@pytest.mark.parametrize("backend", ["hybridep", "deepep"])
+def test_dispatch_and_combine_sized_at_their_kernels_rates(backend):
+    plan = _ep16(backend)
+    graph = LayerGraph(layer_shape(plan))
+    flat = deepep_bytes(geometry(graph, plan, graph.input("R", D)))
+    dispatch, combine = rdma_slowdown(backend, 2, "h100")
+    sizes = _sizes(plan, "h100")
+    # the dispatch's backward is a combine, the combine's a dispatch
+    assert sizes["moe.dispatch"] == pytest.approx(flat * dispatch)
+    assert sizes["grad.moe.dispatch"] == pytest.approx(flat * combine)
+    assert sizes["moe.combine"] == pytest.approx(flat * combine)
+    assert sizes["grad.moe.combine"] == pytest.approx(flat * dispatch)
+    assert list(_sizes(plan, "gb200").values()) == pytest.approx([flat] * 4)
+
+
+def test_unknown_flex_backend_is_refused():
+    with pytest.raises(WorkloadError):
+        plan_from_dict(small_plan(model=MOE, moe={"dispatcher": "deepep",
+                                                  "flex_backend": "nccl"}))
