@@ -149,6 +149,7 @@ MIXTRAL = {"framework": "megatron-core", "model": "mixtral-8x7b",
 
 @pytest.mark.parametrize("moe", [
     {}, {"dispatcher": "allgather"}, {"dispatcher": "deepep", "etp": 1},
+    {"dispatcher": "deepep", "flex_backend": "hybridep"},
     {"capacity_factor": 1.25, "pad_to_capacity": True, "aux_loss": True},
     {"force_balance": True, "etp": 1}])
 def test_moe_block_round_trips_through_megatron_flags(moe):
@@ -173,3 +174,19 @@ def test_megatron_default_dispatcher_is_allgather_and_flex_deepep_is_deepep():
     flex = flags.replace("--moe-token-dispatcher-type alltoall",
                          "--moe-token-dispatcher-type flex --moe-enable-deepep")
     assert plan_from_dict(read_megatron(flex).plan).moe.dispatcher == "deepep"
+
+
+def test_flex_hybridep_flag_imports_as_the_hybridep_kernels():
+    """--moe-flex-dispatcher-backend hybridep is the flex dispatcher with HybridEP's
+    kernels (moe.flex_backend, priced at its own RDMA rate: workloads/moe/ep_rdma.py), not a
+    refusal; an unknown backend is still a problem named by the flag."""
+    from workloads.jobs import read_megatron, write_megatron
+    flags = write_megatron(plan_from_dict({**MIXTRAL, "name": "x"})).text
+    hybrid = flags.replace("--moe-token-dispatcher-type alltoall",
+                           "--moe-token-dispatcher-type flex "
+                           "--moe-flex-dispatcher-backend hybridep")
+    moe = plan_from_dict(read_megatron(hybrid).plan).moe
+    assert (moe.dispatcher, moe.flex_backend) == ("deepep", "hybridep")
+    from workloads.jobs.findings import JobConfigError
+    with pytest.raises(JobConfigError, match="moe-token-dispatcher-type"):
+        read_megatron(hybrid.replace("backend hybridep", "backend nixl"))

@@ -2,7 +2,8 @@
 
 Flags of Megatron-LM core_v0.15.0 (megatron/training/arguments.py): the token dispatcher
 (--moe-token-dispatcher-type, default allgather; flex with --moe-enable-deepep, or with
-Megatron-Bridge's moe_flex_dispatcher_backend deepep, is DeepEP), expert TP
+--moe-flex-dispatcher-backend deepep | hybridep (Megatron-Bridge's
+moe_flex_dispatcher_backend), is the deepep dispatcher with those kernels), expert TP
 (--expert-tensor-parallel-size, default the TP size), capacity (--moe-expert-capacity-
 factor, --moe-pad-expert-input-to-capacity), the force-balanced router
 (--moe-router-force-load-balancing), the load-balancing loss (--moe-aux-loss-coeff > 0), and
@@ -14,6 +15,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from ..moe_options import FLEX_BACKENDS
 from ..plan import Plan
 from .findings import JobConfigError
 
@@ -36,25 +38,30 @@ def _float(get, flag: str) -> float | None:
         raise JobConfigError(get.name(flag), value, "a number") from None
 
 
-def _dispatcher(get, findings) -> str:
+def _dispatcher(get, findings) -> tuple[str, str]:
+    """The plan's dispatcher and, for the flex dispatcher, its kernels (deepep | hybridep:
+    moe.flex_backend, workloads/moe/ep_rdma.py)."""
     kind = get.str("moe-token-dispatcher-type", "allgather")
     if kind in ("alltoall", "allgather"):
-        return kind
+        return kind, "deepep"
     backend = get.str("moe-flex-dispatcher-backend", "deepep" if get.on("moe-enable-deepep")
                       else None)
-    if kind != "flex" or backend != "deepep":
+    if kind != "flex" or backend not in FLEX_BACKENDS:
         findings.problem(get.name("moe-token-dispatcher-type"), kind if kind != "flex" else
-                         f"flex ({backend})", "a dispatcher other than alltoall, allgather "
-                         "and DeepEP (simulated as DeepEP)")
-    return "deepep"
+                         f"flex ({backend})", "a dispatcher other than alltoall, allgather, "
+                         "DeepEP and HybridEP (simulated as DeepEP)")
+        return "deepep", "deepep"
+    return "deepep", backend
 
 
 def moe_block(get, tp: int, findings) -> dict[str, Any]:
     """The plan's `moe` object for an MoE model's flags (only keys off their default)."""
     out: dict[str, Any] = {}
-    dispatcher = _dispatcher(get, findings)
+    dispatcher, backend = _dispatcher(get, findings)
     if dispatcher != "alltoall":
         out["dispatcher"] = dispatcher
+    if backend != "deepep":
+        out["flex_backend"] = backend
     etp = get.int("expert-tensor-parallel-size")
     if etp is not None and etp != tp:
         out["etp"] = etp
@@ -129,6 +136,8 @@ def moe_flags(plan: Plan) -> list[str]:
     out = {"alltoall": ["--moe-token-dispatcher-type alltoall"],
            "allgather": ["--moe-token-dispatcher-type allgather"],
            "deepep": ["--moe-token-dispatcher-type flex", "--moe-enable-deepep"]}[opt.dispatcher]
+    if opt.dispatcher == "deepep" and opt.flex_backend != "deepep":
+        out[-1] = f"--moe-flex-dispatcher-backend {opt.flex_backend}"
     out.append(f"--expert-tensor-parallel-size {opt.etp_of(plan.mesh.tp)}")
     if opt.capacity_factor is not None:
         out.append(f"--moe-expert-capacity-factor {opt.capacity_factor}")
