@@ -66,3 +66,13 @@ def test_a_bucket_spanning_the_embedding_prices_each_share():
     layers = 4 * LAYER_PARAMS
     assert len(_gathers(plan)) == 1
     assert gathered == pytest.approx(bf16 - layers, rel=1e-9)   # layers 2 -> 1 byte
+
+
+
+@pytest.mark.parametrize("dtype", ["bf16", "fp8_rowwise"])
+def test_fp8_param_gather_without_an_fp8_recipe_is_refused(dtype):
+    """Megatron-Core keeps FP8 primary weights only under an FP8 recipe: there the key
+    would change nothing, so a plan that asks for it is refused naming the field."""
+    from workloads.errors import WorkloadError
+    with pytest.raises(WorkloadError, match="ddp.fp8_param_gather"):
+        _plan(dtype, ddp={"fp8_param_gather": True})

@@ -15,6 +15,7 @@ core_v0.16.0: `shared_buffer`; finish_param_sync copies with "cast from bf16 to 
 """
 from __future__ import annotations
 
+from .ddp_buckets import forward_buckets
 from .program import COMM
 from .schedules import EMBED, HEAD
 
@@ -36,7 +37,7 @@ def gather_bytes(lowering, bucket) -> float:
     return bucket.params * (share * FP8_GATHER_BYTES + (1.0 - share) * wide)
 
 
-def step_gathers(lowering, forward_buckets, step: int) -> None:
+def step_gathers(lowering, step: int) -> None:
     """Without --overlap-param-gather: the updated shards gathered back after the
     optimizer step, exposed: per unit, or per bucket of the gradient buffer (Megatron's
     start_param_sync)."""

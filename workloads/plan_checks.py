@@ -32,6 +32,7 @@ CLI prints one line and exits 2. The rules and their sources:
 from __future__ import annotations
 
 from .errors import WorkloadError
+from .frameworks import FP8_PARAM_DTYPES
 from .moe_options import check_moe_resolved
 
 
@@ -96,6 +97,11 @@ def check_framework_keys(plan) -> None:
     if plan.param_gather_overlap and (fsdp or plan.zero_stage not in (1, 2)):
         raise WorkloadError("overlap.param_gather", True, "false unless zero_stage is 1 or 2 "
                             "without FSDP (the distributed optimizer's parameter all-gather)")
+    if plan.fp8_param_gather and (fsdp or plan.training.dtype not in FP8_PARAM_DTYPES):
+        # Megatron-Core keeps FP8 primary weights only under an FP8 recipe (fp8_param_gather
+        # needs --fp8-format); FSDP gathers its own way (workloads/param_gathers.py)
+        raise WorkloadError("ddp.fp8_param_gather", True, "false unless training.dtype is "
+                            f"one of {', '.join(FP8_PARAM_DTYPES)} without FSDP")
     sp_tp = plan.mesh.tp > 1 and plan.sequence_parallel and plan.grid_strategy is None
     for field_name, on in (("overlap.tp_comm", plan.tp_comm_overlap),
                            ("overlap.async_tp", plan.async_tp)):

@@ -362,7 +362,7 @@ class StageLowering:
                              kernels=kernels, op_class=MEMORY, label="optimizer.step",
                              layer=-1, microbatch=-1)
         if self.plan.zero_stage in (1, 2) and not self.fsdp and not self.param_gather:
-            step_gathers(self, forward_buckets, step)
+            step_gathers(self, step)
 
     def build(self) -> list[Task]:
         """All tasks of the stage for one training step."""
