@@ -76,3 +76,15 @@ def test_fp8_param_gather_without_an_fp8_recipe_is_refused(dtype):
     from workloads.errors import WorkloadError
     with pytest.raises(WorkloadError, match="ddp.fp8_param_gather"):
         _plan(dtype, ddp={"fp8_param_gather": True})
+
+
+def test_keys_that_would_change_nothing_are_refused():
+    """moe.flex_backend names the fused dispatcher's kernels and recompute_modules an MoE
+    layer's modules: elsewhere they would be accepted and ignored, so they exit 2."""
+    from workloads.errors import WorkloadError
+    from workloads.moe_options import MoEOptions
+    with pytest.raises(WorkloadError, match="moe.flex_backend"):
+        MoEOptions(dispatcher="alltoall", flex_backend="hybridep")
+    assert MoEOptions(dispatcher="deepep", flex_backend="hybridep").flex_backend == "hybridep"
+    with pytest.raises(WorkloadError, match="recompute_modules"):
+        _plan("bf16", recompute_modules=["layernorm"])

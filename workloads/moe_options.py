@@ -77,6 +77,9 @@ class MoEOptions:
     def __post_init__(self) -> None:
         check_choice(self.dispatcher, "moe.dispatcher", DISPATCHERS)
         check_choice(self.flex_backend, "moe.flex_backend", FLEX_BACKENDS)
+        if self.flex_backend != "deepep" and self.dispatcher != "deepep":
+            raise WorkloadError("moe.flex_backend", self.flex_backend, '"deepep" unless '
+                                'moe.dispatcher is "deepep" (the fused dispatcher\'s kernels)')
         if self.etp is not None and (not is_int(self.etp) or self.etp < 1):
             raise WorkloadError("moe.etp", self.etp, "an integer >= 1 (1 or mesh.tp)")
         if self.capacity_factor is not None:

@@ -102,6 +102,10 @@ def check_framework_keys(plan) -> None:
         # needs --fp8-format); FSDP gathers its own way (workloads/param_gathers.py)
         raise WorkloadError("ddp.fp8_param_gather", True, "false unless training.dtype is "
                             f"one of {', '.join(FP8_PARAM_DTYPES)} without FSDP")
+    if plan.recompute_modules and not plan.model.num_experts:
+        # the modules it names are an MoE layer's (workloads/module_recompute.py)
+        raise WorkloadError("recompute_modules", list(plan.recompute_modules),
+                            "[] unless the model has MoE layers (layernorm, moe_act)")
     sp_tp = plan.mesh.tp > 1 and plan.sequence_parallel and plan.grid_strategy is None
     for field_name, on in (("overlap.tp_comm", plan.tp_comm_overlap),
                            ("overlap.async_tp", plan.async_tp)):
