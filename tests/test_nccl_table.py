@@ -133,6 +133,9 @@ def test_inexpressible_points_are_listed_not_scored(tmp_path):
     ({"group": "tp=8,tp=8"}, "systems.h100-8-nccl1047.group"),
     ({"gpus_per_process": "x"}, "systems.h100-8-nccl1047.gpus_per_process"),
     ({"gpus_per_process": 0}, "systems.h100-8-nccl1047.gpus_per_process"),
+    ({"nccl_version": "newest", "nccl_version_rests_on": "x"},
+     "systems.h100-8-nccl1047.nccl_version"),
+    ({"nccl_version": "2.26.2"}, "systems.h100-8-nccl1047.nccl_version_rests_on"),
 ])
 def test_bad_system_fields_are_input_errors(tmp_path, change, field):
     systems = json.loads(DEFAULT_SYSTEMS.read_text())
@@ -253,3 +256,26 @@ def test_rows_are_priced_with_their_nccl_release():
     assert plan.chunk_bytes == 64 * 1024
     assert stated[0].predicted_time_us - newest[0].predicted_time_us == pytest.approx(
         plan.fill_s * 1e6, rel=1e-6)
+
+
+def test_system_release_prices_rows_without_one_and_is_listed():
+    """nebius-h100-16's rows say 'unknown'; its system's inferred release (2.26.2, dstack's
+    default image: docker/base/Dockerfile NCCL_VERSION=2.26.2-1 when the example was
+    written) prices them. With 2.26.2's NVLS_Tree network step (14 us, tuning.cc of
+    v2.23 .. v2.28.7) NCCL takes NVLS_Tree from 1 MiB, where the newest tables (20.9 us)
+    keep Tree; the example measured 87.08 us there, NVLS_Tree's floor."""
+    systems = load_systems()
+    assert systems["nebius-h100-16"]["nccl_version"] == "2.26.2"
+    pts = [p for p in load_points() if p.id == "nebius-h100-16-all_reduce-1048576"]
+    (scored,), _ = predict(pts, systems)
+    assert scored.predicted_algorithm == "nvls_tree"
+    unset = {k: {kk: vv for kk, vv in v.items() if kk != "nccl_version"}
+             for k, v in systems.items()}
+    (newest,), _ = predict(pts, unset)
+    assert newest.predicted_algorithm == "tree"
+    names = [a["name"] for a in run_collectives()["assumptions"]]
+    assert "nebius-h100-16 NCCL version" in names
+    # a row naming its release keeps it
+    from validation.collective_systems import row_version
+    assert row_version("2.18.5", systems["nebius-h100-16"]) == "2.18.5"
+    assert row_version("unknown", systems["nebius-h100-16"]) == "2.26.2"

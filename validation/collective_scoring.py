@@ -27,11 +27,12 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from .csv_input import INT, NUMBER, TEXT, read_typed_csv
+from .collective_systems import (DEFAULT_SYSTEMS, load_systems, row_version,
+                                 system_assumptions)
 from .errors import ValidationError
 
 REFERENCES = Path(__file__).resolve().parent / "references"
 DEFAULT_CSV = REFERENCES / "nccl_tests.csv"
-DEFAULT_SYSTEMS = REFERENCES / "nccl_systems.json"
 COLLECTIVES = ("all_reduce", "all_gather", "reduce_scatter", "all_to_all")
 # The algorithm a row says was forced (NCCL_ALGO), as the model's CommOptions names it;
 # "default" and "unknown" leave NCCL's (the model's) choice.
@@ -172,53 +173,6 @@ def outliers(points: list[Point]) -> list[tuple[Point, Point]]:
     return found
 
 
-def load_systems(path: str | Path = DEFAULT_SYSTEMS) -> dict[str, dict]:
-    """System id -> {topology, group, hardware[, inexpressible]}; topology files are
-    resolved beside the JSON file."""
-    path = Path(path)
-    try:
-        raw = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise ValidationError("--systems", str(path), f"a readable JSON file ({exc})") from None
-    if not isinstance(raw, dict):
-        raise ValidationError("--systems", str(path), "a JSON object: system -> mapping")
-    systems = {}
-    for name, entry in raw.items():
-        if name.startswith("_"):
-            continue
-        if not isinstance(entry, dict) or not isinstance(entry.get("topology"), str) \
-                or not isinstance(entry.get("group"), str):
-            raise ValidationError(f"systems.{name}", entry, "an object with topology and group")
-        _check_system_fields(name, entry)
-        topo = entry["topology"]
-        if topo.endswith(".json"):
-            topo = str(path.parent / topo)
-        systems[name] = {**entry, "topology": topo}
-    return systems
-
-
-def _check_system_fields(name: str, entry: dict) -> None:
-    """The group's form (a rank count or DIM=N[,DIM=N]; its fit to the topology's world
-    is checked when the topology is built) and gpus_per_process (an integer >= 1)."""
-    from simulator.network.report import MESH_ORDER
-
-    group = entry["group"].strip()
-    parts = [part.partition("=") for part in group.split(",")]
-    dims = [key.strip().lower() for key, _, _ in parts]
-    well_formed = group.isdigit() or (
-        all(sep and key in MESH_ORDER and value.strip().isdigit()
-            for (_, sep, value), key in zip(parts, dims))
-        and len(set(dims)) == len(dims))
-    if not well_formed or (group.isdigit() and int(group) < 1):
-        raise ValidationError(f"systems.{name}.group", entry["group"],
-                              "a rank count or DIM=N[,DIM=N] with each DIM once, in "
-                              + ", ".join(MESH_ORDER))
-    per_process = entry.get("gpus_per_process", 1)
-    if isinstance(per_process, bool) or not isinstance(per_process, int) or per_process < 1:
-        raise ValidationError(f"systems.{name}.gpus_per_process", per_process,
-                              "an integer >= 1 (nccl-tests -g)")
-
-
 def predict(points: list[Point], systems: dict[str, dict]
             ) -> tuple[list[Point], list[tuple[Point, str]]]:
     """(scored points with predictions, [(point, why it is not expressible)])."""
@@ -247,7 +201,7 @@ def predict(points: list[Point], systems: dict[str, dict]
         # NCCL's latency constants of the row's release price its latency and choice.
         options = CommOptions(algorithm=FORCED[p.algorithm],
                               gpus_per_process=system.get("gpus_per_process", 1),
-                              nccl_version=p.nccl_version or None)
+                              nccl_version=row_version(p.nccl_version, system))
         row = collective_table(topo, p.collective, ranks, [p.size_bytes], options)[0]
         scored.append(_with_prediction(p, row))
     return scored, skipped
@@ -338,7 +292,8 @@ def run_collectives(csv_path: str | Path = DEFAULT_CSV,
                     systems_path: str | Path = DEFAULT_SYSTEMS) -> dict:
     """Predict every point and score them: the report as one JSON-able dict."""
     points = load_points(csv_path)
-    scored, skipped = predict(points, load_systems(systems_path))
+    systems = load_systems(systems_path)
+    scored, skipped = predict(points, systems)
     return {"table": str(csv_path), "points": len(points),
             "reported_figure": "nccl-tests out-of-place busbw (in-place rows scored against "
                                "the same prediction)",
@@ -354,7 +309,7 @@ def run_collectives(csv_path: str | Path = DEFAULT_CSV,
                           "larger_size_time_us": round(b.measured_time_us, 2)}
                          for a, b in outliers(scored)],
             "assumptions": [{"name": n, "value": v, "rests_on": r}
-                            for n, v, r in assumptions()],
+                            for n, v, r in assumptions() + system_assumptions(systems)],
             "rows": [{"id": p.id, "system": p.system, "collective": p.collective,
                       "size_bytes": p.size_bytes, "measured_GBps": p.busbw_GBps,
                       "predicted_GBps": round(p.predicted_GBps, 4),
