@@ -73,6 +73,20 @@ def test_a_configuration_repeated_across_releases_is_refused(tmp_path):
     assert len(load_rows(_write(tmp_path / "two.csv", rows + [other]))) == 2
 
 
+def test_a_patch_release_runs_its_own_recipe_not_the_columns_it_copied():
+    """26.02.01 is Megatron-Bridge v0.3.1 (docs/versions1.json), whose H100 Qwen3-30B FP8
+    config is EP 16, PP 1, HybridEP, no a2a overlap (PR 2477, cherry-picked as f29a269f8
+    after v0.3.0); its table row prints the 26.02 row's PP 2 / VP 12 / EP 8. Its 9058
+    tokens/s/GPU is a release repeat of the EP 16 row, named in that row's notes."""
+    rows = {r["id"]: r for r in _rows()}
+    assert "mb-qwen3-30b-h100-fp8-16-pp2" not in rows
+    ep16 = rows["mb-qwen3-30b-h100-fp8-16"]
+    assert (ep16["pp"], ep16["ep"], ep16["moe_dispatcher"]) == ("1", "16", "hybridep")
+    assert "26.02.01 (9058" in ep16["notes"] and "f29a269f8" in ep16["notes"]
+    assert not [r for r in rows.values() if r["release"] == "26.02.01"
+                and r["model"] == "qwen3-30b-a3b" and r["topology"] == "dgx-h100"]
+
+
 @pytest.mark.parametrize("column, value", [("moe_dispatcher", "flex"), ("dtype", "fp4"),
                                            ("ep", "8x"), ("force_balanced", "yes"),
                                            ("rack_gpus", "0"), ("capacity_factor", "-1")])
