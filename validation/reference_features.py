@@ -97,12 +97,30 @@ def moe_block(row: dict[str, str], tp: int) -> dict[str, Any]:
         # experts' inputs padded to the capacity
         moe["capacity_factor"] = float(row["capacity_factor"])
         moe["pad_to_capacity"] = True
+    if _runs_aux_loss(row):
+        moe["aux_loss"] = True
     if (row.get("force_balanced") or "").lower() == "true":
         if "force_balance" in _plan_moe_keys():
             moe["force_balance"] = True
         else:   # a scalar-imbalance MoE model: forced balance is the mean load everywhere
             moe["load_imbalance"] = 1.0
     return moe
+
+
+# MoE models whose Megatron-Bridge model provider runs a load-balancing loss (coefficient
+# > 0): Qwen3 MoE "aux_loss" at 1e-3 (src/megatron/bridge/models/qwen/qwen_provider.py at
+# 21b02e0cfb, 97ad8cc6fb and 6725f70495; qwen3_moe_bridge.py at f9b6319e58 and c810129341),
+# DeepSeek-V3 "seq_aux_loss" at 1e-4 (models/deepseek/deepseek_provider.py and
+# deepseek_v3_bridge.py, same commits). GPT-OSS sets "none" (gpt_oss_provider.py /
+# gpt_oss_bridge.py). The performance scripts leave these settings as the provider has them.
+AUX_LOSS_MODEL_PREFIXES = ("qwen3-30b-a3b", "qwen3-235b-a22b", "deepseek-v3")
+
+
+def _runs_aux_loss(row: dict[str, str]) -> bool:
+    """Whether the row's run computes the router's load-balancing loss (Megatron-Bridge
+    providers above; the plan's moe.aux_loss, where the plan has that key)."""
+    return (row.get("framework") == "megatron-core" and "aux_loss" in _plan_moe_keys()
+            and (row.get("model") or "").startswith(AUX_LOSS_MODEL_PREFIXES))
 
 
 def _plan_moe_keys() -> tuple[str, ...]:

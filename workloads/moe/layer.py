@@ -45,6 +45,7 @@ from .dispatch import Geometry, combine, dispatch
 from .grouped_gemm import grouped_gemm_efficiency, grouped_gemm_launches, grouped_gemm_streams
 from .imbalance import routed_tokens, rows_per_token, rows_sent
 from .quant_padding import PAD_LAUNCHES, pads_expert_rows, unpad_launches
+from .router_ops import aux_loss, random_logits, token_drop
 
 if TYPE_CHECKING:  # pragma: no cover
     from ..layer_graph import LayerGraph, Node
@@ -78,11 +79,11 @@ def build_moe_mlp(g: "LayerGraph", plan, layer: int, h: "Node", resid: str) -> "
     # Passes over the [tokens, E] logits (Megatron-LM moe_utils.topk_routing_with_score_
     # function, unfused): softmax reads the logits and writes the scores, top-k reads the
     # scores, the dense probabilities are written; the bool routing map (half a bf16
-    # tensor) is left out. The aux loss reads the probabilities and the map (1.5) and
-    # writes E sums.
-    gate = g.elementwise("router_topk", [logits], rw=(2.0, 2.0))
-    extras = [g.elementwise("router_aux_loss", [gate], rw=(1.5, 0.0))] if plan.moe.aux_loss \
-        else []
+    # tensor) is left out. Forced balance's random logits, token drop's capacity mask and
+    # the aux loss, with their kernel counts: workloads/moe/router_ops.py
+    gate = g.elementwise("router_topk", [random_logits(g, plan, logits)], rw=(2.0, 2.0))
+    gate = token_drop(g, plan, gate)
+    extras = aux_loss(g, plan, gate)
     geo = geometry(g, plan, x)
     rows, probs = dispatch(g, geo, plan.moe.dispatcher, x, gate)
     y = _experts(g, plan, layer, geo, rows)
