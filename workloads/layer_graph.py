@@ -14,6 +14,7 @@ from .attention import AttentionCost, LocalAttention
 from .context_parallel import ContextParallelAttention
 from .context_parallel_torch import TorchRingAttention
 from .explicit_comm import ExplicitComm
+from .fp8_gather import transpose_bytes
 from .graph_node import FUSED_INTO, Node
 from .kernels import fused_cost
 from .layer_graph_comm import TPCommMixin
@@ -56,6 +57,11 @@ class LayerGraph(TPCommMixin):
         self._reduced: dict[int, int] = {}
         self._deferred: list[tuple[str, dict]] = []
         self._cast_inputs: dict[int, int] = {}   # activation -> its cast, this emission
+        # FP8 all-gathers (workloads/fp8_gather.py): redistribution nodes gathered as FP8;
+        # backward tasks with an FP8-gathered output gradient; gathered inputs transposed
+        self._fp8_gathered: set[int] = set()
+        self._fp8_grads: set[int] = set()
+        self._fp8_transposed: dict[int, int] = {}
         self._module_casts: dict[str, int] = {}  # fused TE module -> its input's cast
 
     # ---- graph building ----------------------------------------------------------
@@ -198,9 +204,7 @@ class LayerGraph(TPCommMixin):
         if node.kind == "redistribute":
             if node.inputs[0].id in self._reduced:    # reduce-scattered with its GEMM
                 return self._reduced[node.inputs[0].id]
-            return self._comm(sink, ctx, node.inputs[0].layout, node.layout, node.features,
-                              deps, phase, f"{node.name}", node.rows_scale,
-                              chunked=self._feeds_only_linears(node))
+            return self._redistribute(sink, ctx, node, deps, phase)
         if node.kind == "linear":
             flops, nbytes, mnk = self.linear_cost(node)
             deps = self._fp8_cast(sink, ctx, node, flops, mnk, deps, phase, node.name)
@@ -230,6 +234,13 @@ class LayerGraph(TPCommMixin):
         inputs, grads = flops / (2 * n), flops / (2 * k)   # m x k and m x n
         weights = k * n * (node.experts or 1)
         source, recipe = node.inputs[0].id, self.shape.recipe
+        if source in self._fp8_gathered:   # cast before its all-gather
+            if phase != "backward":
+                return tuple(deps)
+            if source not in self._fp8_transposed:   # the gathered input, for the wgrad
+                self._fp8_transposed[source] = self._fp8_transpose(
+                    sink, ctx, inputs, deps[0], f"{name}.input")
+            deps = (self._fp8_transposed[source],)
         if recipe is not None and recipe.shares_input_casts and source in self._cast_inputs:
             inputs = 0.0    # a linear reading the same activation: its cast is done
             deps = (*deps, self._cast_inputs[source])
@@ -259,7 +270,7 @@ class LayerGraph(TPCommMixin):
         Returns the task producing the gradient of the graph's input, or, for a graph
         without an input (the embedding), its last backward task.
         """
-        self._cast_inputs = {}
+        self._cast_inputs, self._fp8_grads, self._fp8_transposed = {}, set(), {}
         grads: dict[int, list[tuple[int, str]]] = {n.id: [] for n in self.nodes}
         out = self.nodes[-1]
         grads[self._through(out).id].append((grad_dep, out.layout))
@@ -303,9 +314,7 @@ class LayerGraph(TPCommMixin):
         ready = []
         for layout, tasks in sorted(by_layout.items()):
             summed = tasks[0] if len(tasks) == 1 else self._accumulate(sink, ctx, node, layout, tasks)
-            ready.append(self._comm(sink, ctx, layout, target, node.features, (summed,),
-                                    "backward", f"grad.{node.name}", node.rows_scale,
-                                    chunked=node.kind == "linear" and not node.experts)
+            ready.append(self._gather_grad(sink, ctx, node, layout, target, summed)
                          if layout != target else summed)
         return ready[0] if len(ready) == 1 else self._accumulate(sink, ctx, node, target, ready)
 
@@ -325,8 +334,12 @@ class LayerGraph(TPCommMixin):
                           bytes=nbytes, op_class=GEMM, gemm_dtype=self._gemm_dtype(node),
                           efficiency=node.efficiency, kernels=node.launches,
                           launch_streams=node.launch_streams, **ctx)
-            ready, = self._fp8_cast(sink, ctx, node, flops, (m, n, k), (ready,), "backward",
-                                    f"grad.{node.name}")
+            if ready in self._fp8_grads:   # cast before its all-gather
+                if transpose_bytes(self.shape.recipe):   # the wgrad reads a transpose
+                    return self._transposed_backward(sink, ctx, node, ready, common)
+            else:
+                ready, = self._fp8_cast(sink, ctx, node, flops, (m, n, k), (ready,),
+                                        "backward", f"grad.{node.name}")
             if ready in self._chunks:    # the gathered output gradient, chunk by chunk
                 dgrad, self.wgrad_tasks[self._weight_keys[node.id]] = chunked_backward(
                     sink, self._chunks[ready], flops, nbytes, (m, n, k), node.name,

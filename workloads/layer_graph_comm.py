@@ -9,9 +9,10 @@ shape, options, nodes and the chunk / reduction records it keeps.
 """
 from __future__ import annotations
 
+from .fp8_gather import FP8_GATHER_BYTES, gathers_quantized, local_cast, transpose_bytes
 from .graph_node import Node
 from .layer_builder import TaskSink
-from .layouts import collective, collective_bytes
+from .layouts import STRATEGY_LAYOUTS, collective, collective_bytes
 from .program import COMM, COMPUTE, MEMORY, RELAYOUT
 from .tp_overlap import chunked_gemm, gemm_reduce_scatter, ring_gather
 
@@ -20,16 +21,21 @@ class TPCommMixin:
     """Redistributions and overlapped TP transfers of one layer's graph."""
 
     def _comm(self, sink: TaskSink, ctx: dict, src: str, dst: str, features: int, deps,
-              phase: str, label: str, rows_scale: float = 1.0, chunked: bool = False) -> int:
+              phase: str, label: str, rows_scale: float = 1.0, chunked: bool = False,
+              element_bytes: float = 0.0) -> int:
+        """A redistribution of a tensor of `features` from layout `src` to `dst`, of
+        `element_bytes` per element (0: the activations' bytes)."""
         op = collective(src, dst)
+        element_bytes = element_bytes or self.shape.act_bytes
         if chunked and op == "all_gather" and self.options.tp_overlap:
-            return self._ring_gather(sink, ctx, features, deps, phase, label, rows_scale)
+            return self._ring_gather(sink, ctx, features, deps, phase, label, rows_scale,
+                                     element_bytes)
         if op is None:
             return deps[0] if len(deps) == 1 else sink.add(
                 kind=COMPUTE, stream="compute", op="join", phase=phase, deps=tuple(deps),
                 op_class=MEMORY, label=label, **ctx)
         sh = self.shape
-        full = sh.tokens * features * sh.act_bytes * rows_scale
+        full = sh.tokens * features * element_bytes * rows_scale
         # Activations are [batch, sequence, features]: the sequence (S) and feature (H)
         # shards are not dim 0, so DTensor chunks and concatenates around the collective,
         # one read and one write of the local tensor (autoparallel's redistribute cost:
@@ -56,11 +62,11 @@ class TPCommMixin:
         return bool(users) and all(n.kind == "linear" and not n.experts for n in users)
 
     def _ring_gather(self, sink: TaskSink, ctx: dict, features: int, deps, phase: str,
-                     label: str, rows_scale: float) -> int:
+                     label: str, rows_scale: float, element_bytes: float) -> int:
         """A sequence-parallel all-gather as tp ring steps; its consumers GEMM each chunk
         as it arrives (chunked_gemm). Returns the last arrival."""
         sh = self.shape
-        chunk = sh.tokens * features * sh.act_bytes * rows_scale / sh.tp
+        chunk = sh.tokens * features * element_bytes * rows_scale / sh.tp
         chunks = ring_gather(sink, ctx, tuple(deps), chunk, sh.tp, phase, label)
         self._chunks[chunks[-1]] = chunks
         return chunks[-1]
@@ -88,3 +94,87 @@ class TPCommMixin:
             self._reduced[node.id] = out
             return out
         return None
+
+    # ---- per-tensor FP8 around the all-gathers (workloads/fp8_gather.py) ---------------
+    def _gathers_fp8(self, users: list[Node]) -> bool:
+        """Whether an all-gather feeding `users` moves the FP8 cast of the local shard."""
+        sh = self.shape
+        return (gathers_quantized(sh.recipe, self.options.fused_te_modules) and bool(users)
+                and all(u.kind == "linear" and not u.experts and not sh.stays_bf16(u.bf16)
+                        for u in users))
+
+    def _redistribute(self, sink: TaskSink, ctx: dict, node: Node, deps, phase: str) -> int:
+        """A forward redistribution node; an all-gather into quantised linears casts the
+        local shard first and gathers FP8 (its consumers then cast nothing)."""
+        src = node.inputs[0]
+        users = [n for n in self.nodes if node in n.inputs]
+        element_bytes = 0.0
+        if collective(src.layout, node.layout) == "all_gather" and self._gathers_fp8(users):
+            deps = self._cast_before_gather(sink, ctx, src.features * src.rows_scale, deps,
+                                            phase, node.name, after_norm="norm" in src.name)
+            element_bytes = FP8_GATHER_BYTES
+            self._fp8_gathered.add(node.id)
+        return self._comm(sink, ctx, src.layout, node.layout, node.features, deps, phase,
+                          node.name, node.rows_scale, chunked=self._feeds_only_linears(node),
+                          element_bytes=element_bytes)
+
+    def _gather_grad(self, sink: TaskSink, ctx: dict, node: Node, layout: str, target: str,
+                     summed: int) -> int:
+        """A linear's output gradient brought to the layout its backward needs; gathered
+        as FP8 (cast locally first) into a quantised linear (recorded in _fp8_grads)."""
+        chunked = node.kind == "linear" and not node.experts
+        if not (chunked and collective(layout, target) == "all_gather"
+                and self._gathers_fp8([node])):
+            return self._comm(sink, ctx, layout, target, node.features, (summed,),
+                              "backward", f"grad.{node.name}", node.rows_scale, chunked=chunked)
+        label = f"grad.{node.name}"
+        deps = self._cast_before_gather(sink, ctx, node.features * node.rows_scale, (summed,),
+                                        "backward", label, after_norm=False)
+        task = self._comm(sink, ctx, layout, target, node.features, deps, "backward", label,
+                          node.rows_scale, chunked=True, element_bytes=FP8_GATHER_BYTES)
+        self._fp8_grads.add(task)
+        return task
+
+    def _cast_before_gather(self, sink: TaskSink, ctx: dict, features: float, deps,
+                            phase: str, label: str, after_norm: bool) -> tuple[int, ...]:
+        """The row-wise cast of the sequence shard (tokens / tp rows of `features`)."""
+        sh, recipe = self.shape, self.shape.recipe
+        per_element, kernels = local_cast(recipe, after_norm)
+        if not kernels:
+            return tuple(deps)
+        return (sink.add(kind=COMPUTE, stream="compute", op=f"{recipe.name}_cast", phase=phase,
+                         deps=tuple(deps), bytes=sh.rows("S") * features * per_element,
+                         op_class=MEMORY, kernels=kernels,
+                         label=f"{label}.{recipe.name}_cast", **ctx),)
+
+    def _fp8_transpose(self, sink: TaskSink, ctx: dict, elements: float, dep: int,
+                       label: str) -> int:
+        """The transpose of a gathered FP8 tensor the wgrad GEMM reads (Hopper); `dep`
+        itself where the recipe needs none."""
+        per_element = transpose_bytes(self.shape.recipe)
+        if not per_element:
+            return dep
+        recipe = self.shape.recipe.name
+        return sink.add(kind=COMPUTE, stream="compute", op=f"{recipe}_transpose",
+                        phase="backward", deps=(dep,), bytes=elements * per_element,
+                        op_class=MEMORY, kernels=1, label=f"{label}.{recipe}_transpose", **ctx)
+
+    def _transposed_backward(self, sink: TaskSink, ctx: dict, node: Node, ready: int,
+                             common: dict) -> list:
+        """A linear's backward on its FP8-gathered output gradient: the dgrad GEMM (chunk
+        by chunk as the gradient arrives under TP overlap), then the transpose of the
+        gathered gradient and the wgrad GEMM on it (TE v1.10 module/linear.py backward)."""
+        flops, nbytes, (m, n, k) = self.linear_cost(node)
+        if ready in self._chunks:
+            operand = nbytes / max(1, m * k + k * n + m * n)
+            dgrad = chunked_gemm(sink, self._chunks[ready], flops, operand, (m, k, n), 0,
+                                 f"{node.name}.dgrad", op=node.name, phase="backward",
+                                 gemm_dtype=common["gemm_dtype"], **ctx)
+        else:
+            dgrad = sink.add(op=node.name, deps=(ready,), gemm_mnk=(m, k, n),
+                             label=f"{node.name}.dgrad", **common)
+        transposed = self._fp8_transpose(sink, ctx, m * n, ready, f"grad.{node.name}")
+        self.wgrad_tasks[self._weight_keys[node.id]] = sink.add(
+            op=node.name, deps=(transposed,), gemm_mnk=(k, n, m), label=f"{node.name}.wgrad",
+            **common)
+        return [(node.inputs[0], (dgrad, STRATEGY_LAYOUTS[node.strategy][2]))]

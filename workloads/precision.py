@@ -93,6 +93,15 @@ class GemmRecipe:
     # The quantisation kernel the casts run, where its speed is measured apart from the
     # device profile's streaming kernel (workloads/te_quant.py; "": the profile's speed).
     cast_kernel: str = ""
+    # Whether Transformer Engine quantises a sequence-parallel tensor before its TP
+    # all-gather and gathers the FP8 data (per-tensor FP8, delayed and current scaling:
+    # workloads/fp8_gather.py), rather than gathering bf16.
+    gathers_quantized: bool = False
+    # Of `cast_bytes_per_element`: the bytes of the transposed FP8 copy the cast writes
+    # (Hopper's per-tensor FP8: 1) and of the amax pass before the cast (current
+    # scaling: 2); workloads/fp8_gather.py splits the cast by them.
+    transpose_bytes: float = 0.0
+    amax_bytes: float = 0.0
 
     @property
     def operand_bytes(self) -> float:
@@ -168,6 +177,7 @@ RECIPES = {
     # torchtitan, fp8, fp8_rowwise and mxfp8 run torchao's recipes instead, with their
     # weight casts (workloads/torchao_recipes.py).
     "fp8": GemmRecipe("fp8", 1, 0, 0, FP8_CAST_BYTES_PER_ELEMENT, 1,
+                      gathers_quantized=True, transpose_bytes=1.0,
                       source="Transformer Engine DelayedScaling"),
     # Per-tensor FP8 with current scaling (Transformer Engine Float8CurrentScaling, what
     # Megatron-LM's `--fp8-recipe tensorwise` and Megatron-Bridge's fp8_cs precision
@@ -181,6 +191,8 @@ RECIPES = {
     # group that sequence-parallel inputs add (with_amax_reduction), one scalar each.
     "fp8_cs": GemmRecipe("fp8_cs", 1, 0, 0, FP8_CURRENT_SCALING_AMAX_BYTES
                          + FP8_CAST_BYTES_PER_ELEMENT, 3, cast_per_expert=True,
+                         gathers_quantized=True, transpose_bytes=1.0,
+                         amax_bytes=FP8_CURRENT_SCALING_AMAX_BYTES,
                          source="Transformer Engine Float8CurrentScaling (quantizer.cpp)"),
     # Row-wise FP8 (torchao Float8LinearRecipeName.ROWWISE, as torchtitan's
     # `float8.recipe_name = "rowwise"` asks for it; torchao/float8/config.py
@@ -267,10 +279,11 @@ NON_TN_FP8_CAST_BYTES_PER_ELEMENT = float(BF16_BYTES + 1)
 NON_TN_FP8_RECIPES = {
     "fp8": replace(RECIPES["fp8"], cast_bytes_per_element=NON_TN_FP8_CAST_BYTES_PER_ELEMENT,
                    cast_per_expert=True,   # no column-wise output: no fused multi-cast
+                   transpose_bytes=0.0,
                    source="Transformer Engine DelayedScaling, no transpose on sm100 "
                           "(quantizer.cpp)"),
     "fp8_cs": replace(RECIPES["fp8_cs"], cast_bytes_per_element=FP8_CURRENT_SCALING_AMAX_BYTES
-                      + NON_TN_FP8_CAST_BYTES_PER_ELEMENT,
+                      + NON_TN_FP8_CAST_BYTES_PER_ELEMENT, transpose_bytes=0.0,
                       source="Transformer Engine Float8CurrentScaling, no transpose on sm100 "
                              "(quantizer.cpp)"),
 }
