@@ -64,13 +64,16 @@ COLUMNS: dict[str, tuple[str, bool, object]] = {
     # capacity_factor: token-drop capacity (empty: dropless); mtp_layers: multi-token
     # prediction layers; bf16_layers: transformer layers at each end kept in BF16 by the
     # precision recipe; rack_gpus: GPUs the job uses in each NVLink domain (64 of an NVL72
-    # rack's 72); release: the table's release (container) the row was read from.
+    # rack's 72); release: the table's release (container) the row was read from;
+    # pp_layout: the recipe's Megatron-Core pipeline_model_parallel_layout (the decoder
+    # layers of each pipeline chunk: workloads/pipeline_layout.py), empty: Megatron's split.
     "ep": (INT, False, (1, MAX_INT)), "etp": (INT, False, (1, MAX_INT)),
     "moe_dispatcher": (TEXT, False, MOE_DISPATCHERS),
     "force_balanced": (BOOL, False, None),
     "capacity_factor": (NUMBER, False, (0.0, 1024.0)),
     "mtp_layers": (INT, False, (0, 64)), "bf16_layers": (INT, False, (0, 1024)),
     "rack_gpus": (INT, False, (1, 1024)), "release": (TEXT, False, None),
+    "pp_layout": (TEXT, False, None),
 }
 
 

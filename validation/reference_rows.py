@@ -24,6 +24,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
+from workloads.pipeline_layout import layout_layer_split
 
 from .csv_input import read_reference_csv
 from .errors import ValidationError
@@ -196,6 +197,10 @@ def plan_dict(row: dict[str, str]) -> dict[str, Any]:
         vstages = num("virtual_stages")
         raw["pipeline"] = {"schedule": "interleaved" if vstages > 1 else "1f1b",
                            "virtual_stages": vstages}
+        if row.get("pp_layout"):
+            # the recipe's pipeline_model_parallel_layout: decoder layers per chunk
+            raw["pipeline"]["layer_split"] = list(
+                layout_layer_split(row["pp_layout"], num("pp") * vstages))
     return raw
 
 
