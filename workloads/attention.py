@@ -24,7 +24,10 @@ query attends to at most w keys, itself included. Over a sequence of s tokens th
 the window. FlashAttention skips the key blocks outside the window (its window_size
 argument); the tiles that straddle the window's edge are computed and masked, which is
 not counted (an assumption: at most one tile of keys per query tile more). Eager
-attention computes every score and masks them, so it gets no saving.
+attention computes every score and masks them, so it gets no saving. A window of one key
+tile (GPT-OSS's 128) leaves each query tile a loop of one or two key tiles, and the
+kernel runs at a fraction of its full-sequence speed that cuDNN's GPT-OSS benchmark
+measures per GPU (workloads/windowed_attention.py: 0.16-0.33).
 
 Attention sinks (GPT-OSS): one learned logit per head joins every softmax denominator:
 per query and head one exponential and one addition, against 2 w (d_qk + d_v) FLOPs of
@@ -71,6 +74,7 @@ from dataclasses import dataclass
 from .attention_impls import FULL_SQUARE_GEMMS, score_passes
 from .layer_builder import BuildOptions, TaskSink
 from .program import ATTENTION, COMPUTE
+from .windowed_attention import windowed_speed_ratio
 
 # Backward FLOPs over forward FLOPs (FlashAttention-2, arXiv:2307.08691, Algorithm 2):
 # dV, dP, dQ, dK are two forwards' worth; flash attention also recomputes S = QK^T.
@@ -159,6 +163,7 @@ class AttentionCost:
     window: int = 0      # sliding window: keys a query sees at most (0: all earlier)
     # the materialised implementation when not flash (workloads/attention_impls.py)
     impl: str = "eager"
+    gpu: str = ""        # the device lowered for (a short window's speed depends on it)
 
     @classmethod
     def of_layer(cls, shape, flash: bool, queries: float | None = None,
@@ -173,7 +178,8 @@ class AttentionCost:
                    heads=shape.heads / split, kv_heads=shape.kv_heads / split,
                    head_dim=shape.head_dim, act_bytes=shape.act_bytes, flash=flash,
                    v_head_dim=shape.v_head_dim or shape.head_dim, window=window,
-                   impl=impl if impl not in ("", "flash", "cudnn") else "eager")
+                   impl=impl if impl not in ("", "flash", "cudnn") else "eager",
+                   gpu=getattr(shape, "gpu", ""))
 
     # ---- sizes ---------------------------------------------------------------------
     @property
@@ -251,9 +257,15 @@ class AttentionCost:
 
     def speed(self, phase: str, length: float = 0.0, causal: bool = True) -> float:
         """The flash kernel's speed relative to the profile's (kernel_speed) for calls of
-        `length` keys (0: the layer's sequence, or its window); eager attention: 1."""
+        `length` keys (0: the layer's sequence, or its window); eager attention: 1. A
+        whole-sequence call with a window of at most 128 keys runs at cuDNN's measured
+        fraction of the full causal call's speed (workloads/windowed_attention.py)."""
         if not self.flash:
             return 1.0
+        if not length:
+            ratio = windowed_speed_ratio(self.gpu, self.window, self.keys)
+            if ratio is not None:
+                return kernel_speed(phase, self.keys, causal) * ratio
         keys = length or (self.window if 0 < self.window < self.keys else self.keys)
         return kernel_speed(phase, keys, causal)
 
