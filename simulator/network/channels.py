@@ -177,7 +177,7 @@ def nvls_chunk_bytes(algorithm: str, size_bytes: float, channels: int, heads: in
 
 def nvls_active_channels(size_bytes: float, channels: int, heads: int, chunk_bytes: int,
                          version: str | None = None) -> int:
-    """Channels that carry data in an NVLS or NVLS_Tree collective. Up to NCCL 2.19 each
+    """Channels that carry data in an NVLS or NVLS_Tree all-reduce. Up to NCCL 2.19 each
     channel takes a block of heads x chunk bytes per loop, so a smaller message runs on
     ceil(size / (heads x chunk)) channels; from 2.20.3 the count is split over all of
     them (tuning_versions)."""

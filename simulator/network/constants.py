@@ -254,8 +254,8 @@ ASSUMPTIONS = (
      "NCCL NVLS kernels' warp groups: scatter, reduce+multicast (one primitive), gather; "
      "AG multicast, gather; RS scatter, reduce [all_reduce.h, all_gather.h, "
      "reduce_scatter.h]; each stage assumed to take one wave at the streaming rate"),
-    ("NVLS idle channels before 2.20.3", "busy channels = ceil(size / (heads x chunk)), "
-     "each at 1/channels of the rate",
+    ("NVLS idle channels before 2.20.3", "all-reduce busy channels = ceil(size / "
+     "(heads x chunk)), each at 1/channels of the rate",
      "NCCL 2.18-2.19 NVLS kernels give channel bid the block bid x nHeads x chunk of each "
      "loop [all_reduce.h v2.18.5-1, v2.19.4-1]; 2.20.3+ split the count over all channels "
      "[enqueue.cc v2.20.3-1 countPerChannels]; a channel's share of the rate: NCCL's "
