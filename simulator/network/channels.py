@@ -19,7 +19,8 @@ from __future__ import annotations
 import math
 
 from .constants import arch_of
-from .tuning_versions import (NVLS_SM100_ONE_DOMAIN_CHANNELS_FROM,
+from .tuning_versions import (NVLS_EVEN_CHANNEL_SPLIT_FROM,
+                              NVLS_SM100_ONE_DOMAIN_CHANNELS_FROM,
                               NVLS_SM100_TREE_TUNING_FROM,
                               NVLS_TREE_CHUNK_FROM_NVLS_CHUNKSIZE, released_before)
 
@@ -172,6 +173,18 @@ def nvls_chunk_bytes(algorithm: str, size_bytes: float, channels: int, heads: in
         if size_bytes < factor * ops * chunk and chunk > limit:
             chunk = limit
     return chunk
+
+
+def nvls_active_channels(size_bytes: float, channels: int, heads: int, chunk_bytes: int,
+                         version: str | None = None) -> int:
+    """Channels that carry data in an NVLS or NVLS_Tree all-reduce. Up to NCCL 2.19 each
+    channel takes a block of heads x chunk bytes per loop, so a smaller message runs on
+    ceil(size / (heads x chunk)) channels; from 2.20.3 the count is split over all of
+    them (tuning_versions)."""
+    if not released_before(version, NVLS_EVEN_CHANNEL_SPLIT_FROM):
+        return channels
+    block = max(heads * chunk_bytes, 1)
+    return max(1, min(channels, math.ceil(size_bytes / block)))
 
 
 # The ring's chunk: what one channel moves for one rank in one pass of the ring's loop

@@ -13,8 +13,9 @@ from dataclasses import dataclass
 
 from .algorithms import (GroupShape, Template, available, build_template, group_shape,
                          nvls_heads, ring_rails)
-from .channels import (coll_channels, device_arch, nvls_channels, nvls_search_speed_GBps,
-                       one_node_search_channels, ring_chunk_bytes, ring_passes, tuned_channels)
+from .channels import (coll_channels, device_arch, nvls_active_channels, nvls_channels,
+                       nvls_search_speed_GBps, one_node_search_channels, ring_chunk_bytes,
+                       ring_passes, tuned_channels)
 from .constants import (COLLNET_DIRECT_SM90_EFFICIENCY, NVLS_TREE_HEAD_NET_BPS,
                         PAT_EFFICIENCY, RING_EFFICIENCY, TREE_EFFICIENCY,
                         TREE_LL128_ONE_NODE_EFFICIENCY, bus_factor, ll_max_bw_Bps,
@@ -189,6 +190,14 @@ class CollectiveModel:
         fill, chunk = 0.0, 0
         if algo in _NVLS:
             fill, chunk = self._nvls_fill(op, algo, shape, size, channels, template, eff)
+            # Releases before 2.20.3 leave an all-reduce's channels idle below channels
+            # x heads x chunk; the busy ones stream at their share of the rate
+            # (tuning_versions). The slowdown joins the fill (latency_s); the flows keep
+            # the bytes. All-gather / reduce-scatter (blocks of one chunk) not modelled.
+            busy = channels if op != "all_reduce" else nvls_active_channels(
+                size, channels, nvls_heads(shape), chunk, self.options.nccl_version)
+            fill = (fill + template.unit_time_s * size / eff) * channels / busy \
+                - template.unit_time_s * size / eff
         t = lat + template.unit_time_s * size / eff + fill
         passes = self._extra_passes_s(op, algo, proto, shape, size, channels)
         t, lat = t + passes, lat + passes

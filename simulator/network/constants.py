@@ -254,6 +254,13 @@ ASSUMPTIONS = (
      "NCCL NVLS kernels' warp groups: scatter, reduce+multicast (one primitive), gather; "
      "AG multicast, gather; RS scatter, reduce [all_reduce.h, all_gather.h, "
      "reduce_scatter.h]; each stage assumed to take one wave at the streaming rate"),
+    ("NVLS idle channels before 2.20.3", "all-reduce busy channels = ceil(size / "
+     "(heads x chunk)), each at 1/channels of the rate",
+     "NCCL 2.18-2.19 NVLS kernels give channel bid the block bid x nHeads x chunk of each "
+     "loop [all_reduce.h v2.18.5-1, v2.19.4-1]; 2.20.3+ split the count over all channels "
+     "[enqueue.cc v2.20.3-1 countPerChannels]; a channel's share of the rate: NCCL's "
+     "comment 'NVLS should not need more than 16 channels to get peak BW' [enqueue.cc "
+     "v2.18.5-1 getAlgoInfo]; assumption, no constant estimated; after NCCL's choice"),
     ("ONE_NODE_SEARCH_CHANNELS", "16 (32 coll channels); Ampere 12 (24)",
      "NCCL INIT log of 8 x H100; the channels NCCL's per-channel caps multiply in one node "
      "(links bind first there). Ampere: NCCL's search at 12 NVLinks x SM80_NVLINK_BW 20 "

@@ -29,6 +29,13 @@ NVLS tuning by release [NVIDIA/nccl src/transport/nvls.cc, src/enqueue.cc at eac
     24 in one NVLink domain (NVLS_NCHANNELS_SM100_NVL, v2.27.3-1 ncclNvlsInit); from 2.30
     the multi-node SM100 NVLS_Tree tuning sets channels and chunks by node count, NIC
     speed and GPUs per node (ncclNvlsTreeSm100Tuning, first in v2.30.3-1).
+  * up to 2.19.x the NVLS and NVLS_Tree kernels give each channel (block `bid`) a
+    contiguous nHeads x chunk of every loop (v2.18.5-1 src/collectives/device/
+    all_reduce.h and v2.19.4-1 src/device/all_reduce.h: offset = gridOffset +
+    bid*nvls->nHeads*chunkSize), so a message below channels x heads x chunk keeps the
+    later channels idle; from 2.20.3 the host splits the count evenly over the channels
+    (v2.20.3-1 enqueue.cc: countPerChannels = count / nChannels, 4 KiB aligned; the
+    kernels read workCount / workOffset).
 
 A version string that does not parse ("unknown", "") gets the newest tables.
 """
@@ -77,6 +84,7 @@ RECALIBRATED_FROM = {("hw", "net", "nvls_tree", "Simple"): (2, 26, 2)}
 NVLS_TREE_CHUNK_FROM_NVLS_CHUNKSIZE = (2, 21, 0)
 NVLS_SM100_ONE_DOMAIN_CHANNELS_FROM = (2, 27, 0)
 NVLS_SM100_TREE_TUNING_FROM = (2, 30, 0)
+NVLS_EVEN_CHANNEL_SPLIT_FROM = (2, 20, 3)
 
 
 def parse_version(version: str | None) -> tuple[int, int, int] | None:
