@@ -2,7 +2,7 @@
 
 NVIDIA/nccl src/transport/nvls.cc ncclNvlsInit returns without multicast support (so
 neither NVLS nor NVLS_Tree runs) when `gpuCount <= 2` in v2.18.5-1 .. v2.28.3-1
-(v2.21-v2.26: also an MNNVL clique of <= 2), and only when `gpuCount < 2` from
+(v2.21-v2.24: also an MNNVL clique of <= 2), and only when `gpuCount < 2` from
 v2.28.7-1. gpuCount is the number of the communicator's GPUs in the node's topology.
 """
 from __future__ import annotations

@@ -27,7 +27,7 @@ NVLS tuning by release [NVIDIA/nccl src/transport/nvls.cc, src/enqueue.cc at eac
     NVLSTREE_MAX_CHUNKSIZE (64 KiB from 4 nodes on) (v2.21.5-1 computeCollChunkInfo).
   * NVLS (and NVLS_Tree) needs more than 2 GPUs of the communicator in a node up to
     2.28.3 (ncclNvlsInit returns without multicast support when gpuCount <= 2, v2.18.5-1
-    .. v2.28.3-1; v2.21-v2.26 say the same of an MNNVL clique), 2 from 2.28.7
+    .. v2.28.3-1; v2.21-v2.24 say the same of an MNNVL clique), 2 from 2.28.7
     (gpuCount < 2, v2.28.7-1).
   * Blackwell nvlsChannels: 32 up to 2.26.x (NVLS_NCHANNELS_SM100, v2.26.6-1); from 2.27
     24 in one NVLink domain (NVLS_NCHANNELS_SM100_NVL, v2.27.3-1 ncclNvlsInit); from 2.30
