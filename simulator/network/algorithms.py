@@ -47,6 +47,7 @@ from topologies.topology import SPINE, gpu_node, leaf_node, nic_node, nvswitch_n
 from .channels import MAX_NVLS_ARITY, MAX_RING_SEARCH_CHANNELS
 from .constants import COLLNET_MAX_LOCAL_RANKS, bus_factor, nvls_efficiency
 from .fluid import Flow, idle_time_s
+from .tuning_versions import NVLS_TWO_GPUS_FROM, released_before
 
 
 @dataclass(frozen=True)
@@ -267,13 +268,25 @@ def _p2p_pairs(shape: GroupShape, op: str) -> list[tuple[int, int, float]]:
     return [(a, b, 1.0 / n) for a in shape.ranks for b in shape.ranks if a != b]
 
 
-def available(topology, shape: GroupShape, op: str) -> tuple[str, ...]:
-    """Algorithms that can run `op` on this group (before any forcing)."""
+def nvls_supported(topology, shape: GroupShape, version: str | None = None) -> bool:
+    """NCCL's nvlsSupport: every GPU has NVLink SHARP and, before 2.28.7, the group has
+    more than 2 GPUs in each NVLink domain (ncclNvlsInit: no multicast when the
+    communicator's GPUs on the node number <= 2 up to v2.28.3-1, < 2 from v2.28.7-1)
+    [NVIDIA/nccl src/transport/nvls.cc at those tags; tuning_versions]."""
+    least = 2 if released_before(version, NVLS_TWO_GPUS_FROM) else 1
+    return (shape.channels > least
+            and all(topology.devices[r].nvls for r in shape.ranks))
+
+
+def available(topology, shape: GroupShape, op: str,
+              version: str | None = None) -> tuple[str, ...]:
+    """Algorithms that can run `op` on this group (before any forcing); `version`: the
+    NCCL release (None: the newest), which sets when NVLS is supported."""
     if shape.n <= 1:
         return ()
     if op in ("all_to_all", "send_recv"):
         return ("p2p",)
-    nvls = all(topology.devices[r].nvls for r in shape.ranks)
+    nvls = nvls_supported(topology, shape, version)
     if op in ("all_gather", "reduce_scatter"):
         # NVLS AG/RS: one domain, at most NCCL_MAX_NVLS_ARITY local ranks [enqueue.cc].
         one = nvls and shape.num_domains == 1 and shape.n <= MAX_NVLS_ARITY

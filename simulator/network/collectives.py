@@ -130,7 +130,7 @@ class CollectiveModel:
 
     def algorithms(self, op: str, ranks: tuple[int, ...]) -> tuple[str, ...]:
         """Algorithms the tuner considers for (op, group), honouring a forced one."""
-        avail = available(self.topology, self.shape(ranks), op)
+        avail = available(self.topology, self.shape(ranks), op, self.options.nccl_version)
         forced = self.options.algorithm
         if forced == "nvls" and "nvls" not in avail and "nvls_tree" in avail:
             forced = "nvls_tree"   # NVLS across domains is NVLS_Tree in NCCL

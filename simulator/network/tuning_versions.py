@@ -25,6 +25,10 @@ NVLS tuning by release [NVIDIA/nccl src/transport/nvls.cc, src/enqueue.cc at eac
     (512 KiB by default), 64 KiB from 4 nodes on (v2.18.5-1 calcCollChunking, v2.20.5-1
     computeCollChunkInfo); from 2.21 at NCCL_NVLS_CHUNKSIZE (128 KiB), capped by
     NVLSTREE_MAX_CHUNKSIZE (64 KiB from 4 nodes on) (v2.21.5-1 computeCollChunkInfo).
+  * NVLS (and NVLS_Tree) needs more than 2 GPUs of the communicator in a node up to
+    2.28.3 (ncclNvlsInit returns without multicast support when gpuCount <= 2, v2.18.5-1
+    .. v2.28.3-1; v2.21-v2.24 say the same of an MNNVL clique), 2 from 2.28.7
+    (gpuCount < 2, v2.28.7-1).
   * Blackwell nvlsChannels: 32 up to 2.26.x (NVLS_NCHANNELS_SM100, v2.26.6-1); from 2.27
     24 in one NVLink domain (NVLS_NCHANNELS_SM100_NVL, v2.27.3-1 ncclNvlsInit); from 2.30
     the multi-node SM100 NVLS_Tree tuning sets channels and chunks by node count, NIC
@@ -85,6 +89,7 @@ NVLS_TREE_CHUNK_FROM_NVLS_CHUNKSIZE = (2, 21, 0)
 NVLS_SM100_ONE_DOMAIN_CHANNELS_FROM = (2, 27, 0)
 NVLS_SM100_TREE_TUNING_FROM = (2, 30, 0)
 NVLS_EVEN_CHANNEL_SPLIT_FROM = (2, 20, 3)
+NVLS_TWO_GPUS_FROM = (2, 28, 7)
 
 
 def parse_version(version: str | None) -> tuple[int, int, int] | None:
