@@ -134,6 +134,33 @@ def test_delay_wgrad_puts_expert_wgrads_after_their_dgrads():
         assert (first_wgrad > last_dgrad) is delay
 
 
+def test_each_schedule_node_call_costs_the_host_its_event_and_autograd_calls():
+    # NVIDIA/Megatron-LM core_v0.17.0 megatron/core/pipeline_parallel/utils.py ScheduleNode:
+    # event.wait + event.record around every node call, one autograd engine call per
+    # backward node; fine_grained_callables.py: four nodes per MoE layer (attn, dispatch,
+    # mlp, combine); with delay_wgrad_compute one backward_dw call per Transformer Engine
+    # module (linear_qkv, linear_proj, the experts' linear_fc1 and linear_fc2; the router's
+    # weight is no TE module). Each is one operator at the plan's per-kernel host time.
+    host = {"per_kernel_s": 1e-5}
+    on = _pair(lower(_plan(host_overhead=host)).stages[0], 1, 0, 0, 3)
+    off = _pair(lower(_plan(overlap=False, delay=False, host_overhead=host)).stages[0],
+                1, 0, 0, 3)
+    ops = 4 * 2 + 4 * (2 + 1) + 4
+    assert sum(t.host_s for t in on) - sum(t.host_s for t in off) == pytest.approx(ops * 1e-5)
+    # the first forward and the last backward run alone, through the same nodes
+    # (combined_1f1b.py combined_1f1b_schedule_for_no_pipelining)
+    stages = [lower(_plan(overlap=o, delay=o, host_overhead=host)).stages[0]
+              for o in (True, False)]
+    first, last = ([sum(t.host_s for t in tasks if t.phase == phase and t.microbatch == mb
+                        and t.layer == 0) for tasks in stages]
+                   for phase, mb in (("forward", 0), ("backward", 3)))
+    assert first[0] - first[1] == pytest.approx(4 * 2 * 1e-5)
+    assert last[0] - last[1] == pytest.approx((4 * 3 + 4) * 1e-5)
+    # a CUDA-graphed step replays without the host (workloads/host_cost.py)
+    graphed = _pair(lower(_plan(host_overhead=host, cuda_graphs=True)).stages[0], 1, 0, 0, 3)
+    assert sum(t.host_s for t in graphed) == 0.0
+
+
 def test_the_overlap_hides_all_to_all_time(h100):
     raw = dict(training={"global_batch": 64, "micro_batch": 1, "seq_len": 4096})
     on = simulate(plan_from_dict(_raw(**raw)), h100).summary

@@ -21,7 +21,8 @@ from .layer_builder import BuildOptions, LayerBuilder, LayerShape, TaskSink
 from .layers import unit_builder
 from .memory import grad_state_bytes
 from .module_recompute import module_recompute_saved, recomputed_nodes
-from .moe.a2a_overlap import PassPieces, combined_order, reorder
+from .moe.a2a_overlap import (PassPieces, add_node_host_time, combined_order,
+                               lone_node_calls, reorder)
 from .p2p_sync import P2PSync, p2p_host_sync
 from .param_gathers import ParamGathers, step_gathers
 from .params import unit_param_groups
@@ -68,6 +69,7 @@ class StageLowering:
         self.bucket_counter = 0
         self.pieces: PassPieces | None = None   # recorded while building a combined slot
         self.combined: list[tuple[range, list[int]]] = []
+        self.node_calls: list = []   # combined steps' schedule-node host work (a2a_overlap)
         self.p2p_sync = P2PSync(self.sink, p2p_host_sync(plan))   # workloads/p2p_sync.py
 
     # ---- helpers ------------------------------------------------------------------------
@@ -336,9 +338,19 @@ class StageLowering:
         f_pieces, self.pieces = self.pieces, PassPieces()
         self.backward(bwd[1], bwd[2])
         order = combined_order(self.sink.tasks, f_pieces, self.pieces,
-                               self.plan.moe.delay_wgrad)
+                               self.plan.moe.delay_wgrad, self.node_calls)
         self.pieces = None
         self.combined.append((range(begin, len(self.sink.tasks)), order))
+
+    def _lone_slot(self, forward: bool, mb: int, local: int) -> None:
+        """A forward or a backward alone (with the EP overlap: its schedule nodes' host
+        work, a2a_overlap.lone_node_calls)."""
+        self.pieces = PassPieces() if self.plan.moe.overlap_a2a else None
+        (self.forward if forward else self.backward)(mb, local)
+        if self.pieces is not None:
+            self.node_calls += lone_node_calls(self.sink.tasks, self.pieces, forward,
+                                               self.plan.moe.delay_wgrad)
+        self.pieces = None
 
     def _param_tensors(self) -> int:
         """Parameter tensors of this stage: a layer's projections and two norms, the
@@ -386,10 +398,11 @@ class StageLowering:
             if len(slot) == 2:
                 self._combined_slot(*slot)
             else:
-                (self.forward if kind == "F" else self.backward)(mb, local)
+                self._lone_slot(kind == "F", mb, local)
         self.optimizer()
         if self.combined:
             reorder(self.sink.tasks, self.combined)
         add_host_issue_time(self.sink.tasks, self.plan)
+        add_node_host_time(self.node_calls, self.plan)
         return self.sink.tasks
 

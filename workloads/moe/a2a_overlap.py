@@ -33,11 +33,15 @@ are unchanged); `combined_order` gives the order in which Megatron-Core issues t
 `reorder` renumbers the stage's tasks so that the streams run them in that order.
 Assumption: compute moved to the communication stream (unpermute, the residual add) runs
 beside the other stream's compute at full speed (they are small memory-bound kernels).
+
+The schedule nodes cost the host work of their own (`node_calls`, `add_node_host_time`),
+on top of the kernels and Transformer Engine module calls the tasks already carry.
 """
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from ..graph_node import FUSED_INTO
 from ..program import COMM, Task
 
 COMM_STREAM = "ep"          # Megatron-Core's a2a communication stream
@@ -46,6 +50,31 @@ DISPATCH_LABELS = ("moe.dispatch", "moe.dispatch_probs")
 COMBINE_LABEL = "moe.combine"
 GRAD_DISPATCH_LABELS = ("grad.moe.dispatch", "grad.moe.dispatch_probs")
 GRAD_COMBINE_LABEL = "grad.moe.combine"
+
+# Host work of the combined 1F1B's schedule nodes, counted from NVIDIA/Megatron-LM
+# (core_v0.16.0, core_v0.17.0, d98e8a64: megatron/core/pipeline_parallel/utils.py
+# ScheduleNode; megatron/core/models/gpt/fine_grained_callables.py TransformerLayerNode):
+# - every node call, forward or backward, runs inside stream_acquire_context: its stream
+#   waits for the micro-batch's shared CUDA event first and records it after
+#   (event.wait(stream), event.record(stream)): two CUDA API calls from Python;
+# - every backward node runs its own autograd engine call (default_backward_func:
+#   Variable._execution_engine.run_backward), where the plain schedule makes one per chunk;
+# - with delay_wgrad_compute, TransformerLayerNode.backward_dw calls backward_dw() of each
+#   Transformer Engine module (Attention: linear_qkv, linear_proj; the experts: linear_fc1,
+#   linear_fc2; the shared experts'), a Python call of its own per module, apart from the
+#   dgrad's autograd call that the module's host time (workloads/host_cost.py) covers.
+# A layer with experts has four nodes (attention with the router and the dispatch
+# preprocess, moe_dispatch, mlp, moe_combine), a dense one two (attn, mlp; the others are
+# NoopScheduleNode). core_v0.14.0 / core_v0.15.0 split the first into attn and post_attn
+# (one node more per MoE layer), not priced here; nor are the per-input detach, record_stream
+# and storage frees around each node (tensor bookkeeping without a CUDA call).
+# The router's weight is a plain parameter (megatron/core/transformer/moe/router.py
+# TopKRouter), not a Transformer Engine module: it has no backward_dw call.
+# Each is one operator at the framework's per-operator host time (plan.host_kernel_s).
+NON_TE_GEMMS = ("router",)
+NODE_OPS = 2                    # event wait + record
+BACKWARD_NODE_OPS = NODE_OPS + 1   # and its autograd engine call
+DENSE_NODES = 2                 # attn, mlp
 
 
 @dataclass
@@ -173,15 +202,69 @@ def _off_comm(tasks: list[Task], ids: list[int]) -> list[int]:
     return ids
 
 
+def _wgrad_modules(tasks: list[Task], ids: list[int]) -> int:
+    """Transformer Engine modules whose delayed weight gradients `ids` hold (one
+    backward_dw call each)."""
+    return len({FUSED_INTO.get(tasks[i].op, tasks[i].op) for i in ids
+                if tasks[i].label.endswith(".wgrad") and tasks[i].op not in NON_TE_GEMMS})
+
+
+def node_calls(tasks: list[Task], fp: tuple, bp: tuple) -> list[tuple[Task, int]]:
+    """The host operators of one layer pair's schedule-node calls (constants above), as
+    (the node's first task, operators): fp / bp are the forward's and the backward's
+    segments (forward_segments, backward_segments), either all empty when absent."""
+    pre, disp, mlp, comb = fp
+    b_comb, b_mlp, b_mlp_dw, b_disp, b_pre, b_pre_dw, _after = bp
+    out = []
+    for nodes, ops in (((pre, disp, mlp, comb), NODE_OPS),
+                       ((b_comb, b_mlp, b_disp, b_pre), BACKWARD_NODE_OPS)):
+        calls = [n for n in nodes if n]
+        if len(calls) == 1:     # a dense layer: attn and mlp in one segment
+            out.append((tasks[calls[0][0]], DENSE_NODES * ops))
+        else:
+            out += [(tasks[n[0]], ops) for n in calls]
+    out += [(tasks[dw[0]], _wgrad_modules(tasks, dw)) for dw in (b_mlp_dw, b_pre_dw)
+            if _wgrad_modules(tasks, dw)]
+    return out
+
+
+def lone_node_calls(tasks: list[Task], pieces: PassPieces, forward: bool,
+                    delay_wgrad: bool) -> list[tuple[Task, int]]:
+    """node_calls of a pass run alone (a warm-up forward, a cool-down backward): under
+    the overlap Megatron-Core runs those through the schedule nodes too
+    (schedules.py forward_backward_helper_wrapper and combined_1f1b_schedule_for_
+    no_pipelining call combined_forward_backward_step with one side None; core_v0.15.0)."""
+    out: list[tuple[Task, int]] = []
+    for r in pieces.layers():
+        fp = forward_segments(tasks, r) if forward else ([], [], [], [])
+        bp = backward_segments(tasks, r, delay_wgrad) if not forward else ([],) * 7
+        out += node_calls(tasks, fp, bp)
+    return out
+
+
+def add_node_host_time(calls: list[tuple[Task, int]], plan) -> None:
+    """Charge each schedule-node call its host operators at the framework's per-operator
+    host time; none under a CUDA-graphed step or without per-kernel host cost (as
+    workloads/host_cost.py)."""
+    if plan.cuda_graphs or not plan.host_kernel_s:
+        return
+    for task, ops in calls:
+        task.host_s += ops * plan.host_kernel_s
+
+
 def layer_pair(tasks: list[Task], f: range | None, b: range | None, delay_wgrad: bool,
-               deferred: list[int] | None = None) -> list[int]:
+               deferred: list[int] | None = None,
+               calls: list[tuple[Task, int]] | None = None) -> list[int]:
     """Issue order of forward layer `f` with backward layer `b` (either may be None), and
     the streams Megatron-Core runs each callable on (set on the tasks). `deferred`: where
     the backward's pre_dispatch weight gradients go instead (the chunk's last backward
-    layer: Megatron-Core runs them after the pipeline sends)."""
+    layer: Megatron-Core runs them after the pipeline sends). `calls`: where the node
+    calls' host operators go (node_calls)."""
     fp = forward_segments(tasks, f) if f is not None else ([], [], [], [])
     bp = (backward_segments(tasks, b, delay_wgrad) if b is not None
           else ([], [], [], [], [], [], []))
+    if calls is not None:
+        calls += node_calls(tasks, fp, bp)
     pre, disp, mlp, comb = fp
     b_comb, b_mlp, b_mlp_dw, b_disp, b_pre, b_pre_dw, after = bp
     if deferred is not None:   # the reductions wait for those gradients: after them
@@ -194,8 +277,10 @@ def layer_pair(tasks: list[Task], f: range | None, b: range | None, delay_wgrad:
 
 
 def combined_order(tasks: list[Task], fwd: PassPieces, bwd: PassPieces,
-                   delay_wgrad: bool) -> list[int]:
-    """Issue order of a combined step's tasks (the forward's and the backward's)."""
+                   delay_wgrad: bool, calls: list[tuple[Task, int]] | None = None
+                   ) -> list[int]:
+    """Issue order of a combined step's tasks (the forward's and the backward's);
+    `calls` collects its schedule-node calls' host operators (node_calls)."""
     def ids(ranges):
         return [i for r in ranges for i in r]
     f_layers, b_layers = fwd.layers(), bwd.layers()
@@ -211,9 +296,9 @@ def combined_order(tasks: list[Task], fwd: PassPieces, bwd: PassPieces,
     for i, b in enumerate(b_layers):
         f = f_layers[i] if i < paired else None
         last = deferred if i == len(b_layers) - 1 else None
-        order += layer_pair(tasks, f, b, delay_wgrad, last)
+        order += layer_pair(tasks, f, b, delay_wgrad, last, calls)
     for f in f_layers[paired:]:
-        order += layer_pair(tasks, f, None, delay_wgrad)
+        order += layer_pair(tasks, f, None, delay_wgrad, calls=calls)
     post = ids(bwd.post)
     sends = [i for i in post if not tasks[i].stream.startswith("dp_")]
     flush = [i for i in post if tasks[i].stream.startswith("dp_")]
