@@ -77,3 +77,22 @@ def test_nvl72_network_stages_run_at_the_heads_network_rate(monkeypatch):
     slow = CollectiveModel(topo).plan("all_reduce", ranks, 1 << 30)
     assert base.algorithm == slow.algorithm == "nvls_tree"
     assert slow.fill_s > 1.5 * base.fill_s
+
+
+@pytest.mark.parametrize("size,measured_us", [(8 << 20, 80.7), (16 << 20, 122.1)])
+def test_one_node_nvls_fill_is_not_a_free_local_copy(size, measured_us):
+    # Scatter and gather copy within the rank's own memory (ucBuff, NVIDIA/nccl
+    # src/transport/nvls.cc), yet the one-node NVLS all-reduce pays about two waves
+    # beyond its stream: 8 x H200, NCCL 2.20.5, NCCL_ALGO=NVLS, -g 8, busbw 181.94 GB/s
+    # at 8 MiB and 240.41 GB/s at 16 MiB [Azure/AI-benchmarking-guide,
+    # Azure_Results/ND_H200_v5_results.md]: 80.7 and 122.1 us. Pricing the two copies
+    # at the HBM rate (a fill of ~0.4 waves) gives 56.8 and 86.8 us, 30 % short.
+    from simulator.network import CollectiveModel, CommOptions
+    from topologies import build
+
+    model = CollectiveModel(build("dgx-h200"), CommOptions(gpus_per_process=8,
+                                                           nccl_version="2.20.5"))
+    plan = model.plan("all_reduce", tuple(range(8)), size)
+    assert plan.algorithm == "nvls"
+    assert plan.fill_s > 0.5 * (plan.closed_form_s - plan.latency_s)
+    assert plan.closed_form_s * 1e6 == pytest.approx(measured_us, rel=0.15)

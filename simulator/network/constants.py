@@ -221,6 +221,12 @@ HOST_ENQUEUE_S = 3.85 * US
 # NVLS_TREE) adds per tree level one stage up (reduce fused with the send to the parent)
 # and one down (receive fused with the broadcast). A pipeline of k stages fills in k - 1
 # waves of channels x heads x chunk bytes.
+# Assumption: every stage at the in-switch rate. Scatter and gather cross no NVLink: the
+# buffer they write and read is ucBuff, the rank's own memory bound into the multicast
+# object (src/transport/nvls.cc, v2.18.5-1 and v2.26.2-1), so they are local copies by
+# 6-8 warps of each channel, at a rate no source gives. At the device's HBM rate instead,
+# the one-node NVLS rows come out 26-46 % fast (azure-nd-h100-v5-8, 128 KiB-32 MiB) and
+# 28-42 % (azure-nd-h200-v5-8, 2-32 MiB) (nccl_topologies/README.md, "NVLS stage pricing").
 NVLS_STAGES = {"all_reduce": 3, "all_gather": 2, "reduce_scatter": 2}
 
 # NVLS_Tree across GB200 NVL72 racks: the rate at which one NVLS head's share crosses
@@ -253,7 +259,10 @@ ASSUMPTIONS = (
     ("NVLS_STAGES", "AR 3, AG/RS 2 pipeline stages",
      "NCCL NVLS kernels' warp groups: scatter, reduce+multicast (one primitive), gather; "
      "AG multicast, gather; RS scatter, reduce [all_reduce.h, all_gather.h, "
-     "reduce_scatter.h]; each stage assumed to take one wave at the streaming rate"),
+     "reduce_scatter.h]; each stage assumed to take one wave at the streaming rate "
+     "(scatter and gather are local copies into / out of the rank's own multicast-bound "
+     "memory [nvls.cc], at a rate no source gives; at HBM rate the one-node NVLS rows go "
+     "26-46 % fast)"),
     ("NVLS idle channels before 2.20.3", "all-reduce busy channels = ceil(size / "
      "(heads x chunk)), each at 1/channels of the rate",
      "NCCL 2.18-2.19 NVLS kernels give channel bid the block bid x nHeads x chunk of each "
