@@ -11,7 +11,9 @@ from __future__ import annotations
 from dataclasses import replace
 
 from .attention_impls import COMPUTE_CAPABILITY
+from .bias_dropout import activation_backward, residual_add_costs
 from .grid_layer import GridLayer
+from .kernels import fused_cost
 from .layer_builder import BuildOptions, LayerBuilder, LayerShape
 from .layer_graph import LayerGraph, Node
 from .latent_attention import build_mla, layer_strategies
@@ -83,7 +85,8 @@ def add_layer(g: LayerGraph, plan: Plan, layer: int, x: Node) -> Node:
         k = rope(g, plan, "rope_k", k, _elementwise_layout(k.layout))
         o = g.attention(q, k, v, window)
     y = g.to_layout(g.linear("wo", o, st["wo"], m.hidden_size), resid)
-    x = g.elementwise("residual_add", [x, y], rw=(2.0, 1.0))
+    rw, add_backward = residual_add_costs(m, g.shape.act_bytes)   # bias-dropout-add
+    x = g.elementwise("residual_add", [x, y], rw=rw, backward=add_backward)
     h = g.elementwise("ffn_norm", [x])
     if m.is_moe_layer(layer):
         return g.elementwise("residual_add", [x, build_moe_mlp(g, plan, layer, h, resid)],
@@ -93,9 +96,10 @@ def add_layer(g: LayerGraph, plan: Plan, layer: int, x: Node) -> Node:
         b = g.linear("w3", h, st["w3"], m.ffn_size)
         act = g.elementwise("swiglu", [a, b], layout=_elementwise_layout(a.layout), rw=(2.0, 1.0))
     else:
-        act = g.elementwise("gelu", [a], layout=_elementwise_layout(a.layout))
+        act = g.elementwise("gelu", [a], layout=_elementwise_layout(a.layout),
+                            backward=activation_backward(m, fused_cost("gelu", 2.0, "backward")))
     y = g.to_layout(g.linear("w2", act, st["w2"], m.hidden_size), resid)
-    return g.elementwise("residual_add", [x, y], rw=(2.0, 1.0))
+    return g.elementwise("residual_add", [x, y], rw=rw, backward=add_backward)
 
 
 def _elementwise_layout(layout: str) -> str:

@@ -38,9 +38,14 @@ PRESETS: dict[str, ModelSpec] = {
     # 405B: 126 layers, d 16384, FFN 53248, 128 heads, 8 KV heads.
     "llama3-405b": ModelSpec("llama3-405b", 16384, 126, 128, 8, 53248, 128256),
     # GPT-3 175B (Brown et al. Table 2.1): 96 layers, d 12288, 96 heads of 128, FFN 4d,
-    # BPE vocab 50257; tied input/output embeddings; GeLU MLP.
+    # BPE vocab 50257; tied input/output embeddings; GeLU MLP; learned absolute positions
+    # (NeMo's megatron_gpt_config.yaml position_embedding_type learned_absolute, which the
+    # GPT-3 recipes keep). Biases on every linear and
+    # dropout 0.1 (Megatron-Core's add_bias_linear and hidden_dropout defaults, which NeMo's
+    # GPT-3 configs keep: dgxc-benchmarking gpt3_175b_hydra.yaml; workloads/bias_dropout.py).
     "gpt3-175b": ModelSpec("gpt3-175b", 12288, 96, 96, 96, 49152, 50257, mlp="gelu",
-                           tie_word_embeddings=True),
+                           tie_word_embeddings=True, linear_bias=True, hidden_dropout=True,
+                           position_embedding="learned_absolute"),
     # Mixtral 8x7B (Jiang et al. 2024, arXiv:2401.04088, Table 1; mistralai/Mixtral-8x7B-v0.1
     # config.json): 32 layers, d 4096, 32 heads, 8 KV heads, 8 experts of FFN 14336 (SwiGLU),
     # top-2, vocab 32000; every layer is MoE. 46.7B parameters.

@@ -26,6 +26,7 @@ from typing import Any
 from .errors import WorkloadError
 
 FULL, SLIDING = "full_attention", "sliding_attention"   # Hugging Face layer_types values
+LEARNED = "learned_absolute"   # Megatron-Core's position_embedding_type for GPT-3
 
 
 @dataclass(frozen=True)
@@ -64,8 +65,14 @@ class ModelSpec:
     # carry biases (workloads/expert_epilogue.py prices what Megatron-Core runs for them).
     glu_clamp: float = 0.0
     expert_bias: bool = False
-    # rope | yarn (Megatron-Core's position_embedding_type; GPT-OSS: YaRN, which
-    # Megatron-Bridge runs unfused: workloads/yarn_rope.py)
+    # GPT-style dense layers (Megatron-Core add_bias_linear; hidden_dropout > 0): biases on
+    # the linears and dropout before each residual add; what their kernels cost is in
+    # workloads/bias_dropout.py.
+    linear_bias: bool = False
+    hidden_dropout: bool = False
+    # rope | yarn | learned_absolute (Megatron-Core's position_embedding_type; GPT-3:
+    # learned absolute positions, added once to the embedding, no rotation in the layers;
+    # GPT-OSS: YaRN, which Megatron-Bridge runs unfused: workloads/yarn_rope.py)
     position_embedding: str = "rope"
     mtp_layers: int = 0               # multi-token prediction depth (0: off)
 
@@ -268,9 +275,11 @@ def _check_types(m: ModelSpec) -> None:
         raise WorkloadError("model.name", m.name, "a string")
     if m.mlp not in ("swiglu", "gelu"):
         raise WorkloadError("model.mlp", m.mlp, "swiglu, gelu")
-    if m.position_embedding not in ("rope", "yarn"):
-        raise WorkloadError("model.position_embedding", m.position_embedding, "rope, yarn")
-    for flag in ("tie_word_embeddings", "attention_sinks", "expert_bias"):
+    if m.position_embedding not in ("rope", "yarn", LEARNED):
+        raise WorkloadError("model.position_embedding", m.position_embedding,
+                            f"rope, yarn, {LEARNED}")
+    for flag in ("tie_word_embeddings", "attention_sinks", "expert_bias", "linear_bias",
+                 "hidden_dropout"):
         if not isinstance(getattr(m, flag), bool):
             raise WorkloadError(f"model.{flag}", getattr(m, flag), "true or false")
     if (not isinstance(m.glu_clamp, (int, float)) or isinstance(m.glu_clamp, bool)

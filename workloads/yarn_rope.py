@@ -26,6 +26,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+from .model_spec import LEARNED
 from .precision import TE_FRAMEWORKS
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -42,7 +43,10 @@ def unfused_rope(plan) -> bool:
 
 
 def rope(g: "LayerGraph", plan, name: str, x: "Node", layout: str) -> "Node":
-    """The rotary embedding of `x` (q or k) as the layer graph's elementwise node."""
+    """The rotary embedding of `x` (q or k) as the layer graph's elementwise node; `x`
+    itself where the model's positions are learned absolute embeddings (no rotation)."""
+    if plan.model.position_embedding == LEARNED:
+        return x
     if not unfused_rope(plan):
         return g.elementwise(name, [x], layout=layout)
     return g.elementwise(name, [x], layout=layout, rw=(UNFUSED_FORWARD_PASSES / 2,) * 2,

@@ -5,6 +5,7 @@ flags cannot express (found by reading the flags back with `read_megatron`).
 from __future__ import annotations
 
 from ..mesh import ORDER_DIMS
+from ..model_spec import LEARNED
 from ..models import ModelSpec
 from ..plan import Plan
 from ..precision import precision
@@ -65,7 +66,7 @@ def write_megatron(plan: Plan) -> Exported:
             notes.append(f"not expressible in these flags: model.{name} = "
                          f"{getattr(plan.model, name)} (the flags write an unclamped GLU "
                          "and bias-free experts)")
-    if plan.model.position_embedding != "rope":
+    if plan.model.position_embedding not in ("rope", LEARNED):
         notes.append(f"not expressible in these flags: model.position_embedding = "
                      f"{plan.model.position_embedding} (the flags write plain RoPE)")
     return Exported(text, notes)
@@ -87,8 +88,10 @@ def _model_flags(m: ModelSpec) -> list[str]:
     out.append(f"--padded-vocab-size {m.vocab_size}")
     out += ["--swiglu"] if m.mlp == "swiglu" else []
     out += [] if m.tie_word_embeddings else ["--untie-embeddings-and-output-weights"]
-    out += ["--normalization RMSNorm", "--position-embedding-type rope",
-            "--disable-bias-linear", "--hidden-dropout 0", "--attention-dropout 0"]
+    position = "learned_absolute" if m.position_embedding == LEARNED else "rope"
+    out += ["--normalization RMSNorm", f"--position-embedding-type {position}"]
+    out += [] if m.linear_bias else ["--disable-bias-linear"]
+    out += [] if m.hidden_dropout else ["--hidden-dropout 0", "--attention-dropout 0"]
     if m.num_experts:
         out += [f"--num-experts {m.num_experts}", f"--moe-router-topk {m.experts_per_token}",
                 f"--moe-ffn-hidden-size {m.moe_ffn_size}"]

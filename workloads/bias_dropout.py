@@ -1,0 +1,70 @@
+"""What linear biases and hidden dropout cost in a GPT-style dense layer (Megatron-Core).
+
+GPT-3-style models (ModelSpec.linear_bias: Megatron-Core's add_bias_linear; ModelSpec.
+hidden_dropout: its hidden_dropout > 0) run two pieces that a bias-free, dropout-free
+(Llama-style) layer does not, read at NVIDIA/Megatron-LM core_r0.8.0 (the same code from
+core_r0.5 to core_r0.10, the releases of the NeMo 24.05-24.12 containers):
+
+* **The fused bias-GeLU's bias gradient** (megatron/core/fusions/fused_bias_gelu.py,
+  GeLUFunction.backward): the jit-fused backward kernel `bias_gelu_back` returns the input
+  gradient, and the same tensor again as the bias's gradient (`return tmp, tmp`); the
+  autograd engine reduces it to the bias's shape (torch/csrc/autograd/engine.cpp
+  validate_outputs: a gradient expandable to the input's shape is `sum_to` it), a
+  reduction kernel that reads the whole [tokens, ffn / tp] tensor once more. mlp.py builds
+  linear_fc1 with skip_bias_add=True, so fc1's bias always takes this path when
+  bias_activation_fusion is on (GPT-3's recipes: NeMo-Framework-Launcher 24.07 conf/
+  training/gpt3/5b.yaml and 20b.yaml, dgxc-benchmarking gpt3_175b_hydra.yaml).
+* **Bias-dropout-add** (megatron/core/fusions/fused_bias_dropout.py,
+  bias_dropout_add_fused_train under `jit_fuser`, torch.compile from torch 2.2,
+  megatron/core/jit.py): after attention's output projection and after fc2 (both built
+  with skip_bias_add=True) it adds the bias, drops out and adds the residual in one
+  kernel, which also writes the dropout mask (one byte per element: a random op is not
+  recomputed in the backward, so the mask is saved). Its backward is not free as a plain
+  residual add's is: the branch's gradient is the output gradient times the mask and the
+  scale (read the gradient and the mask, write the branch gradient), and with a bias the
+  bias's gradient sums that over the tokens (a reduction reading it once more).
+
+The recipes that set these: GPT-3 (launcher gpt3/5b.yaml, 20b.yaml: hidden_dropout 0.1,
+attention_dropout 0.1, bias_activation_fusion and bias_dropout_add_fusion True; NeMo's
+megatron_base_model.py add_bias_linear = cfg.get('bias', True); dgxc gpt3_175b_hydra.yaml:
+hidden_dropout 0.1, attention_dropout 0.1). Nemotron-3/4 set bias false and dropout 0.0
+(launcher nemotron_8b.yaml, nemotron_22b.yaml; dgxc nemotron4-15b-synth.yaml).
+
+Not priced: attention dropout inside the fused attention kernel. Transformer Engine issue
+3312 (2026-08-04) measures cuDNN fused attention on an H200 in the sbhd layout Megatron-
+Core uses at 0.594 ms without and 0.614 ms with dropout 0.1 (+3 %), under 0.5 % of a GPT-3
+layer here; the TE release is later than the rows'.
+"""
+from __future__ import annotations
+
+from .model_spec import ModelSpec
+
+# One byte per element: the saved dropout mask (torch.bool), in passes of the activation.
+DROPOUT_MASK_BYTES = 1
+# Bias-dropout-add's backward on the branch: read the output gradient (1) and the mask,
+# write the branch gradient (1); one kernel.
+DROPOUT_BACKWARD_PASSES = 2.0
+# A bias gradient's reduction over the tokens reads its gradient once; one kernel.
+BIAS_GRAD_PASSES = 1.0
+
+
+def residual_add_costs(model: ModelSpec, act_bytes: int
+                       ) -> tuple[tuple[float, float], tuple[float, int] | None]:
+    """(forward reads and writes, backward (passes, kernels) or None for the plain add's)
+    of a dense layer's residual add after a projection (Megatron-Core's bias-dropout-add),
+    in passes over the residual stream's local tensor."""
+    mask = DROPOUT_MASK_BYTES / act_bytes if model.hidden_dropout else 0.0
+    passes, kernels = (DROPOUT_BACKWARD_PASSES + mask, 1) if model.hidden_dropout else (0.0, 0)
+    if model.linear_bias:     # without dropout the gradient passes through unchanged
+        passes, kernels = passes + BIAS_GRAD_PASSES, kernels + 1
+    return (2.0, 1.0 + mask), ((passes, kernels) if kernels else None)
+
+
+def activation_backward(model: ModelSpec, fused_backward: tuple[float, int]
+                        ) -> tuple[float, int] | None:
+    """The fused non-gated activation's backward (passes, kernels) with fc1's bias
+    gradient reduction added where the model has linear biases (None: unchanged)."""
+    if not model.linear_bias or model.mlp != "gelu":
+        return None
+    passes, kernels = fused_backward
+    return passes + BIAS_GRAD_PASSES, kernels + 1
