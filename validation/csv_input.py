@@ -74,6 +74,9 @@ COLUMNS: dict[str, tuple[str, bool, object]] = {
     "mtp_layers": (INT, False, (0, 64)), "bf16_layers": (INT, False, (0, 1024)),
     "rack_gpus": (INT, False, (1, 1024)), "release": (TEXT, False, None),
     "pp_layout": (TEXT, False, None),
+    # packed_segment: tokens of each example a fine-tuning run packs into its sequences
+    # (attention stays within each example: workloads/attention.py); empty: no packing
+    "packed_segment": (INT, False, (1, MAX_INT)),
 }
 
 

@@ -189,6 +189,8 @@ def plan_dict(row: dict[str, str]) -> dict[str, Any]:
         layers = bf16_layers_key(row.get("dtype") or "bf16", num("bf16_layers", 0))
         if layers is not None:
             raw["training"]["bf16_layers"] = layers
+    if row.get("packed_segment"):
+        raw["training"]["packed_segment"] = num("packed_segment")
     if num("cp") > 1:
         raw["context_parallel"] = {"mode": row.get("cp_mode") or "ring"}
     if num("tp") > 1:

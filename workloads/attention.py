@@ -61,6 +61,20 @@ get_attention_backend), about 1.6 x FlashAttention-2 in the same figures (causal
 references (NeMo 24.03 long-sequence table, NeMo 24.09 DGX Cloud tables) are matched at
 FlashAttention-2's speed and miss by 10-35 % at cuDNN's.
 
+Packed sequences (training.packed_segment): fine-tuning packs several examples into one
+sequence and passes their boundaries as cu_seqlens with qkv_format "thd" (NeMo 2.1
+nemo/collections/llm/gpt/model/base.py get_packed_seq_params, the collate_fn of
+GPTSFTPackedDataset in nemo/collections/nlp/data/language_modeling/megatron/
+gpt_sft_dataset.py), so Transformer Engine's fused attention runs each example's causal
+attention on its own: n examples of L tokens cost n L^2 / 2 (query, key) pairs, not
+(n L)^2 / 2 (two examples of 2048 tokens: half of one causal 4096 sequence). One kernel
+call covers the whole packed batch, the FlashAttention benchmark's shape (batch x
+sequence = 16k tokens) at sequence L, so the call runs at the kernel's speed at length L
+(below 512 tokens at the table's 512: an optimistic bound).
+Examples are priced at one mean length (Assumption: a spread of lengths adds the factor
+1 + cv^2 to the pairs, which stays a few % of the unpacked attention for short examples),
+and the pack's trailing pad (its own cu_seqlens entry) is not priced.
+
 Context parallelism splits the queries over the CP group (workloads/context_parallel.py
 emits ring, all-gather and all-to-all attention from the sizes here). Selective recompute
 (Korthikanti et al. 2022, arXiv:2205.05198 section 5) runs the forward again just before
@@ -164,6 +178,7 @@ class AttentionCost:
     # the materialised implementation when not flash (workloads/attention_impls.py)
     impl: str = "eager"
     gpu: str = ""        # the device lowered for (a short window's speed depends on it)
+    segment: int = 0     # tokens of each packed example (0: the sequence is one example)
 
     @classmethod
     def of_layer(cls, shape, flash: bool, queries: float | None = None,
@@ -179,7 +194,7 @@ class AttentionCost:
                    head_dim=shape.head_dim, act_bytes=shape.act_bytes, flash=flash,
                    v_head_dim=shape.v_head_dim or shape.head_dim, window=window,
                    impl=impl if impl not in ("", "flash", "cudnn") else "eager",
-                   gpu=getattr(shape, "gpu", ""))
+                   gpu=getattr(shape, "gpu", ""), segment=getattr(shape, "packed_segment", 0))
 
     # ---- sizes ---------------------------------------------------------------------
     @property
@@ -217,6 +232,12 @@ class AttentionCost:
         """Elements of the s_q x s_k scores of every head (eager attention writes them)."""
         return self.queries * self.keys * self.heads
 
+    @property
+    def span(self) -> int:
+        """Keys of the causal sequence each query belongs to: its packed example's tokens
+        (flash attention with cu_seqlens), else the whole sequence."""
+        return self.segment if self.flash and 0 < self.segment < self.keys else self.keys
+
     # ---- costs ---------------------------------------------------------------------
     @property
     def forward_flops(self) -> float:
@@ -225,7 +246,7 @@ class AttentionCost:
         fused-softmax path computes the whole s x s square, workloads/attention_impls.py)."""
         if not self.flash and FULL_SQUARE_GEMMS[self.impl]:
             return 2.0 * self.queries * self.keys * (self.head_dim + self.v_dim) * self.heads
-        return causal_attention_flops(self.queries, self.keys, self.head_dim, self.heads,
+        return causal_attention_flops(self.queries, self.span, self.head_dim, self.heads,
                                       self.v_dim, self.window if self.flash else 0)
 
     @property
@@ -262,11 +283,12 @@ class AttentionCost:
         fraction of the full causal call's speed (workloads/windowed_attention.py)."""
         if not self.flash:
             return 1.0
+        span = self.span
         if not length:
-            ratio = windowed_speed_ratio(self.gpu, self.window, self.keys)
+            ratio = windowed_speed_ratio(self.gpu, self.window, span)
             if ratio is not None:
-                return kernel_speed(phase, self.keys, causal) * ratio
-        keys = length or (self.window if 0 < self.window < self.keys else self.keys)
+                return kernel_speed(phase, span, causal) * ratio
+        keys = length or (self.window if 0 < self.window < span else span)
         return kernel_speed(phase, keys, causal)
 
 

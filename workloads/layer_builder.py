@@ -56,6 +56,7 @@ class LayerShape:
     bf16_gemms: bool = False   # this layer's linears stay BF16 under the recipe
     v_head_dim: int = 0    # value head dim when it differs from head_dim (MLA), else 0
     gpu: str = ""          # the device name lowered for ("": unknown; workloads/moe/ep_rdma.py)
+    packed_segment: int = 0    # tokens of each packed example (0: no packing; attention.py)
 
     @property
     def quantized(self) -> bool:

@@ -78,6 +78,7 @@ def check_resolved(plan) -> None:
                             "sits in the output layer's unit, which is built for 1D TP")
     check_mla_plan(plan)
     check_sliding_window_plan(plan)
+    check_packed_plan(plan)
     check_experts(plan)
     if tr.bf16_layers is not None and sum(tr.bf16_layers) > m.num_layers:
         raise WorkloadError("training.bf16_layers", list(tr.bf16_layers),
@@ -254,3 +255,20 @@ def check_sliding_window_plan(plan) -> None:
         raise WorkloadError("context_parallel.mode", plan.cp_mode,
                             "all_gather or all_to_all with a sliding-window model (ring "
                             "attention's skipped blocks outside the window are not modelled)")
+
+
+def check_packed_plan(plan) -> None:
+    """Packed sequences (training.packed_segment) are priced for flash attention on one
+    rank's whole sequence: THD attention under context parallelism (Transformer Engine
+    splits each packed example over the CP ranks) and the materialised paths (which
+    would mask a block-diagonal score matrix) are refused rather than mispriced."""
+    if not plan.training.packed_segment:
+        return
+    if plan.mesh.cp > 1:
+        raise WorkloadError("training.packed_segment", plan.training.packed_segment,
+                            "0 with context parallelism (packed THD attention over CP "
+                            "ranks is not modelled)")
+    if plan.attention in ("eager", "fused_softmax"):
+        raise WorkloadError("training.packed_segment", plan.training.packed_segment,
+                            f"0 with attention {plan.attention!r} (packed sequences run "
+                            "in flash / cuDNN attention, qkv_format thd)")

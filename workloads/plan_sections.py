@@ -25,10 +25,16 @@ class Training:
     # Layers kept in BF16 at the start and the end under an FP8/FP4 dtype (Megatron-LM's
     # --num-layers-at-start/end-in-bf16); None: the recipe's (workloads/precision.py).
     bf16_layers: tuple[int, int] | None = None
+    # Sequence packing (fine-tuning): tokens of each packed example, whose attention stays
+    # within its own example (workloads/attention.py, "Packed sequences"); 0: one sequence.
+    packed_segment: int = 0
 
     def __post_init__(self) -> None:
         for name in ("global_batch", "micro_batch", "seq_len"):
             check_int(getattr(self, name), f"training.{name}")
+        if not is_int(self.packed_segment) or not 0 <= self.packed_segment <= self.seq_len:
+            raise WorkloadError("training.packed_segment", self.packed_segment,
+                                f"an integer in [0, seq_len = {self.seq_len}] (0: no packing)")
         check_choice(self.dtype, "training.dtype", DTYPES)
         layers = self.bf16_layers
         if layers is None:
