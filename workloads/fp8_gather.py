@@ -46,7 +46,11 @@ the reduce-scatter's backward. torchao's cast is no fused norm: amax (2 B) and a
 the gathered float8 tensor transposed (Float8Tensor `.t()` made contiguous for
 torch._scaled_mm, read 1 B, write 1 B), on every GPU (torchao_recipes.py TENSORWISE).
 The weights are cast as Float8Linear casts them without TP (5 B forward, 3 B backward).
-The gradient's reduce-scatter (the gather's backward) stays bf16.
+The gradient's reduce-scatter (the gather's backward) stays bf16. Not priced: the amax
+all-reduces of torchao's casts that feed no gather (weights, column-parallel output
+gradients, row-parallel inputs: one scalar each, on DTensors too), and the row-parallel
+input's cast split into a row-major cast and a backward transpose (Float8RowwiseParallel
+casts it before Float8Linear, which saves the float8 tensor): about 1 B per element more.
 """
 from __future__ import annotations
 
