@@ -84,3 +84,59 @@ def test_blackwell_gathers_fp8_without_a_transpose():
     tasks = {t.label: t for t in _layer("fp8", gpu="b200")}
     assert not any(label.endswith("fp8_transpose") for label in tasks)
     assert tasks["grad.w2.fp8_cast"].bytes == pytest.approx(TOKENS / TP * HIDDEN * 3.0)
+
+
+# torchtitan with torchao's tensor-wise Float8 under TP (workloads/fp8_gather.py:
+# pytorch/torchtitan@820504e parallelize_llama.py enable_float8_tensorwise_tp;
+# pytorch/ao@6243040 torchao/float8/float8_tensor_parallel.py): the shard cast to float8
+# (amax 2 B + read 2 B + write 1 B, 3 kernels: torchao's roofline, fuse_with_prev=False),
+# its amax all-reduced over TP, the gather at 1 B, the gathered tensor transposed for the
+# wgrad (1 B + 1 B), the weights cast as without TP (5 B forward, 3 B backward).
+AO_SHARD_CAST_BYTES, AO_TRANSPOSE_BYTES = 5.0, 2.0
+
+
+def test_torchao_tensorwise_local_cast_ignores_the_norm():
+    from workloads.torchao_recipes import TORCHAO_RECIPES
+    tensorwise = TORCHAO_RECIPES["fp8"]
+    assert local_cast(tensorwise, after_norm=True) == (AO_SHARD_CAST_BYTES, 3)
+    assert local_cast(tensorwise, after_norm=False) == (AO_SHARD_CAST_BYTES, 3)
+    assert transpose_bytes(tensorwise) == AO_TRANSPOSE_BYTES
+    assert not TORCHAO_RECIPES["fp8_rowwise"].gathers_quantized   # rowwise: bf16 TP
+
+
+def test_torchtitan_tensorwise_tp_gathers_float8_rowwise_does_not():
+    bf16 = _layer("bf16", framework="torchtitan")
+    fp8 = _layer("fp8", framework="torchtitan")
+    rowwise = _layer("fp8_rowwise", framework="torchtitan")
+    for phase in ("forward", "backward"):
+        assert _tp_gather_bytes(fp8, phase) == pytest.approx(_tp_gather_bytes(bf16, phase) / 2)
+        assert _tp_gather_bytes(rowwise, phase) == pytest.approx(_tp_gather_bytes(bf16, phase))
+    # the gradients' reduce-scatters (the gathers' backward) stay bf16
+    def scatter(tasks):
+        return sum(t.bytes for t in tasks if t.op == "reduce_scatter" and t.phase == "backward")
+    assert scatter(fp8) == pytest.approx(scatter(bf16))
+
+
+def test_torchtitan_tensorwise_casts_the_shard_then_all_reduces_its_amax():
+    tasks = [t for t in _layer("fp8", framework="torchtitan")
+             if t.phase in ("forward", "backward")]
+    by = {t.label: t for t in tasks}
+    cast = by["attention_norm->R.fp8_cast"]           # no fused norm: amax + cast
+    assert cast.bytes == pytest.approx(TOKENS / TP * HIDDEN * AO_SHARD_CAST_BYTES)
+    assert cast.kernels == 3
+    amax = by["attention_norm->R.amax"]
+    assert amax.op == "all_reduce" and amax.group == ("tp",) and amax.bytes == 4.0
+    assert amax.deps == (cast.id,)
+    gather = by["attention_norm->R"]
+    assert gather.op == "all_gather" and amax.id in gather.deps
+    # q, k and v read the gathered float8 input: they cast their weights only
+    assert "wq.fp8_cast" not in by and "wk.fp8_cast" not in by
+    assert by["wq.weight.fp8_cast"].bytes == pytest.approx(HIDDEN * HIDDEN / TP * 5.0)
+    # backward: w2's gradient shard cast and gathered, transposed for the wgrad; its
+    # weight's column-major cast (3 B)
+    assert by["grad.w2.fp8_cast"].bytes == pytest.approx(TOKENS / TP * HIDDEN * 5.0)
+    assert by["grad.w2.amax"].op == "all_reduce"
+    assert by["grad.w2.fp8_transpose"].bytes == pytest.approx(TOKENS * HIDDEN * 2.0)
+    assert by["w2.weight.fp8_cast"].bytes == pytest.approx(FFN / TP * HIDDEN * 3.0)
+    inputs = [t for label, t in by.items() if label.endswith("input.fp8_transpose")]
+    assert [t.bytes for t in inputs] == pytest.approx([TOKENS * HIDDEN * 2.0] * 2)

@@ -236,6 +236,7 @@ class LayerGraph(TPCommMixin):
         source, recipe = node.inputs[0].id, self.shape.recipe
         if source in self._fp8_gathered:   # cast before its all-gather
             if phase != "backward":
+                self._gathered_weight_cast(sink, ctx, node, phase)
                 return tuple(deps)
             if source not in self._fp8_transposed:   # the gathered input, for the wgrad
                 self._fp8_transposed[source] = self._fp8_transpose(

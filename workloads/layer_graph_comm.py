@@ -9,9 +9,10 @@ shape, options, nodes and the chunk / reduction records it keeps.
 """
 from __future__ import annotations
 
-from .fp8_gather import FP8_GATHER_BYTES, gathers_quantized, local_cast, transpose_bytes
+from .fp8_gather import (AMAX_ALL_REDUCE_BYTES, FP8_GATHER_BYTES, gathers_quantized,
+                         local_cast, transpose_bytes)
 from .graph_node import Node
-from .layer_builder import TaskSink
+from .layer_builder import TaskSink, fp8_cast_task
 from .layouts import STRATEGY_LAYOUTS, collective, collective_bytes
 from .program import COMM, COMPUTE, MEMORY, RELAYOUT
 from .tp_overlap import chunked_gemm, gemm_reduce_scatter, ring_gather
@@ -137,15 +138,31 @@ class TPCommMixin:
 
     def _cast_before_gather(self, sink: TaskSink, ctx: dict, features: float, deps,
                             phase: str, label: str, after_norm: bool) -> tuple[int, ...]:
-        """The row-wise cast of the sequence shard (tokens / tp rows of `features`)."""
+        """The row-wise cast of the sequence shard (tokens / tp rows of `features`), then
+        the all-reduce of its scale's amax over the TP group where the recipe has one."""
         sh, recipe = self.shape, self.shape.recipe
         per_element, kernels = local_cast(recipe, after_norm)
         if not kernels:
             return tuple(deps)
-        return (sink.add(kind=COMPUTE, stream="compute", op=f"{recipe.name}_cast", phase=phase,
-                         deps=tuple(deps), bytes=sh.rows("S") * features * per_element,
-                         op_class=MEMORY, kernels=kernels,
-                         label=f"{label}.{recipe.name}_cast", **ctx),)
+        task = sink.add(kind=COMPUTE, stream="compute", op=f"{recipe.name}_cast", phase=phase,
+                        deps=tuple(deps), bytes=sh.rows("S") * features * per_element,
+                        op_class=MEMORY, kernels=kernels,
+                        label=f"{label}.{recipe.name}_cast", **ctx)
+        if recipe.amax_all_reduce:   # the amax pass precedes it; the scale waits for it
+            task = sink.add(kind=COMM, stream="tp", op="all_reduce", phase=phase,
+                            deps=(task,), bytes=AMAX_ALL_REDUCE_BYTES, group=("tp",),
+                            label=f"{label}.amax", **ctx)
+        return (task,)
+
+    def _gathered_weight_cast(self, sink: TaskSink, ctx: dict, node: Node, phase: str) -> None:
+        """The weight's cast of a linear whose activation operand came gathered in FP8,
+        where the recipe casts weights every step (torchao; Transformer Engine keeps its
+        FP8 weights): ordered on the compute stream before the GEMM, waiting for nothing."""
+        if self.shape.recipe.casts is None:
+            return
+        _, n, k = self.linear_cost(node)[2]
+        fp8_cast_task(sink, ctx, self.shape, 0.0, (), phase, f"{node.name}.weight", node.bf16,
+                      (0.0, k * n * (node.experts or 1), 0.0))
 
     def _fp8_transpose(self, sink: TaskSink, ctx: dict, elements: float, dep: int,
                        label: str) -> int:
@@ -165,6 +182,7 @@ class TPCommMixin:
         by chunk as the gradient arrives under TP overlap), then the transpose of the
         gathered gradient and the wgrad GEMM on it (TE v1.10 module/linear.py backward)."""
         flops, nbytes, (m, n, k) = self.linear_cost(node)
+        self._gathered_weight_cast(sink, ctx, node, "backward")
         if ready in self._chunks:
             operand = nbytes / max(1, m * k + k * n + m * n)
             dgrad = chunked_gemm(sink, self._chunks[ready], flops, operand, (m, k, n), 0,

@@ -102,6 +102,12 @@ class GemmRecipe:
     # scaling: 2); workloads/fp8_gather.py splits the cast by them.
     transpose_bytes: float = 0.0
     amax_bytes: float = 0.0
+    # Whether the framework's own TP styles gather quantised without Transformer Engine
+    # modules (torchao's Float8ColwiseParallel / PrepareFloat8ModuleInput under torchtitan:
+    # workloads/torchao_recipes.py TENSORWISE), and whether the scale's amax of the local
+    # shard is all-reduced over the TP group before that cast (a DTensor's amax).
+    gathers_without_te: bool = False
+    amax_all_reduce: bool = False
 
     @property
     def operand_bytes(self) -> float:

@@ -42,6 +42,11 @@ CAST_BYTES = float(BF16_BYTES + FP8_BYTES)
 #   weight: amax and the forward cast (2 + 3 = 5 B, 3 kernels), the column-major cast for
 #     the data-gradient GEMM in backward (3 B, 1 kernel) with the amax saved (torchtitan's
 #     op-level SAC keeps aten.max: models/llama3/infra/parallelize.py _save_list).
+# Under TP, torchtitan gathers the sequence-parallel input and output gradient in float8
+# (Float8ColwiseParallel, Float8RowwiseParallel, PrepareFloat8ModuleInput: workloads/
+# fp8_gather.py): the activation cast then splits into the amax and row-major cast of the
+# shard before the gather (amax_bytes; the amax all-reduced over TP) and the float8
+# transpose of the gathered tensor (transpose_bytes: the second layout's byte).
 # Not modelled: FSDP float8 all-gather (`float8.enable_fsdp_float8_all_gather`, off in
 # torchtitan's llama3 configs), which casts the shard before the all-gather instead.
 TENSORWISE = GemmRecipe(
@@ -49,7 +54,8 @@ TENSORWISE = GemmRecipe(
     casts=(OperandCast(AMAX_BYTES + BF16_BYTES + 2 * FP8_BYTES, AMAX_KERNELS + 1),
            OperandCast(AMAX_BYTES + CAST_BYTES, AMAX_KERNELS + 1, CAST_BYTES, 1),
            OperandCast(0.0, 0, AMAX_BYTES + BF16_BYTES + 2 * FP8_BYTES, AMAX_KERNELS + 1)),
-    shares_input_casts=True,
+    shares_input_casts=True, gathers_quantized=True, gathers_without_te=True,
+    amax_all_reduce=True, transpose_bytes=float(FP8_BYTES), amax_bytes=AMAX_BYTES,
     source="torchao Float8Linear tensorwise (roofline_utils.py, float8_linear.py @v0.13.0)")
 
 # Row-wise (`float8.recipe_name = "rowwise"`): roofline "rowwise". A row-wise scale runs
