@@ -40,7 +40,7 @@ from __future__ import annotations
 from .attention_impls import scores_on_chip
 from .errors import WorkloadError
 from .model_spec import LEARNED
-from .yarn_rope import unfused_rope
+from .precision import TE_FRAMEWORKS
 from .frameworks import FP8_PARAM_DTYPES
 from .moe_options import check_moe_resolved
 
@@ -294,7 +294,10 @@ def check_gpt_layer_plan(plan) -> None:
     unpriced = [(f"model.{name}", getattr(m, name), "false") for name in
                 ("linear_bias", "hidden_dropout") if getattr(m, name)]
     if plan.grid_strategy is not None:
-        if m.position_embedding == LEARNED or unfused_rope(plan):
+        # learned positions, or YaRN that Megatron-Core runs unfused (yarn_rope.py's
+        # unfused_rope; that module imports the layer graph, which imports these checks)
+        if m.position_embedding == LEARNED or (m.position_embedding == "yarn"
+                                               and plan.framework in TE_FRAMEWORKS):
             unpriced.append(("model.position_embedding", m.position_embedding, "rope"))
         where = f"with {plan.grid_strategy} (the grid layer prices fused RoPE and plain adds)"
     elif plan.kernels == "eager":
