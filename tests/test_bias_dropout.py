@@ -60,6 +60,7 @@ def test_gpt3_5b_row_layer_tasks():
     assert all(t.bytes == pytest.approx(3.5 * hidden_pass) and t.kernels == 2
                for t in adds_b)
     adds_f = [t for t in tasks if t.op == "residual_add" and t.phase == "forward"]
+    assert len(adds_f) == 2
     assert all(t.bytes == pytest.approx(3.5 * hidden_pass) for t in adds_f)
     gelu_b, = [t for t in tasks if t.op == "gelu" and t.phase == "backward"]
     assert gelu_b.bytes == pytest.approx(4 * ffn_pass) and gelu_b.kernels == 2
@@ -70,7 +71,7 @@ def test_nemotron_row_unchanged():
     """Nemotron-3 8B: bias false, dropout 0.0, RoPE: a plain add with no backward kernel."""
     _, tasks = _layer_tasks("nemo-nemotron3-8b-64")
     adds_b = [t for t in tasks if t.op == "residual_add" and t.phase == "backward"]
-    assert adds_b and all(t.bytes == 0 and t.kernels == 0 for t in adds_b)
+    assert len(adds_b) == 2 and all(t.bytes == 0 and t.kernels == 0 for t in adds_b)
     assert [t for t in tasks if t.op == "rope"]
 
 
@@ -84,11 +85,38 @@ def test_reference_models_json_flags():
         assert not models[name].get("linear_bias") and not models[name].get("hidden_dropout")
 
 
-def test_megatron_flags_follow_the_model():
-    """The exported flags keep GPT-3's biases, dropout and learned positions."""
-    from workloads.jobs import write_megatron
-    gpt3 = write_megatron(plan_from_dict(plan_dict(_row("nemo-gpt3-5b-64")))).text
-    assert "--disable-bias-linear" not in gpt3 and "--hidden-dropout 0" not in gpt3
-    assert "--position-embedding-type learned_absolute" in gpt3
-    llama = write_megatron(plan_from_dict(plan_dict(_row("dgxc-llama3-8b-bf16-8")))).text
-    assert "--disable-bias-linear" in llama and "--position-embedding-type rope" in llama
+@pytest.mark.parametrize("rid", ["nemo-gpt3-5b-64", "dgxc-llama3-8b-bf16-8"])
+def test_megatron_flags_round_trip(rid):
+    """Export then import gives back the model's positions, biases and dropout, strictly
+    (no --lenient): GPT-3 writes none of the bias-free, dropout-free flags and reads back
+    Megatron's defaults (learned_absolute, biases, dropout 0.1)."""
+    from workloads.jobs import read_megatron, write_megatron
+    plan = plan_from_dict(plan_dict(_row(rid)))
+    text = write_megatron(plan).text
+    back = plan_from_dict(read_megatron(text).plan).model
+    for name in ("position_embedding", "linear_bias", "hidden_dropout"):
+        assert getattr(back, name) == getattr(plan.model, name), name
+    if plan.model.linear_bias:
+        assert "--disable-bias-linear" not in text and "--hidden-dropout 0" not in text
+        assert "--position-embedding-type learned_absolute" in text
+    else:
+        assert "--disable-bias-linear" in text and "--position-embedding-type rope" in text
+
+
+def test_megatron_defaults_are_gpt3s_and_attention_dropout_is_a_note():
+    """core_v0.15.0's defaults (no flag): learned positions, biases, dropout 0.1."""
+    from workloads.jobs import read_megatron
+    flags = ("--num-layers 4 --hidden-size 1024 --num-attention-heads 8 "
+             "--padded-vocab-size 51200 --seq-length 2048 --micro-batch-size 1 "
+             "--global-batch-size 8 --bf16 --normalization RMSNorm")
+    got = read_megatron(flags)
+    model = plan_from_dict(got.plan).model
+    assert (model.position_embedding, model.linear_bias, model.hidden_dropout) == (
+        LEARNED, True, True)
+    assert any(n.startswith("not priced: --attention-dropout") for n in got.notes)
+    off = read_megatron(flags + " --hidden-dropout 0.0 --attention-dropout 0 "
+                        "--disable-bias-linear --position-embedding-type rope")
+    model = plan_from_dict(off.plan).model
+    assert (model.position_embedding, model.linear_bias, model.hidden_dropout) == (
+        "rope", False, False)
+    assert not any("attention-dropout" in n for n in off.notes)

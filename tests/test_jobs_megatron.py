@@ -294,7 +294,9 @@ ODD_VALUES = (0, -1, 2.5, True, "x", [], [1], [[1]], {"a": 1}, {"_target_": "os.
                                    "num_moe_experts", "moe_layer_freq", "fp8", "bf16",
                                    "virtual_pipeline_model_parallel_size", "sequence_parallel",
                                    "recompute_granularity", "recompute_modules",
-                                   "cp_comm_type", "activation_func", "attention_backend"])
+                                   "cp_comm_type", "activation_func", "attention_backend",
+                                   "position_embedding_type", "add_bias_linear",
+                                   "hidden_dropout", "attention_dropout"])
 def test_a_yaml_value_of_the_wrong_type_is_bad_input_never_a_crash(field):
     import yaml
     for value in ODD_VALUES:

@@ -66,6 +66,12 @@ def test_apply_cluster_and_plan():
             plan.pipeline.schedule) == (4, 2, "full", False, "gpipe")
 
 
+def test_vary_packed_segment_is_the_plan_field():
+    assert parse_vary("packed_segment=0,512").values == (0, 512)
+    plan = apply_plan(plan_source("col"), {"packed_segment": 512})
+    assert plan.training.packed_segment == 512
+
+
 def test_invalid_points_are_rows_with_the_reason(tmp_path):
     out = tmp_path / "study.parquet"
     png = tmp_path / "study.png"

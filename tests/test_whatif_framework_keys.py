@@ -136,7 +136,8 @@ def test_vary_names_are_frozen():
     # change this on purpose. The framework-level names are the Plan fields.
     assert set(PARAMS) >= {
         "gpu", "ib_bandwidth", "nvlink_bandwidth", "nodes", "tp", "pp", "dp", "cp",
-        "micro_batch", "global_batch", "seq_len", "zero_stage", "recompute", "attention",
+        "micro_batch", "global_batch", "seq_len", "packed_segment", "zero_stage", "recompute",
+        "attention",
         "dtype", "schedule", "fsdp", "sequence_parallel", "fsdp_prefetch", "framework",
         "kernels", "optimizer", "fsdp_version", "grad_bucket", "async_tp",
         "grad_reduce_overlap", "param_gather_overlap", "param_gather_align",

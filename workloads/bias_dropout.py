@@ -46,6 +46,9 @@ DROPOUT_MASK_BYTES = 1
 DROPOUT_BACKWARD_PASSES = 2.0
 # A bias gradient's reduction over the tokens reads its gradient once; one kernel.
 BIAS_GRAD_PASSES = 1.0
+# SwiGLU's fc1 (with w3 fused into it, Megatron-Core's gated linear_fc1) is twice as wide
+# as the activation's output.
+SWIGLU_FC1_WIDTH = 2.0
 
 
 def residual_add_costs(model: ModelSpec, act_bytes: int
@@ -62,9 +65,15 @@ def residual_add_costs(model: ModelSpec, act_bytes: int
 
 def activation_backward(model: ModelSpec, fused_backward: tuple[float, int]
                         ) -> tuple[float, int] | None:
-    """The fused non-gated activation's backward (passes, kernels) with fc1's bias
-    gradient reduction added where the model has linear biases (None: unchanged)."""
-    if not model.linear_bias or model.mlp != "gelu":
+    """The fused activation's backward (passes, kernels) with fc1's bias gradient
+    reduction added where the model has linear biases (None: unchanged), in passes of the
+    activation's output. GeLU: fc1's output is as wide as it (one pass). SwiGLU: Megatron-
+    Core's BiasSwiGLUFunction.backward (megatron/core/fusions/fused_bias_swiglu.py,
+    core_r0.8.0 to core_v0.15.0) returns the same gradient of the fused fc1 output (both
+    halves, twice the activation's width) as its bias's, which autograd reduces: two
+    passes, one kernel."""
+    if not model.linear_bias:
         return None
     passes, kernels = fused_backward
-    return passes + BIAS_GRAD_PASSES, kernels + 1
+    width = SWIGLU_FC1_WIDTH if model.mlp == "swiglu" else 1.0
+    return passes + BIAS_GRAD_PASSES * width, kernels + 1

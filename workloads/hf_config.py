@@ -31,13 +31,18 @@ HF_KEYS = {"hidden_size": "hidden_size", "num_hidden_layers": "num_layers",
            # sliding-window attention (MistralConfig, GptOssConfig)
            "sliding_window": "sliding_window", "layer_types": "layer_types",
            # GptOssConfig: both GLU halves clamped at this value (workloads/expert_epilogue.py)
-           "swiglu_limit": "glu_clamp"}
+           "swiglu_limit": "glu_clamp",
+           # GPT2Config's own names (its attribute_map gives the others as aliases)
+           "n_embd": "hidden_size", "n_layer": "num_layers", "n_head": "num_heads",
+           "n_inner": "ffn_size"}
 REQUIRED = ("hidden_size", "num_hidden_layers", "num_attention_heads", "intermediate_size",
             "vocab_size")
 
 # Keys read by a rule of model_from_dict, with the values it can express.
 INTERPRETED_KEYS = {
-    "model_type": "gpt2: a GeLU MLP; gpt_oss: attention sinks (transformers' GptOssAttention "
+    "model_type": "gpt2: a GeLU MLP (n_inner, default 4 x n_embd), biases on the linears "
+                  "(GPT2's Conv1D layers), learned absolute positions (wpe), hidden "
+                  "dropout where resid_pdrop > 0 (workloads/bias_dropout.py); gpt_oss: attention sinks (transformers' GptOssAttention "
                   "holds a sinks parameter of num_attention_heads) and expert biases "
                   "(GptOssExperts' gate_up_proj_bias, down_proj_bias) and YaRN RoPE "
                   "(Megatron-Core's position_embedding_type yarn); others: gated SiLU",
@@ -47,6 +52,8 @@ INTERPRETED_KEYS = {
     "decoder_sparse_step": "1 (Qwen3 MoE: every layer MoE)",
     "mlp_only_layers": "[] (Qwen3 MoE: no dense layers among the MoE ones)",
     "moe_layer_freq": "1 (DeepSeek: every layer after first_k_dense_replace is MoE)",
+    "resid_pdrop": "gpt2: > 0 (GPT2Config's default 0.1) sets hidden_dropout, the dropout "
+                   "before each residual add",
 }
 
 _IGNORED_BY_REASON = {
@@ -58,12 +65,16 @@ _IGNORED_BY_REASON = {
         "initializer_range", "rms_norm_eps", "layer_norm_eps", "layer_norm_epsilon",
         "activation_function", "scale_attn_weights", "reorder_and_upcast_attn",
         "scale_attn_by_inverse_layer_idx", "pretraining_tp"),
-    "positions: RoPE's frequencies and the longest context, not the trained sequence": (
+    "positions: RoPE's frequencies and the position table's or the longest context's "
+    "size, not the trained sequence": (
         "max_position_embeddings", "n_positions", "n_ctx", "rope_theta", "rope_scaling",
         "rope_parameters", "rope_interleave", "initial_context_length"),
-    "dropout (none in these models' pre-training; GPT-style models drop by mlp)": (
-        "attention_dropout", "resid_pdrop", "embd_pdrop", "attn_pdrop"),
-    "biases: under 0.1 % of the parameters and of the FLOPs (GPT-OSS: 0.04B of 117B)": (
+    "dropout not priced: inside the fused attention kernel (workloads/bias_dropout.py: "
+    "about 3 % of that kernel) or once per step on the embedding": (
+        "attention_dropout", "embd_pdrop", "attn_pdrop"),
+    "biases on some projections only (Llama's attention_bias, mlp_bias; GPT-OSS's): under "
+    "0.1 % of the parameters and FLOPs; their gradient reductions, priced for a model with "
+    "biases on every linear (linear_bias, workloads/bias_dropout.py), are not priced": (
         "attention_bias", "mlp_bias"),
     "router losses, scoring and scaling: the same GEMMs, top-k and dispatch": (
         "output_router_logits", "router_aux_loss_coef", "router_jitter_noise",
@@ -76,7 +87,7 @@ _IGNORED_BY_REASON = {
         "max_window_layers",),
     "GPT-2 sequence-summary heads (classification, not the LM)": (
         "summary_type", "summary_use_proj", "summary_activation", "summary_proj_to_labels",
-        "summary_first_dropout", "n_inner"),
+        "summary_first_dropout"),
 }
 # Known keys that do not change a training step's work or memory here: key -> reason.
 HF_IGNORED_KEYS = {key: reason for reason, keys in _IGNORED_BY_REASON.items() for key in keys}
@@ -110,6 +121,8 @@ def model_from_dict(raw: dict[str, Any], default_name: str = "custom") -> ModelS
                                     f"{values[target]!r}, as {written[target]} sets it")
             values[target] = value
             written[target] = key
+    if raw.get("model_type") == "gpt2" and "hidden_size" in values:
+        values.setdefault("ffn_size", 4 * values["hidden_size"])   # GPT2MLP's default
     for key in REQUIRED:
         if HF_KEYS[key] not in values:
             raise WorkloadError(f"model.{key}", None, "a positive integer (required)")
@@ -125,12 +138,30 @@ def model_from_dict(raw: dict[str, Any], default_name: str = "custom") -> ModelS
         raise
 
 
+def _gpt2(raw: dict[str, Any], values: dict[str, Any]) -> None:
+    """GPT-2 (transformers' modeling_gpt2.py): GPT2MLP is c_fc, GeLU, c_proj; every Conv1D
+    has a bias; positions are the learned wpe table; the output layer is wte; GPT2Block drops out (resid_pdrop,
+    default 0.1) each branch before its residual add."""
+    if "mlp" not in raw:
+        values["mlp"] = "gelu"
+    values.setdefault("linear_bias", True)
+    values.setdefault("position_embedding", "learned_absolute")
+    values.setdefault("tie_word_embeddings", True)   # GPT2LMHeadModel ties lm_head to wte
+    dropout = raw.get("resid_pdrop", 0.1)
+    if (isinstance(dropout, bool) or not isinstance(dropout, (int, float))
+            or not 0 <= dropout < 1):
+        raise WorkloadError("model.resid_pdrop", dropout, "a number in [0, 1)")
+    values.setdefault("hidden_dropout", dropout > 0)
+
+
 def _apply_rules(raw: dict[str, Any], values: dict[str, Any]) -> None:
     """The INTERPRETED_KEYS: MLP kind, sinks, sliding-window switches, MoE layouts."""
     model_type = raw.get("model_type")
     if "hidden_act" in raw and "mlp" not in raw:
-        # HF Llama/Mistral/Qwen use gated SiLU (3 matrices); GPT-style configs use gelu.
-        values["mlp"] = "swiglu" if model_type != "gpt2" else "gelu"
+        # HF Llama/Mistral/Qwen use gated SiLU (3 matrices)
+        values["mlp"] = "swiglu"
+    if model_type == "gpt2":
+        _gpt2(raw, values)
     if model_type in _SINK_MODEL_TYPES:
         values.setdefault("attention_sinks", True)
         values.setdefault("expert_bias", True)

@@ -88,13 +88,14 @@ def add_layer(g: LayerGraph, plan: Plan, layer: int, x: Node) -> Node:
     rw, add_backward = residual_add_costs(m, g.shape.act_bytes)   # bias-dropout-add
     x = g.elementwise("residual_add", [x, y], rw=rw, backward=add_backward)
     h = g.elementwise("ffn_norm", [x])
-    if m.is_moe_layer(layer):
+    if m.is_moe_layer(layer):     # the MoE layer's output goes through the same add
         return g.elementwise("residual_add", [x, build_moe_mlp(g, plan, layer, h, resid)],
-                             rw=(2.0, 1.0))
+                             rw=rw, backward=add_backward)
     a = g.linear("w1", h, st["w1"], m.ffn_size)
     if m.mlp == "swiglu":
         b = g.linear("w3", h, st["w3"], m.ffn_size)
-        act = g.elementwise("swiglu", [a, b], layout=_elementwise_layout(a.layout), rw=(2.0, 1.0))
+        act = g.elementwise("swiglu", [a, b], layout=_elementwise_layout(a.layout), rw=(2.0, 1.0),
+                            backward=activation_backward(m, fused_cost("swiglu", 3.0, "backward")))
     else:
         act = g.elementwise("gelu", [a], layout=_elementwise_layout(a.layout),
                             backward=activation_backward(m, fused_cost("gelu", 2.0, "backward")))

@@ -103,7 +103,14 @@ def model_flops(plan: Plan) -> float:
     causal attention 3 x forward (forward + 2x backward), each layer with its head dims
     and sliding window; the multi-token-prediction modules too (their projection, block
     and a second pass through the output layer, as Megatron-LM counts them). Recompute
-    is not counted (MFU, not HFU; Chowdhery et al. 2022, appendix B)."""
+    is not counted (MFU, not HFU; Chowdhery et al. 2022, appendix B).
+
+    Packed plans (training.packed_segment) still count causal attention over the whole
+    seq_len, not over each packed example: that is how NeMo reports the model FLOPs its
+    TFLOP/s and MFU figures are per (nemo/utils/flops_formulas.py: every family's
+    attention term is gbs x enc_seq_len^2, with enc_seq_len the packed sequence's length),
+    so the simulated MFU stays comparable with theirs; the simulated step itself prices
+    each example's attention alone (workloads/attention.py)."""
     m, tr = plan.model, plan.training
     tokens = tr.global_batch * tr.seq_len
     layers = (m.num_layers * m.layer_matmul_params() if not m.num_experts else

@@ -19,6 +19,12 @@ CLI prints one line and exits 2. The rules and their sources:
 - Multi-head latent attention (workloads/latent_attention.py) is built for 1D TP only,
   with one strategy for wk and wv (one up-projection makes both); a sliding window is not
   combined with ring context parallelism (workloads/attention.py).
+- GPT-style layers (linear biases, hidden dropout: workloads/bias_dropout.py; learned
+  positions, unfused YaRN) are priced by the 1D layer graph's fused kernels only, so they
+  are refused with a TP grid and (biases, dropout) under eager kernels.
+- Packed sequences (training.packed_segment) need attention whose scores stay on chip
+  (attention_impls.scores_on_chip, the predicate AttentionCost honours them under) and
+  no context parallelism.
 - The BF16 layers a plan names (training.bf16_layers) fit in the model's layers.
 - Pipeline: pp x virtual_stages chunks of at least one layer each; a layer split adds up.
 - Framework mechanisms only where they exist (check_framework_keys): the parameter
@@ -31,7 +37,10 @@ CLI prints one line and exits 2. The rules and their sources:
 """
 from __future__ import annotations
 
+from .attention_impls import scores_on_chip
 from .errors import WorkloadError
+from .model_spec import LEARNED
+from .precision import TE_FRAMEWORKS
 from .frameworks import FP8_PARAM_DTYPES
 from .moe_options import check_moe_resolved
 
@@ -79,6 +88,7 @@ def check_resolved(plan) -> None:
     check_mla_plan(plan)
     check_sliding_window_plan(plan)
     check_packed_plan(plan)
+    check_gpt_layer_plan(plan)
     check_experts(plan)
     if tr.bf16_layers is not None and sum(tr.bf16_layers) > m.num_layers:
         raise WorkloadError("training.bf16_layers", list(tr.bf16_layers),
@@ -268,7 +278,32 @@ def check_packed_plan(plan) -> None:
         raise WorkloadError("training.packed_segment", plan.training.packed_segment,
                             "0 with context parallelism (packed THD attention over CP "
                             "ranks is not modelled)")
-    if plan.attention in ("eager", "fused_softmax"):
+    if not scores_on_chip(plan.attention):   # AttentionCost.span honours it only then
         raise WorkloadError("training.packed_segment", plan.training.packed_segment,
                             f"0 with attention {plan.attention!r} (packed sequences run "
                             "in flash / cuDNN attention, qkv_format thd)")
+
+
+def check_gpt_layer_plan(plan) -> None:
+    """GPT-style layers (linear biases, hidden dropout, learned positions, YaRN: workloads/
+    bias_dropout.py, yarn_rope.py) are priced in the 1D layer graph's fused kernels only:
+    a 2D/2.5D/3D grid layer always applies fused RoPE and plain residual adds, and under
+    eager kernels the adds and the activation take PyTorch's eager costs, which have no
+    bias gradient or dropout mask. Those combinations are refused rather than mispriced."""
+    m = plan.model
+    unpriced = [(f"model.{name}", getattr(m, name), "false") for name in
+                ("linear_bias", "hidden_dropout") if getattr(m, name)]
+    if plan.grid_strategy is not None:
+        # learned positions, or YaRN that Megatron-Core runs unfused (yarn_rope.py's
+        # unfused_rope; that module imports the layer graph, which imports these checks)
+        if m.position_embedding == LEARNED or (m.position_embedding == "yarn"
+                                               and plan.framework in TE_FRAMEWORKS):
+            unpriced.append(("model.position_embedding", m.position_embedding, "rope"))
+        where = f"with {plan.grid_strategy} (the grid layer prices fused RoPE and plain adds)"
+    elif plan.kernels == "eager":
+        where = "with kernels 'eager' (eager costs have no bias gradient or dropout mask)"
+    else:
+        return
+    if unpriced:
+        field, value, allowed = unpriced[0]
+        raise WorkloadError(field, value, f"{allowed} {where}")

@@ -11,6 +11,7 @@ plan file: a framework profile's defaults are applied for the point's values (`f
 sets them all; `tp` decides whether megatron-core's TP overlap applies), and the plan's
 own keys override them. Names are the Plan fields (PLAN_KEYS gives each one's plan-file key):
   tp, pp, dp (or auto), cp, micro_batch, global_batch, seq_len, zero_stage   integers
+  packed_segment (training.packed_segment: tokens per packed example, 0 none) integer
   recompute, attention, dtype, schedule                                      choices
   fsdp, sequence_parallel, fsdp_prefetch                                     true/false
 Framework-level keys (workloads/frameworks.py):
@@ -51,7 +52,7 @@ from ..errors import UsageError
 
 CLUSTER_PARAMS = ("gpu", "ib_bandwidth", "nvlink_bandwidth", "nodes")
 MESH_PARAMS = ("tp", "pp", "dp", "cp")
-TRAINING_INTS = ("micro_batch", "global_batch", "seq_len")
+TRAINING_INTS = ("micro_batch", "global_batch", "seq_len", "packed_segment")
 CHOICES = {"recompute": RECOMPUTE, "attention": ATTENTION_IMPLS, "dtype": DTYPES,
            "schedule": SCHEDULES}
 BOOLS = ("fsdp", "sequence_parallel", "fsdp_prefetch")

@@ -11,6 +11,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+from ..model_spec import LEARNED
 from ..models import ModelSpec, load_model
 from ..plan import MEGATRON
 from ..precision import precision
@@ -117,7 +118,8 @@ def _model(get: _Getter, findings: Findings) -> ModelSpec:
         "num_heads": heads, "num_kv_heads": kv, "ffn_size": ffn, "vocab_size": _vocab(get),
         "mlp": "swiglu" if swiglu else "gelu",
         "tie_word_embeddings": not get.on("untie-embeddings-and-output-weights"),
-        "head_dim": 0 if head_dim * heads == hidden else head_dim}
+        "head_dim": 0 if head_dim * heads == hidden else head_dim,
+        **_gpt_layer(get, findings)}
     experts = get.int("num-experts", 0, 0)
     if experts:
         values.update(_experts(get, experts, ffn, findings))
@@ -125,6 +127,38 @@ def _model(get: _Getter, findings: Findings) -> ModelSpec:
         values.update(_latent_attention(get))
     values["mtp_layers"] = get.int("mtp-num-layers", 0, 0)
     return ModelSpec(**values)
+
+
+# --position-embedding-type -> model.position_embedding (core_v0.15.0's other choices,
+# mrope, relative and none, are not modelled); yarn is Megatron-Bridge's GPT-OSS value.
+POSITIONS = {"rope": "rope", "learned_absolute": LEARNED, "yarn": "yarn"}
+
+
+def _gpt_layer(get: _Getter, findings: Findings) -> dict[str, Any]:
+    """Positions, linear biases and hidden dropout (workloads/bias_dropout.py), from the
+    flags or core_v0.15.0's defaults (learned_absolute, biases on, dropout 0.1: GPT-3's).
+    Attention dropout is a note: its cost inside the fused attention kernel is not priced
+    (bias_dropout.py: about 3 % of that kernel, under 0.5 % of a GPT-3 layer)."""
+    position = get.str("position-embedding-type", "learned_absolute")
+    if not isinstance(position, str) or position not in POSITIONS:
+        findings.problem(get.name("position-embedding-type"), position,
+                         "positions other than rope, learned_absolute, yarn (simulated as RoPE)")
+        position = "rope"
+    attention = _dropout(get, "attention-dropout")
+    if attention:
+        findings.notes.append(f"not priced: {get.name('attention-dropout')} = {attention} "
+                              "(dropout inside the fused attention kernel)")
+    return {"position_embedding": POSITIONS[position],
+            "linear_bias": not get.on("disable-bias-linear"),
+            "hidden_dropout": _dropout(get, "hidden-dropout") > 0}
+
+
+def _dropout(get: _Getter, flag: str) -> float:
+    """A dropout probability (core_v0.15.0's default 0.1 when absent)."""
+    value = _comparable(get.str(flag, 0.1))
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 <= value < 1:
+        raise JobConfigError(get.name(flag), value, "a number in [0, 1)")
+    return value
 
 
 # MLA flag -> ModelSpec field; the sizes are required (their defaults are not DeepSeek's)

@@ -19,6 +19,13 @@ MAPPED = {
     "vocab-size": "model.vocab_size (padded as Megatron pads it)",
     "padded-vocab-size": "model.vocab_size", "make-vocab-size-divisible-by": "model.vocab_size",
     "swiglu": "model.mlp (swiglu; absent: gelu)",
+    # GPT-style layers (workloads/bias_dropout.py); the defaults are GPT-3's: learned
+    # positions, biases on the linears, dropout 0.1
+    "position-embedding-type": "model.position_embedding (rope, learned_absolute, yarn)",
+    "disable-bias-linear": "model.linear_bias (false)",
+    "hidden-dropout": "model.hidden_dropout (> 0)",
+    "attention-dropout": "a note where > 0: dropout inside the fused attention kernel is "
+                         "not priced (workloads/bias_dropout.py)",
     "untie-embeddings-and-output-weights": "model.tie_word_embeddings (false)",
     "num-experts": "model.num_experts", "moe-router-topk": "model.experts_per_token",
     "moe-ffn-hidden-size": "model.moe_ffn_size",
@@ -79,10 +86,6 @@ MAPPED = {
 # Checked on the effective value, so an absent flag whose default is not modelled counts.
 UNMODELLED = {
     "normalization": ("LayerNorm", ("RMSNorm",), "LayerNorm (the simulator prices RMSNorm)"),
-    "position-embedding-type": ("learned_absolute", ("rope",), "positions other than RoPE"),
-    "disable-bias-linear": (False, (True,), "biases on the linear layers"),
-    "hidden-dropout": (0.1, (0, 0.0), "dropout"),
-    "attention-dropout": (0.1, (0, 0.0), "attention dropout"),
     "transformer-impl": ("transformer_engine", ("transformer_engine",), "local kernels"),
     "fp16": (False, (False,), "fp16 with loss scaling"),
     "optimizer": ("adam", ("adam",), "an optimizer other than Adam"),
@@ -136,7 +139,8 @@ IGNORED = {
     "clip-grad": "gradient clipping threshold (the clipping pass is not simulated)",
     "seed": "random seed", "distributed-backend": "nccl is what is simulated",
     "distributed-timeout-minutes": "timeout",
-    "max-position-embeddings": "table size of learned positions (RoPE is required)",
+    "max-position-embeddings": "size of the learned position table (a step reads only "
+                               "its seq-length rows)",
     "norm-epsilon": "numerics", "rotary-base": "numerics", "rotary-percent": "numerics",
 }
 
