@@ -17,7 +17,7 @@ import pytest
 
 from validation.reference_rows import DEFAULT_CSV, plan_dict
 from workloads import plan_from_dict
-from workloads.bias_dropout import activation_backward, residual_add_costs
+from workloads.bias_dropout import activation_bias_grad, residual_add_costs
 from workloads.lowering import lower
 from workloads.model_presets import PRESETS
 from workloads.model_spec import LEARNED
@@ -37,7 +37,7 @@ def _layer_tasks(rid: str, layer: int = 10):
 def test_llama_layer_keeps_plain_residual_add():
     m = PRESETS["llama3-8b"]
     assert residual_add_costs(m, 2) == ((2.0, 1.0), None)
-    assert activation_backward(m, (3.0, 1)) is None
+    assert activation_bias_grad(m) is None
 
 
 def test_gpt3_bias_dropout_add_passes():
@@ -47,7 +47,7 @@ def test_gpt3_bias_dropout_add_passes():
     assert m.linear_bias and m.hidden_dropout and m.position_embedding == LEARNED
     assert residual_add_costs(m, 2) == ((2.0, 1.5), (3.5, 2))
     # fc1's bias gradient: one more read of the [tokens, ffn / tp] tensor, one more kernel
-    assert activation_backward(m, (3.0, 1)) == (4.0, 2)
+    assert activation_bias_grad(m) == (1.0, 1)
 
 
 def test_gpt3_5b_row_layer_tasks():

@@ -63,17 +63,15 @@ def residual_add_costs(model: ModelSpec, act_bytes: int
     return (2.0, 1.0 + mask), ((passes, kernels) if kernels else None)
 
 
-def activation_backward(model: ModelSpec, fused_backward: tuple[float, int]
-                        ) -> tuple[float, int] | None:
-    """The fused activation's backward (passes, kernels) with fc1's bias gradient
-    reduction added where the model has linear biases (None: unchanged), in passes of the
-    activation's output. GeLU: fc1's output is as wide as it (one pass). SwiGLU: Megatron-
+def activation_bias_grad(model: ModelSpec) -> tuple[float, int] | None:
+    """(passes, kernels) that fc1's bias gradient adds to the fused activation's backward
+    where the model has linear biases (None: nothing), in passes of the activation's
+    output. GeLU: fc1's output is as wide as it (one pass). SwiGLU: Megatron-
     Core's BiasSwiGLUFunction.backward (megatron/core/fusions/fused_bias_swiglu.py,
     core_r0.8.0 to core_v0.15.0) returns the same gradient of the fused fc1 output (both
     halves, twice the activation's width) as its bias's, which autograd reduces: two
     passes, one kernel."""
     if not model.linear_bias:
         return None
-    passes, kernels = fused_backward
     width = SWIGLU_FC1_WIDTH if model.mlp == "swiglu" else 1.0
-    return passes + BIAS_GRAD_PASSES * width, kernels + 1
+    return BIAS_GRAD_PASSES * width, 1

@@ -39,3 +39,5 @@ class Node:
     passthrough: bool = False      # elementwise: a row permutation, gradients in any layout
     backward: tuple[float, int] | None = None   # elementwise: (passes, kernels) of an
                                    # unfused backward (None: one fused kernel's)
+    backward_extra: tuple[float, int] | None = None   # elementwise: (passes, kernels) added
+                                   # to the fused backward (a bias gradient's reduction)

@@ -88,12 +88,14 @@ class LayerGraph(TPCommMixin):
     def elementwise(self, name: str, inputs: list[Node], layout: str | None = None,
                     features: int | None = None, rw: tuple[float, float] = (1.0, 1.0),
                     rows_scale: float | None = None, passthrough: bool = False,
-                    launches: int = 1, backward: tuple[float, int] | None = None) -> Node:
+                    launches: int = 1, backward: tuple[float, int] | None = None,
+                    backward_extra: tuple[float, int] | None = None) -> Node:
         """A memory-bound op; all inputs are first brought to one layout. By default it
         works on as many token rows as its inputs (MoE: the dispatched expert rows).
         `passthrough`: it only moves rows (MoE permutes), so its gradient may stay a
         partial sum. `launches`: its forward's kernels (MoE: workloads/moe/dispatch.py).
-        `backward`: (passes, kernels) of a backward that is not one fused kernel's."""
+        `backward`: (passes, kernels) of a backward that is not one fused kernel's;
+        `backward_extra`: (passes, kernels) run after the fused backward."""
         layout = layout or inputs[0].layout
         inputs = [self.to_layout(x, layout) for x in inputs]
         rows = max((x.rows_scale for x in inputs), default=1.0) if rows_scale is None \
@@ -101,7 +103,7 @@ class LayerGraph(TPCommMixin):
         return self._node(kind="elementwise", name=name, layout=layout,
                           features=features or inputs[0].features, inputs=inputs, rw=rw,
                           rows_scale=rows, passthrough=passthrough, launches=launches,
-                          backward=backward)
+                          backward=backward, backward_extra=backward_extra)
 
     def linear(self, name: str, x: Node, strategy: str, out_features: int,
                experts: int = 0, bf16: bool = False, efficiency: float = 1.0,
@@ -172,6 +174,8 @@ class LayerGraph(TPCommMixin):
         fused = (passes, node.launches if backward == "forward" and kernels else kernels)
         if backward == "backward" and node.backward is not None:
             fused = node.backward
+        elif backward == "backward" and node.backward_extra is not None:
+            fused = (fused[0] + node.backward_extra[0], fused[1] + node.backward_extra[1])
         return memory_task(sink, ctx, self.options, sh.act_bytes, node.name, phase, deps,
                            local * node.rows_scale, fused,
                            f"{node.name}.{'bwd' if backward == 'backward' else 'fwd'}")

@@ -11,9 +11,8 @@ from __future__ import annotations
 from dataclasses import replace
 
 from .attention_impls import COMPUTE_CAPABILITY
-from .bias_dropout import activation_backward, residual_add_costs
+from .bias_dropout import activation_bias_grad, residual_add_costs
 from .grid_layer import GridLayer
-from .kernels import fused_cost
 from .layer_builder import BuildOptions, LayerBuilder, LayerShape
 from .layer_graph import LayerGraph, Node
 from .latent_attention import build_mla, layer_strategies
@@ -95,10 +94,10 @@ def add_layer(g: LayerGraph, plan: Plan, layer: int, x: Node) -> Node:
     if m.mlp == "swiglu":
         b = g.linear("w3", h, st["w3"], m.ffn_size)
         act = g.elementwise("swiglu", [a, b], layout=_elementwise_layout(a.layout), rw=(2.0, 1.0),
-                            backward=activation_backward(m, fused_cost("swiglu", 3.0, "backward")))
+                            backward_extra=activation_bias_grad(m))
     else:
         act = g.elementwise("gelu", [a], layout=_elementwise_layout(a.layout),
-                            backward=activation_backward(m, fused_cost("gelu", 2.0, "backward")))
+                            backward_extra=activation_bias_grad(m))
     y = g.to_layout(g.linear("w2", act, st["w2"], m.hidden_size), resid)
     return g.elementwise("residual_add", [x, y], rw=rw, backward=add_backward)
 
