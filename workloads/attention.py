@@ -88,7 +88,7 @@ from dataclasses import dataclass
 from .attention_impls import FULL_SQUARE_GEMMS, score_passes
 from .layer_builder import BuildOptions, TaskSink
 from .program import ATTENTION, COMPUTE
-from .windowed_attention import windowed_speed_ratio
+from .windowed_attention import keys_per_query, windowed_speed_ratio
 
 # Backward FLOPs over forward FLOPs (FlashAttention-2, arXiv:2307.08691, Algorithm 2):
 # dV, dP, dQ, dK are two forwards' worth; flash attention also recomputes S = QK^T.
@@ -155,8 +155,7 @@ def causal_attention_flops(queries: float, keys: float, head_dim: int, heads: fl
     instead of s / 2."""
     v = v_head_dim or head_dim
     if 0 < window < keys:
-        keys_per_query = window - window * window / (2.0 * keys)
-        return 2.0 * queries * keys_per_query * (head_dim + v) * heads
+        return 2.0 * queries * keys_per_query(window, keys) * (head_dim + v) * heads
     if v == head_dim:
         return 4.0 * queries * keys * head_dim * heads * 0.5
     return 2.0 * queries * keys * (head_dim + v) * heads * 0.5

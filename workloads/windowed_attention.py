@@ -56,8 +56,10 @@ CUDNN_GPT_OSS_CONTEXT_MS = {
 BY_ARCH = {9: "h200", 10: "b200"}
 
 
-def _keys_per_query(window: float, seq: float) -> float:
-    """Keys a query of a causal windowed row sees on average (workloads/attention.py)."""
+def keys_per_query(window: float, seq: float) -> float:
+    """Keys a query of a causal sequence of `seq` tokens sees on average: s / 2, or with a
+    sliding `window` shorter than the sequence w - w^2 / (2 s) (the first w queries see
+    fewer than w)."""
     return window - window * window / (2.0 * seq) if window < seq else seq / 2.0
 
 
@@ -65,7 +67,7 @@ def measured_ratio(gpu: str, seq: int) -> float:
     """The windowed layer's TFLOP/s over the full causal layer's, at a measured `seq`."""
     i = MEASURED_SEQS.index(seq)
     win_ms, full_ms = CUDNN_GPT_OSS_CONTEXT_MS[gpu]
-    work = _keys_per_query(MEASURED_WINDOW, seq) / (seq / 2.0)
+    work = keys_per_query(MEASURED_WINDOW, seq) / (seq / 2.0)
     return work * full_ms[i] / win_ms[i]
 
 
