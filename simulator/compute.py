@@ -3,13 +3,16 @@
 time = max(FLOPs / (peak x efficiency), bytes / (HBM bandwidth x memory efficiency))
        + launch overhead x kernel launches
 GEMM efficiency also pays for wave quantisation: a GEMM of few output tiles cannot fill
-every SM (cuBLAS falls back to split-K when the reduction dimension is long).
+every SM (cuBLAS falls back to split-K when the reduction dimension is long), and for the
+length of its K loop against the K the device profile's efficiency was measured at (a
+fixed cost per output tile: topologies/gemm_k_loop.py).
 """
 from __future__ import annotations
 
 import math
 
 from topologies import DeviceSpec
+from topologies.gemm_k_loop import k_loop_fraction, tile_overhead_k
 from workloads.program import ATTENTION, GEMM, MEMORY, Task
 
 # Split-K needs enough of the reduction dimension per split to stay efficient.
@@ -17,15 +20,29 @@ from workloads.program import ATTENTION, GEMM, MEMORY, Task
 SPLIT_K_MIN = 1024
 
 
-def wave_efficiency(m: int, n: int, k: int, sms: int, tile: int) -> float:
-    """Fraction of SM-time doing useful tiles for an m x n output (k the reduction)."""
+def wave_efficiency(m: int, n: int, k: int, sms: int, tile: int, groups: int = 1) -> float:
+    """Fraction of SM-time doing useful tiles for `groups` m x n outputs (k the reduction)
+    computed by one launch."""
     if m <= 0 or n <= 0:
         return 1.0
-    tiles = math.ceil(m / tile) * math.ceil(n / tile)
+    tiles = math.ceil(m / tile) * math.ceil(n / tile) * max(1, groups)
     if tiles < sms:
         tiles *= max(1, min(sms // tiles, k // SPLIT_K_MIN))
     waves = math.ceil(tiles / sms)
     return tiles / (waves * sms)
+
+
+def k_loop_efficiency(k: int, device: DeviceSpec, dtype: str) -> float:
+    """A GEMM's speed with a K loop of `k` relative to the device profile's reference K:
+    the ratio of their loop fractions at this GPU's per-tile cost for `dtype`
+    (topologies/gemm_k_loop.py). 1 for an unknown K, and on a profile without a
+    reference K (a calibrated host, a GPU file without SMs: gemm_reference_k 0)."""
+    reference_k = device.profile.gemm_reference_k
+    if k <= 0 or reference_k <= 0:
+        return 1.0
+    overhead_k = tile_overhead_k(device.peak(dtype), device.sm_count)
+    return (k_loop_fraction(k, overhead_k)
+            / k_loop_fraction(reference_k, overhead_k))
 
 
 # Host CPUs that issue kernels more slowly than the x86 hosts the per-kernel host cost is
@@ -68,7 +85,8 @@ def device_time_s(task: Task, device: DeviceSpec, dtype: str) -> float:
         m, n, k = task.gemm_mnk
         gemm_dtype = task.gemm_dtype or dtype
         eff = (device.gemm_efficiency(gemm_dtype) * task.efficiency
-               * wave_efficiency(m, n, k, device.sm_count, prof.gemm_tile))
+               * wave_efficiency(m, n, k, device.sm_count, prof.gemm_tile, task.gemm_groups)
+               * k_loop_efficiency(k, device, gemm_dtype))
         flops_s = task.flops / (device.peak(gemm_dtype) * eff)
     elif task.op_class == ATTENTION:
         # Attention runs in bf16 (FlashAttention-2) under bf16 and FP8/FP4 training (no

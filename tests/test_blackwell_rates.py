@@ -2,7 +2,7 @@
 attention and memory-bound rates against H100's, and the memory efficiency's source."""
 import pytest
 
-from simulator.compute import device_time_s, wave_efficiency
+from simulator.compute import device_time_s, k_loop_efficiency, wave_efficiency
 from topologies.specs import (B200_BEST_MEMORY_KERNEL_Bps, BLACKWELL_MEMORY_EFFICIENCY,
                               DEVICES)
 from workloads.program import ATTENTION, GEMM, MEMORY, Task
@@ -31,8 +31,8 @@ def test_peaks_are_dense_halves_of_the_sparse_datasheet_figures(gpu):
 
 def test_b200_gemm_rate_over_h100_is_peak_times_efficiency():
     """A large layer GEMM on B200 against H100 SXM: the ratio is the peaks' ratio times the
-    GEMM efficiencies' ratio and the wave quantisation of 148 against 132 SMs, nothing
-    more (a sparse or FP4 peak slipping in would double it)."""
+    GEMM efficiencies' ratio, the wave quantisation of 148 against 132 SMs and the K-loop
+    factors at each profile's reference K, nothing more (a sparse or FP4 peak slipping in would double it)."""
     m, n, k = 16384, 14336, 4096
     task = _task(GEMM, flops=2.0 * m * n * k, mnk=(m, n, k))
     b200, h100 = DEVICES["b200"], DEVICES["h100"]
@@ -42,6 +42,8 @@ def test_b200_gemm_rate_over_h100_is_peak_times_efficiency():
         return task.flops / (device_time_s(task, spec, "bf16") - launch)
 
     waves = (wave_efficiency(m, n, k, 148, 128) / wave_efficiency(m, n, k, 132, 128))
+    # and each profile's K-loop factor at K = 4096 (topologies/gemm_k_loop.py)
+    waves *= k_loop_efficiency(k, b200, "bf16") / k_loop_efficiency(k, h100, "bf16")
     # B200's best-shape 77.6 % times the Blackwell layer-shape margin 0.827 (Transformer
     # Engine's GEMM benchmark on B300) against H100's 0.75
     expected = 2250 / 989 * 0.642 / 0.75 * waves
@@ -97,8 +99,12 @@ def test_fp8_gemms_reach_the_measured_fp8_fraction_of_their_peak(gpu):
         speedup = times["bf16"] / times[dtype]
         # MXFP8 at Transformer Engine's measured MXFP8-over-FP8 layer time on Blackwell
         block_scaled = 6.812 / 7.161 if dtype == "mxfp8" else 1.0
+        # the faster MMA pays the same per-tile time over a K loop of 4096 (topologies/
+        # gemm_k_loop.py): the ratio of the two K-loop factors, a few % below 1
+        loops = k_loop_efficiency(k, spec, dtype) / k_loop_efficiency(k, spec, "bf16")
+        assert 0.9 < loops < 1.0
         assert speedup == pytest.approx(spec.peak(dtype) / spec.peak("bf16") * ratio
-                                        * block_scaled, rel=2e-3)
+                                        * block_scaled * loops, rel=2e-3)
     assert spec.gemm_efficiency("bf16") == spec.profile.gemm_efficiency
     if "nvfp4" in spec.peak_flops:
         assert spec.gemm_efficiency("nvfp4") == spec.profile.gemm_efficiency

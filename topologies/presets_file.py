@@ -53,6 +53,7 @@ _PROFILE_RANGES = {
     "collective_skew_s": (0.0, 1.0, False, True),
     "overlap_compute_factor": (0.0, 1.0, False, False),
     "overlap_compute_factor_nvls": (0.0, 1.0, False, False),
+    "gemm_reference_k": (0.0, 2.0 ** 31, False, True),
 }
 _PROFILE_FLAGS = frozenset({"concurrent_collectives"})
 
@@ -141,7 +142,11 @@ def _gpu(raw: Any) -> DeviceSpec:
         low, high, integer, inclusive = _PROFILE_RANGES[key]
         values[key] = _number(profile, key, "gpu.profile", minimum=low, maximum=high,
                               integer=integer, allow_minimum=inclusive)
-    return replace(spec, profile=replace(base.profile if base else DeviceProfile(), **values))
+    # Without a base GPU or an SM count (1 by default) no tile is known: neither waves nor
+    # the K loop's per-tile cost are priced (gemm_reference_k 0), unless the file says so.
+    default = DeviceProfile(gemm_reference_k=0.0 if "sm_count" not in raw else
+                            DeviceProfile.gemm_reference_k)
+    return replace(spec, profile=replace(base.profile if base else default, **values))
 
 
 def _fabric(raw: Any) -> FabricSpec | None:

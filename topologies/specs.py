@@ -33,6 +33,7 @@ from types import MappingProxyType
 from typing import Mapping
 
 from .errors import TopologyError
+from .gemm_k_loop import effective_k, tile_overhead_k
 
 GB = 1e9
 GiB = 2 ** 30   # NVIDIA's memory "GB" (see above)
@@ -51,6 +52,11 @@ class DeviceProfile:
     # [stas00/ml-engineering "MAMF" table]. Real layer shapes lose tile/wave quantisation;
     # autoparallel uses a flat 0.70. Assumption: 0.75 for large GEMMs, between the two.
     gemm_efficiency: float = 0.75
+    # The K (reduction length) of the GEMMs `gemm_efficiency` was measured on: a GEMM of
+    # another K is priced at its K loop's fraction over this one's (topologies/
+    # gemm_k_loop.py). The H100 default rests on the best-shape BF16 matmul above,
+    # 2048 x 2048 x 13312 [STAS]; other profiles set their measurement's (time-weighted).
+    gemm_reference_k: float = 13312.0
     # The FP8 tensor-core GEMMs' efficiency relative to `gemm_efficiency` (a BF16 one):
     # the measured best-shape FP8 matmul's fraction of the FP8 peak over the best-shape
     # BF16 one's fraction of the BF16 peak, from the same brute-force shape search
@@ -204,6 +210,7 @@ def _blackwell_profile(mamf_efficiency: float, fp8_mamf_efficiency: float | None
     ratio = 1.0 if fp8_mamf_efficiency is None else round(fp8_mamf_efficiency
                                                            / mamf_efficiency, 3)
     return DeviceProfile(gemm_efficiency=round(mamf_efficiency * BLACKWELL_GEMM_MARGIN, 3),
+                         gemm_reference_k=BLACKWELL_GEMM_REFERENCE_K,
                          memory_efficiency=BLACKWELL_MEMORY_EFFICIENCY, fp8_gemm_ratio=ratio,
                          mxfp8_gemm_ratio=BLACKWELL_MXFP8_OVER_FP8)
 
@@ -251,9 +258,21 @@ H100_GEMM_MARGIN = DeviceProfile().gemm_efficiency / 0.803
 TE_B300_LAYER_GEMM_FLOPS = 3 * 2 * 15872 * 4096 * (12288 + 4096 + 2 * 16384)
 TE_B300_LAYER_GEMM_S = {"bf16": 13.102e-3, "fp8": 6.812e-3, "mxfp8": 7.161e-3}
 B300_BF16_PEAK_FLOPS, B300_BF16_MAMF_EFFICIENCY = 2250 * TB, 0.786
+B300_SM_COUNT = 160   # the "gb300" entry below
 BLACKWELL_GEMM_MARGIN = (TE_B300_LAYER_GEMM_FLOPS / TE_B300_LAYER_GEMM_S["bf16"]
                          / B300_BF16_PEAK_FLOPS / B300_BF16_MAMF_EFFICIENCY)
 BLACKWELL_MXFP8_OVER_FP8 = round(TE_B300_LAYER_GEMM_S["fp8"] / TE_B300_LAYER_GEMM_S["mxfp8"], 3)
+# The K loops of that benchmark's GEMMs, as (FLOPs, K) per projection and pass: forward K
+# is the input width (4096 for QKV, proj and fc1; 16384 for fc2), the data gradient's the
+# output width (12288, 4096, 16384, 4096), the weight gradient's the 15872 tokens. Their
+# FLOP-weighted loop fraction at B300's BF16 per-tile cost is what the Blackwell GEMM
+# efficiency stands for: its reference K (topologies/gemm_k_loop.py).
+_TE_LAYER_TOKENS = 15872
+_TE_LAYER_PROJECTIONS = ((4096, 12288), (4096, 4096), (4096, 16384), (16384, 4096))
+BLACKWELL_GEMM_REFERENCE_K = round(effective_k(
+    [(2.0 * _TE_LAYER_TOKENS * k_in * k_out, k)
+     for k_in, k_out in _TE_LAYER_PROJECTIONS for k in (k_in, k_out, _TE_LAYER_TOKENS)],
+    tile_overhead_k(B300_BF16_PEAK_FLOPS, B300_SM_COUNT)))
 
 # What a 500 W power limit does to an H100: under a dense GEMM the board reaches its power
 # limit and the tensor-core clock drops until it fits, so the sustained rate sits well
@@ -271,8 +290,13 @@ H100_500W_PEAK_FLOPS = 912 * TB    # the "h100-hbm2e" entry's assumed BF16 peak 
 # SXM (700 W) GEMM rate, 0.75 x 989 TFLOP/s [NV-H100]. Assumption: attention is tensor-core
 # bound as the GEMMs are (FlashAttention-2 at long sequences), so it loses the same clock.
 H100_500W_CLOCK_RATIO = H100_500W_GEMM_FLOPS / (DeviceProfile().gemm_efficiency * 989 * TB)
+# The K loops of those three GEMMs (K = 8192, 7168, 8192), equally weighted as their rates
+# are averaged: the profile's reference K (topologies/gemm_k_loop.py).
+H100_500W_GEMM_REFERENCE_K = round(effective_k(
+    [(1.0, 8192), (1.0, 7168), (1.0, 8192)], tile_overhead_k(H100_500W_PEAK_FLOPS, 132)))
 POWER_CAPPED_500W_PROFILE = DeviceProfile(
     gemm_efficiency=round(H100_500W_GEMM_FLOPS / H100_500W_PEAK_FLOPS, 3),
+    gemm_reference_k=H100_500W_GEMM_REFERENCE_K,
     fp8_gemm_ratio=1.0,   # FBGEMM's FP8 row-wise layer GEMMs: the BF16 fraction (above)
     attention_efficiency=round(DeviceProfile().attention_efficiency * 989 / 912
                                * H100_500W_CLOCK_RATIO, 3))

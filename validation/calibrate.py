@@ -310,7 +310,9 @@ def _profile(gemm_eff: float, attn_eff: float, launch_s: float, overlap: float,
     """DeviceProfile fields (only those this version of topologies knows)."""
     from topologies import DeviceProfile
 
-    values = {"gemm_efficiency": round(gemm_eff, 4), "gemm_tile": 1,
+    # gemm_reference_k 0: the measured efficiency is the mean over this host's own shapes,
+    # not re-priced by a per-tile K-loop cost (topologies/gemm_k_loop.py)
+    values = {"gemm_efficiency": round(gemm_eff, 4), "gemm_tile": 1, "gemm_reference_k": 0.0,
               # no streams on a CPU: the training thread waits for every collective
               "concurrent_collectives": not cpu,
               "attention_efficiency": round(min(1.0, attn_eff), 4),

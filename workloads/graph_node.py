@@ -41,3 +41,15 @@ class Node:
                                    # unfused backward (None: one fused kernel's)
     backward_extra: tuple[float, int] | None = None   # elementwise: (passes, kernels) added
                                    # to the fused backward (a bias gradient's reduction)
+
+
+def wgrad_shape(node: Node, m: float, n: float, k: float) -> dict:
+    """The weight-gradient GEMM of a linear whose forward GEMM is m x n x k: a k x n
+    output reducing over the m rows. A grouped GEMM's is one k x n problem per local
+    expert, each reducing over that expert's rows (its K loop), and its rows are the K
+    loop, not output tiles, so the forward's few-rows-per-expert loss (node.efficiency)
+    does not apply to it (topologies/gemm_k_loop.py prices the short loop)."""
+    if not node.experts:
+        return {"gemm_mnk": (int(k), int(n), int(m))}
+    return {"gemm_mnk": (int(k), int(n), max(1, int(m // node.experts))),
+            "gemm_groups": node.experts, "efficiency": 1.0}

@@ -15,7 +15,7 @@ from .context_parallel import ContextParallelAttention
 from .context_parallel_torch import TorchRingAttention
 from .explicit_comm import ExplicitComm
 from .fp8_gather import transpose_bytes
-from .graph_node import FUSED_INTO, Node
+from .graph_node import FUSED_INTO, Node, wgrad_shape
 from .kernels import fused_cost
 from .layer_graph_comm import TPCommMixin
 from .layer_builder import BuildOptions, LayerBuilder, LayerShape, TaskSink, \
@@ -352,8 +352,8 @@ class LayerGraph(TPCommMixin):
             else:
                 dgrad = sink.add(op=node.name, deps=(ready,), gemm_mnk=(m, k, n),
                                  label=f"{node.name}.dgrad", **common)
-                wgrad = dict(op=node.name, deps=(ready,), gemm_mnk=(k, n, m),
-                             label=f"{node.name}.wgrad", **common)
+                wgrad = dict(op=node.name, deps=(ready,), label=f"{node.name}.wgrad",
+                             **{**common, **wgrad_shape(node, m, n, k)})
                 if self.options.tp_overlap == USERBUFFERS and node.strategy == "col":
                     # bulk overlap: the dgrad's reduce-scatter runs beside this wgrad
                     self._deferred.append((self._weight_keys[node.id], wgrad))

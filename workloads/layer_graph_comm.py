@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from .fp8_gather import (AMAX_ALL_REDUCE_BYTES, FP8_GATHER_BYTES, gathers_quantized,
                          local_cast, transpose_bytes)
-from .graph_node import Node
+from .graph_node import Node, wgrad_shape
 from .layer_builder import TaskSink, fp8_cast_task
 from .layouts import STRATEGY_LAYOUTS, collective, collective_bytes
 from .program import COMM, COMPUTE, MEMORY, RELAYOUT
@@ -193,6 +193,6 @@ class TPCommMixin:
                              label=f"{node.name}.dgrad", **common)
         transposed = self._fp8_transpose(sink, ctx, m * n, ready, f"grad.{node.name}")
         self.wgrad_tasks[self._weight_keys[node.id]] = sink.add(
-            op=node.name, deps=(transposed,), gemm_mnk=(k, n, m), label=f"{node.name}.wgrad",
-            **common)
+            op=node.name, deps=(transposed,), label=f"{node.name}.wgrad",
+            **{**common, **wgrad_shape(node, m, n, k)})
         return [(node.inputs[0], (dgrad, STRATEGY_LAYOUTS[node.strategy][2]))]

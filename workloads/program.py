@@ -39,7 +39,11 @@ class Task:
     flops: float = 0.0
     bytes: float = 0.0              # compute: HBM bytes; comm: nccl-tests size S
     op_class: str = ""              # gemm | attention | memory (compute only)
-    gemm_mnk: tuple[int, int, int] = (0, 0, 0)
+    gemm_mnk: tuple[int, int, int] = (0, 0, 0)   # (m, n, k); a grouped GEMM's forward
+                                    # and data gradient count every expert's rows in m
+    gemm_groups: int = 1            # GEMM problems of gemm_mnk one launch computes: a
+                                    # grouped GEMM's weight gradients, one per expert
+                                    # (each reduces over that expert's rows: its K)
     group: tuple[str, ...] = ()     # mesh dims a collective spans
     peer: int = 0                   # send_recv: steps along group[0] to the peer
                                     # (ParallelDims.peer): +1 next stage, -1 previous

@@ -1,0 +1,142 @@
+"""The K loop's per-tile cost (topologies/gemm_k_loop.py): its constant reproduces the
+kernel benchmark it rests on, the profiles' reference K, and what the compute model and the
+MoE weight gradients make of it."""
+import json
+import math
+
+import pytest
+
+from moe_small import E, K, T, layer_tasks, moe_plan
+from simulator.compute import device_time_s, k_loop_efficiency, wave_efficiency
+from topologies import TopologyError
+from topologies.gemm_k_loop import (K_TILE_OVERHEAD_B200_BF16, SHORTEST_MEASURED_K,
+                                    effective_k, k_loop_fraction, tile_overhead_k)
+from topologies.presets_file import load_file
+from topologies.specs import BLACKWELL_GEMM_REFERENCE_K, DEVICES
+from workloads.program import GEMM, Task
+
+TB = 1e12
+# meta-pytorch/tritonbench pull request 1011: cuBLAS BF16 (aten_matmul) on a B200 at
+# M = N = 8192: K -> TFLOP/s.
+TRITONBENCH_B200_K_SWEEP = {1024: 714.28, 2048: 838.697, 4096: 914.601, 8192: 958.591,
+                            16384: 948.902}
+# deepseek-ai/DeepGEMM README.md before pull request #86 (parent of commit 37aa127),
+# "Normal GEMMs for dense models", H800 SXM5, FP8: (M, N, K) -> TFLOP/s.
+DEEPGEMM_H800_M4096 = {(4096, 2112, 7168): 1127, (4096, 24576, 1536): 1212,
+                       (4096, 32768, 512): 775, (4096, 7168, 16384): 1520,
+                       (4096, 4096, 7168): 1410, (4096, 7168, 2048): 1168}
+
+
+def test_the_per_tile_cost_reproduces_the_cublas_k_sweep():
+    """K0 = 388 and one rate (992 TFLOP/s) put every point of the B200 sweep within
+    2.2 %: a K loop of 1024 runs at three quarters of one of 8192."""
+    assert tile_overhead_k(2250 * TB, 148) == pytest.approx(K_TILE_OVERHEAD_B200_BF16)
+    for k, tflops in TRITONBENCH_B200_K_SWEEP.items():
+        model = 992 * k_loop_fraction(k, K_TILE_OVERHEAD_B200_BF16)
+        assert model == pytest.approx(tflops, rel=0.022), k
+    # per SM: H100's BF16 MMA runs at half B200's rate per SM, its FP8 at the same
+    assert tile_overhead_k(989 * TB, 132) == pytest.approx(191, rel=0.01)
+    assert tile_overhead_k(1979 * TB, 132) == pytest.approx(383, rel=0.01)
+
+
+def test_deepgemm_h800_cross_check():
+    """DeepGEMM's FP8 rows fit a per-tile cost of 490 with the wave model (rms 3.7 %); the
+    rule predicts 383 for H800's FP8 from the cuBLAS sweep: within 25 %, and the rows
+    computed with the predicted cost stay within 15 %."""
+    def rms(k0, rate):
+        errors = [math.log(rate * wave_efficiency(m, n, k, 132, 128)
+                           * k_loop_fraction(k, k0) / tflops)
+                  for (m, n, k), tflops in DEEPGEMM_H800_M4096.items()]
+        return math.sqrt(sum(e * e for e in errors) / len(errors))
+    assert rms(490, 1545) < 0.04
+    predicted = tile_overhead_k(1979 * TB, 132)
+    assert predicted == pytest.approx(490, rel=0.25)
+    best_rate = min(range(1300, 1700), key=lambda r: rms(predicted, r))
+    assert rms(predicted, best_rate) < 0.06
+    for (m, n, k), tflops in DEEPGEMM_H800_M4096.items():
+        model = best_rate * wave_efficiency(m, n, k, 132, 128) * k_loop_fraction(k, predicted)
+        assert model == pytest.approx(tflops, rel=0.15), (m, n, k)
+
+
+def test_loops_shorter_than_any_measured_are_held_at_the_shortest():
+    assert k_loop_fraction(128, 191) == k_loop_fraction(SHORTEST_MEASURED_K, 191)
+    assert k_loop_fraction(1024, 191) > k_loop_fraction(512, 191)
+
+
+def test_effective_k_of_one_gemm_is_its_k_and_mixes_by_time():
+    assert effective_k([(1.0, 4096)], 245) == pytest.approx(4096)
+    mixed = effective_k([(1.0, 512), (1.0, 16384)], 245)
+    assert 512 < mixed < 16384
+    # time-weighted: the short loop's slower FLOPs weigh more than a FLOP mean's 8448
+    assert mixed < (512 + 16384) / 2
+
+
+def test_profiles_reference_k_and_the_factor_around_it():
+    h100, b200 = DEVICES["h100"], DEVICES["b200"]
+    assert h100.profile.gemm_reference_k == 13312          # [STAS] best-shape BF16 K
+    assert b200.profile.gemm_reference_k == BLACKWELL_GEMM_REFERENCE_K
+    assert 4096 < BLACKWELL_GEMM_REFERENCE_K < 15872        # between TE's layer Ks
+    assert k_loop_efficiency(13312, h100, "bf16") == pytest.approx(1.0)
+    assert k_loop_efficiency(768, h100, "bf16") < k_loop_efficiency(4096, h100, "bf16") < 1
+    assert k_loop_efficiency(65536, h100, "bf16") > 1
+    # FP8's MMA is twice as fast per SM, so the same per-tile time costs a short K more
+    assert k_loop_efficiency(768, h100, "fp8") < k_loop_efficiency(768, h100, "bf16")
+    assert k_loop_efficiency(0, h100, "bf16") == 1.0
+
+
+def test_gemm_time_scales_by_the_k_loop_factor():
+    """Two GEMMs of equal FLOPs, K 512 against K 8192: the short one is slower by the
+    ratio of their loop fractions (and of their waves, which differ slightly)."""
+    h100 = DEVICES["h100"]
+
+    def busy_s(m, n, k):
+        task = Task(id=0, kind="compute", stream="compute", op="x", phase="forward",
+                    layer=0, microbatch=0, flops=2.0 * m * n * k, op_class=GEMM,
+                    gemm_mnk=(m, n, k))
+        return device_time_s(task, h100, "bf16") - h100.profile.launch_overhead_s
+    short, long_ = busy_s(16384, 8192, 512), busy_s(1024, 8192, 8192)
+    k0 = tile_overhead_k(h100.peak("bf16"), h100.sm_count)
+    waves = (wave_efficiency(1024, 8192, 8192, 132, 128)
+             / wave_efficiency(16384, 8192, 512, 132, 128))
+    expected = k_loop_fraction(8192, k0) / k_loop_fraction(512, k0) * waves
+    assert short / long_ == pytest.approx(expected, rel=1e-9)
+
+
+def test_grouped_weight_gradient_reduces_over_each_experts_rows():
+    """The experts' wgrad is one problem per local expert whose K is that expert's rows,
+    without the forward's few-rows-per-expert loss; the forward keeps all rows as m."""
+    plan = moe_plan()
+    tasks = [t for t in layer_tasks(plan) if t.op == "w1"]
+    wgrad = next(t for t in tasks if t.label.endswith(".wgrad"))
+    fwd = next(t for t in tasks if t.label.endswith(".fwd"))
+    rows = T * K                                     # routed rows of the micro-batch
+    assert wgrad.gemm_groups == E
+    assert wgrad.gemm_mnk[2] == rows // E
+    assert wgrad.efficiency == 1.0
+    assert fwd.gemm_groups == 1 and fwd.gemm_mnk[0] == rows
+
+
+def _gpu_file(tmp_path, gpu: dict):
+    path = tmp_path / "t.json"
+    path.write_text(json.dumps({"gpus_per_domain": 8, "gpu": gpu}))
+    return path
+
+
+def test_a_gpu_file_without_sms_prices_no_k_loop(tmp_path):
+    bare = load_file(_gpu_file(tmp_path, {"bf16_tflops": 500, "hbm_gb": 80, "hbm_GBps": 2000,
+                                          "nvlink_GBps": 300}))
+    assert bare.gpu.profile.gemm_reference_k == 0
+    assert k_loop_efficiency(512, bare.gpu, "bf16") == 1.0
+    with_sms = load_file(_gpu_file(tmp_path, {"bf16_tflops": 500, "hbm_gb": 80,
+                                              "hbm_GBps": 2000, "nvlink_GBps": 300,
+                                              "sm_count": 100}))
+    assert with_sms.gpu.profile.gemm_reference_k == 13312
+    based = load_file(_gpu_file(tmp_path, {"base": "b200",
+                                           "profile": {"gemm_reference_k": 4096}}))
+    assert based.gpu.profile.gemm_reference_k == 4096
+    assert math.isclose(k_loop_efficiency(4096, based.gpu, "bf16"), 1.0)
+
+
+def test_a_negative_reference_k_is_refused(tmp_path):
+    with pytest.raises(TopologyError, match="gpu.profile.gemm_reference_k"):
+        load_file(_gpu_file(tmp_path, {"base": "h100", "profile": {"gemm_reference_k": -1}}))
