@@ -80,11 +80,16 @@ def chunked_gemm(sink: TaskSink, chunks: list[int], flops: float, operand_bytes:
     dims = list(mnk)
     dims[split_dim] = max(1, dims[split_dim] // len(chunks))
     m, n, k = dims
+    # A K split accumulates into one output: its K loop is priced whole (assumption: torch
+    # and Transformer Engine run that weight gradient as one GEMM once the gather is done,
+    # so no chunk pays the per-tile cost of topologies/gemm_k_loop.py on its own).
+    priced_mnk = (m, n, mnk[2]) if split_dim == 2 else (m, n, k)
     last = -1
     for i, ready in enumerate(chunks):
         last = sink.add(kind=COMPUTE, stream="compute", deps=(ready,),
                         flops=flops / len(chunks), bytes=(m * k + k * n + m * n) * operand_bytes,
-                        op_class=GEMM, gemm_mnk=(m, n, k), label=f"{label}.chunk{i}", **fields)
+                        op_class=GEMM, gemm_mnk=priced_mnk, label=f"{label}.chunk{i}",
+                        **fields)
     return last
 
 
