@@ -58,6 +58,25 @@ def test_deepgemm_h800_cross_check():
         assert model == pytest.approx(tflops, rel=0.15), (m, n, k)
 
 
+# XLA's sm_90 matmul table (openxla/xla matmul_interpolator_data.h, as mirrored in
+# tensorflow/tensorflow): BF16, batch b of 4096 x 4096 x K -> FLOP/s.
+XLA_SM90_4096 = {4: {256: 503874974234136, 512: 619859436746254, 4096: 793131337247852},
+                 2: {256: 464019802938634, 512: 607674484339352, 4096: 807671014191940}}
+
+
+@pytest.mark.parametrize("batch", sorted(XLA_SM90_4096))
+def test_hopper_cross_check_from_xlas_matmul_table(batch):
+    """Time linear in K (a fixed part per wave plus a part per K-element): the line
+    through K = 512 and 4096 passes K = 256 within 3 %, and its fixed part over its
+    per-K part is within 15 % of the per-tile cost the rule gives H100's BF16."""
+    rates = XLA_SM90_4096[batch]
+    time_s = {k: 2.0 * batch * 4096 * 4096 * k / r for k, r in rates.items()}
+    per_k_s = (time_s[4096] - time_s[512]) / (4096 - 512)
+    fixed_s = time_s[512] - per_k_s * 512
+    assert fixed_s + per_k_s * 256 == pytest.approx(time_s[256], rel=0.03)
+    assert fixed_s / per_k_s == pytest.approx(tile_overhead_k(989 * TB, 132), rel=0.15)
+
+
 def test_loops_shorter_than_any_measured_are_held_at_the_shortest():
     assert k_loop_fraction(128, 191) == k_loop_fraction(SHORTEST_MEASURED_K, 191)
     assert k_loop_fraction(1024, 191) > k_loop_fraction(512, 191)
