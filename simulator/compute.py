@@ -35,10 +35,11 @@ def wave_efficiency(m: int, n: int, k: int, sms: int, tile: int, groups: int = 1
 def k_loop_efficiency(k: int, device: DeviceSpec, dtype: str) -> float:
     """A GEMM's speed with a K loop of `k` relative to the device profile's reference K:
     the ratio of their loop fractions at this GPU's per-tile cost for `dtype`
-    (topologies/gemm_k_loop.py). 1 for an unknown K, and on a profile without a
-    reference K (a calibrated host, a GPU file without SMs: gemm_reference_k 0)."""
+    (topologies/gemm_k_loop.py). 1 for an unknown K, on a profile without a reference K
+    (a calibrated host: gemm_reference_k 0) and on a GPU without a known SM count (no tile
+    to cost)."""
     reference_k = device.profile.gemm_reference_k
-    if k <= 0 or reference_k <= 0:
+    if k <= 0 or reference_k <= 0 or device.sm_count <= 1:
         return 1.0
     overhead_k = tile_overhead_k(device.peak(dtype), device.sm_count)
     return (k_loop_fraction(k, overhead_k)
@@ -84,9 +85,10 @@ def device_time_s(task: Task, device: DeviceSpec, dtype: str) -> float:
     if task.op_class == GEMM:
         m, n, k = task.gemm_mnk
         gemm_dtype = task.gemm_dtype or dtype
-        eff = (device.gemm_efficiency(gemm_dtype) * task.efficiency
-               * wave_efficiency(m, n, k, device.sm_count, prof.gemm_tile, task.gemm_groups)
-               * k_loop_efficiency(k, device, gemm_dtype))
+        # no GEMM beats its peak, whatever a profile file and a long K loop multiply to
+        eff = min(1.0, device.gemm_efficiency(gemm_dtype) * task.efficiency
+                  * wave_efficiency(m, n, k, device.sm_count, prof.gemm_tile, task.gemm_groups)
+                  * k_loop_efficiency(k, device, gemm_dtype))
         flops_s = task.flops / (device.peak(gemm_dtype) * eff)
     elif task.op_class == ATTENTION:
         # Attention runs in bf16 (FlashAttention-2) under bf16 and FP8/FP4 training (no

@@ -32,7 +32,8 @@ def test_peaks_are_dense_halves_of_the_sparse_datasheet_figures(gpu):
 def test_b200_gemm_rate_over_h100_is_peak_times_efficiency():
     """A large layer GEMM on B200 against H100 SXM: the ratio is the peaks' ratio times the
     GEMM efficiencies' ratio, the wave quantisation of 148 against 132 SMs and the K-loop
-    factors at each profile's reference K, nothing more (a sparse or FP4 peak slipping in would double it)."""
+    factors at each profile's reference K, nothing more (a sparse or FP4 peak slipping in
+    would double it)."""
     m, n, k = 16384, 14336, 4096
     task = _task(GEMM, flops=2.0 * m * n * k, mnk=(m, n, k))
     b200, h100 = DEVICES["b200"], DEVICES["h100"]

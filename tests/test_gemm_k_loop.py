@@ -9,11 +9,14 @@ import pytest
 from moe_small import E, K, T, layer_tasks, moe_plan
 from simulator.compute import device_time_s, k_loop_efficiency, wave_efficiency
 from topologies import TopologyError
-from topologies.gemm_k_loop import (K_TILE_OVERHEAD_B200_BF16, SHORTEST_MEASURED_K,
-                                    effective_k, k_loop_fraction, tile_overhead_k)
+from topologies.gemm_k_loop import (B200_BF16_PEAK_FLOPS, B200_SM_COUNT,
+                                    K_TILE_OVERHEAD_B200_BF16, SHORTEST_MEASURED_K,
+                                    effective_k, k_loop_fraction, rate_at_k, tile_overhead_k)
 from topologies.presets_file import load_file
+from topologies.power_capped import POWER_CAPPED
 from topologies.specs import BLACKWELL_GEMM_REFERENCE_K, DEVICES
 from workloads.program import GEMM, Task
+from workloads.tp_overlap import chunked_gemm
 
 TB = 1e12
 # meta-pytorch/tritonbench pull request 1011: cuBLAS BF16 (aten_matmul) on a B200 at
@@ -30,7 +33,9 @@ DEEPGEMM_H800_M4096 = {(4096, 2112, 7168): 1127, (4096, 24576, 1536): 1212,
 def test_the_per_tile_cost_reproduces_the_cublas_k_sweep():
     """K0 = 388 and one rate (992 TFLOP/s) put every point of the B200 sweep within
     2.2 %: a K loop of 1024 runs at three quarters of one of 8192."""
-    assert tile_overhead_k(2250 * TB, 148) == pytest.approx(K_TILE_OVERHEAD_B200_BF16)
+    # the rule's own B200 constants are the "b200" preset's (kept apart from specs.py)
+    b200 = DEVICES["b200"]
+    assert (B200_BF16_PEAK_FLOPS, B200_SM_COUNT) == (b200.peak("bf16"), b200.sm_count)
     for k, tflops in TRITONBENCH_B200_K_SWEEP.items():
         model = 992 * k_loop_fraction(k, K_TILE_OVERHEAD_B200_BF16)
         assert model == pytest.approx(tflops, rel=0.022), k
@@ -82,19 +87,27 @@ def test_loops_shorter_than_any_measured_are_held_at_the_shortest():
     assert k_loop_fraction(1024, 191) > k_loop_fraction(512, 191)
 
 
-def test_effective_k_of_one_gemm_is_its_k_and_mixes_by_time():
-    assert effective_k([(1.0, 4096)], 245) == pytest.approx(4096)
-    mixed = effective_k([(1.0, 512), (1.0, 16384)], 245)
-    assert 512 < mixed < 16384
-    # time-weighted: the short loop's slower FLOPs weigh more than a FLOP mean's 8448
-    assert mixed < (512 + 16384) / 2
+def test_effective_k_is_the_flop_weighted_harmonic_mean():
+    assert effective_k([(1.0, 4096)]) == pytest.approx(4096)
+    assert effective_k([(1.0, 1024), (1.0, 4096)]) == pytest.approx(2 / (1 / 1024 + 1 / 4096))
+    # it is the K whose loop fraction is the time-weighted one, for any per-tile cost
+    gemms = [(3.0, 1024), (1.0, 16384)]
+    for k0 in (191.0, 388.0, 1500.0):
+        time_weighted = sum(f for f, _ in gemms) / sum(
+            f / k_loop_fraction(k, k0) for f, k in gemms)
+        assert k_loop_fraction(effective_k(gemms), k0) == pytest.approx(time_weighted)
+    assert rate_at_k(100.0, 8192, 8192, 388) == pytest.approx(100.0)
+    assert rate_at_k(100.0, 8192, 1024, 388) < 100.0
 
 
 def test_profiles_reference_k_and_the_factor_around_it():
     h100, b200 = DEVICES["h100"], DEVICES["b200"]
     assert h100.profile.gemm_reference_k == 13312          # [STAS] best-shape BF16 K
-    assert b200.profile.gemm_reference_k == BLACKWELL_GEMM_REFERENCE_K
-    assert 4096 < BLACKWELL_GEMM_REFERENCE_K < 15872        # between TE's layer Ks
+    # Blackwell: TE's B300 layer; 500 W H100: FBGEMM's three shapes; 750 W B200:
+    # tritonbench's 4096 and 8192 (topologies/specs.py, power_capped.py)
+    assert b200.profile.gemm_reference_k == BLACKWELL_GEMM_REFERENCE_K == 7722
+    assert DEVICES["h100-hbm2e"].profile.gemm_reference_k == 7820
+    assert POWER_CAPPED["b200-750w"].profile.gemm_reference_k == 5461
     assert k_loop_efficiency(13312, h100, "bf16") == pytest.approx(1.0)
     assert k_loop_efficiency(768, h100, "bf16") < k_loop_efficiency(4096, h100, "bf16") < 1
     assert k_loop_efficiency(65536, h100, "bf16") > 1
@@ -156,6 +169,45 @@ def test_a_gpu_file_without_sms_prices_no_k_loop(tmp_path):
     assert math.isclose(k_loop_efficiency(4096, based.gpu, "bf16"), 1.0)
 
 
-def test_a_negative_reference_k_is_refused(tmp_path):
+@pytest.mark.parametrize("value", [-1, 100, "4096", True])
+def test_a_reference_k_outside_the_measured_range_is_refused(tmp_path, value):
     with pytest.raises(TopologyError, match="gpu.profile.gemm_reference_k"):
-        load_file(_gpu_file(tmp_path, {"base": "h100", "profile": {"gemm_reference_k": -1}}))
+        load_file(_gpu_file(tmp_path, {"base": "h100",
+                                       "profile": {"gemm_reference_k": value}}))
+
+
+def test_no_gemm_runs_above_its_peak(tmp_path):
+    """A profile file at efficiency 1 with a short reference K would put a long-K GEMM
+    above peak; the rate is capped at the peak."""
+    spec = load_file(_gpu_file(tmp_path, {"base": "h100", "profile": {
+        "gemm_efficiency": 1.0, "gemm_reference_k": 512}})).gpu
+    m, n, k = 8192, 8192, 16384
+    task = Task(id=0, kind="compute", stream="compute", op="x", phase="forward", layer=0,
+                microbatch=0, flops=2.0 * m * n * k, op_class=GEMM, gemm_mnk=(m, n, k))
+    busy_s = device_time_s(task, spec, "bf16") - spec.profile.launch_overhead_s
+    assert busy_s >= task.flops / spec.peak("bf16") * (1 - 1e-12)
+    assert k_loop_efficiency(k, spec, "bf16") > 1      # the factor alone would exceed it
+
+
+def test_a_grouped_launch_fills_waves_with_all_its_problems():
+    """One expert's 768 x 2048 weight gradient is 96 tiles (under one wave of 132 SMs);
+    16 experts in one launch fill 1536 tiles, 12 waves, about 0.97."""
+    one = wave_efficiency(768, 2048, 2048, 132, 128)
+    grouped = wave_efficiency(768, 2048, 2048, 132, 128, groups=16)
+    assert one < 0.8 and grouped == pytest.approx(1536 / (12 * 132))
+
+
+def test_a_chunked_weight_gradient_prices_its_whole_k_loop():
+    """A weight gradient split along K over the ring's chunks keeps the whole K in each
+    chunk's shape (workloads/tp_overlap.py): its chunks pay no per-tile cost of their own."""
+    tasks = []
+
+    class Sink:
+        def add(self, **fields):
+            tasks.append(fields)
+            return len(tasks) - 1
+    chunked_gemm(Sink(), [0, 1, 2, 3], 1e12, 2.0, (4096, 1024, 8192), 2, "w.wgrad")
+    assert [t["gemm_mnk"] for t in tasks] == [(4096, 1024, 8192)] * 4
+    tasks.clear()
+    chunked_gemm(Sink(), [0, 1, 2, 3], 1e12, 2.0, (4096, 1024, 8192), 0, "w.dgrad")
+    assert [t["gemm_mnk"] for t in tasks] == [(1024, 1024, 8192)] * 4

@@ -36,14 +36,17 @@ matmuls at K = 256, 512 and 4096: 503.9, 619.9 and 793.1 TFLOP/s with 4 in the b
 part per K-element; the ratio of the two, with no launch time taken off, is 170 (batch 4)
 and 202 (batch 2) K-elements, where the rule gives 191 for H100's BF16.
 
-Below the shortest K either benchmark measured (512) the factor is held at that K's: how
-a very short loop's fixed cost splits between the output write, which the memory
-roofline already prices, and the rest, neither source shows.
+Below K = 512, the shortest K of the cuBLAS and DeepGEMM benchmarks, the factor is held
+at 512's: XLA's table goes down to 256 and stays on the line, but only as a batched
+4096 x 4096 matmul, and how a very short loop's fixed cost overlaps the output write
+(which the memory roofline prices as a max beside it) none of them separates.
 
 A device profile's GEMM efficiency is measured on GEMMs of some K (its reference), so a
 GEMM is priced at f(K) / f(K_ref) of it: longer K loops run slightly faster than the
-reference, shorter ones slower. The rule is per tile and so per GEMM problem: a grouped
-GEMM's weight gradient reduces over each expert's rows, its own short K.
+reference, shorter ones slower. The reference of a rate measured over several GEMMs is
+the K whose loop fraction is their time-weighted one: the FLOP-weighted harmonic mean of
+their Ks, whatever K0 (effective_k). The rule is per tile and so per GEMM problem: a
+grouped GEMM's weight gradient reduces over each expert's rows, its own short K.
 """
 from __future__ import annotations
 
@@ -74,10 +77,14 @@ def k_loop_fraction(k: float, overhead_k: float) -> float:
     return k / (k + overhead_k)
 
 
-def effective_k(gemms: Iterable[tuple[float, float]], overhead_k: float) -> float:
+def effective_k(gemms: Iterable[tuple[float, float]]) -> float:
     """The single K whose loop fraction equals the time-weighted one of `gemms`, given as
-    (FLOPs, K) pairs: what a rate measured over those GEMMs stands for."""
+    (FLOPs, K) pairs: their FLOP-weighted harmonic mean K (module docstring), what a rate
+    measured over those GEMMs stands for."""
     gemms = list(gemms)
-    flops = sum(f for f, _ in gemms)
-    fraction = flops / sum(f / k_loop_fraction(k, overhead_k) for f, k in gemms)
-    return overhead_k * fraction / (1.0 - fraction)
+    return sum(f for f, _ in gemms) / sum(f / max(k, SHORTEST_MEASURED_K) for f, k in gemms)
+
+
+def rate_at_k(rate: float, measured_k: float, k: float, overhead_k: float) -> float:
+    """A GEMM rate measured at K `measured_k`, carried to K `k` by their loop fractions."""
+    return rate * k_loop_fraction(k, overhead_k) / k_loop_fraction(measured_k, overhead_k)

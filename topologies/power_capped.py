@@ -43,18 +43,17 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from .gemm_k_loop import effective_k, tile_overhead_k
+from .gemm_k_loop import effective_k, rate_at_k, tile_overhead_k
 from .specs import TB, DeviceSpec, device
 
 # tritonbench aten_matmul BF16 on a Meta B200, 8192 x 8192 x {4096, 8192}, two runs
 # (meta-pytorch/tritonbench pull requests 1009 and 1011).
 B200_750W_GEMM_FLOPS = (913.191 + 933.638 + 914.601 + 958.591) / 4 * TB
 B200_750W_POWER_W = 750
-# Those GEMMs' K loops (4096, 8192, 4096, 8192), equally weighted as their rates are
-# averaged: the profile's reference K (topologies/gemm_k_loop.py), at B200's BF16 per-tile
-# cost (2250 TFLOP/s over 148 SMs, topologies/specs.py "b200").
+# Those GEMMs' K loops (4096, 8192, 4096, 8192), each weighted alike as their rates are
+# averaged: the profile's reference K (topologies/gemm_k_loop.py).
 B200_750W_GEMM_REFERENCE_K = round(effective_k(
-    [(1.0, 4096), (1.0, 8192), (1.0, 4096), (1.0, 8192)], tile_overhead_k(2250e12, 148)))
+    [(1.0, 4096), (1.0, 8192), (1.0, 4096), (1.0, 8192)]))
 # Cross-check only (module docstring): cuBLAS FP16 at 4096^3 and 8192^3 under an explicit
 # 750 W cap (facebookexperimental/triton pull request 854).
 B200_750W_CUBLAS_CAPPED_FLOPS = (1110.097549 + 1087.746585) / 2 * TB
@@ -65,7 +64,10 @@ def _b200_750w() -> DeviceSpec:
     clock ratio (module docstring)."""
     rated = device("b200")
     peak = rated.peak("bf16")
-    clock_ratio = B200_750W_GEMM_FLOPS / (rated.profile.gemm_efficiency * peak)
+    # the two GEMM rates compared at one K loop, the 750 W measurement's
+    rated_flops = rate_at_k(rated.profile.gemm_efficiency * peak, rated.profile.gemm_reference_k,
+                        B200_750W_GEMM_REFERENCE_K, tile_overhead_k(peak, rated.sm_count))
+    clock_ratio = B200_750W_GEMM_FLOPS / rated_flops
     profile = replace(rated.profile,
                       gemm_efficiency=round(B200_750W_GEMM_FLOPS / peak, 3),
                       gemm_reference_k=B200_750W_GEMM_REFERENCE_K,

@@ -13,6 +13,7 @@ from inputs import load_json_file
 
 from .builders import FabricSpec
 from .errors import TopologyError
+from .gemm_k_loop import SHORTEST_MEASURED_K
 from .presets_spec import ClusterSpec
 from .racks import RackLayout, rack_layout
 from .specs import DeviceProfile, DeviceSpec, device
@@ -142,8 +143,12 @@ def _gpu(raw: Any) -> DeviceSpec:
         low, high, integer, inclusive = _PROFILE_RANGES[key]
         values[key] = _number(profile, key, "gpu.profile", minimum=low, maximum=high,
                               integer=integer, allow_minimum=inclusive)
+        if key == "gemm_reference_k" and 0 < values[key] < SHORTEST_MEASURED_K:
+            raise TopologyError(f"gpu.profile.{key}", value,
+                                f"0 (no K-loop pricing) or at least {SHORTEST_MEASURED_K}")
     # Without a base GPU or an SM count (1 by default) no tile is known: neither waves nor
-    # the K loop's per-tile cost are priced (gemm_reference_k 0), unless the file says so.
+    # the K loop's per-tile cost are priced (gemm_reference_k 0; simulator/compute.py also
+    # prices no K loop on one SM).
     default = DeviceProfile(gemm_reference_k=0.0 if "sm_count" not in raw else
                             DeviceProfile.gemm_reference_k)
     return replace(spec, profile=replace(base.profile if base else default, **values))

@@ -33,7 +33,7 @@ from types import MappingProxyType
 from typing import Mapping
 
 from .errors import TopologyError
-from .gemm_k_loop import effective_k, tile_overhead_k
+from .gemm_k_loop import effective_k, rate_at_k, tile_overhead_k
 
 GB = 1e9
 GiB = 2 ** 30   # NVIDIA's memory "GB" (see above)
@@ -56,6 +56,9 @@ class DeviceProfile:
     # another K is priced at its K loop's fraction over this one's (topologies/
     # gemm_k_loop.py). The H100 default rests on the best-shape BF16 matmul above,
     # 2048 x 2048 x 13312 [STAS]; other profiles set their measurement's (time-weighted).
+    # Assumption: the 0.75 / 0.803 margin below that shape stands for the shape losses
+    # other than the K loop (part of it may have stood for the K loop; nothing measures
+    # the split). 0 prices no K loop (a calibrated host; a GPU file without SMs).
     gemm_reference_k: float = 13312.0
     # The FP8 tensor-core GEMMs' efficiency relative to `gemm_efficiency` (a BF16 one):
     # the measured best-shape FP8 matmul's fraction of the FP8 peak over the best-shape
@@ -258,21 +261,19 @@ H100_GEMM_MARGIN = DeviceProfile().gemm_efficiency / 0.803
 TE_B300_LAYER_GEMM_FLOPS = 3 * 2 * 15872 * 4096 * (12288 + 4096 + 2 * 16384)
 TE_B300_LAYER_GEMM_S = {"bf16": 13.102e-3, "fp8": 6.812e-3, "mxfp8": 7.161e-3}
 B300_BF16_PEAK_FLOPS, B300_BF16_MAMF_EFFICIENCY = 2250 * TB, 0.786
-B300_SM_COUNT = 160   # the "gb300" entry below
 BLACKWELL_GEMM_MARGIN = (TE_B300_LAYER_GEMM_FLOPS / TE_B300_LAYER_GEMM_S["bf16"]
                          / B300_BF16_PEAK_FLOPS / B300_BF16_MAMF_EFFICIENCY)
 BLACKWELL_MXFP8_OVER_FP8 = round(TE_B300_LAYER_GEMM_S["fp8"] / TE_B300_LAYER_GEMM_S["mxfp8"], 3)
 # The K loops of that benchmark's GEMMs, as (FLOPs, K) per projection and pass: forward K
 # is the input width (4096 for QKV, proj and fc1; 16384 for fc2), the data gradient's the
 # output width (12288, 4096, 16384, 4096), the weight gradient's the 15872 tokens. Their
-# FLOP-weighted loop fraction at B300's BF16 per-tile cost is what the Blackwell GEMM
-# efficiency stands for: its reference K (topologies/gemm_k_loop.py).
+# time-weighted loop fraction (the FLOP-weighted harmonic mean K) is what the Blackwell
+# GEMM efficiency stands for: its reference K (topologies/gemm_k_loop.py).
 _TE_LAYER_TOKENS = 15872
 _TE_LAYER_PROJECTIONS = ((4096, 12288), (4096, 4096), (4096, 16384), (16384, 4096))
 BLACKWELL_GEMM_REFERENCE_K = round(effective_k(
     [(2.0 * _TE_LAYER_TOKENS * k_in * k_out, k)
-     for k_in, k_out in _TE_LAYER_PROJECTIONS for k in (k_in, k_out, _TE_LAYER_TOKENS)],
-    tile_overhead_k(B300_BF16_PEAK_FLOPS, B300_SM_COUNT)))
+     for k_in, k_out in _TE_LAYER_PROJECTIONS for k in (k_in, k_out, _TE_LAYER_TOKENS)]))
 
 # What a 500 W power limit does to an H100: under a dense GEMM the board reaches its power
 # limit and the tensor-core clock drops until it fits, so the sustained rate sits well
@@ -285,15 +286,17 @@ BLACKWELL_GEMM_REFERENCE_K = round(effective_k(
 # shape margin is taken off (wave quantisation is still charged per GEMM).
 H100_500W_GEMM_FLOPS = (585.23 + 575.12 + 546.31) / 3 * TB
 H100_500W_PEAK_FLOPS = 912 * TB    # the "h100-hbm2e" entry's assumed BF16 peak (below)
+# The K loops of those three GEMMs (K = 8192, 7168, 8192), each weighted alike as their
+# rates are averaged: the profile's reference K (topologies/gemm_k_loop.py).
+H100_500W_GEMM_REFERENCE_K = round(effective_k([(1.0, 8192), (1.0, 7168), (1.0, 8192)]))
 # The cap slows every tensor-core kernel by the same clock: the attention kernel keeps the
 # H100 SXM default's efficiency times the ratio of the 500 W GEMM rate to the modelled H100
-# SXM (700 W) GEMM rate, 0.75 x 989 TFLOP/s [NV-H100]. Assumption: attention is tensor-core
-# bound as the GEMMs are (FlashAttention-2 at long sequences), so it loses the same clock.
-H100_500W_CLOCK_RATIO = H100_500W_GEMM_FLOPS / (DeviceProfile().gemm_efficiency * 989 * TB)
-# The K loops of those three GEMMs (K = 8192, 7168, 8192), equally weighted as their rates
-# are averaged: the profile's reference K (topologies/gemm_k_loop.py).
-H100_500W_GEMM_REFERENCE_K = round(effective_k(
-    [(1.0, 8192), (1.0, 7168), (1.0, 8192)], tile_overhead_k(H100_500W_PEAK_FLOPS, 132)))
+# SXM (700 W) GEMM rate, 0.75 x 989 TFLOP/s [NV-H100], carried to the 500 W GEMMs' K loop
+# (the two rates are compared at one K). Assumption: attention is tensor-core bound as the
+# GEMMs are (FlashAttention-2 at long sequences), so it loses the same clock.
+H100_500W_CLOCK_RATIO = H100_500W_GEMM_FLOPS / rate_at_k(
+    DeviceProfile().gemm_efficiency * 989 * TB, DeviceProfile.gemm_reference_k,
+    H100_500W_GEMM_REFERENCE_K, tile_overhead_k(989 * TB, 132))
 POWER_CAPPED_500W_PROFILE = DeviceProfile(
     gemm_efficiency=round(H100_500W_GEMM_FLOPS / H100_500W_PEAK_FLOPS, 3),
     gemm_reference_k=H100_500W_GEMM_REFERENCE_K,

@@ -80,9 +80,10 @@ def chunked_gemm(sink: TaskSink, chunks: list[int], flops: float, operand_bytes:
     dims = list(mnk)
     dims[split_dim] = max(1, dims[split_dim] // len(chunks))
     m, n, k = dims
-    # A K split accumulates into one output: its K loop is priced whole (assumption: torch
-    # and Transformer Engine run that weight gradient as one GEMM once the gather is done,
-    # so no chunk pays the per-tile cost of topologies/gemm_k_loop.py on its own).
+    # A K split accumulates into one output, chunk by chunk as the gather arrives; each
+    # chunk's GEMM is priced at the whole K loop's per-tile cost share (topologies/
+    # gemm_k_loop.py). Assumption: the per-tile fill and write-out are paid once over the
+    # accumulation, not once per chunk; no source times a chunked weight gradient.
     priced_mnk = (m, n, mnk[2]) if split_dim == 2 else (m, n, k)
     last = -1
     for i, ready in enumerate(chunks):

@@ -25,7 +25,10 @@ Below 64 rows a group still occupies DeepGEMM's smallest M block of 64 rows, so
 efficiency scales by rows / 64. Assumption: the relative efficiency of these FP8 Hopper
 kernels carries over to BF16 grouped GEMMs (Megatron-LM GroupedMLP / TE GroupedLinear,
 CUTLASS grouped GEMM) and to other GPUs; the device profile's GEMM efficiency stays the
-large-GEMM level this factor scales.
+large-GEMM level this factor scales. The factor prices the forward and the data gradient,
+whose rows are output tiles; the weight gradient reduces over an expert's rows instead,
+priced by its short K loop (topologies/gemm_k_loop.py; workloads/graph_node.py
+wgrad_shape).
 """
 from __future__ import annotations
 
