@@ -83,9 +83,10 @@ def _layer_tensors(model: ModelSpec, kv_seq: int, dropout: bool,
 
 
 def default_dropout(model: ModelSpec) -> bool:
-    """Whether the model trains with dropout by default."""
-    # GPT-style (GeLU) models train with dropout; Llama-style (SwiGLU) models without.
-    return model.mlp == "gelu"
+    """Whether the model trains with dropout by default: its hidden_dropout (GPT-3 and
+    Megatron-LM's GPT: 0.1; Llama, Nemotron and the MoE recipes: 0; workloads/
+    bias_dropout.py), which also prices the dropout kernels."""
+    return model.hidden_dropout
 
 
 def activation_bytes_per_layer(model: ModelSpec, seq_len: int, micro_batch: int, tp: int = 1,
