@@ -140,3 +140,23 @@ def test_torchtitan_tensorwise_casts_the_shard_then_all_reduces_its_amax():
     assert by["w2.weight.fp8_cast"].bytes == pytest.approx(FFN / TP * HIDDEN * 3.0)
     inputs = [t for label, t in by.items() if label.endswith("input.fp8_transpose")]
     assert [t.bytes for t in inputs] == pytest.approx([TOKENS * HIDDEN * 2.0] * 2)
+
+
+@pytest.mark.parametrize("overlap", [{"tp_comm": False}, {"tp_comm": True}])
+def test_transformer_engine_current_scaling_all_reduces_the_shard_amax(overlap):
+    """Float8CurrentScaling under sequence parallelism: the column-parallel input's and the
+    row-parallel output gradient's quantizers reduce their amax over the TP group
+    (with_amax_reduction) before the FP8 gather, one scalar each; delayed scaling's
+    scales come from the amax history and need none."""
+    tasks = [t for t in _layer("fp8_cs", overlap=overlap) if t.phase in ("forward", "backward")]
+    amaxes = [t for t in tasks if t.label.endswith(".amax")]
+    gathers = [t for t in tasks if t.kind == "comm" and t.group == ("tp",)
+               and t.op in ("all_gather", "send_recv")]
+    assert amaxes and all(t.op == "all_reduce" and t.group == ("tp",) and t.bytes == 4.0
+                          for t in amaxes)
+    assert {t.phase for t in amaxes} == {"forward", "backward"}
+    # each gather (NCCL's, or the userbuffers ring's first transfer) waits for an amax
+    for amax in amaxes:
+        assert any(amax.id in g.deps for g in gathers), amax.label
+    delayed = [t for t in _layer("fp8", overlap=overlap) if t.label.endswith(".amax")]
+    assert not delayed

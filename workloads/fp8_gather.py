@@ -26,9 +26,10 @@ copy the weight-gradient GEMM reads is made after the gather, from the gathered 
 So per gathered tensor of E elements over tp ranks: a cast of E / tp elements (read 2 B,
 write 1 B; current scaling's amax pass besides, 2 B, unless the norm computed it), an
 all-gather of 1 B per element, and on Hopper a transpose of the E gathered elements
-(read 1 B, write 1 B) before the wgrad. Not priced: current scaling's amax all-reduce over
-the TP group (one scalar) and the backward's re-gather of the norm output (overlapped with
-the dgrad GEMM in both versions, and not priced for bf16 either).
+(read 1 B, write 1 B) before the wgrad. Current scaling all-reduces the shard's amax over
+the TP group before the cast (one scalar: workloads/precision.py "fp8_cs"). Not priced:
+the backward's re-gather of the norm output (overlapped with the dgrad GEMM in both
+versions, and not priced for bf16 either).
 
 torchtitan with torchao's tensor-wise Float8 does the same without Transformer Engine:
 with TP on and the recipe not row-wise, apply_tp takes torchao's float8 TP styles

@@ -193,11 +193,15 @@ RECIPES = {
     # quantize_impl) runs three kernels per cast: nvte_compute_amax over the bf16 input
     # (read 2 B), nvte_compute_scale_from_amax (one scalar), then nvte_quantize_v2, the
     # cast with its transpose (read 2 B, write 1 B + 1 B): 6 B per element in 3 kernels
-    # against delayed scaling's 4 B in 1. Not priced: the amax all-reduce over the TP
-    # group that sequence-parallel inputs add (with_amax_reduction), one scalar each.
+    # against delayed scaling's 4 B in 1. A sequence-parallel shard cast before its TP
+    # all-gather all-reduces its amax over the TP group first, so every rank gathers with
+    # one scale (the column-parallel input's quantizer and the row-parallel output
+    # gradient's: with_amax_reduction, amax_reduction_group = the TP group; Transformer
+    # Engine's Float8CurrentScaling customisation of its linears, as in transformer_engine/
+    # pytorch/ops/basic/basic_linear.py): one scalar all-reduce each (amax_all_reduce).
     "fp8_cs": GemmRecipe("fp8_cs", 1, 0, 0, FP8_CURRENT_SCALING_AMAX_BYTES
                          + FP8_CAST_BYTES_PER_ELEMENT, 3, cast_per_expert=True,
-                         gathers_quantized=True, transpose_bytes=1.0,
+                         gathers_quantized=True, transpose_bytes=1.0, amax_all_reduce=True,
                          amax_bytes=FP8_CURRENT_SCALING_AMAX_BYTES,
                          source="Transformer Engine Float8CurrentScaling (quantizer.cpp)"),
     # Row-wise FP8 (torchao Float8LinearRecipeName.ROWWISE, as torchtitan's
