@@ -12,7 +12,7 @@ from __future__ import annotations
 import math
 
 from topologies import DeviceSpec
-from topologies.gemm_k_loop import k_loop_fraction, tile_overhead_k
+from topologies.gemm_k_loop import rate_at_k, tile_overhead_k
 from workloads.program import ATTENTION, GEMM, MEMORY, Task
 
 # Split-K needs enough of the reduction dimension per split to stay efficient.
@@ -41,9 +41,7 @@ def k_loop_efficiency(k: int, device: DeviceSpec, dtype: str) -> float:
     reference_k = device.profile.gemm_reference_k
     if k <= 0 or reference_k <= 0 or device.sm_count <= 1:
         return 1.0
-    overhead_k = tile_overhead_k(device.peak(dtype), device.sm_count)
-    return (k_loop_fraction(k, overhead_k)
-            / k_loop_fraction(reference_k, overhead_k))
+    return rate_at_k(1.0, reference_k, k, tile_overhead_k(device.peak(dtype), device.sm_count))
 
 
 # Host CPUs that issue kernels more slowly than the x86 hosts the per-kernel host cost is
