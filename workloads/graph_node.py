@@ -41,6 +41,8 @@ class Node:
                                    # unfused backward (None: one fused kernel's)
     backward_extra: tuple[float, int] | None = None   # elementwise: (passes, kernels) added
                                    # to the fused backward (a bias gradient's reduction)
+    frozen: bool = False           # a weight that does not train (LoRA, workloads/lora.py):
+                                   # linear: no weight gradient; elementwise: no backward
 
 
 def wgrad_shape(node: Node, m: float, n: float, k: float) -> dict:

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 from .expert_epilogue import CLAMP_SYNC_LABEL
 from .graph_node import FUSED_INTO
+from .lora import is_adapter_op
 from .moe.dispatch import host_sync_label
 from .moe.host_ops import ExpertHostOps
 from .plan import Plan
@@ -63,7 +64,9 @@ def add_host_issue_time(tasks: list[Task], plan: Plan) -> None:
         launched = task.kernels and (task.flops or task.bytes)
         if task.kind == COMPUTE and launched:
             task.host_s += task.kernels * plan.host_kernel_s
-            if module_s and task.op_class == GEMM and _module_call(task) not in called:
+            # a LoRA adapter's linears are Megatron's, not TE modules (workloads/lora.py)
+            if module_s and task.op_class == GEMM and not is_adapter_op(task.op) \
+                    and _module_call(task) not in called:
                 called.add(_module_call(task))
                 task.host_s += module_s - plan.host_kernel_s
         if experts is not None:

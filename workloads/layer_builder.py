@@ -114,6 +114,8 @@ class BuildOptions:
     # once for all its GEMMs (TE's Linear casts the module's input, then runs the GEMM of
     # the concatenated weight: transformer_engine/pytorch/module/layernorm_linear.py).
     fused_te_modules: bool = False
+    # LoRA (workloads/lora.py): the base weights are frozen, only adapters train.
+    frozen_base: bool = False
 
     @classmethod
     def from_plan(cls, plan) -> "BuildOptions":
@@ -131,7 +133,8 @@ class BuildOptions:
                    recompute_attention=plan.recompute == "selective" and not flash,
                    tp_overlap=overlap,
                    cp_impl="torch" if plan.framework == "torchtitan" else "",
-                   fused_te_modules=plan.framework in TE_FRAMEWORKS)
+                   fused_te_modules=plan.framework in TE_FRAMEWORKS,
+                   frozen_base=plan.lora is not None)
 
 
 class LayerBuilder(Protocol):

@@ -107,11 +107,12 @@ class LayerGraph(TPCommMixin):
 
     def linear(self, name: str, x: Node, strategy: str, out_features: int,
                experts: int = 0, bf16: bool = False, efficiency: float = 1.0,
-               launches: int = 1, launch_streams: int = 1) -> Node:
+               launches: int = 1, launch_streams: int = 1, adapter: bool = False) -> Node:
         """A projection under a strategy (col | row | seq | replicate); `experts` > 0 makes
         it a grouped GEMM over that many local experts on the input's (dispatched) rows,
         at `efficiency` relative to one large GEMM, in `launches` kernel launches per GEMM
-        over `launch_streams` streams (workloads/moe/grouped_gemm.py)."""
+        over `launch_streams` streams (workloads/moe/grouped_gemm.py). Under a frozen base
+        (LoRA) only an `adapter` linear computes its weight gradient."""
         needs, produces, _ = STRATEGY_LAYOUTS[strategy]
         x = self.to_layout(x, needs)
         node_id = len(self.nodes)
@@ -123,7 +124,8 @@ class LayerGraph(TPCommMixin):
                           features=out_features, inputs=[x], strategy=strategy,
                           in_features=x.features, rows_scale=x.rows_scale, experts=experts,
                           bf16=bf16, efficiency=efficiency, launches=launches,
-                          launch_streams=launch_streams)
+                          launch_streams=launch_streams,
+                          frozen=self.options.frozen_base and not adapter)
 
     def explicit_comm(self, name: str, x: Node, comm: ExplicitComm, layout: str | None = None,
                       rows_scale: float | None = None, features: int | None = None) -> Node:
@@ -352,6 +354,7 @@ class LayerGraph(TPCommMixin):
             else:
                 dgrad = sink.add(op=node.name, deps=(ready,), gemm_mnk=(m, k, n),
                                  label=f"{node.name}.dgrad", **common)
+            if ready not in self._chunks and not node.frozen:
                 wgrad = dict(op=node.name, deps=(ready,), label=f"{node.name}.wgrad",
                              **{**common, **wgrad_shape(node, m, n, k)})
                 if self.options.tp_overlap == USERBUFFERS and node.strategy == "col":
@@ -373,6 +376,8 @@ class LayerGraph(TPCommMixin):
             task = self._attention.emit_backward(sink, ctx, ready)
             return [(x, (task, "R" if tp1 else "P" if x.id in self._head_shared else "H"))
                     for x in node.inputs]
+        if node.frozen:   # a frozen lookup (LoRA's embedding): no backward runs
+            return []
         task = self.elementwise_task(sink, ctx, node, "backward", (ready,))
         # A partial-sum output's gradient is whole (R) on every rank, and so is its input's.
         layout = (self._ep_grad_layouts[node.id] if node.passthrough else

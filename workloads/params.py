@@ -10,6 +10,7 @@ from collections import Counter
 
 from .attention import causal_attention_flops
 from .latent_attention import layer_strategies
+from .lora import adapter_params_per_layer
 from .moe import moe_param_groups
 from .plan import Plan
 from .schedules import EMBED, HEAD
@@ -60,8 +61,24 @@ def layer_param_groups(plan: Plan, layer: int) -> dict[tuple[str, ...], float]:
 
 
 def unit_param_groups(plan: Plan, unit) -> dict[tuple[str, ...], float]:
-    """Parameters one rank computes with for an FSDP unit (a layer index, EMBED or HEAD),
-    by the mesh dims their gradients reduce over (and ZeRO/FSDP shards them over)."""
+    """Trainable parameters one rank computes with for an FSDP unit (a layer index, EMBED
+    or HEAD), by the mesh dims their gradients reduce over (and ZeRO/FSDP shards them
+    over). Under LoRA only the adapters train (workloads/lora.py): a layer's adapters
+    reduce over DP (TP 1), the embedding and the output layer have none."""
+    if plan.lora is None:
+        return _unit_params(plan, unit)
+    if unit in (EMBED, HEAD):
+        return {}
+    return {weight_dp_dims(plan): adapter_params_per_layer(plan.model, plan.lora)}
+
+
+def unit_frozen_params(plan: Plan, unit) -> float:
+    """Parameters of the unit that do not train (LoRA's base weights), held whole on
+    the rank (check_lora refuses their sharding); 0 without LoRA."""
+    return sum(_unit_params(plan, unit).values()) if plan.lora is not None else 0.0
+
+
+def _unit_params(plan: Plan, unit) -> dict[tuple[str, ...], float]:
     m, tp = plan.model, plan.mesh.tp
     dp_dims = weight_dp_dims(plan)
     if unit == EMBED:
@@ -110,7 +127,10 @@ def model_flops(plan: Plan) -> float:
     TFLOP/s and MFU figures are per (nemo/utils/flops_formulas.py: every family's
     attention term is gbs x enc_seq_len^2, with enc_seq_len the packed sequence's length),
     so the simulated MFU stays comparable with theirs; the simulated step itself prices
-    each example's attention alone (workloads/attention.py)."""
+    each example's attention alone (workloads/attention.py).
+
+    LoRA (workloads/lora.py): the frozen matmuls run forward and data gradient only
+    (4 x tokens x params), the adapters all three passes (6 x tokens x params)."""
     m, tr = plan.model, plan.training
     tokens = tr.global_batch * tr.seq_len
     layers = (m.num_layers * m.layer_matmul_params() if not m.num_experts else
@@ -123,4 +143,7 @@ def model_flops(plan: Plan) -> float:
     attention = sum(3.0 * count * causal_attention_flops(
         tokens, tr.seq_len, m.head_dim, m.num_heads, m.value_head_dim, window)
         for window, count in sorted(windows.items()))
+    if plan.lora is not None:
+        adapters = m.num_layers * adapter_params_per_layer(m, plan.lora)
+        return 4.0 * tokens * matmul + 6.0 * tokens * adapters + attention
     return 6.0 * tokens * matmul + attention

@@ -28,6 +28,7 @@ from .kernels import KERNEL_MODES, OPTIMIZERS
 from .mesh import Mesh, ParallelDims
 from .models import ModelSpec, load_model
 from .module_recompute import RECOMPUTE_MODULES
+from .lora import LoRA, parse_lora
 from .moe_options import MoEOptions, parse_moe
 from .plan_checks import check_resolved
 from .plan_sections import (DTYPES, LOW_PRECISION, SCHEDULES,  # noqa: F401 (the plan's names)
@@ -115,6 +116,7 @@ class Plan:
     load_imbalance: float = 1.0     # moe.load_imbalance: hottest EP rank's tokens / mean
     moe: MoEOptions = field(default_factory=MoEOptions)   # the rest of the moe block
     tp_depth: int = 1               # tensor_parallel.depth: the d of 2.5D (Tesseract)
+    lora: LoRA | None = None        # LoRA fine-tuning (workloads/lora.py); None: every weight trains
     source: Mapping[str, Any] = field(default_factory=dict, compare=False, repr=False)
 
     def __post_init__(self) -> None:
@@ -170,8 +172,10 @@ class Plan:
         # Bounded: far beyond this the hottest rank would hold more tokens than the batch has.
         check_number(self.load_imbalance, "moe.load_imbalance", 1.0, MAX_LOAD_IMBALANCE,
                      f"a number in [1, {MAX_LOAD_IMBALANCE:g}] (1: balanced)")
-        if not isinstance(self.moe, MoEOptions):
-            raise WorkloadError("moe", self.moe, "an object (workloads/moe_options.py)")
+        for name, kind in (("moe", MoEOptions), ("lora", (LoRA, type(None)))):
+            if not isinstance(getattr(self, name), kind):
+                raise WorkloadError(name, getattr(self, name), "an object (workloads/"
+                                    f"{name}{'_options' if name == 'moe' else ''}.py)")
         check_int(self.tp_depth, "tensor_parallel.depth")
         for name, key in (("collective_algorithm", "algorithm"),
                           ("collective_protocol", "protocol")):
@@ -300,7 +304,7 @@ TOP_KEYS = ("name", "model", "training", "mesh", "fsdp", "zero_stage", "sharding
             "recompute", "recompute_layers", "recompute_modules", "attention", "kernels",
             "optimizer", "pipeline", "overlap", "topology",
             "description", "framework", "cuda_graphs", "host_overhead", "ddp",
-            "context_parallel", "moe", "tensor_parallel", "collectives")
+            "context_parallel", "moe", "tensor_parallel", "collectives", "lora")
 
 
 def _extensions(raw: dict) -> dict:
@@ -316,7 +320,7 @@ def _extensions(raw: dict) -> dict:
     return {"cp_mode": cp.get("mode", "ring"), **moe,
             "recompute_layers": raw.get("recompute_layers", 0),
             "recompute_modules": _modules(raw.get("recompute_modules", [])),
-            "tp_depth": tp.get("depth", 1),
+            "tp_depth": tp.get("depth", 1), "lora": parse_lora(raw.get("lora")),
             "collective_algorithm": coll.get("algorithm"),
             "collective_protocol": coll.get("protocol")}
 

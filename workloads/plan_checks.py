@@ -27,6 +27,8 @@ CLI prints one line and exits 2. The rules and their sources:
   no context parallelism.
 - The BF16 layers a plan names (training.bf16_layers) fit in the model's layers.
 - Pipeline: pp x virtual_stages chunks of at least one layer each; a layer split adds up.
+- LoRA (workloads/lora.py check_lora): 1D TP of degree 1, no FSDP or ZeRO-3, a dense
+  model without latent attention.
 - Framework mechanisms only where they exist (check_framework_keys): the parameter
   all-gather overlap needs ZeRO 1/2 (Megatron: --overlap-param-gather requires the
   distributed optimizer); TP communication overlap and async TP need 1D TP > 1 with
@@ -42,6 +44,7 @@ from .errors import WorkloadError
 from .model_spec import LEARNED
 from .precision import TE_FRAMEWORKS
 from .frameworks import FP8_PARAM_DTYPES
+from .lora import check_lora
 from .moe_options import check_moe_resolved
 
 
@@ -87,6 +90,7 @@ def check_resolved(plan) -> None:
                             "sits in the output layer's unit, which is built for 1D TP")
     check_mla_plan(plan)
     check_sliding_window_plan(plan)
+    check_lora(plan)
     check_packed_plan(plan)
     check_gpt_layer_plan(plan)
     check_experts(plan)

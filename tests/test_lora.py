@@ -1,0 +1,139 @@
+"""LoRA fine-tuning (workloads/lora.py): frozen base weights keep no weight gradient, no
+gradient buffer and no optimizer state; each targeted Megatron-Core module gets one
+low-rank adapter (Megatron-Bridge peft/lora.py, peft/utils.py ParallelLinearAdapter);
+what the simulator cannot price is refused with the field named."""
+from __future__ import annotations
+
+import pytest
+
+from workloads import plan_from_dict, resolve
+from workloads.errors import WorkloadError
+from workloads.host_cost import TE_MODULE_HOST_S
+from workloads.lora import DEFAULT_TARGETS, adapter_params_per_layer
+from workloads.lowering import lower
+from workloads.memory import peak_memory
+from workloads.params import model_flops
+from workloads.program import COMPUTE, GEMM
+
+from conftest import small_plan
+
+RANK = 16
+D, KV, F, L, V = 1024, 512, 4096, 4, 8192    # small_plan: hidden, KV width, FFN, layers, vocab
+
+
+def _plan(world=8, **over):
+    return resolve(plan_from_dict(small_plan(framework="megatron-core", zero_stage=1, **over)),
+                   world)
+
+
+def _lora(world=8, **over):
+    return _plan(world, lora={"rank": RANK}, **over)
+
+
+def test_defaults_are_megatron_bridges():
+    plan = plan_from_dict(small_plan(lora={}))
+    assert plan.lora.rank == 32 and plan.lora.targets == DEFAULT_TARGETS
+    assert plan_from_dict(small_plan()).lora is None
+
+
+@pytest.mark.parametrize("lora, field", [
+    ({"rank": 0}, "lora.rank"), ({"rank": 1.5}, "lora.rank"),
+    ({"targets": ["linear_qkv", "router"]}, "lora.targets"), ({"targets": []}, "lora.targets"),
+    ({"targets": ["linear_fc1", "linear_fc1"]}, "lora.targets"), ({"dropout": 0.1}, "lora"),
+])
+def test_bad_lora_blocks_name_the_field(lora, field):
+    with pytest.raises(WorkloadError) as err:
+        plan_from_dict(small_plan(lora=lora))
+    assert err.value.field.startswith(field)
+
+
+@pytest.mark.parametrize("over, field", [
+    ({"mesh": {"tp": 2}}, "mesh.tp"),
+    ({"fsdp": {"enabled": True}}, "fsdp.enabled"),
+    ({"zero_stage": 3}, "zero_stage"),
+    ({"model": {**small_plan()["model"], "num_local_experts": 8, "num_experts_per_tok": 2,
+                "moe_intermediate_size": 1024}}, "lora"),
+])
+def test_unmodelled_combinations_are_refused(over, field):
+    raw = small_plan(framework="megatron-core", lora={"rank": RANK}, **over)
+    with pytest.raises(WorkloadError) as err:
+        resolve(plan_from_dict(raw), 8)
+    assert err.value.field == field
+
+
+def test_adapter_parameters_follow_the_module_shapes():
+    # linear_qkv: D -> D + 2 KV; linear_proj: D -> D; linear_fc1 (SwiGLU): D -> 2F;
+    # linear_fc2: F -> D; each adapter rank x (in + out)
+    expected = RANK * ((D + D + 2 * KV) + (D + D) + (D + 2 * F) + (F + D))
+    plan = _lora()
+    assert adapter_params_per_layer(plan.model, plan.lora) == expected
+    only_qkv = _plan(lora={"rank": RANK, "targets": ["linear_qkv"]})
+    assert adapter_params_per_layer(only_qkv.model, only_qkv.lora) == RANK * (D + D + 2 * KV)
+
+
+def _tasks(plan):
+    return [t for t in lower(plan).stages[0] if t.kind == COMPUTE]
+
+
+def test_base_weights_get_no_gradient_and_adapters_do():
+    labels = {t.label for t in _tasks(_lora())}
+    for base in ("wq", "wk", "wv", "wo", "w1", "w3", "w2", "output"):
+        assert f"{base}.dgrad" in labels and f"{base}.wgrad" not in labels
+    for adapter in ("linear_qkv.lora_a", "wq.lora_b", "wk.lora_b", "wv.lora_b",
+                    "linear_fc1.lora_a", "w1.lora_b", "w3.lora_b", "w2.lora_b"):
+        assert f"{adapter}.wgrad" in labels and f"{adapter}.fwd" in labels
+    embedding = [t for t in _tasks(_lora()) if t.op == "embedding"]
+    assert embedding and all(t.phase == "forward" for t in embedding)
+
+
+def test_gemm_flops_are_forward_and_data_gradient_plus_three_adapter_passes():
+    # One micro-batch of 2048 tokens per rank: base linears 2 passes (forward, dgrad),
+    # the adapters 3, the output layer 2; nothing else is a GEMM.
+    plan = _lora()
+    tokens = 2048 * plan.micro_batches
+    base = L * (D * (D + 2 * KV) + D * D + 3 * D * F) + D * V
+    adapters = L * adapter_params_per_layer(plan.model, plan.lora)
+    flops = sum(t.flops for t in _tasks(plan) if t.op_class == GEMM)
+    assert flops == pytest.approx(2 * tokens * (2 * base + 3 * adapters), rel=1e-9)
+    full = sum(t.flops for t in _tasks(_plan()) if t.op_class == GEMM)
+    assert full == pytest.approx(2 * tokens * 3 * base, rel=1e-9)
+
+
+def test_model_flops_count_four_passes_of_the_frozen_matmuls():
+    lora, full = _lora(), _plan()
+    tokens = 8 * 2048
+    base = L * (D * (D + 2 * KV) + D * D + 3 * D * F) + D * V
+    adapters = L * adapter_params_per_layer(lora.model, lora.lora)
+    assert model_flops(full) - model_flops(lora) == pytest.approx(
+        2 * tokens * base - 6 * tokens * adapters, rel=1e-9)
+
+
+def test_only_adapters_hold_gradients_and_optimizer_state():
+    lora, full = peak_memory(_lora()), peak_memory(_plan())
+    plan = _lora()
+    adapters = L * adapter_params_per_layer(plan.model, plan.lora)
+    # megatron-core keeps fp32 main gradients; ZeRO-1 shards Adam's 12 bytes over dp 8
+    assert lora.grads_bytes == pytest.approx(4 * adapters)
+    assert lora.optimizer_bytes == pytest.approx(12 * adapters / 8)
+    # frozen weights whole in bf16 (2 bytes), adapters in the working copy's 2 bytes
+    assert lora.params_bytes == pytest.approx(full.params_bytes + 2 * adapters)
+    assert lora.grads_bytes < full.grads_bytes / 50    # rank 16 of width 1024
+
+
+def test_adapter_linears_cost_the_host_an_eager_op_not_a_te_module():
+    plan = _lora()
+    adapters = [t for t in _tasks(plan) if t.op.endswith((".lora_a", ".lora_b"))]
+    assert adapters
+    for task in adapters:
+        assert task.host_s == pytest.approx(task.kernels * plan.host_kernel_s)
+    base = [t for t in _tasks(plan) if t.label == "wq.fwd"]
+    assert base[0].host_s == pytest.approx(TE_MODULE_HOST_S)
+
+
+def test_no_gradient_reduction_for_frozen_weights():
+    # the data-parallel reduce-scatter carries the adapters' gradients only
+    def reduced_bytes(plan):
+        return sum(t.bytes for t in lower(plan).stages[0]
+                   if t.kind != COMPUTE and t.op == "reduce_scatter")
+    lora, full = reduced_bytes(_lora()), reduced_bytes(_plan())
+    assert 0 < lora < full / 50

@@ -1,0 +1,153 @@
+"""LoRA fine-tuning (Hu et al. 2021, arXiv:2106.09685): the base weights frozen, a low-rank
+adapter beside each targeted linear, as Megatron-Bridge and NeMo 2 train it.
+
+A plan says `"lora": {"rank": 32, "targets": ["linear_qkv", "linear_proj", "linear_fc1",
+"linear_fc2"]}`; the target names are Megatron-Core's modules, the defaults Megatron-
+Bridge's (src/megatron/bridge/peft/lora.py, class LoRA: target_modules, dim 32; NeMo 2's
+nemo/collections/llm/peft/lora.py has the same). What it changes, each from that code:
+
+* Every base weight is frozen (PEFT.freeze_model sets requires_grad False on the whole
+  model before the adapters are added): no weight-gradient GEMM for any base linear, the
+  output layer included; no gradient of the embedding (its backward does not run); no
+  gradient buffer, optimizer state or gradient reduction for any of them. Megatron-Core's
+  DDP and distributed optimizer take only parameters that require a gradient
+  (megatron/core/distributed/distributed_data_parallel.py: `if param.requires_grad`), so
+  the reduce-scatter and the parameter all-gather carry the adapters alone. The frozen
+  weights stay in memory in the 16-bit parameter dtype (FROZEN_PARAM_BYTES).
+* Each targeted module gets one adapter (peft/utils.py ParallelLinearAdapter): linear_in
+  (A, in -> rank) and linear_out (B, rank -> the module's whole output, q, k and v
+  together for linear_qkv, gate and up for linear_fc1), then `x * (alpha / dim)` and the
+  add to the base output (LoRALinear.forward: base output + adapter output). The adapter's
+  linears are Megatron's ColumnParallelLinear, not Transformer Engine modules, so they run
+  in BF16 under FP8 training (only TE modules see fp8_autocast) and cost the host what an
+  eager op costs. Dropout 0 (the default) adds no op.
+* The simulator builds q/k/v and gate/up as separate GEMMs (graph_node.FUSED_INTO), so B
+  is built as one GEMM per base projection, with the part of B's output that projection
+  gets: the FLOPs and bytes of the one GEMM, in more launches (assumption; each launch is
+  priced at the framework's per-kernel host time, workloads/host_cost.py).
+
+Model FLOPs of a LoRA step (model_flops): forward and data gradient of every base matmul
+(4 x tokens x params), all three passes of the adapters (6 x tokens x params) and the
+attention core's forward and backward as in pre-training (the query, key and value all
+need their gradients, since the adapters before them train).
+
+Limits, refused with exit status 2 (workloads/plan_checks.py check_lora): tensor
+parallelism (the adapters' own gathers and reductions over TP, which ParallelLinearAdapter
+issues around linear_in and linear_out, are not modelled), FSDP or ZeRO-3 (frozen weights
+sharded with the trainable ones), MoE models (adapters on grouped expert linears) and
+multi-head latent attention (its projections are other modules), and a TP grid.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from .errors import WorkloadError
+from .fields import check_int, json_object, known_keys
+
+# Megatron-Core module -> the simulator's projections it holds (graph_node.FUSED_INTO).
+MODULES = {"linear_qkv": ("wq", "wk", "wv"), "linear_proj": ("wo",),
+           "linear_fc1": ("w1", "w3"), "linear_fc2": ("w2",)}
+DEFAULT_TARGETS = tuple(MODULES)
+DEFAULT_RANK = 32                  # Megatron-Bridge LoRA.dim (peft/lora.py)
+MAX_RANK = 65536
+FROZEN_PARAM_BYTES = 2             # the frozen base weights stay in bf16 (the model dtype)
+ADAPTER_SUFFIXES = (".lora_a", ".lora_b")
+# The adapter output's scaling (read, write) and its add to the base output (read two,
+# write one) as two kernels; their backward: the gradient to B's output scaled (read,
+# write), the base output's gradient passed on as it is.
+ADD_PASSES, ADD_LAUNCHES = (3.0, 2.0), 2
+ADD_BACKWARD = (2.0, 1)
+
+
+@dataclass(frozen=True)
+class LoRA:
+    """Which Megatron-Core modules get an adapter, and its rank."""
+
+    rank: int = DEFAULT_RANK
+    targets: tuple[str, ...] = DEFAULT_TARGETS
+
+    def __post_init__(self) -> None:
+        check_int(self.rank, "lora.rank", 1, MAX_RANK)
+        if (not isinstance(self.targets, tuple) or not self.targets
+                or any(t not in MODULES for t in self.targets)
+                or len(set(self.targets)) != len(self.targets)):
+            raise WorkloadError("lora.targets", list(self.targets) if isinstance(
+                self.targets, tuple) else self.targets,
+                f"a non-empty list of distinct names among {', '.join(MODULES)}")
+
+    def module_of(self, projection: str) -> str | None:
+        """The targeted module holding `projection`, or None when it has no adapter."""
+        for module in self.targets:
+            if projection in MODULES[module]:
+                return module
+        return None
+
+
+def parse_lora(raw) -> LoRA | None:
+    """The plan's `lora` block (None when absent)."""
+    if raw is None:
+        return None
+    raw = json_object(raw, "lora")
+    known_keys(raw, "lora", ("rank", "targets"))
+    targets = raw.get("targets", list(DEFAULT_TARGETS))
+    return LoRA(raw.get("rank", DEFAULT_RANK),
+                tuple(targets) if isinstance(targets, list) else targets)
+
+
+def is_adapter_op(op: str) -> bool:
+    """Whether a task's op is an adapter's linear (not a Transformer Engine module)."""
+    return op.endswith(ADAPTER_SUFFIXES)
+
+
+def module_shapes(model, lora: LoRA) -> dict[str, tuple[int, int]]:
+    """(in, out) features of each targeted module: out sums its projections."""
+    shapes = model.projection_shapes()
+    out = {}
+    for module in lora.targets:
+        projections = [p for p in MODULES[module] if p in shapes]
+        if projections:
+            out[module] = (shapes[projections[0]][0], sum(shapes[p][1] for p in projections))
+    return out
+
+
+def adapter_params_per_layer(model, lora: LoRA) -> float:
+    """Trainable parameters of one layer's adapters: rank x (in + out) per module."""
+    return float(sum(lora.rank * (fan_in + fan_out)
+                     for fan_in, fan_out in module_shapes(model, lora).values()))
+
+
+def add_adapter(g, lora: LoRA, module: str, x, bases: list) -> list:
+    """The adapter of `module` on its input `x` beside its base projections' outputs
+    `bases` (graph nodes of g, a LayerGraph); returns the nodes to use in their place:
+    each base output plus its part of the adapter's output."""
+    a = g.linear(f"{module}.lora_a", x, "replicate", lora.rank, bf16=True, adapter=True)
+    outs = []
+    for base in bases:
+        b = g.linear(f"{base.name}.lora_b", a, "replicate", base.features, bf16=True,
+                     adapter=True)
+        outs.append(g.elementwise(f"{base.name}.lora_add", [base, b], rw=ADD_PASSES,
+                                  features=base.features, launches=ADD_LAUNCHES,
+                                  backward=ADD_BACKWARD))
+    return outs
+
+
+def check_lora(plan) -> None:
+    """The combinations a LoRA plan is modelled for (module docstring)."""
+    lora = plan.lora
+    if lora is None:
+        return
+    m = plan.model
+    if plan.mesh.tp > 1:
+        raise WorkloadError("mesh.tp", plan.mesh.tp, "1 under lora (the adapters' gathers "
+                            "and reductions over TP are not modelled)")
+    if plan.fsdp or plan.zero_stage >= 3:
+        raise WorkloadError("fsdp.enabled" if plan.fsdp else "zero_stage",
+                            True if plan.fsdp else plan.zero_stage,
+                            "false / a zero_stage of 0-2 under lora (frozen weights sharded "
+                            "with the adapters are not modelled)")
+    if m.num_experts or m.mla:
+        raise WorkloadError("lora", "mixture-of-experts" if m.num_experts else "latent attention",
+                            "a dense model with multi-head (or grouped-query) attention: "
+                            "adapters on expert or latent-attention linears are not modelled")
+    if plan.grid_strategy is not None:
+        raise WorkloadError("lora", plan.grid_strategy, "1D tensor parallelism")
