@@ -48,14 +48,15 @@ def test_bad_lora_blocks_name_the_field(lora, field):
 
 
 @pytest.mark.parametrize("over, field", [
-    ({"mesh": {"tp": 2}}, "mesh.tp"),
+    ({"mesh": {"tp": 2}, "lora": {"rank": 3}}, "lora.rank"),
+    ({"mesh": {"tp": 2}, "sharding": {"wo": "seq"}}, "sharding.wo"),
     ({"fsdp": {"enabled": True}}, "fsdp.enabled"),
     ({"zero_stage": 3}, "zero_stage"),
     ({"model": {**small_plan()["model"], "num_local_experts": 8, "num_experts_per_tok": 2,
                 "moe_intermediate_size": 1024}}, "lora"),
 ])
 def test_unmodelled_combinations_are_refused(over, field):
-    raw = small_plan(framework="megatron-core", lora={"rank": RANK}, **over)
+    raw = small_plan(framework="megatron-core", **{"lora": {"rank": RANK}, **over})
     with pytest.raises(WorkloadError) as err:
         resolve(plan_from_dict(raw), 8)
     assert err.value.field == field
@@ -137,3 +138,28 @@ def test_no_gradient_reduction_for_frozen_weights():
                    if t.kind != COMPUTE and t.op == "reduce_scatter")
     lora, full = reduced_bytes(_lora()), reduced_bytes(_plan())
     assert 0 < lora < full / 50
+
+
+@pytest.mark.parametrize("sp, forward_ops, backward_ops", [
+    # Megatron-Bridge's ParallelLinearAdapter beside linear_qkv: under SP it gathers the
+    # norm output again (gather_from_sequence_parallel_region) and reduce-scatters that
+    # input's gradient apart from the base's; without SP its ColumnParallelLinear
+    # all-reduces its input gradient itself
+    (True, {"all_gather"}, {"reduce_scatter"}),
+    (False, set(), {"all_reduce"}),
+])
+def test_adapter_reduces_its_input_gradient_apart_under_tp(sp, forward_ops, backward_ops):
+    def comms(lora):
+        over = {"lora": {"rank": RANK, "targets": ["linear_qkv"]}} if lora else {}
+        plan = _plan(mesh={"tp": 2}, sharding={"sequence_parallel": sp}, overlap={
+            "tp_comm": False}, **over)
+        return [(t.phase, t.op, t.bytes) for t in lower(plan).stages[0]
+                if t.kind != COMPUTE and t.layer == 1 and t.microbatch == 0]
+    tokens_by_hidden = 2048 * D * 2        # bf16 norm output of one micro-batch, gathered
+    extra = list(comms(True))
+    for item in comms(False):
+        extra.remove(item)
+    big = [(phase, op) for phase, op, nbytes in extra if nbytes == tokens_by_hidden]
+    assert {op for phase, op in big if phase == "forward"} == forward_ops
+    assert {op for phase, op in big if phase == "backward"} == backward_ops
+    assert len(big) == len(forward_ops) + len(backward_ops)

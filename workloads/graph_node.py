@@ -43,6 +43,8 @@ class Node:
                                    # to the fused backward (a bias gradient's reduction)
     frozen: bool = False           # a weight that does not train (LoRA, workloads/lora.py):
                                    # linear: no weight gradient; elementwise: no backward
+    own_grad: bool = False         # redistribute: a module's own gather, whose backward
+                                   # reduces its consumers' gradient apart (LayerGraph.to_layout)
 
 
 def wgrad_shape(node: Node, m: float, n: float, k: float) -> dict:

@@ -74,15 +74,19 @@ class LayerGraph(TPCommMixin):
         """The layer input (the residual stream)."""
         return self._node(kind="input", name="input", layout=layout, features=features)
 
-    def to_layout(self, node: Node, layout: str) -> Node:
-        """`node` in `layout`, through a redistribution when the layouts differ."""
-        if node.layout == layout or self.shape.tp == 1:
+    def to_layout(self, node: Node, layout: str, own: bool = False) -> Node:
+        """`node` in `layout`, through a redistribution when the layouts differ; `own`:
+        a redistribution of its own rather than the one other consumers share, even
+        between equal layouts (a module that gathers its input again and reduces its
+        input gradient itself, as a LoRA adapter does: _own_gather_backward)."""
+        if (node.layout == layout and not own) or self.shape.tp == 1:
             return node
-        key = (node.id, layout)
+        key = (node.id, layout) if not own else (node.id, layout, len(self.nodes))
         if key not in self._redistributed:
             self._redistributed[key] = self._node(
                 kind="redistribute", name=f"{node.name}->{layout}", layout=layout,
-                features=node.features, inputs=[node], rows_scale=node.rows_scale)
+                features=node.features, inputs=[node], rows_scale=node.rows_scale,
+                own_grad=own)
         return self._redistributed[key]
 
     def elementwise(self, name: str, inputs: list[Node], layout: str | None = None,
@@ -283,7 +287,11 @@ class LayerGraph(TPCommMixin):
         grads[self._through(out).id].append((grad_dep, out.layout))
         result = grad_dep
         for node in reversed(self.nodes):
-            if node.kind == "redistribute" or not grads[node.id]:
+            if (node.kind == "redistribute" and not node.own_grad) or not grads[node.id]:
+                continue
+            if node.kind == "redistribute":   # a module's own gather: reduced apart
+                source, grad = self._own_gather_backward(sink, ctx, node, grads[node.id])
+                grads[self._through(source).id].append(grad)
                 continue
             start = len(sink.tasks)
             result = self._combine(sink, ctx, node, grads[node.id])
@@ -300,9 +308,24 @@ class LayerGraph(TPCommMixin):
 
     @staticmethod
     def _through(node: Node) -> Node:
-        while node.kind == "redistribute":
+        while node.kind == "redistribute" and not node.own_grad:
             node = node.inputs[0]
         return node
+
+    def _own_gather_backward(self, sink: TaskSink, ctx: dict, node: Node, grads):
+        """The backward of a module's own redistribution (a LoRA adapter's gather of the
+        sequence-parallel input, gather_from_sequence_parallel_region): its consumers'
+        partial gradients summed, then brought back to the source's layout by a
+        collective of its own (a reduce-scatter), apart from the shared one's."""
+        layout = grads[0][1]
+        tasks = [task for task, _ in grads]
+        summed = tasks[0] if len(tasks) == 1 else self._accumulate(sink, ctx, node, layout, tasks)
+        source = node.inputs[0]
+        target = grad_layout_needed(source.layout)
+        if layout != target:
+            summed = self._comm(sink, ctx, layout, target, node.features, (summed,),
+                                "backward", f"grad.{node.name}", node.rows_scale)
+        return source, (summed, target)
 
     def _combine(self, sink: TaskSink, ctx: dict, node: Node, grads) -> int:
         """Convert consumers' gradients to the layout this node's backward needs, sum."""
@@ -348,9 +371,12 @@ class LayerGraph(TPCommMixin):
                 ready, = self._fp8_cast(sink, ctx, node, flops, (m, n, k), (ready,),
                                         "backward", f"grad.{node.name}")
             if ready in self._chunks:    # the gathered output gradient, chunk by chunk
-                dgrad, self.wgrad_tasks[self._weight_keys[node.id]] = chunked_backward(
+                dgrad, wgrad = chunked_backward(
                     sink, self._chunks[ready], flops, nbytes, (m, n, k), node.name,
-                    op=node.name, phase="backward", gemm_dtype=self._gemm_dtype(node), **ctx)
+                    op=node.name, phase="backward", gemm_dtype=self._gemm_dtype(node),
+                    weight_grad=not node.frozen, **ctx)
+                if not node.frozen:
+                    self.wgrad_tasks[self._weight_keys[node.id]] = wgrad
             else:
                 dgrad = sink.add(op=node.name, deps=(ready,), gemm_mnk=(m, k, n),
                                  label=f"{node.name}.dgrad", **common)

@@ -116,7 +116,9 @@ class TPCommMixin:
             element_bytes = FP8_GATHER_BYTES
             self._fp8_gathered.add(node.id)
         return self._comm(sink, ctx, src.layout, node.layout, node.features, deps, phase,
-                          node.name, node.rows_scale, chunked=self._feeds_only_linears(node),
+                          node.name, node.rows_scale,
+                          # a module's own gather is a plain one (not Transformer Engine's)
+                          chunked=self._feeds_only_linears(node) and not node.own_grad,
                           element_bytes=element_bytes)
 
     def _gather_grad(self, sink: TaskSink, ctx: dict, node: Node, layout: str, target: str,
@@ -191,6 +193,8 @@ class TPCommMixin:
         else:
             dgrad = sink.add(op=node.name, deps=(ready,), gemm_mnk=(m, k, n),
                              label=f"{node.name}.dgrad", **common)
+        if node.frozen:   # LoRA's base weight: no transpose, no wgrad
+            return [(node.inputs[0], (dgrad, STRATEGY_LAYOUTS[node.strategy][2]))]
         transposed = self._fp8_transpose(sink, ctx, m * n, ready, f"grad.{node.name}")
         self.wgrad_tasks[self._weight_keys[node.id]] = sink.add(
             op=node.name, deps=(transposed,), label=f"{node.name}.wgrad",

@@ -81,12 +81,12 @@ def add_layer(g: LayerGraph, plan: Plan, layer: int, x: Node) -> Node:
         q = g.linear("wq", h, st["wq"], m.q_size)
         k = g.linear("wk", h, st["wk"], m.kv_size)
         v = g.linear("wv", h, st["wv"], m.v_size)
-        q, k, v = _adapted(g, plan, "wq", h, [q, k, v])
+        q, k, v = _adapted(g, plan, "wq", h, [q, k, v], resid)
         q = rope(g, plan, "rope", q, _elementwise_layout(q.layout))
         k = rope(g, plan, "rope_k", k, _elementwise_layout(k.layout))
         o = g.attention(q, k, v, window)
-    y = g.to_layout(_adapted(g, plan, "wo", o, [g.linear("wo", o, st["wo"], m.hidden_size)])[0],
-                    resid)
+    y, = _adapted(g, plan, "wo", o, [g.to_layout(g.linear("wo", o, st["wo"], m.hidden_size),
+                                                 resid)], resid)
     rw, add_backward = residual_add_costs(m, g.shape.act_bytes)   # bias-dropout-add
     x = g.elementwise("residual_add", [x, y], rw=rw, backward=add_backward)
     h = g.elementwise("ffn_norm", [x])
@@ -96,23 +96,24 @@ def add_layer(g: LayerGraph, plan: Plan, layer: int, x: Node) -> Node:
     a = g.linear("w1", h, st["w1"], m.ffn_size)
     if m.mlp == "swiglu":
         b = g.linear("w3", h, st["w3"], m.ffn_size)
-        a, b = _adapted(g, plan, "w1", h, [a, b])
+        a, b = _adapted(g, plan, "w1", h, [a, b], resid)
         act = g.elementwise("swiglu", [a, b], layout=_elementwise_layout(a.layout), rw=(2.0, 1.0),
                             backward_extra=activation_bias_grad(m))
     else:
-        a, = _adapted(g, plan, "w1", h, [a])
+        a, = _adapted(g, plan, "w1", h, [a], resid)
         act = g.elementwise("gelu", [a], layout=_elementwise_layout(a.layout),
                             backward_extra=activation_bias_grad(m))
-    y = g.to_layout(_adapted(g, plan, "w2", act, [g.linear("w2", act, st["w2"], m.hidden_size)])[0],
-                    resid)
+    y, = _adapted(g, plan, "w2", act, [g.to_layout(g.linear("w2", act, st["w2"], m.hidden_size),
+                                                   resid)], resid)
     return g.elementwise("residual_add", [x, y], rw=rw, backward=add_backward)
 
 
-def _adapted(g: LayerGraph, plan: Plan, projection: str, x: Node, bases: list[Node]) -> list[Node]:
+def _adapted(g: LayerGraph, plan: Plan, projection: str, x: Node, bases: list[Node],
+             resid: str) -> list[Node]:
     """The base outputs with the LoRA adapter of the module holding `projection` added, or
-    as they are when it has none (workloads/lora.py)."""
+    as they are when it has none (workloads/lora.py add_adapter)."""
     module = plan.lora.module_of(projection) if plan.lora is not None else None
-    return add_adapter(g, plan.lora, module, x, bases) if module else bases
+    return add_adapter(g, plan.lora, module, x, bases, resid) if module else bases
 
 
 def _elementwise_layout(layout: str) -> str:

@@ -31,11 +31,21 @@ Model FLOPs of a LoRA step (model_flops): forward and data gradient of every bas
 attention core's forward and backward as in pre-training (the query, key and value all
 need their gradients, since the adapters before them train).
 
-Limits, refused with exit status 2 (workloads/plan_checks.py check_lora): tensor
-parallelism (the adapters' own gathers and reductions over TP, which ParallelLinearAdapter
-issues around linear_in and linear_out, are not modelled), FSDP or ZeRO-3 (frozen weights
-sharded with the trainable ones), MoE models (adapters on grouped expert linears) and
-multi-head latent attention (its projections are other modules), and a TP grid.
+Under tensor parallelism the adapter's linears are Megatron's column- and row-parallel
+ones (ParallelLinearAdapter): beside a column base (linear_qkv, linear_fc1) the adapter
+gathers the sequence-parallel input again for itself, linear_in is column-parallel with
+its rank-wide output all-gathered and linear_out column-parallel, added in the base's
+feature-sharded layout; beside a row base (linear_proj, linear_fc2) linear_in is
+row-parallel (its partial output all-reduced) and linear_out column-parallel with its
+output all-gathered, then cut to the rank's sequence shard under sequence parallelism
+and added after the base's reduction. Each is a redistribution of the layer graph
+(workloads/layouts.py), with its backward. A rank holds 1/TP of every adapter.
+
+Limits, refused with exit status 2 (check_lora): a rank not divisible by TP, projections
+sharded otherwise than Megatron-Core's column / row split under TP, FSDP or ZeRO-3
+(frozen weights sharded with the trainable ones), MoE models (adapters on grouped expert
+linears) and multi-head latent attention (its projections are other modules), and a TP
+grid.
 """
 from __future__ import annotations
 
@@ -44,6 +54,10 @@ from dataclasses import dataclass
 from .errors import WorkloadError
 from .fields import check_int, json_object, known_keys
 
+# Megatron-Core's strategy of each projection (workloads/plan.py MEGATRON), which the
+# adapters' own column- and row-parallel linears follow.
+MEGATRON_STRATEGIES = {"wq": "col", "wk": "col", "wv": "col", "wo": "row",
+                       "w1": "col", "w3": "col", "w2": "row"}
 # Megatron-Core module -> the simulator's projections it holds (graph_node.FUSED_INTO).
 MODULES = {"linear_qkv": ("wq", "wk", "wv"), "linear_proj": ("wo",),
            "linear_fc1": ("w1", "w3"), "linear_fc2": ("w2",)}
@@ -52,6 +66,9 @@ DEFAULT_RANK = 32                  # Megatron-Bridge LoRA.dim (peft/lora.py)
 MAX_RANK = 65536
 FROZEN_PARAM_BYTES = 2             # the frozen base weights stay in bf16 (the model dtype)
 ADAPTER_SUFFIXES = (".lora_a", ".lora_b")
+# Modules whose base linear is row-parallel (Megatron-Core's linear_proj and linear_fc2):
+# their adapter's linear_in is row-parallel (ParallelLinearAdapter input_is_parallel).
+ROW_MODULES = ("linear_proj", "linear_fc2")
 # The adapter output's scaling (read, write) and its add to the base output (read two,
 # write one) as two kernels; their backward: the gradient to B's output scaled (read,
 # write), the base output's gradient passed on as it is.
@@ -116,18 +133,35 @@ def adapter_params_per_layer(model, lora: LoRA) -> float:
                      for fan_in, fan_out in module_shapes(model, lora).values()))
 
 
-def add_adapter(g, lora: LoRA, module: str, x, bases: list) -> list:
+def add_adapter(g, lora: LoRA, module: str, x, bases: list, resid: str) -> list:
     """The adapter of `module` on its input `x` beside its base projections' outputs
     `bases` (graph nodes of g, a LayerGraph); returns the nodes to use in their place:
-    each base output plus its part of the adapter's output."""
-    a = g.linear(f"{module}.lora_a", x, "replicate", lora.rank, bf16=True, adapter=True)
+    each base output plus its part of the adapter's output (module docstring). A column
+    base (linear_qkv, linear_fc1) adds in its own feature-sharded layout; a row base
+    (linear_proj, linear_fc2) adds after its reduction, in the residual layout `resid`,
+    so `bases` are then its reduced outputs."""
+    row = module in ROW_MODULES
+    if row:
+        # linear_in row-parallel, its partial output all-reduced (RowParallelLinear)
+        a = g.to_layout(g.linear(f"{module}.lora_a", x, "row", lora.rank, bf16=True,
+                                 adapter=True), "R")
+    else:
+        # the adapter gathers the sequence-parallel norm output again for itself
+        # (gather_from_sequence_parallel_region) and reduces its input gradient itself
+        # (a reduce-scatter; without SP its ColumnParallelLinear's all-reduce), then
+        # linear_in column-parallel with gather_output (an all-gather of its output)
+        xa = g.to_layout(x, "R", own=True)
+        a = g.to_layout(g.linear(f"{module}.lora_a", xa, "col", lora.rank, bf16=True,
+                                 adapter=True), "R")
     outs = []
     for base in bases:
-        b = g.linear(f"{base.name}.lora_b", a, "replicate", base.features, bf16=True,
-                     adapter=True)
-        outs.append(g.elementwise(f"{base.name}.lora_add", [base, b], rw=ADD_PASSES,
-                                  features=base.features, launches=ADD_LAUNCHES,
-                                  backward=ADD_BACKWARD))
+        b = g.linear(f"{base.name}.lora_b", a, "col", base.features, bf16=True, adapter=True)
+        if row:   # linear_out gathers its output, then the sequence shard is kept (SP)
+            b = g.to_layout(g.to_layout(b, "R"), resid)
+        layout = resid if row else b.layout
+        outs.append(g.elementwise(f"{base.name}.lora_add", [base, b], layout=layout,
+                                  rw=ADD_PASSES, features=base.features,
+                                  launches=ADD_LAUNCHES, backward=ADD_BACKWARD))
     return outs
 
 
@@ -136,10 +170,18 @@ def check_lora(plan) -> None:
     lora = plan.lora
     if lora is None:
         return
-    m = plan.model
-    if plan.mesh.tp > 1:
-        raise WorkloadError("mesh.tp", plan.mesh.tp, "1 under lora (the adapters' gathers "
-                            "and reductions over TP are not modelled)")
+    m, tp = plan.model, plan.mesh.tp
+    if lora.rank % tp:
+        raise WorkloadError("lora.rank", lora.rank, f"a multiple of mesh.tp ({tp}): "
+                            "linear_in is split over TP")
+    for layer in range(m.num_layers):
+        strategies = plan.strategies(layer)
+        for projection, strategy in strategies.items():
+            if tp > 1 and strategy != MEGATRON_STRATEGIES.get(projection, strategy):
+                raise WorkloadError(f"sharding.{projection}", strategy,
+                                    f"{MEGATRON_STRATEGIES[projection]} under lora with TP "
+                                    "(the adapters follow Megatron-Core's column and row "
+                                    "linears)")
     if plan.fsdp or plan.zero_stage >= 3:
         raise WorkloadError("fsdp.enabled" if plan.fsdp else "zero_stage",
                             True if plan.fsdp else plan.zero_stage,

@@ -63,13 +63,14 @@ def layer_param_groups(plan: Plan, layer: int) -> dict[tuple[str, ...], float]:
 def unit_param_groups(plan: Plan, unit) -> dict[tuple[str, ...], float]:
     """Trainable parameters one rank computes with for an FSDP unit (a layer index, EMBED
     or HEAD), by the mesh dims their gradients reduce over (and ZeRO/FSDP shards them
-    over). Under LoRA only the adapters train (workloads/lora.py): a layer's adapters
-    reduce over DP (TP 1), the embedding and the output layer have none."""
+    over). Under LoRA only the adapters train (workloads/lora.py): a layer's adapters,
+    split over TP, reduce over DP; the embedding and the output layer have none."""
     if plan.lora is None:
         return _unit_params(plan, unit)
     if unit in (EMBED, HEAD):
         return {}
-    return {weight_dp_dims(plan): adapter_params_per_layer(plan.model, plan.lora)}
+    # every adapter linear is split over TP (workloads/lora.py)
+    return {weight_dp_dims(plan): adapter_params_per_layer(plan.model, plan.lora) / plan.mesh.tp}
 
 
 def unit_frozen_params(plan: Plan, unit) -> float:

@@ -95,13 +95,17 @@ def chunked_gemm(sink: TaskSink, chunks: list[int], flops: float, operand_bytes:
 
 
 def chunked_backward(sink: TaskSink, chunks: list[int], flops: float, nbytes: float,
-                     mnk: tuple[int, int, int], name: str, **fields) -> tuple[int, int]:
+                     mnk: tuple[int, int, int], name: str, weight_grad: bool = True,
+                     **fields) -> tuple[int, int]:
     """dgrad and wgrad GEMMs of a linear (forward GEMM `mnk`, traffic `nbytes`) on each
     chunk of its gathered output gradient: the dgrad's output rows, the wgrad's reduction
-    (accumulated chunk by chunk). Returns (last dgrad, last wgrad)."""
+    (accumulated chunk by chunk); no wgrad for a frozen weight (`weight_grad` False, LoRA).
+    Returns (last dgrad, last wgrad or -1)."""
     m, n, k = mnk
     operand = nbytes / max(1, m * k + k * n + m * n)
     dgrad = chunked_gemm(sink, chunks, flops, operand, (m, k, n), 0, f"{name}.dgrad", **fields)
+    if not weight_grad:
+        return dgrad, -1
     wgrad = chunked_gemm(sink, chunks, flops, operand, (k, n, m), 2, f"{name}.wgrad", **fields)
     return dgrad, wgrad
 
