@@ -163,3 +163,28 @@ def test_adapter_reduces_its_input_gradient_apart_under_tp(sp, forward_ops, back
     assert {op for phase, op in big if phase == "forward"} == forward_ops
     assert {op for phase, op in big if phase == "backward"} == backward_ops
     assert len(big) == len(forward_ops) + len(backward_ops)
+
+
+def test_reference_rows_state_their_adapters():
+    # the six LoRA rows of the references table (validation/references/training_runs.csv),
+    # each with its recipe's targets: NeMo 1 peft_config.py (attention_qkv, rank 32),
+    # Megatron-Bridge llama3_llm_finetune.py (linear_qkv, rank 16)
+    from validation.reference_rows import load_rows, plan_dict
+    from validation.references import DEFAULT_CSV
+    rows = [r for r in load_rows(DEFAULT_CSV) if r["lora"]]
+    assert len(rows) == 6
+    for row in rows:
+        lora = plan_from_dict(plan_dict(row)).lora
+        assert lora.targets == ("linear_qkv",)
+        assert lora.rank == (32 if row["id"].startswith("nemo-") else 16)
+
+
+@pytest.mark.parametrize("cell", ["x:linear_qkv", "16", "16:"])
+def test_a_malformed_lora_cell_names_the_row(cell):
+    from validation.errors import ValidationError
+    from validation.reference_rows import plan_dict
+    row = {"id": "r", "model": "llama3-8b", "global_batch_seqs": "8", "seq_len": "2048",
+           "lora": cell}
+    with pytest.raises(ValidationError) as err:
+        plan_dict(row)
+    assert "lora" in str(err.value)

@@ -77,6 +77,9 @@ COLUMNS: dict[str, tuple[str, bool, object]] = {
     # packed_segment: tokens of each example a fine-tuning run packs into its sequences
     # (attention stays within each example: workloads/attention.py); empty: no packing
     "packed_segment": (INT, False, (1, MAX_INT)),
+    # lora: LoRA fine-tuning as RANK:MODULE+MODULE (Megatron-Core module names, e.g.
+    # 16:linear_qkv; workloads/lora.py); empty: every weight trains
+    "lora": (TEXT, False, None),
 }
 
 

@@ -66,7 +66,7 @@ def load_rows(path: str | Path) -> list[dict[str, str]]:
 # counts once (the newest release, the others named in its notes).
 CONFIG_COLUMNS = ("source_family", "model", "topology", "gpus", "tp", "pp", "cp", "dp", "ep",
                   "etp", "virtual_stages", "micro_batch", "global_batch_seqs", "seq_len",
-                  "dtype", "fsdp", "capacity_factor", "mtp_layers", "rack_gpus")
+                  "dtype", "fsdp", "capacity_factor", "mtp_layers", "rack_gpus", "lora")
 
 
 def config_key(row: dict[str, str]) -> tuple[str, ...]:
@@ -191,6 +191,8 @@ def plan_dict(row: dict[str, str]) -> dict[str, Any]:
             raw["training"]["bf16_layers"] = layers
     if row.get("packed_segment"):
         raw["training"]["packed_segment"] = num("packed_segment")
+    if row.get("lora"):
+        raw["lora"] = lora_block(row)
     if num("cp") > 1:
         raw["context_parallel"] = {"mode": row.get("cp_mode") or "ring"}
     if num("tp") > 1:
@@ -204,6 +206,16 @@ def plan_dict(row: dict[str, str]) -> dict[str, Any]:
             raw["pipeline"]["layer_split"] = list(
                 layout_layer_split(row["pp_layout"], num("pp") * vstages))
     return raw
+
+
+def lora_block(row: dict[str, str]) -> dict[str, Any]:
+    """The plan's `lora` block from the row's RANK:MODULE+MODULE cell (the plan checks
+    the rank and the module names)."""
+    rank, _, modules = row["lora"].partition(":")
+    if not rank.isdigit() or not modules:
+        raise ValidationError(f"row {row_id(row)}: lora", row["lora"],
+                              "RANK:MODULE+MODULE, e.g. 16:linear_qkv")
+    return {"rank": int(rank), "targets": modules.split("+")}
 
 
 def overlap_flags(row: dict[str, str]) -> set[str]:
