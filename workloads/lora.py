@@ -3,8 +3,10 @@ adapter beside each targeted linear, as Megatron-Bridge and NeMo 2 train it.
 
 A plan says `"lora": {"rank": 32, "targets": ["linear_qkv", "linear_proj", "linear_fc1",
 "linear_fc2"]}`; the target names are Megatron-Core's modules, the defaults Megatron-
-Bridge's (src/megatron/bridge/peft/lora.py, class LoRA: target_modules, dim 32; NeMo 2's
-nemo/collections/llm/peft/lora.py has the same). What it changes, each from that code:
+Bridge's (src/megatron/bridge/peft/lora.py, class LoRA: target_modules, dim 32). NeMo 1
+(nemo/collections/nlp/parts/peft_config.py) targets attention_qkv alone by default, as
+Megatron-Bridge's Llama 3 LoRA performance configs do (`"targets": ["linear_qkv"]`). What
+LoRA changes, each from that code:
 
 * Every base weight is frozen (PEFT.freeze_model sets requires_grad False on the whole
   model before the adapters are added): no weight-gradient GEMM for any base linear, the
@@ -54,10 +56,6 @@ from dataclasses import dataclass
 from .errors import WorkloadError
 from .fields import check_int, json_object, known_keys
 
-# Megatron-Core's strategy of each projection (workloads/plan.py MEGATRON), which the
-# adapters' own column- and row-parallel linears follow.
-MEGATRON_STRATEGIES = {"wq": "col", "wk": "col", "wv": "col", "wo": "row",
-                       "w1": "col", "w3": "col", "w2": "row"}
 # Megatron-Core module -> the simulator's projections it holds (graph_node.FUSED_INTO).
 MODULES = {"linear_qkv": ("wq", "wk", "wv"), "linear_proj": ("wo",),
            "linear_fc1": ("w1", "w3"), "linear_fc2": ("w2",)}
@@ -174,14 +172,13 @@ def check_lora(plan) -> None:
     if lora.rank % tp:
         raise WorkloadError("lora.rank", lora.rank, f"a multiple of mesh.tp ({tp}): "
                             "linear_in is split over TP")
-    for layer in range(m.num_layers):
-        strategies = plan.strategies(layer)
-        for projection, strategy in strategies.items():
-            if tp > 1 and strategy != MEGATRON_STRATEGIES.get(projection, strategy):
+    from .plan import MEGATRON   # the adapters follow Megatron-Core's col / row linears
+    for layer in range(m.num_layers if tp > 1 else 0):
+        for projection, strategy in plan.strategies(layer).items():
+            if strategy != MEGATRON.get(projection, strategy):
                 raise WorkloadError(f"sharding.{projection}", strategy,
-                                    f"{MEGATRON_STRATEGIES[projection]} under lora with TP "
-                                    "(the adapters follow Megatron-Core's column and row "
-                                    "linears)")
+                                    f"{MEGATRON[projection]} under lora with TP (the "
+                                    "adapters follow Megatron-Core's column and row linears)")
     if plan.fsdp or plan.zero_stage >= 3:
         raise WorkloadError("fsdp.enabled" if plan.fsdp else "zero_stage",
                             True if plan.fsdp else plan.zero_stage,
