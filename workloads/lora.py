@@ -23,6 +23,9 @@ LoRA changes, each from that code:
   linears are Megatron's ColumnParallelLinear, not Transformer Engine modules, so they run
   in BF16 under FP8 training (only TE modules see fp8_autocast) and cost the host what an
   eager op costs. Dropout 0 (the default) adds no op.
+* Assumption: the first layer still computes the gradient of its input (its frozen qkv
+  dgrad and norm backward), which autograd skips since the embedding output needs none;
+  one layer's share of the data gradients, not priced away.
 * The simulator builds q/k/v and gate/up as separate GEMMs (graph_node.FUSED_INTO), so B
   is built as one GEMM per base projection, with the part of B's output that projection
   gets: the FLOPs and bytes of the one GEMM, in more launches (assumption; each launch is
