@@ -63,10 +63,12 @@ def load_rows(path: str | Path) -> list[dict[str, str]]:
 
 # The settings that make two rows of a release-tracked table the same configuration: a
 # table republished with each container release prints the same run again and again; it
-# counts once (the newest release, the others named in its notes).
+# counts once (the newest release, the others named in its notes). A LoRA run or another
+# CUDA graph scope (partial or full-iteration graphs) is another configuration.
 CONFIG_COLUMNS = ("source_family", "model", "topology", "gpus", "tp", "pp", "cp", "dp", "ep",
                   "etp", "virtual_stages", "micro_batch", "global_batch_seqs", "seq_len",
-                  "dtype", "fsdp", "capacity_factor", "mtp_layers", "rack_gpus", "lora")
+                  "dtype", "fsdp", "capacity_factor", "mtp_layers", "rack_gpus", "lora",
+                  "cuda_graphs")
 
 
 def config_key(row: dict[str, str]) -> tuple[str, ...]:
