@@ -13,6 +13,8 @@ S<->H all-to-all; R->S and R->H are local slices; nothing turns into P.
 """
 from __future__ import annotations
 
+from types import MappingProxyType
+
 R, S, H, P = "R", "S", "H", "P"
 LAYOUTS = (R, S, H, P)
 
@@ -21,6 +23,11 @@ _COLLECTIVE = {
     (P, S): "reduce_scatter", (P, H): "reduce_scatter",
     (S, H): "all_to_all", (H, S): "all_to_all",
 }
+
+# Megatron-LM's defaults (Shoeybi et al. 2019, arXiv:1909.08053): attention in and MLP in
+# column-parallel, attention out and MLP out row-parallel: a plan's default sharding.
+MEGATRON = MappingProxyType({"wq": "col", "wk": "col", "wv": "col", "wo": "row",
+                             "w1": "col", "w3": "col", "w2": "row"})
 
 # Per projection strategy: the input layout it computes on, the output it produces,
 # and the layout of the input-gradient its backward produces.

@@ -58,6 +58,7 @@ from dataclasses import dataclass
 
 from .errors import WorkloadError
 from .fields import check_int, json_object, known_keys
+from .layouts import MEGATRON   # the adapters follow Megatron-Core's col / row linears
 
 # Megatron-Core module -> the simulator's projections it holds (graph_node.FUSED_INTO).
 MODULES = {"linear_qkv": ("wq", "wk", "wv"), "linear_proj": ("wo",),
@@ -175,7 +176,6 @@ def check_lora(plan) -> None:
     if lora.rank % tp:
         raise WorkloadError("lora.rank", lora.rank, f"a multiple of mesh.tp ({tp}): "
                             "linear_in is split over TP")
-    from .plan import MEGATRON   # the adapters follow Megatron-Core's col / row linears
     for layer in range(m.num_layers if tp > 1 else 0):
         for projection, strategy in plan.strategies(layer).items():
             if strategy != MEGATRON.get(projection, strategy):

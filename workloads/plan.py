@@ -28,6 +28,7 @@ from .kernels import KERNEL_MODES, OPTIMIZERS
 from .mesh import Mesh, ParallelDims
 from .models import ModelSpec, load_model
 from .module_recompute import RECOMPUTE_MODULES
+from .layouts import MEGATRON
 from .lora import LoRA, parse_lora
 from .moe_options import MoEOptions, parse_moe
 from .plan_checks import check_resolved
@@ -61,10 +62,6 @@ FSDP_VERSIONS = (1, 2)   # FSDP1 (FlatParameter per wrapped unit) | FSDP2 (fully
 MAX_HOST_OVERHEAD_S = 10.0   # bound on host_overhead values: far beyond any real step
 BUNDLED_DIR = Path(__file__).parent / "plans"
 
-# Megatron-LM defaults (Shoeybi et al. 2019): attention in and MLP in column-parallel,
-# attention out and MLP out row-parallel.
-MEGATRON = MappingProxyType({"wq": "col", "wk": "col", "wv": "col", "wo": "row",
-                             "w1": "col", "w3": "col", "w2": "row"})
 
 
 @dataclass(frozen=True)
