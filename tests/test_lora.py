@@ -188,3 +188,12 @@ def test_a_malformed_lora_cell_names_the_row(cell):
     with pytest.raises(ValidationError) as err:
         plan_dict(row)
     assert "lora" in str(err.value)
+
+
+def test_frozen_weights_keep_fp8_primary_weights_in_one_byte():
+    # Megatron-Core's fp8_param (the plan's ddp.fp8_param_gather) stores the weights in
+    # FP8: the frozen base then holds 1 byte per parameter instead of bf16's 2
+    bf16 = peak_memory(_lora(training={"dtype": "fp8"}, ddp={"fp8_param_gather": False}))
+    fp8 = peak_memory(_lora(training={"dtype": "fp8"}, ddp={"fp8_param_gather": True}))
+    frozen = L * (D * (D + 2 * KV) + D * D + 3 * D * F + 2 * D) + 2 * D * V + D
+    assert bf16.params_bytes - fp8.params_bytes == pytest.approx(frozen, rel=1e-6)

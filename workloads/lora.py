@@ -15,7 +15,8 @@ LoRA changes, each from that code:
   DDP and distributed optimizer take only parameters that require a gradient
   (megatron/core/distributed/distributed_data_parallel.py: `if param.requires_grad`), so
   the reduce-scatter and the parameter all-gather carry the adapters alone. The frozen
-  weights stay in memory in the 16-bit parameter dtype (FROZEN_PARAM_BYTES).
+  weights stay in memory in the 16-bit parameter dtype, or FP8 with FP8 primary weights
+  (frozen_param_bytes).
 * Each targeted module gets one adapter (peft/utils.py ParallelLinearAdapter): linear_in
   (A, in -> rank) and linear_out (B, rank -> the module's whole output, q, k and v
   together for linear_qkv, gate and up for linear_fc1), then `x * (alpha / dim)` and the
@@ -65,8 +66,12 @@ MODULES = {"linear_qkv": ("wq", "wk", "wv"), "linear_proj": ("wo",),
            "linear_fc1": ("w1", "w3"), "linear_fc2": ("w2",)}
 DEFAULT_TARGETS = tuple(MODULES)
 DEFAULT_RANK = 32                  # Megatron-Bridge LoRA.dim (peft/lora.py)
-MAX_RANK = 65536
-FROZEN_PARAM_BYTES = 2             # the frozen base weights stay in bf16 (the model dtype)
+MAX_RANK = 65536                   # an input bound, far above published ranks (1-64 in Hu et al.)
+# The frozen base weights stay in the model's 16-bit dtype, or in FP8 (1 byte) where the
+# plan keeps FP8 primary weights (ddp.fp8_param_gather: Megatron-Core's fp8_param, as the
+# Megatron-Bridge FP8 recipes and NeMo's fp8_params set): frozen_param_bytes.
+FROZEN_PARAM_BYTES = 2
+FROZEN_FP8_PARAM_BYTES = 1
 ADAPTER_SUFFIXES = (".lora_a", ".lora_b")
 # Modules whose base linear is row-parallel (Megatron-Core's linear_proj and linear_fc2):
 # their adapter's linear_in is row-parallel (ParallelLinearAdapter input_is_parallel).
@@ -111,6 +116,11 @@ def parse_lora(raw) -> LoRA | None:
     targets = raw.get("targets", list(DEFAULT_TARGETS))
     return LoRA(raw.get("rank", DEFAULT_RANK),
                 tuple(targets) if isinstance(targets, list) else targets)
+
+
+def frozen_param_bytes(plan) -> int:
+    """Bytes a frozen base weight keeps in memory under the plan (FROZEN_PARAM_BYTES)."""
+    return FROZEN_FP8_PARAM_BYTES if plan.fp8_param_gather else FROZEN_PARAM_BYTES
 
 
 def is_adapter_op(op: str) -> bool:

@@ -32,7 +32,7 @@ from .context_parallel_memory import cp_memory_bytes
 from .loss_memory import fp32_logits_bytes, fp32_logits_copies
 from .models import ModelSpec
 from .moe.memory import dispatch_buffer_bytes, expert_rows_factor, gathered_expert_input_bytes
-from .lora import FROZEN_PARAM_BYTES
+from .lora import frozen_param_bytes
 from .params import unit_frozen_params, unit_param_groups
 from .plan import Plan
 from .precision import BF16_BYTES, precision
@@ -291,7 +291,7 @@ def memory_breakdown(plan: Plan, stage: int = 0,
     if len(ranges) != mesh.pp * plan.pipeline.virtual_stages:
         raise ValueError(f"layer_ranges needs {mesh.pp * plan.pipeline.virtual_stages} ranges")
     units = _stage_units(plan, stage, ranges)
-    frozen = sum(unit_frozen_params(plan, unit)        # LoRA's base weights, whole in bf16
+    frozen = sum(unit_frozen_params(plan, unit)        # LoRA's base weights, held whole
                  for keys in chunk_units(plan, stage, ranges) for unit in keys)
     gathered = sum(g for g, _ in units)
     sharded = sum(s for _, s in units)
@@ -301,7 +301,7 @@ def memory_breakdown(plan: Plan, stage: int = 0,
 
     prec = precision(tr.dtype)
     param_bytes, optimizer_bytes = sharded_state_bytes(plan)
-    params = states(param_bytes, zero >= 3) + frozen * FROZEN_PARAM_BYTES
+    params = states(param_bytes, zero >= 3) + frozen * frozen_param_bytes(plan)
     # Under pipeline parallelism FSDP accumulates unsharded gradients until the step's
     # single reduce-scatter (torch.distributed.pipelining turns gradient sync off).
     fsdp_no_sync = plan.fsdp and mesh.pp > 1
