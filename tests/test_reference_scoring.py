@@ -145,3 +145,18 @@ def test_run_json_carries_the_band(capsys):
     assert band["group"] == "hardware:h100 model:dense" and band["n"] > 0
     low, high = out["step_time_band_s"]
     assert low <= high and low < out["step_time_s"] * 2
+
+
+def test_fp8_param_gather_column_sets_the_plan_key_or_leaves_the_default():
+    # NeMo-Framework-Launcher@24.07's pre-training YAMLs keep no fp8_params: those rows
+    # gather bf16 weights; a blank cell leaves the megatron-core profile's FP8 default
+    from validation.reference_rows import load_rows, plan_dict
+    from validation.references import DEFAULT_CSV
+    from workloads import plan_from_dict
+    rows = {r["id"]: r for r in load_rows(DEFAULT_CSV)}
+    stated = plan_from_dict(plan_dict(rows["nemo-gpt3-20b-64"]))
+    assert rows["nemo-gpt3-20b-64"]["fp8_param_gather"] == "false"
+    assert stated.fp8_param_gather is False
+    default = rows["mb-llama3-8b-b200-fp8-8"]
+    assert default["fp8_param_gather"] == "" and default["dtype"] == "fp8_cs"
+    assert plan_from_dict(plan_dict(default)).fp8_param_gather is True

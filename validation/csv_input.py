@@ -80,6 +80,9 @@ COLUMNS: dict[str, tuple[str, bool, object]] = {
     # lora: LoRA fine-tuning as RANK:MODULE+MODULE (Megatron-Core module names, e.g.
     # 16:linear_qkv; workloads/lora.py); empty: every weight trains
     "lora": (TEXT, False, None),
+    # fp8_param_gather: whether the run keeps FP8 primary weights and gathers them in FP8
+    # (Megatron-Core fp8_param, NeMo fp8_params); empty: the framework profile's default
+    "fp8_param_gather": (BOOL, False, None),
 }
 
 

@@ -178,6 +178,8 @@ def plan_dict(row: dict[str, str]) -> dict[str, Any]:
         raw["overlap"] = {f: f in on for f in flags}
     if bridge_perf_script(row):
         raw["ddp"] = {"grad_reduce_in_fp32": False}
+    if _flag(row, "fp8_param_gather") is not None:
+        raw.setdefault("ddp", {})["fp8_param_gather"] = _flag(row, "fp8_param_gather")
     if num("ep") > 1:
         raw["mesh"]["ep"] = num("ep")
     if row.get("ep") or row.get("moe_dispatcher"):
