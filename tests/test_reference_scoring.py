@@ -150,7 +150,6 @@ def test_run_json_carries_the_band(capsys):
 def test_fp8_param_gather_column_sets_the_plan_key_or_leaves_the_default():
     # NeMo-Framework-Launcher@24.07's pre-training YAMLs keep no fp8_params: those rows
     # gather bf16 weights; a blank cell leaves the megatron-core profile's FP8 default
-    from validation.reference_rows import plan_dict
     rows = {r["id"]: r for r in load_rows(DEFAULT_CSV)}
     stated = plan_from_dict(plan_dict(rows["nemo-gpt3-20b-64"]))
     assert rows["nemo-gpt3-20b-64"]["fp8_param_gather"] == "false"
