@@ -193,12 +193,18 @@ def test_an_overlap_flag_the_row_cannot_have_is_refused(over):
 
 def test_the_verified_recipes_carry_the_flag():
     """Rows whose Megatron-Bridge recipe sets moe_a2a_overlap (or, in 25.09, run_script.py
-    sets overlap_moe_expert_parallel_comm) at the row's commit, read for this change."""
+    sets overlap_moe_expert_parallel_comm) at the row's commit, read for this change; and
+    the Megatron-LM MoE recipes (examples/moe_recipes at e5ad09802d) whose YAML sets
+    overlap_moe_expert_parallel_comm with delay_wgrad_compute."""
     from validation.reference_rows import DEFAULT_CSV, load_rows
 
     rows = {r["id"]: r for r in load_rows(DEFAULT_CSV)}
     on = {rid for rid, r in rows.items() if "moe_a2a" in (r.get("overlap") or "")}
-    assert on == {"mb-dsv3-b200-mxfp8-256", "mb-gptoss120b-gb200-bf16-64",
+    recipes = {rid for rid in on if rows[rid]["source_family"] == "megatron-lm-moe-recipes"}
+    assert recipes == {"mlm-qwen3-235b-h100-bf16-256", "mlm-qwen3-235b-b200-mxfp8-128",
+                       "mlm-qwen3-235b-gb200-mxfp8-128-fullcg",
+                       "mlm-qwen3-235b-gb200-mxfp8-128-partialcg", "mlm-dsv3-b200-mxfp8-256"}
+    assert on - recipes == {"mb-dsv3-b200-mxfp8-256", "mb-gptoss120b-gb200-bf16-64",
                   "mb-qwen3-235b-h100-fp8-256", "mb-qwen3-235b-h100-fp8-256-gbs2048",
                   "mb-qwen3-235b-b200-mxfp8-64", "mb-qwen3-30b-h100-fp8-16-gbs512",
                   "mb-dsv3-gb200-mxfp8-256-pp4", "mb-gptoss120b-gb200-mxfp8-64",
