@@ -312,21 +312,6 @@ class LayerGraph(TPCommMixin):
             node = node.inputs[0]
         return node
 
-    def _own_gather_backward(self, sink: TaskSink, ctx: dict, node: Node, grads):
-        """The backward of a module's own redistribution (a LoRA adapter's gather of the
-        sequence-parallel input, gather_from_sequence_parallel_region): its consumers'
-        partial gradients summed, then brought back to the source's layout by a
-        collective of its own (a reduce-scatter), apart from the shared one's."""
-        layout = grads[0][1]
-        tasks = [task for task, _ in grads]
-        summed = tasks[0] if len(tasks) == 1 else self._accumulate(sink, ctx, node, layout, tasks)
-        source = node.inputs[0]
-        target = grad_layout_needed(source.layout)
-        if layout != target:
-            summed = self._comm(sink, ctx, layout, target, node.features, (summed,),
-                                "backward", f"grad.{node.name}", node.rows_scale)
-        return source, (summed, target)
-
     def _combine(self, sink: TaskSink, ctx: dict, node: Node, grads) -> int:
         """Convert consumers' gradients to the layout this node's backward needs, sum."""
         target = grad_layout_needed(node.layout) if self.shape.tp > 1 else node.layout

@@ -13,7 +13,7 @@ from .fp8_gather import (AMAX_ALL_REDUCE_BYTES, FP8_GATHER_BYTES, gathers_quanti
                          local_cast, transpose_bytes)
 from .graph_node import Node, wgrad_shape
 from .layer_builder import TaskSink, fp8_cast_task
-from .layouts import STRATEGY_LAYOUTS, collective, collective_bytes
+from .layouts import STRATEGY_LAYOUTS, collective, collective_bytes, grad_layout_needed
 from .program import COMM, COMPUTE, MEMORY, RELAYOUT
 from .tp_overlap import chunked_gemm, gemm_reduce_scatter, ring_gather
 
@@ -200,3 +200,18 @@ class TPCommMixin:
             op=node.name, deps=(transposed,), label=f"{node.name}.wgrad",
             **{**common, **wgrad_shape(node, m, n, k)})
         return [(node.inputs[0], (dgrad, STRATEGY_LAYOUTS[node.strategy][2]))]
+
+    def _own_gather_backward(self, sink: TaskSink, ctx: dict, node: Node, grads):
+        """The backward of a module's own redistribution (a LoRA adapter's gather of the
+        sequence-parallel input, gather_from_sequence_parallel_region): its consumers'
+        partial gradients summed, then brought back to the source's layout by a
+        collective of its own (a reduce-scatter), apart from the shared one's."""
+        layout = grads[0][1]
+        tasks = [task for task, _ in grads]
+        summed = tasks[0] if len(tasks) == 1 else self._accumulate(sink, ctx, node, layout, tasks)
+        source = node.inputs[0]
+        target = grad_layout_needed(source.layout)
+        if layout != target:
+            summed = self._comm(sink, ctx, layout, target, node.features, (summed,),
+                                "backward", f"grad.{node.name}", node.rows_scale)
+        return source, (summed, target)
