@@ -140,29 +140,68 @@ def test_no_gradient_reduction_for_frozen_weights():
     assert 0 < lora < full / 50
 
 
-@pytest.mark.parametrize("sp, forward_ops, backward_ops", [
-    # Megatron-Bridge's ParallelLinearAdapter beside linear_qkv: under SP it gathers the
-    # norm output again (gather_from_sequence_parallel_region) and reduce-scatters that
-    # input's gradient apart from the base's; without SP its ColumnParallelLinear
-    # all-reduces its input gradient itself
-    (True, {"all_gather"}, {"reduce_scatter"}),
-    (False, set(), {"all_reduce"}),
-])
-def test_adapter_reduces_its_input_gradient_apart_under_tp(sp, forward_ops, backward_ops):
+def _extra_comms(module, **over):
+    """(phase, op, bytes) of layer 1's collectives that the adapter of `module` adds,
+    micro-batch 0, TP 2."""
     def comms(lora):
-        over = {"lora": {"rank": RANK, "targets": ["linear_qkv"]}} if lora else {}
-        plan = _plan(mesh={"tp": 2}, sharding={"sequence_parallel": sp}, overlap={
-            "tp_comm": False}, **over)
+        extra = {"lora": {"rank": RANK, "targets": [module]}} if lora else {}
+        plan = _plan(mesh={"tp": 2}, **over, **extra)
         return [(t.phase, t.op, t.bytes) for t in lower(plan).stages[0]
                 if t.kind != COMPUTE and t.layer == 1 and t.microbatch == 0]
-    tokens_by_hidden = 2048 * D * 2        # bf16 norm output of one micro-batch, gathered
-    extra = list(comms(True))
+    added = list(comms(True))
     for item in comms(False):
-        extra.remove(item)
-    big = [(phase, op) for phase, op, nbytes in extra if nbytes == tokens_by_hidden]
+        added.remove(item)
+    return added
+
+
+@pytest.mark.parametrize("sp, tp_comm, forward_ops, backward_ops", [
+    # Megatron-Bridge's ParallelLinearAdapter beside linear_qkv (peft/utils.py
+    # get_adapter_attributes_from_linear): under SP Transformer Engine hands it the
+    # gathered norm output and reduce-scatters both input gradients together (nothing
+    # added); under TP overlap it gathers the norm output again and reduce-scatters that
+    # gradient apart; without SP its ColumnParallelLinear all-reduces its input gradient
+    (True, False, set(), set()),
+    (True, True, {"all_gather"}, {"reduce_scatter"}),
+    (False, False, set(), {"all_reduce"}),
+])
+def test_column_adapter_gathers_apart_only_where_megatron_bridge_does(
+        sp, tp_comm, forward_ops, backward_ops):
+    tokens_by_hidden = 2048 * D * 2        # bf16 norm output of one micro-batch, gathered
+    big = [(phase, op) for phase, op, nbytes in _extra_comms(
+        "linear_qkv", sharding={"sequence_parallel": sp}, overlap={"tp_comm": tp_comm})
+        if nbytes == tokens_by_hidden]
     assert {op for phase, op in big if phase == "forward"} == forward_ops
     assert {op for phase, op in big if phase == "backward"} == backward_ops
     assert len(big) == len(forward_ops) + len(backward_ops)
+
+
+def test_row_adapter_gathers_its_output_and_its_gradient_under_sp():
+    # beside linear_proj: linear_out gathers its output (gather_output) and keeps the
+    # sequence shard; the backward of that cut all-gathers the gradient
+    # (scatter_to_sequence_parallel_region), the gather's backward is a local split
+    tokens_by_hidden = 2048 * D * 2
+    big = [(phase, op) for phase, op, nbytes in _extra_comms(
+        "linear_proj", sharding={"sequence_parallel": True}, overlap={"tp_comm": False})
+        if nbytes == tokens_by_hidden]
+    assert sorted(big) == [("backward", "all_gather"), ("forward", "all_gather")]
+
+
+def test_a_frozen_embedding_gets_no_gradient_under_tp():
+    tasks = lower(_lora(mesh={"tp": 2}, sharding={"sequence_parallel": True})).stages[0]
+    assert not [t for t in tasks if t.phase == "backward" and "embedding" in t.label]
+
+
+def test_a_frozen_linear_swizzles_for_its_data_gradient_only():
+    # MXFP8 on Blackwell: each backward GEMM's two operands' block scales are swizzled;
+    # a frozen weight runs the data-gradient GEMM alone, half the kernels
+    def swizzles(**over):
+        raw = small_plan(framework="megatron-core", zero_stage=1, **over)
+        raw["training"] = {**raw["training"], "dtype": "mxfp8"}
+        tasks = lower(resolve(plan_from_dict(raw), 8), "b200").stages[0]
+        return {t.label: t.kernels for t in tasks if t.label == "grad.wq.mxfp8_swizzle"}
+    full, lora = swizzles(), swizzles(lora={"rank": RANK})
+    assert full and lora
+    assert lora["grad.wq.mxfp8_swizzle"] * 2 == full["grad.wq.mxfp8_swizzle"]
 
 
 def test_reference_rows_state_their_adapters():

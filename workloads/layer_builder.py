@@ -193,7 +193,7 @@ def backward_rescale_task(sink: TaskSink, ctx: dict, shape: LayerShape, elements
 def fp8_cast_task(sink: TaskSink, ctx: dict, shape: LayerShape, elements: float, deps,
                   phase: str, label: str, bf16_linear: bool = False,
                   operands: tuple[float, float, float] | None = None,
-                  experts: int = 0) -> tuple[int, ...]:
+                  experts: int = 0, weight_grad: bool = True) -> tuple[int, ...]:
     """Under FP8/FP4 GEMMs, the cast before a linear's GEMMs into the recipe's operand
     layouts (workloads/precision.py GemmRecipe.cast_cost), then the swizzles of the
     operands' block scales where the recipe has them; returns the GEMM's dependencies
@@ -202,7 +202,8 @@ def fp8_cast_task(sink: TaskSink, ctx: dict, shape: LayerShape, elements: float,
     backward); `operands`: the linear's (input, weight, output gradient) elements, for
     recipes that cast more than the activation operand (default: the activation alone);
     `experts`: the local experts of a grouped GEMM, whose splits the recipe may cast one
-    launch each (GemmRecipe.cast_per_expert)."""
+    launch each (GemmRecipe.cast_per_expert); `weight_grad` False: a frozen weight's
+    backward runs the data-gradient GEMM alone, so only its operands are swizzled."""
     if not shape.quantized or shape.stays_bf16(bf16_linear):
         return tuple(deps)
     recipe = shape.recipe
@@ -216,7 +217,7 @@ def fp8_cast_task(sink: TaskSink, ctx: dict, shape: LayerShape, elements: float,
     task = sink.add(kind=COMPUTE, stream="compute", op=f"{recipe.name}_cast", phase=phase,
                     deps=tuple(deps), bytes=nbytes, op_class=MEMORY, kernels=kernels,
                     efficiency=efficiency, label=f"{label}.{recipe.name}_cast", **ctx)
-    swizzle_bytes, swizzles = recipe.swizzle_cost(phase, *operands)
+    swizzle_bytes, swizzles = recipe.swizzle_cost(phase, *operands, weight_grad=weight_grad)
     if swizzles:
         task = sink.add(kind=COMPUTE, stream="compute", op=f"{recipe.name}_swizzle",
                         phase=phase, deps=(task,), bytes=swizzle_bytes, op_class=MEMORY,

@@ -248,10 +248,13 @@ class LayerGraph(TPCommMixin):
             if phase != "backward":
                 self._gathered_weight_cast(sink, ctx, node, phase)
                 return tuple(deps)
-            if source not in self._fp8_transposed:   # the gathered input, for the wgrad
+            if node.frozen:   # no wgrad, so no transpose of the gathered input (LoRA)
+                pass
+            elif source not in self._fp8_transposed:   # the gathered input, for the wgrad
                 self._fp8_transposed[source] = self._fp8_transpose(
                     sink, ctx, inputs, deps[0], f"{name}.input")
-            deps = (self._fp8_transposed[source],)
+            if source in self._fp8_transposed:
+                deps = (self._fp8_transposed[source],)
         if recipe is not None and recipe.shares_input_casts and source in self._cast_inputs:
             inputs = 0.0    # a linear reading the same activation: its cast is done
             deps = (*deps, self._cast_inputs[source])
@@ -263,17 +266,12 @@ class LayerGraph(TPCommMixin):
         ready = fp8_cast_task(sink, ctx, self.shape, grads if phase == "backward" else inputs,
                               deps, phase, name, node.bf16, (inputs, weights, grads),
                               # w3's splits were cast with w1's: one linear_fc1 module
-                              0 if node.name in FUSED_INTO else node.experts)
+                              0 if node.name in FUSED_INTO else node.experts,
+                              weight_grad=not node.frozen)
         if ready != tuple(deps):   # a cast was emitted
             self._cast_inputs.setdefault(source, ready[0])
             self._module_casts.setdefault(module, ready[0])
         return ready
-
-    def _flush_wgrads(self, sink: TaskSink) -> None:
-        """Emit the held-back wgrad GEMMs (after the reduce-scatter they overlap)."""
-        for name, fields in self._deferred:
-            self.wgrad_tasks[name] = sink.add(**fields)
-        self._deferred = []
 
     def emit_backward(self, sink: TaskSink, ctx: dict, grad_dep: int) -> int:
         """Emit backward tasks given the output-gradient task.
@@ -289,6 +287,8 @@ class LayerGraph(TPCommMixin):
         for node in reversed(self.nodes):
             if (node.kind == "redistribute" and not node.own_grad) or not grads[node.id]:
                 continue
+            if node.frozen and node.kind == "elementwise":
+                continue   # a frozen lookup (LoRA's embedding): its gradient is not wanted
             if node.kind == "redistribute":   # a module's own gather: reduced apart
                 source, grad = self._own_gather_backward(sink, ctx, node, grads[node.id])
                 grads[self._through(source).id].append(grad)
@@ -387,8 +387,6 @@ class LayerGraph(TPCommMixin):
             task = self._attention.emit_backward(sink, ctx, ready)
             return [(x, (task, "R" if tp1 else "P" if x.id in self._head_shared else "H"))
                     for x in node.inputs]
-        if node.frozen:   # a frozen lookup (LoRA's embedding): no backward runs
-            return []
         task = self.elementwise_task(sink, ctx, node, "backward", (ready,))
         # A partial-sum output's gradient is whole (R) on every rank, and so is its input's.
         layout = (self._ep_grad_layouts[node.id] if node.passthrough else

@@ -15,7 +15,7 @@ from .graph_node import Node, wgrad_shape
 from .layer_builder import TaskSink, fp8_cast_task
 from .layouts import STRATEGY_LAYOUTS, collective, collective_bytes, grad_layout_needed
 from .program import COMM, COMPUTE, MEMORY, RELAYOUT
-from .tp_overlap import chunked_gemm, gemm_reduce_scatter, ring_gather
+from .tp_overlap import USERBUFFERS, chunked_gemm, gemm_reduce_scatter, ring_gather
 
 
 class TPCommMixin:
@@ -203,9 +203,11 @@ class TPCommMixin:
 
     def _own_gather_backward(self, sink: TaskSink, ctx: dict, node: Node, grads):
         """The backward of a module's own redistribution (a LoRA adapter's gather of the
-        sequence-parallel input, gather_from_sequence_parallel_region): its consumers'
-        partial gradients summed, then brought back to the source's layout by a
-        collective of its own (a reduce-scatter), apart from the shared one's."""
+        sequence-parallel input, gather_from_sequence_parallel_region, or its cut of a
+        gathered output to the sequence shard, scatter_to_sequence_parallel_region): its
+        consumers' gradients summed, then brought back to the source's layout by a
+        collective of its own (a reduce-scatter, an all-gather), apart from the shared
+        redistribution's."""
         layout = grads[0][1]
         tasks = [task for task, _ in grads]
         summed = tasks[0] if len(tasks) == 1 else self._accumulate(sink, ctx, node, layout, tasks)
@@ -215,3 +217,15 @@ class TPCommMixin:
             summed = self._comm(sink, ctx, layout, target, node.features, (summed,),
                                 "backward", f"grad.{node.name}", node.rows_scale)
         return source, (summed, target)
+
+    def _flush_wgrads(self, sink: TaskSink) -> None:
+        """Emit the held-back wgrad GEMMs (after the reduce-scatter they overlap)."""
+        for name, fields in self._deferred:
+            self.wgrad_tasks[name] = sink.add(**fields)
+        self._deferred = []
+
+    @property
+    def userbuffers(self) -> bool:
+        """Whether TP communication overlaps the GEMMs through Transformer Engine's
+        userbuffers (overlap.tp_comm: workloads/tp_overlap.py)."""
+        return self.options.tp_overlap == USERBUFFERS

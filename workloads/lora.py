@@ -24,6 +24,12 @@ LoRA changes, each from that code:
   linears are Megatron's ColumnParallelLinear, not Transformer Engine modules, so they run
   in BF16 under FP8 training (only TE modules see fp8_autocast) and cost the host what an
   eager op costs. Dropout 0 (the default) adds no op.
+* A frozen linear's backward runs its data-gradient GEMM alone: no weight gradient, no
+  transpose of an FP8-gathered input, block-scale swizzles for that one GEMM. Assumptions:
+  the backward cast of the output gradient still writes the copy the weight gradient
+  would read (Transformer Engine skips it; not priced away), and the saved activations
+  are those of full training (the adapters' rank-wide tensors are not added, and the
+  frozen linears' saved inputs, which the adapters' linear_in reads anyway, are kept).
 * Assumption: the first layer still computes the gradient of its input (its frozen qkv
   dgrad and norm backward), which autograd skips since the embedding output needs none;
   one layer's share of the data gradients, not priced away.
@@ -39,7 +45,8 @@ need their gradients, since the adapters before them train).
 
 Under tensor parallelism the adapter's linears are Megatron's column- and row-parallel
 ones (ParallelLinearAdapter): beside a column base (linear_qkv, linear_fc1) the adapter
-gathers the sequence-parallel input again for itself, linear_in is column-parallel with
+takes the base's gathered sequence-parallel input (gathering it again for itself only
+under TP communication overlap: add_adapter), linear_in is column-parallel with
 its rank-wide output all-gathered and linear_out column-parallel, added in the base's
 feature-sharded layout; beside a row base (linear_proj, linear_fc2) linear_in is
 row-parallel (its partial output all-reduced) and linear_out column-parallel with its
@@ -75,7 +82,8 @@ FROZEN_FP8_PARAM_BYTES = 1
 ADAPTER_SUFFIXES = (".lora_a", ".lora_b")
 # Modules whose base linear is row-parallel (Megatron-Core's linear_proj and linear_fc2):
 # their adapter's linear_in is row-parallel (ParallelLinearAdapter input_is_parallel).
-ROW_MODULES = ("linear_proj", "linear_fc2")
+ROW_MODULES = tuple(m for m, projections in MODULES.items()
+                    if MEGATRON[projections[0]] == "row")
 # The adapter output's scaling (read, write) and its add to the base output (read two,
 # write one) as two kernels; their backward: the gradient to B's output scaled (read,
 # write), the base output's gradient passed on as it is.
@@ -158,18 +166,24 @@ def add_adapter(g, lora: LoRA, module: str, x, bases: list, resid: str) -> list:
         a = g.to_layout(g.linear(f"{module}.lora_a", x, "row", lora.rank, bf16=True,
                                  adapter=True), "R")
     else:
-        # the adapter gathers the sequence-parallel norm output again for itself
-        # (gather_from_sequence_parallel_region) and reduces its input gradient itself
-        # (a reduce-scatter; without SP its ColumnParallelLinear's all-reduce), then
-        # linear_in column-parallel with gather_output (an all-gather of its output)
-        xa = g.to_layout(x, "R", own=True)
+        # Under SP Transformer Engine's LayerNormLinear hands the adapter its gathered norm
+        # output (return_layernorm_output_gathered, set by peft/utils.py
+        # get_adapter_attributes_from_linear unless the gather is userbuffers-overlapped),
+        # and the two input gradients are reduce-scattered together: the shared gather.
+        # Under TP overlap the adapter gathers the sequence shard itself
+        # (gather_from_sequence_parallel_region) and reduce-scatters its gradient apart;
+        # without SP its ColumnParallelLinear all-reduces its input gradient apart. Then
+        # linear_in column-parallel with gather_output (an all-gather of its output).
+        own = x.layout != "S" or g.userbuffers
+        xa = g.to_layout(x, "R", own=own)
         a = g.to_layout(g.linear(f"{module}.lora_a", xa, "col", lora.rank, bf16=True,
                                  adapter=True), "R")
     outs = []
     for base in bases:
         b = g.linear(f"{base.name}.lora_b", a, "col", base.features, bf16=True, adapter=True)
-        if row:   # linear_out gathers its output, then the sequence shard is kept (SP)
-            b = g.to_layout(g.to_layout(b, "R"), resid)
+        if row:   # linear_out gathers its output, then the sequence shard is kept (SP),
+            # whose backward all-gathers the gradient (scatter_to_sequence_parallel_region)
+            b = g.to_layout(g.to_layout(b, "R"), resid, own=resid == "S")
         layout = resid if row else b.layout
         outs.append(g.elementwise(f"{base.name}.lora_add", [base, b], layout=layout,
                                   rw=ADD_PASSES, features=base.features,

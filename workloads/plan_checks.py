@@ -27,8 +27,8 @@ CLI prints one line and exits 2. The rules and their sources:
   no context parallelism.
 - The BF16 layers a plan names (training.bf16_layers) fit in the model's layers.
 - Pipeline: pp x virtual_stages chunks of at least one layer each; a layer split adds up.
-- LoRA (workloads/lora.py check_lora): 1D TP of degree 1, no FSDP or ZeRO-3, a dense
-  model without latent attention.
+- LoRA (workloads/lora.py check_lora): a rank divisible by TP, Megatron-Core's column /
+  row split under TP, no FSDP or ZeRO-3, a dense model without latent attention.
 - Framework mechanisms only where they exist (check_framework_keys): the parameter
   all-gather overlap needs ZeRO 1/2 (Megatron: --overlap-param-gather requires the
   distributed optimizer); TP communication overlap and async TP need 1D TP > 1 with

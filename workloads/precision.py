@@ -148,13 +148,16 @@ class GemmRecipe:
         return total_bytes, kernels
 
     def swizzle_cost(self, phase: str, inputs: float, weights: float,
-                     grads: float) -> tuple[float, int]:
+                     grads: float, weight_grad: bool = True) -> tuple[float, int]:
         """(HBM bytes, kernels) of the block-scale swizzles before the GEMMs of `phase`:
         each GEMM's two operands' scales read and written once (forward: input and
-        weight; backward: output gradient with weight, output gradient with input)."""
+        weight; backward: output gradient with weight, output gradient with input, the
+        latter not for a frozen weight, `weight_grad` False)."""
         if not self.scale_swizzle_kernels or not self.block:
             return 0.0, 0
-        if phase == "backward":
+        if phase == "backward" and not weight_grad:
+            operands, gemms = grads + weights, 1
+        elif phase == "backward":
             operands, gemms = 2 * grads + weights + inputs, 2
         else:
             operands, gemms = inputs + weights, 1
