@@ -50,6 +50,7 @@ def test_bad_lora_blocks_name_the_field(lora, field):
 @pytest.mark.parametrize("over, field", [
     ({"mesh": {"tp": 2}, "lora": {"rank": 3}}, "lora.rank"),
     ({"mesh": {"tp": 2}, "sharding": {"wo": "seq"}}, "sharding.wo"),
+    ({"lora": {"rank": D + 1}}, "lora.rank"),      # wider than the hidden size
     ({"fsdp": {"enabled": True}}, "fsdp.enabled"),
     ({"zero_stage": 3}, "zero_stage"),
     ({"model": {**small_plan()["model"], "num_local_experts": 8, "num_experts_per_tok": 2,
@@ -85,6 +86,30 @@ def test_base_weights_get_no_gradient_and_adapters_do():
         assert f"{adapter}.wgrad" in labels and f"{adapter}.fwd" in labels
     embedding = [t for t in _tasks(_lora()) if t.op == "embedding"]
     assert embedding and all(t.phase == "forward" for t in embedding)
+
+
+@pytest.mark.parametrize("tp_comm", [False, True])
+def test_no_base_weight_gradient_on_the_tp_paths(tp_comm):
+    # TP 2 with sequence parallelism: the plain collectives and the userbuffers path
+    # (chunked dgrad / wgrad, deferred wgrads: workloads/tp_overlap.py)
+    plan = _lora(mesh={"tp": 2}, sharding={"sequence_parallel": True},
+                 overlap={"tp_comm": tp_comm})
+    labels = {t.label for t in _tasks(plan)}
+    bases = ("wq", "wk", "wv", "wo", "w1", "w3", "w2", "output")
+    assert not [label for label in labels
+                if label.split(".")[0] in bases and ".wgrad" in label
+                and ".lora_" not in label]
+    assert {f"{b}.lora_b.wgrad" for b in ("wq", "wo", "w1", "w2")} <= labels
+
+
+def test_the_distributed_optimizer_gathers_the_adapters_alone():
+    # ZeRO-1's parameter all-gather (overlapped with the next step's forward under
+    # megatron-core) carries the trainable parameters only; at TP 1 it is the only one
+    def gathered_bytes(plan):
+        return sum(t.bytes for t in lower(plan).stages[0]
+                   if t.kind != COMPUTE and t.op == "all_gather")
+    lora, full = gathered_bytes(_lora()), gathered_bytes(_plan())
+    assert full > 0 and 0 < lora < full / 50
 
 
 def test_gemm_flops_are_forward_and_data_gradient_plus_three_adapter_passes():

@@ -180,15 +180,23 @@ def add_adapter(g, lora: LoRA, module: str, x, bases: list, resid: str) -> list:
                                  adapter=True), "R")
     outs = []
     for base in bases:
-        b = g.linear(f"{base.name}.lora_b", a, "col", base.features, bf16=True, adapter=True)
+        name = _projection(base).name
+        b = g.linear(f"{name}.lora_b", a, "col", base.features, bf16=True, adapter=True)
         if row:   # linear_out gathers its output, then the sequence shard is kept (SP),
             # whose backward all-gathers the gradient (scatter_to_sequence_parallel_region)
             b = g.to_layout(g.to_layout(b, "R"), resid, own=resid == "S")
         layout = resid if row else b.layout
-        outs.append(g.elementwise(f"{base.name}.lora_add", [base, b], layout=layout,
+        outs.append(g.elementwise(f"{name}.lora_add", [base, b], layout=layout,
                                   rw=ADD_PASSES, features=base.features,
                                   launches=ADD_LAUNCHES, backward=ADD_BACKWARD))
     return outs
+
+
+def _projection(node):
+    """The projection behind a base output (through its reduction's redistributions)."""
+    while node.kind == "redistribute":
+        node = node.inputs[0]
+    return node
 
 
 def check_lora(plan) -> None:
@@ -200,6 +208,11 @@ def check_lora(plan) -> None:
     if lora.rank % tp:
         raise WorkloadError("lora.rank", lora.rank, f"a multiple of mesh.tp ({tp}): "
                             "linear_in is split over TP")
+    if m.num_experts == 0 and not m.mla:
+        smallest = min(min(shape) for shape in module_shapes(m, lora).values())
+        if lora.rank > smallest:   # a low-rank adapter: no wider than its module
+            raise WorkloadError("lora.rank", lora.rank, f"at most {smallest}, the narrowest "
+                                "side of a targeted module")
     for layer in range(m.num_layers if tp > 1 else 0):
         for projection, strategy in plan.strategies(layer).items():
             if strategy != MEGATRON.get(projection, strategy):
