@@ -248,9 +248,8 @@ class LayerGraph(TPCommMixin):
             if phase != "backward":
                 self._gathered_weight_cast(sink, ctx, node, phase)
                 return tuple(deps)
-            if node.frozen:   # no wgrad, so no transpose of the gathered input (LoRA)
-                pass
-            elif source not in self._fp8_transposed:   # the gathered input, for the wgrad
+            # the gathered input's transpose feeds the wgrad, which a frozen weight lacks
+            if not node.frozen and source not in self._fp8_transposed:
                 self._fp8_transposed[source] = self._fp8_transpose(
                     sink, ctx, inputs, deps[0], f"{name}.input")
             if source in self._fp8_transposed:
@@ -282,7 +281,7 @@ class LayerGraph(TPCommMixin):
         self._cast_inputs, self._fp8_grads, self._fp8_transposed = {}, set(), {}
         grads: dict[int, list[tuple[int, str]]] = {n.id: [] for n in self.nodes}
         out = self.nodes[-1]
-        grads[self._through(out).id].append((grad_dep, out.layout))
+        grads[self.through(out).id].append((grad_dep, out.layout))
         result = grad_dep
         for node in reversed(self.nodes):
             if (node.kind == "redistribute" and not node.own_grad) or not grads[node.id]:
@@ -291,7 +290,7 @@ class LayerGraph(TPCommMixin):
                 continue   # a frozen lookup (LoRA's embedding): its gradient is not wanted
             if node.kind == "redistribute":   # a module's own gather: reduced apart
                 source, grad = self._own_gather_backward(sink, ctx, node, grads[node.id])
-                grads[self._through(source).id].append(grad)
+                grads[self.through(source).id].append(grad)
                 continue
             start = len(sink.tasks)
             result = self._combine(sink, ctx, node, grads[node.id])
@@ -301,13 +300,14 @@ class LayerGraph(TPCommMixin):
                 continue
             produced = self._emit_backward_node(sink, ctx, node, result)
             for source, grad in produced:
-                grads[self._through(source).id].append(grad)
+                grads[self.through(source).id].append(grad)
             result = produced[0][1][0] if produced else sink.tasks[-1].id
         self._flush_wgrads(sink)
         return result
 
     @staticmethod
-    def _through(node: Node) -> Node:
+    def through(node: Node) -> Node:
+        """The node behind `node`'s shared redistributions (a module's own stops it)."""
         while node.kind == "redistribute" and not node.own_grad:
             node = node.inputs[0]
         return node

@@ -16,7 +16,7 @@ LoRA changes, each from that code:
   (megatron/core/distributed/distributed_data_parallel.py: `if param.requires_grad`), so
   the reduce-scatter and the parameter all-gather carry the adapters alone. The frozen
   weights stay in memory in the 16-bit parameter dtype, or FP8 with FP8 primary weights
-  (frozen_param_bytes).
+  (workloads/memory.py frozen_param_bytes).
 * Each targeted module gets one adapter (peft/utils.py ParallelLinearAdapter): linear_in
   (A, in -> rank) and linear_out (B, rank -> the module's whole output, q, k and v
   together for linear_qkv, gate and up for linear_fc1), then `x * (alpha / dim)` and the
@@ -74,11 +74,6 @@ MODULES = {"linear_qkv": ("wq", "wk", "wv"), "linear_proj": ("wo",),
 DEFAULT_TARGETS = tuple(MODULES)
 DEFAULT_RANK = 32                  # Megatron-Bridge LoRA.dim (peft/lora.py)
 MAX_RANK = 65536                   # an input bound, far above published ranks (1-64 in Hu et al.)
-# The frozen base weights stay in the model's 16-bit dtype, or in FP8 (1 byte) where the
-# plan keeps FP8 primary weights (ddp.fp8_param_gather: Megatron-Core's fp8_param, as the
-# Megatron-Bridge FP8 recipes and NeMo's fp8_params set): frozen_param_bytes.
-FROZEN_PARAM_BYTES = 2
-FROZEN_FP8_PARAM_BYTES = 1
 ADAPTER_SUFFIXES = (".lora_a", ".lora_b")
 # Modules whose base linear is row-parallel (Megatron-Core's linear_proj and linear_fc2):
 # their adapter's linear_in is row-parallel (ParallelLinearAdapter input_is_parallel).
@@ -124,11 +119,6 @@ def parse_lora(raw) -> LoRA | None:
     targets = raw.get("targets", list(DEFAULT_TARGETS))
     return LoRA(raw.get("rank", DEFAULT_RANK),
                 tuple(targets) if isinstance(targets, list) else targets)
-
-
-def frozen_param_bytes(plan) -> int:
-    """Bytes a frozen base weight keeps in memory under the plan (FROZEN_PARAM_BYTES)."""
-    return FROZEN_FP8_PARAM_BYTES if plan.fp8_param_gather else FROZEN_PARAM_BYTES
 
 
 def is_adapter_op(op: str) -> bool:
@@ -180,7 +170,7 @@ def add_adapter(g, lora: LoRA, module: str, x, bases: list, resid: str) -> list:
                                  adapter=True), "R")
     outs = []
     for base in bases:
-        name = _projection(base).name
+        name = g.through(base).name   # the projection behind its reduction
         b = g.linear(f"{name}.lora_b", a, "col", base.features, bf16=True, adapter=True)
         if row:   # linear_out gathers its output, then the sequence shard is kept (SP),
             # whose backward all-gathers the gradient (scatter_to_sequence_parallel_region)
@@ -192,27 +182,23 @@ def add_adapter(g, lora: LoRA, module: str, x, bases: list, resid: str) -> list:
     return outs
 
 
-def _projection(node):
-    """The projection behind a base output (through its reduction's redistributions)."""
-    while node.kind == "redistribute":
-        node = node.inputs[0]
-    return node
-
-
 def check_lora(plan) -> None:
     """The combinations a LoRA plan is modelled for (module docstring)."""
     lora = plan.lora
     if lora is None:
         return
     m, tp = plan.model, plan.mesh.tp
+    if m.num_experts or m.mla:
+        raise WorkloadError("lora", "mixture-of-experts" if m.num_experts else "latent attention",
+                            "a dense model with multi-head (or grouped-query) attention: "
+                            "adapters on expert or latent-attention linears are not modelled")
     if lora.rank % tp:
         raise WorkloadError("lora.rank", lora.rank, f"a multiple of mesh.tp ({tp}): "
                             "linear_in is split over TP")
-    if m.num_experts == 0 and not m.mla:
-        smallest = min(min(shape) for shape in module_shapes(m, lora).values())
-        if lora.rank > smallest:   # a low-rank adapter: no wider than its module
-            raise WorkloadError("lora.rank", lora.rank, f"at most {smallest}, the narrowest "
-                                "side of a targeted module")
+    smallest = min(min(shape) for shape in module_shapes(m, lora).values())
+    if lora.rank > smallest:   # a low-rank adapter: no wider than its module
+        raise WorkloadError("lora.rank", lora.rank, f"at most {smallest}, the narrowest "
+                            "side of a targeted module")
     for layer in range(m.num_layers if tp > 1 else 0):
         for projection, strategy in plan.strategies(layer).items():
             if strategy != MEGATRON.get(projection, strategy):
@@ -224,9 +210,5 @@ def check_lora(plan) -> None:
                             True if plan.fsdp else plan.zero_stage,
                             "false / a zero_stage of 0-2 under lora (frozen weights sharded "
                             "with the adapters are not modelled)")
-    if m.num_experts or m.mla:
-        raise WorkloadError("lora", "mixture-of-experts" if m.num_experts else "latent attention",
-                            "a dense model with multi-head (or grouped-query) attention: "
-                            "adapters on expert or latent-attention linears are not modelled")
     if plan.grid_strategy is not None:
         raise WorkloadError("lora", plan.grid_strategy, "1D tensor parallelism")

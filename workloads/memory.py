@@ -32,7 +32,7 @@ from .context_parallel_memory import cp_memory_bytes
 from .loss_memory import fp32_logits_bytes, fp32_logits_copies
 from .models import ModelSpec
 from .moe.memory import dispatch_buffer_bytes, expert_rows_factor, gathered_expert_input_bytes
-from .lora import frozen_param_bytes
+from .param_gathers import FP8_GATHER_BYTES
 from .params import unit_frozen_params, unit_param_groups
 from .plan import Plan
 from .precision import BF16_BYTES, precision
@@ -205,6 +205,14 @@ def sharded_state_bytes(plan: Plan) -> tuple[float, float]:
     if plan.fsdp and plan.fsdp_version == 2 and mixed:
         return FP32_BYTES, 2 * FP32_BYTES
     return prec.param_state_bytes, prec.optimizer_state_bytes
+
+
+def frozen_param_bytes(plan: Plan) -> int:
+    """Bytes a frozen base weight (LoRA, workloads/lora.py) keeps in memory: the model's
+    bf16, or one byte where the plan keeps FP8 primary weights (ddp.fp8_param_gather:
+    Megatron-Core's fp8_param, as the Megatron-Bridge FP8 recipes and NeMo's fp8_params
+    set)."""
+    return FP8_GATHER_BYTES if plan.fp8_param_gather else BF16_BYTES
 
 
 def accumulated_grad_bytes(plan: Plan) -> float:
