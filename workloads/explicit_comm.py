@@ -16,7 +16,9 @@ from .program import COMM
 class ExplicitComm:
     """Op, group and nccl-tests size of a collective in forward and in backward (bwd_op
     None: no gradient flows back, e.g. a routing map); grad_layout: the layout of the
-    input gradient its backward yields (None: the layout its output gradient came in)."""
+    input gradient its backward yields (None: the layout its output gradient came in);
+    kernel_Bps / bwd_kernel_Bps: the measured rate of the kernel that runs each (0: the
+    engine's collective alone prices it; Task.kernel_Bps)."""
 
     op: str
     group: tuple[str, ...]
@@ -25,11 +27,14 @@ class ExplicitComm:
     bwd_nbytes: float = 0.0
     grad_layout: str | None = None
     stream: str = "ep"
+    kernel_Bps: float = 0.0
+    bwd_kernel_Bps: float = 0.0
 
     def emit(self, sink: TaskSink, ctx: dict, name: str, deps, phase: str,
              backward: bool) -> int:
         """The collective's task in forward (or recompute) or backward."""
-        op, size = (self.bwd_op, self.bwd_nbytes) if backward else (self.op, self.nbytes)
+        op, size, rate = ((self.bwd_op, self.bwd_nbytes, self.bwd_kernel_Bps) if backward
+                          else (self.op, self.nbytes, self.kernel_Bps))
         label = f"grad.moe.{name}" if backward else f"moe.{name}"
         return sink.add(kind=COMM, stream=self.stream, op=op, phase=phase, deps=tuple(deps),
-                        bytes=size, group=self.group, label=label, **ctx)
+                        bytes=size, group=self.group, label=label, kernel_Bps=rate, **ctx)

@@ -66,6 +66,9 @@ class Task:
     host_sync: bool = False         # the host waits for this task to finish before it
                                     # issues the next one (a device-to-host copy the
                                     # framework reads, e.g. the MoE tokens per expert)
+    kernel_Bps: float = 0.0         # comm: the measured rate of the kernel that runs it
+                                    # (HybridEP's in an NVLink domain: workloads/moe/
+                                    # ep_nvlink.py); it lasts at least bytes / kernel_Bps
 
 
 @dataclass

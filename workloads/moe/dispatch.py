@@ -39,7 +39,8 @@ from typing import TYPE_CHECKING
 
 from ..explicit_comm import ExplicitComm
 from ..layouts import R, S
-from .ep_rdma import rdma_slowdown
+from .ep_nvlink import nvlink_kernel_Bps
+from .ep_rdma import MNNVL_GPUS, rdma_slowdown
 
 if TYPE_CHECKING:  # pragma: no cover
     from ..layer_graph import LayerGraph, Node
@@ -287,13 +288,17 @@ def _deepep_combine(g, geo: Geometry, y, probs, out_layout):
 def _deepep_comm(geo: Geometry, grad: str, combine: bool) -> ExplicitComm:
     """The fused dispatch's (or combine's) all-to-all, forward and backward: the backward
     of a dispatch is a combine and that of a combine a dispatch, each at the size that
-    takes its kernel's measured time across nodes (ep_rdma.py)."""
+    takes its kernel's measured time across nodes (ep_rdma.py), and inside one NVLink
+    domain no faster than the kernel is measured there (ep_nvlink.py)."""
     nbytes = deepep_bytes(geo)
-    dispatch, comb = rdma_slowdown(geo.flex_backend, len(deepep_blocks(geo.group_ranks)),
-                                   geo.gpu)
+    nodes = len(deepep_blocks(geo.group_ranks))
+    dispatch, comb = rdma_slowdown(geo.flex_backend, nodes, geo.gpu)
     fwd, bwd = (comb, dispatch) if combine else (dispatch, comb)
+    rates = (nvlink_kernel_Bps(geo.flex_backend, geo.gpu, geo.group_size)
+             if nodes == 1 or geo.gpu.lower() in MNNVL_GPUS else None) or (0.0, 0.0)
+    fwd_Bps, bwd_Bps = (rates[1], rates[0]) if combine else rates
     return ExplicitComm("all_to_all", geo.group, nbytes * fwd, "all_to_all", nbytes * bwd,
-                        grad, "ep")
+                        grad, "ep", kernel_Bps=fwd_Bps, bwd_kernel_Bps=bwd_Bps)
 
 
 def _hit(experts: int, held: int, k: int) -> float:

@@ -1,0 +1,107 @@
+"""HybridEP's measured rates inside one NVLink domain (workloads/moe/ep_nvlink.py), and the
+engine's floor that a collective takes at least its bytes at its kernel's rate.
+
+Golden figures: deepseek-ai/DeepEP branch hybrid-ep, docs/README_Hybrid-EP.md (commit
+17cfb81), B200 Platform (8 ranks, 16 SMs) and GB200 Platform (32 SMs), Torch API, BF16.
+"""
+from __future__ import annotations
+
+import pytest
+import simpy
+
+from simulator import SimOptions
+from simulator.api import finish
+from simulator.engine import Engine
+from simulator.network import CommModel
+from topologies import build
+from workloads.lowering import lower
+from workloads.moe.ep_nvlink import nvlink_kernel_Bps
+
+from moe_small import MOE, moe_plan
+
+
+def test_measured_rates_by_gpu_and_group():
+    assert nvlink_kernel_Bps("hybridep", "b200", 8) == pytest.approx((535.94e9, 530.86e9))
+    assert nvlink_kernel_Bps("hybridep", "GB200", 16) == pytest.approx((523.48e9, 521.55e9))
+    assert nvlink_kernel_Bps("hybridep", "gb200", 36) == pytest.approx((479.02e9, 447.89e9))
+    # between two measured groups: the smaller's; past the largest: its; below: the least
+    assert nvlink_kernel_Bps("hybridep", "gb200", 20) == nvlink_kernel_Bps("hybridep", "gb200", 16)
+    assert nvlink_kernel_Bps("hybridep", "gb200", 64) == nvlink_kernel_Bps("hybridep", "gb200", 36)
+    assert nvlink_kernel_Bps("hybridep", "gb200", 4) == nvlink_kernel_Bps("hybridep", "gb200", 8)
+
+
+def test_no_rate_where_none_is_measured():
+    assert nvlink_kernel_Bps("hybridep", "h100", 8) is None    # Hopper: IB table only
+    assert nvlink_kernel_Bps("deepep", "b200", 8) is None      # DeepEP: not at Megatron's SMs
+    assert nvlink_kernel_Bps("hybridep", "b200", 1) is None
+
+
+def _ep(world, gpu_ep=8, micro_batch=1):
+    model = {**MOE, "num_local_experts": 16}
+    return moe_plan(world=world, model=model, mesh={"ep": gpu_ep},
+                    training={"global_batch": world * micro_batch, "micro_batch": micro_batch},
+                    moe={"dispatcher": "deepep", "flex_backend": "hybridep"})
+
+
+def _rates(plan, gpu):
+    tasks = [t for t in lower(plan, gpu).tasks() if t.layer == 1 and t.microbatch == 0]
+    return {t.label: t.kernel_Bps for t in tasks if t.op == "all_to_all"}
+
+
+def test_dispatch_and_combine_carry_their_kernels_rates_inside_one_domain():
+    rates = _rates(_ep(8), "b200")
+    # the dispatch's backward is a combine, the combine's a dispatch
+    assert rates["moe.dispatch"] == pytest.approx(535.94e9)
+    assert rates["grad.moe.dispatch"] == pytest.approx(530.86e9)
+    assert rates["moe.combine"] == pytest.approx(530.86e9)
+    assert rates["grad.moe.combine"] == pytest.approx(535.94e9)
+
+
+def test_no_rate_across_nodes_or_on_hopper():
+    assert set(_rates(_ep(16, 16), "b200").values()) == {0.0}   # two nodes: ep_rdma.py
+    assert set(_rates(_ep(8), "h100").values()) == {0.0}
+    # an NVL72 rack holds 16 ranks in one domain
+    assert sorted(set(_rates(_ep(16, 16), "gb200").values())) == pytest.approx(
+        [521.55e9, 523.48e9])
+
+
+def test_a_collective_lasts_at_least_its_floor():
+    env = simpy.Environment()
+    comm = CommModel(env, build("dgx-b200"))
+    ranks, size = tuple(range(8)), 64 * 2**20
+    free = comm.plan("all_to_all", ranks, size).closed_form_s
+    done = {}
+
+    def run(tag, floor_s):
+        yield comm.collective("all_to_all", ranks, size, floor_s=floor_s)
+        done[tag] = env.now
+
+    env.process(run("slow", 3 * free))
+    env.run()
+    assert done["slow"] == pytest.approx(3 * free)
+    env = simpy.Environment()
+    comm = CommModel(env, build("dgx-b200"))
+    env.process(run("fast", 0.1 * free))
+    env.run()
+    assert done["fast"] == pytest.approx(free, rel=1e-6)
+
+
+def _step_s(program, topo) -> float:
+    engine = Engine(program, topo, SimOptions())
+    engine.run()
+    return finish(program, topo, engine).summary["step_time_s"]
+
+
+def test_the_measured_rate_slows_a_b200_step():
+    """With the rate the step is longer than with the engine's all-to-all alone, by at most
+    the dispatch and combine at that rate (16 x 2048 tokens: dispatches of ~100 MB, where
+    the kernel is slower than the links; small ones are latency-bound either way)."""
+    topo = build("dgx-b200")
+    program = lower(_ep(8, micro_batch=16), "b200")
+    floors = {t.id: t.bytes / t.kernel_Bps for t in program.tasks() if t.kernel_Bps}
+    with_rate = _step_s(program, topo)
+    program = lower(_ep(8, micro_batch=16), "b200")
+    for task in program.tasks():
+        task.kernel_Bps = 0.0
+    without = _step_s(program, topo)
+    assert floors and without < with_rate <= without + sum(floors.values())

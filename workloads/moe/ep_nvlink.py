@@ -1,0 +1,60 @@
+"""What HybridEP's fused dispatch and combine achieve inside one NVLink domain.
+
+Across nodes the kernels' RDMA stage is slower than the NIC (ep_rdma.py). Inside one
+NVLink domain (the 8 GPUs of a DGX B200, or the GPUs of a GB200 NVL72 rack, where
+HybridEP runs its MNNVL path) the engine prices the dispatch as a flat all-to-all on the
+NVLink links, at the rate its NCCL-style p2p all-to-all reaches there (about 750 GB/s per
+GPU at these sizes on B200). The kernels are measured slower than that: through the Torch API that Megatron-Core calls
+(HybridEPBuffer.dispatch / combine, which add the output allocation and the copy out of
+the registered communication buffer to the kernel), NVIDIA's benchmark prints, in GB/s of
+the rank's received rows (tests/test_hybrid_ep.py: nvl_recv_bytes = the dispatched hidden
+rows, the rank's own included, times 2 bytes for BF16; the combine sends as many):
+
+deepseek-ai/DeepEP branch hybrid-ep, docs/README_Hybrid-EP.md (commit 17cfb81, 2026-05-13),
+4096 tokens per rank, hidden 7168, top-8, 8 local experts per rank, uniform random
+routing, BF16 dispatch:
+
+    GPU     ranks  SMs   dispatch   combine   (Torch API; kernel only: dispatch, combine)
+    B200      8    16     535.94     530.86   (734.95, 673.84)
+    GB200     8    32     545.71     568.94   (764.03, 737.13)
+    GB200    16    32     523.48     521.55
+    GB200    24    32     507.32     483.76
+    GB200    32    32     484.22     464.54
+    GB200    36    32     479.02     447.89
+
+Megatron-Bridge's performance scripts run HybridEP with 32 SMs (scripts/performance/utils/
+overrides.py, `moe_hybridep_num_sms = 32` from 97ad8cc6fb through 51885cf132), so the
+GB200 rows are the 32-SM ones. Assumptions: the B200 figure, measured at 16 SMs only,
+stands for 32 (on GB200 at 8 ranks the two differ by -1 % and +6 %); Megatron-LM's own
+recipes, which leave the SM count at its default, run at these rates too (GB200's 16-SM
+rows are within 10 % of them); the rates carry to other token counts, hidden sizes and
+expert counts; a group larger than the largest measured takes that one's rates, a smaller
+one the smallest's. Hopper has no intra-node measurement (the README's H100 table is
+16-64 ranks over InfiniBand), so H100 groups keep the engine's NVLink all-to-all.
+
+The engine takes the rate as the collective's ceiling (Task.kernel_Bps): the dispatch
+lasts at least its bytes at this rate, and longer where the links are slower or shared.
+"""
+from __future__ import annotations
+
+GB = 1e9
+
+# (dispatch, combine) bytes per second of received rows, Torch API, BF16, by ranks in the
+# NVLink domain's dispatch group (docs/README_Hybrid-EP.md tables above).
+HYBRIDEP_NVLINK_Bps: dict[str, dict[int, tuple[float, float]]] = {
+    "b200": {8: (535.94 * GB, 530.86 * GB)},
+    "gb200": {8: (545.71 * GB, 568.94 * GB), 16: (523.48 * GB, 521.55 * GB),
+              24: (507.32 * GB, 483.76 * GB), 32: (484.22 * GB, 464.54 * GB),
+              36: (479.02 * GB, 447.89 * GB)},
+}
+
+
+def nvlink_kernel_Bps(backend: str, gpu: str, ranks: int) -> tuple[float, float] | None:
+    """(dispatch, combine) rate of a flex-dispatcher backend's kernels for a group of
+    `ranks` inside one NVLink domain of `gpu`s; None where none is measured (then the
+    engine's all-to-all alone prices it)."""
+    table = HYBRIDEP_NVLINK_Bps.get(gpu.lower()) if backend == "hybridep" else None
+    if not table or ranks < 2:
+        return None
+    key = ([n for n in sorted(table) if n <= ranks] or [min(table)])[-1]
+    return table[key]
