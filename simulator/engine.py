@@ -32,7 +32,7 @@ from .trace import TraceRecorder
 from .trace_spill import SpillRecorder
 
 
-def _floor_s(task: Task) -> float:
+def _kernel_min_s(task: Task) -> float:
     """The least time a collective takes: its bytes at the measured rate of the kernel
     that runs it (Task.kernel_Bps; 0: the links alone decide)."""
     return task.bytes / task.kernel_Bps if task.kernel_Bps else 0.0
@@ -239,7 +239,8 @@ class Engine:
             ranks, event = self._class_collective(rank, task)
         else:
             event = self.comm.collective(task.op, ranks, task.bytes,
-                                         self.groups.twins(rank, task.group), _floor_s(task))
+                                         self.groups.twins(rank, task.group),
+                                         _kernel_min_s(task))
         algorithm = yield from self._track(rank, task.op, ranks, task.bytes, event)
         return algorithm, began
 
@@ -264,7 +265,8 @@ class Engine:
         if entry[1] == len(ranks):
             # Complete: the members hold the event; only open rendezvous stay listed.
             del self._rendezvous[key]
-            start = self.comm.collective(task.op, ranks, task.bytes, floor_s=_floor_s(task))
+            start = self.comm.collective(task.op, ranks, task.bytes,
+                                         kernel_min_s=_kernel_min_s(task))
             start.callbacks.append(lambda ev, out=entry[0]: out.succeed(ev.value))
         return entry[0]
 
@@ -283,14 +285,15 @@ class Engine:
         if len(reps) == 1:
             return ranks, self.comm.collective(task.op, ranks, task.bytes,
                                                self.groups.twins(lead, task.group),
-                                               _floor_s(task))
+                                               _kernel_min_s(task))
         key = (task.id, lead)
         entry = self._rendezvous.setdefault(key, [self.env.event(), 0])
         entry[1] += 1
         if entry[1] == len(reps):
             del self._rendezvous[key]
             start = self.comm.collective(task.op, ranks, task.bytes,
-                                         self.groups.twins(lead, task.group), _floor_s(task))
+                                         self.groups.twins(lead, task.group),
+                                         _kernel_min_s(task))
             start.callbacks.append(lambda ev, out=entry[0]: out.succeed(ev.value))
         return ranks, entry[0]
 

@@ -6,18 +6,24 @@ Golden figures: deepseek-ai/DeepEP branch hybrid-ep, docs/README_Hybrid-EP.md (c
 """
 from __future__ import annotations
 
+import math
+
 import pytest
 import simpy
 
 from simulator import SimOptions
 from simulator.api import finish
 from simulator.engine import Engine
-from simulator.network import CommModel
+from simulator.network import CommModel, CommOptions
 from topologies import build
+from workloads.layer_graph import LayerGraph
+from workloads.layers import layer_shape
 from workloads.lowering import lower
+from workloads.moe.dispatch import deepep_bytes
 from workloads.moe.ep_nvlink import nvlink_kernel_Bps
+from workloads.moe.layer import geometry
 
-from moe_small import MOE, moe_plan
+from moe_small import D, MOE, moe_plan
 
 
 def test_measured_rates_by_gpu_and_group():
@@ -65,6 +71,22 @@ def test_no_rate_across_nodes_or_on_hopper():
         [521.55e9, 523.48e9])
 
 
+def test_the_floor_counts_the_rows_a_rank_receives_on_a_rack():
+    """On an NVL72 rack a 16-rank group is one NVLink domain: the dispatch's bytes are the
+    rows each rank receives, its own included (HybridEP's nvl_recv_bytes), so its floor
+    is those rows at the measured rate, not DeepEP's RDMA blocks of 8."""
+    plan = _ep(16, 16)
+    graph = LayerGraph(layer_shape(plan, "gb200"))
+    geo = geometry(graph, plan, graph.input("R", D))
+    received = geo.tokens * geo.hidden * geo.act_bytes * geo.rows / geo.top_k * 16 * (
+        1 - math.comb(16 - 1, geo.top_k) / math.comb(16, geo.top_k))
+    tasks = {t.label: t for t in lower(plan, "gb200").tasks()
+             if t.layer == 1 and t.microbatch == 0 and t.op == "all_to_all"}
+    assert deepep_bytes(geo) == pytest.approx(received)
+    assert tasks["moe.dispatch"].bytes / tasks["moe.dispatch"].kernel_Bps == pytest.approx(
+        received / 523.48e9)
+
+
 def test_a_collective_lasts_at_least_its_floor():
     env = simpy.Environment()
     comm = CommModel(env, build("dgx-b200"))
@@ -72,8 +94,8 @@ def test_a_collective_lasts_at_least_its_floor():
     free = comm.plan("all_to_all", ranks, size).closed_form_s
     done = {}
 
-    def run(tag, floor_s):
-        yield comm.collective("all_to_all", ranks, size, floor_s=floor_s)
+    def run(tag, min_s):
+        yield comm.collective("all_to_all", ranks, size, kernel_min_s=min_s)
         done[tag] = env.now
 
     env.process(run("slow", 3 * free))
@@ -86,22 +108,31 @@ def test_a_collective_lasts_at_least_its_floor():
     assert done["fast"] == pytest.approx(free, rel=1e-6)
 
 
-def _step_s(program, topo) -> float:
-    engine = Engine(program, topo, SimOptions())
+def _step_s(program, topo, options) -> float:
+    engine = Engine(program, topo, options)
     engine.run()
     return finish(program, topo, engine).summary["step_time_s"]
 
 
-def test_the_measured_rate_slows_a_b200_step():
+# every path of the engine that starts a collective: the representative rank's, every rank
+# meeting at a rendezvous (full), rank classes (fault_classes), and the closed form
+# without the network model
+ENGINE_MODES = {"rep": SimOptions(), "full": SimOptions(full=True),
+                "classes": SimOptions(fault_classes=True),
+                "closed-form": SimOptions(comm=CommOptions(flow_sharing=False))}
+
+
+@pytest.mark.parametrize("mode", ENGINE_MODES)
+def test_the_measured_rate_slows_a_b200_step(mode):
     """With the rate the step is longer than with the engine's all-to-all alone, by at most
     the dispatch and combine at that rate (16 x 2048 tokens: dispatches of ~100 MB, where
     the kernel is slower than the links; small ones are latency-bound either way)."""
-    topo = build("dgx-b200")
+    topo, options = build("dgx-b200"), ENGINE_MODES[mode]
     program = lower(_ep(8, micro_batch=16), "b200")
     floors = {t.id: t.bytes / t.kernel_Bps for t in program.tasks() if t.kernel_Bps}
-    with_rate = _step_s(program, topo)
+    with_rate = _step_s(program, topo, options)
     program = lower(_ep(8, micro_batch=16), "b200")
     for task in program.tasks():
         task.kernel_Bps = 0.0
-    without = _step_s(program, topo)
+    without = _step_s(program, topo, options)
     assert floors and without < with_rate <= without + sum(floors.values())

@@ -66,7 +66,13 @@ def test_dispatch_and_combine_sized_at_their_kernels_rates(backend):
     assert sizes["grad.moe.dispatch"] == pytest.approx(flat * combine)
     assert sizes["moe.combine"] == pytest.approx(flat * combine)
     assert sizes["grad.moe.combine"] == pytest.approx(flat * dispatch)
-    assert list(_sizes(plan, "gb200").values()) == pytest.approx([flat] * 4)
+    # an NVL72 rack: no RDMA stage; HybridEP sends each token once to every rank it needs
+    # (one NVLink domain), DeepEP keeps its 8-peer blocks
+    rack_graph = LayerGraph(layer_shape(plan, "gb200"))
+    rack = deepep_bytes(geometry(rack_graph, plan, rack_graph.input("R", D)))
+    assert list(_sizes(plan, "gb200").values()) == pytest.approx([rack] * 4)
+    assert (rack > flat) == (backend == "hybridep")
+    assert (rack == pytest.approx(flat)) == (backend == "deepep")
 
 
 def test_unknown_flex_backend_is_refused():

@@ -41,17 +41,18 @@ class CommModel:
         return self.model.plan(op, ranks, size_bytes)
 
     def collective(self, op: str, ranks: tuple[int, ...], size_bytes: float,
-                   twins: tuple[tuple[int, ...], ...] = (), floor_s: float = 0.0) -> simpy.Event:
-        """An event that fires when the collective is done, and not before `floor_s` from
-        now (the measured time of the kernel that runs it, where that is slower than the
-        links: Task.kernel_Bps); its value is the plan used."""
+                   twins: tuple[tuple[int, ...], ...] = (),
+                   kernel_min_s: float = 0.0) -> simpy.Event:
+        """An event that fires when the collective is done, and not before `kernel_min_s`
+        from now (the measured time of the kernel that runs it, where that is slower than
+        the links: Task.kernel_Bps); its value is the plan used."""
         plan = self.model.plan(op, ranks, size_bytes)
         if not plan.flows or not self.options.flow_sharing:
-            return self.env.timeout(max(plan.closed_form_s, floor_s), value=plan)
+            return self.env.timeout(max(plan.closed_form_s, kernel_min_s), value=plan)
         weights = self._weights(op, tuple(ranks), tuple(twins), plan) if twins else None
-        return self.env.process(self._run(plan, weights, floor_s))
+        return self.env.process(self._run(plan, weights, kernel_min_s))
 
-    def _run(self, plan: CollectivePlan, weights, floor_s: float = 0.0):
+    def _run(self, plan: CollectivePlan, weights, kernel_min_s: float = 0.0):
         # The flows start after NCCL's latency (and the NVLS fill); a ring's further
         # passes pay their steps' latencies while the bytes move, taken here after them.
         start = self.env.now
@@ -60,8 +61,8 @@ class CommModel:
         yield self.network.transfer(plan.flows, weights)
         if plan.passes_s > 0:
             yield self.env.timeout(plan.passes_s)
-        if self.env.now < start + floor_s:
-            yield self.env.timeout(start + floor_s - self.env.now)
+        if self.env.now < start + kernel_min_s:
+            yield self.env.timeout(start + kernel_min_s - self.env.now)
         return plan
 
     # -- twins ------------------------------------------------------------------------

@@ -28,8 +28,11 @@ deepep (Megatron's flex dispatcher with the DeepEP backend, _DeepepManager): one
   the per-rank size that puts DeepEP's RDMA bytes on the inter-node links (deepep_bytes).
   Across nodes the kernels move their inter-node bytes slower than the NIC's line rate:
   the flat all-to-all grows by the factor their own benchmarks give (ep_rdma.py: HybridEP
-  on H100 and DeepEP's legacy kernels, 21-45 GB/s of a 50 GB/s NIC); the dispatch's backward is a combine and the
-  combine's a dispatch, each with its own factor.
+  on H100 and DeepEP's legacy kernels, 21-45 GB/s of a 50 GB/s NIC); the dispatch's
+  backward is a combine and the combine's a dispatch, each with its own factor. HybridEP
+  on an NVL72 rack (its MNNVL path) holds the whole group in one NVLink domain: a token
+  goes once to each rank holding one of its experts, and inside one domain the kernels
+  run no faster than their own benchmark (ep_nvlink.py).
 """
 from __future__ import annotations
 
@@ -291,11 +294,11 @@ def _deepep_comm(geo: Geometry, grad: str, combine: bool) -> ExplicitComm:
     takes its kernel's measured time across nodes (ep_rdma.py), and inside one NVLink
     domain no faster than the kernel is measured there (ep_nvlink.py)."""
     nbytes = deepep_bytes(geo)
-    nodes = len(deepep_blocks(geo.group_ranks))
+    nodes = _nodes(geo)
     dispatch, comb = rdma_slowdown(geo.flex_backend, nodes, geo.gpu)
     fwd, bwd = (comb, dispatch) if combine else (dispatch, comb)
     rates = (nvlink_kernel_Bps(geo.flex_backend, geo.gpu, geo.group_size)
-             if nodes == 1 or geo.gpu.lower() in MNNVL_GPUS else None) or (0.0, 0.0)
+             if nodes == 1 else None) or (0.0, 0.0)
     fwd_Bps, bwd_Bps = (rates[1], rates[0]) if combine else rates
     return ExplicitComm("all_to_all", geo.group, nbytes * fwd, "all_to_all", nbytes * bwd,
                         grad, "ep", kernel_Bps=fwd_Bps, bwd_kernel_Bps=bwd_Bps)
@@ -309,19 +312,29 @@ def _hit(experts: int, held: int, k: int) -> float:
     return 1.0 - math.comb(experts - held, k) / math.comb(experts, k)
 
 
+def _nodes(geo: Geometry) -> int:
+    """NVLink domains the dispatch group spans as the kernels see it: DeepEP's blocks of
+    NVLink peers, or one for HybridEP on a rack whose NVLink spans the group (its MNNVL
+    path, ep_rdma.py MNNVL_GPUS), which sends a token once to each rank it needs."""
+    if geo.flex_backend == "hybridep" and geo.gpu.lower() in MNNVL_GPUS:
+        return 1
+    return len(deepep_blocks(geo.group_ranks))
+
+
 def deepep_bytes(geo: Geometry) -> float:
     """Per-rank all-to-all size that carries DeepEP's traffic through a flat all-to-all.
 
     The group's ranks split into nodes of DeepEP's NVLink peers (consecutive blocks of
-    DEEPEP_NVL_PEERS ranks). Within one node a token goes once to each rank holding one
-    of its experts: T x (expected ranks hit) rows. Across n nodes it crosses RDMA once per
-    other node holding one of its experts: T (n - 1) P(node hit) rows, and a flat
+    DEEPEP_NVL_PEERS ranks; HybridEP on an NVL72 rack: one, _nodes). Within one node a
+    token goes once to each rank holding one of its experts: T x (expected ranks hit)
+    rows, the rows HybridEP's benchmark counts (ep_nvlink.py). Across n nodes it crosses
+    RDMA once per other node holding one of its experts: T (n - 1) P(node hit) rows, and a flat
     all-to-all puts (g - p) / g of its buffer on other nodes (p group ranks per node), so
     the buffer is that over (g - p) / g. Routing uniform over experts (an expert's ETP
     ranks all receive the token), times the hottest rank's imbalance r / top_k.
     """
     ranks, k = geo.group_ranks, geo.top_k
-    g, n = len(ranks), len(deepep_blocks(ranks))
+    g, n = len(ranks), _nodes(geo)
     row = geo.tokens * geo.hidden * geo.act_bytes * geo.rows / k
     if n == 1:
         return row * geo.ep * _hit(geo.num_experts, geo.local_experts, k) * geo.etp

@@ -4,11 +4,15 @@ Across nodes the kernels' RDMA stage is slower than the NIC (ep_rdma.py). Inside
 NVLink domain (the 8 GPUs of a DGX B200, or the GPUs of a GB200 NVL72 rack, where
 HybridEP runs its MNNVL path) the engine prices the dispatch as a flat all-to-all on the
 NVLink links, at the rate its NCCL-style p2p all-to-all reaches there (about 750 GB/s per
-GPU at these sizes on B200). The kernels are measured slower than that: through the Torch API that Megatron-Core calls
-(HybridEPBuffer.dispatch / combine, which add the output allocation and the copy out of
-the registered communication buffer to the kernel), NVIDIA's benchmark prints, in GB/s of
-the rank's received rows (tests/test_hybrid_ep.py: nvl_recv_bytes = the dispatched hidden
-rows, the rank's own included, times 2 bytes for BF16; the combine sends as many):
+GPU at these sizes on B200). The kernels are measured slower than that. NVIDIA's
+benchmark times HybridEPBuffer.dispatch / combine through the Torch API (the kernel plus
+the output allocation and the copy out of the registered communication buffer) and
+prints GB/s of the rank's received rows (tests/test_hybrid_ep.py: nvl_recv_bytes = the
+dispatched hidden rows, the rank's own included, times 2 bytes for BF16; the combine
+sends as many). Megatron-Core calls the permuting variants (dispatch_with_permute /
+combine_with_unpermute, megatron/core/transformer/moe/fused_a2a.py); the simulator
+prices the permute as a task of its own (dispatch.py), so the plain figures stand for
+the transfer:
 
 deepseek-ai/DeepEP branch hybrid-ep, docs/README_Hybrid-EP.md (commit 17cfb81, 2026-05-13),
 4096 tokens per rank, hidden 7168, top-8, 8 local experts per rank, uniform random
@@ -27,13 +31,16 @@ overrides.py, `moe_hybridep_num_sms = 32` from 97ad8cc6fb through 51885cf132), s
 GB200 rows are the 32-SM ones. Assumptions: the B200 figure, measured at 16 SMs only,
 stands for 32 (on GB200 at 8 ranks the two differ by -1 % and +6 %); Megatron-LM's own
 recipes, which leave the SM count at its default, run at these rates too (GB200's 16-SM
-rows are within 10 % of them); the rates carry to other token counts, hidden sizes and
+rows are within 13 % of them); the rates carry to other token counts, hidden sizes and
 expert counts; a group larger than the largest measured takes that one's rates, a smaller
-one the smallest's. Hopper has no intra-node measurement (the README's H100 table is
-16-64 ranks over InfiniBand), so H100 groups keep the engine's NVLink all-to-all.
+one the smallest's; a GB200 group is taken to sit in one rack (as ep_rdma.py takes it:
+the reference rows use at most 64 GPUs of a rack). Hopper has no intra-node measurement
+(the README's H100 table is 16-64 ranks over InfiniBand), so H100 groups keep the
+engine's NVLink all-to-all.
 
-The engine takes the rate as the collective's ceiling (Task.kernel_Bps): the dispatch
-lasts at least its bytes at this rate, and longer where the links are slower or shared.
+The engine takes the rate as a ceiling on the collective's rate (Task.kernel_Bps): the
+dispatch lasts at least its bytes at this rate, and longer where the links are slower
+or shared.
 """
 from __future__ import annotations
 
