@@ -43,3 +43,35 @@ def test_backward_casts_of_each_output_gradient_are_kept():
         label = f"grad.{linear}.fp8_cast"
         assert fused[label].bytes > 0
         assert fused[label].bytes == pytest.approx(generic[label].bytes)
+
+
+def _grad_sums(framework, model=None):
+    raw = small_plan(framework=framework, **({"model": model} if model else {}))
+    stage = lower(resolve(plan_from_dict(raw), 8)).stages[0]
+    return {t.label: t for t in stage if t.layer == 1 and t.microbatch == 0
+            and t.phase == "backward" and t.op in ("grad_accumulate", "join")}
+
+
+def test_a_fused_modules_input_gradient_is_one_gemm_output():
+    """Megatron-Core's linear_qkv and linear_fc1 compute their input gradient in one GEMM
+    over the concatenated weight: no add of q/k/v or gate/up gradients; the residual
+    stream's two branches are still added. Separate linears (generic) add theirs."""
+    fused, separate = _grad_sums("megatron-core"), _grad_sums("generic")
+    for norm in ("grad.attention_norm", "grad.ffn_norm"):
+        assert fused[norm].op == "join" and fused[norm].bytes == 0.0
+        assert separate[norm].op == "grad_accumulate"
+    per_tensor = TOKENS * HIDDEN * 2.0       # bf16
+    assert separate["grad.attention_norm"].bytes == pytest.approx(4 * per_tensor)  # q, k, v
+    assert separate["grad.ffn_norm"].bytes == pytest.approx(3 * per_tensor)        # gate, up
+    assert fused["grad.residual_add"].bytes == pytest.approx(3 * per_tensor)
+
+
+def test_a_moe_layers_router_and_experts_gradients_are_still_added():
+    """The routed experts' gate/up is one grouped module (no add over the rows it reads,
+    sorted by local expert without EP: sort_chunks); the router's input gradient and the
+    dispatch's are two modules: added."""
+    moe = {**small_plan()["model"], "num_local_experts": 8, "num_experts_per_tok": 2,
+           "moe_intermediate_size": 1024}
+    sums = _grad_sums("megatron-core", moe)
+    assert sums["grad.sort_chunks"].op == "join"
+    assert sums["grad.ffn_norm"].op == "grad_accumulate"

@@ -279,6 +279,7 @@ class LayerGraph(TPCommMixin):
         without an input (the embedding), its last backward task.
         """
         self._cast_inputs, self._fp8_grads, self._fp8_transposed = {}, set(), {}
+        self._module_of_grad: dict[int, str] = {}
         grads: dict[int, list[tuple[int, str]]] = {n.id: [] for n in self.nodes}
         out = self.nodes[-1]
         grads[self.through(out).id].append((grad_dep, out.layout))
@@ -301,6 +302,8 @@ class LayerGraph(TPCommMixin):
             produced = self._emit_backward_node(sink, ctx, node, result)
             for source, grad in produced:
                 grads[self.through(source).id].append(grad)
+                if node.kind == "linear" and self.options.fused_te_modules:
+                    self._module_of_grad[grad[0]] = FUSED_INTO.get(node.name, node.name)
             result = produced[0][1][0] if produced else sink.tasks[-1].id
         self._flush_wgrads(sink)
         return result
@@ -334,10 +337,16 @@ class LayerGraph(TPCommMixin):
         return ready[0] if len(ready) == 1 else self._accumulate(sink, ctx, node, target, ready)
 
     def _accumulate(self, sink: TaskSink, ctx: dict, node: Node, layout: str, tasks) -> int:
+        # The input gradients of one Transformer Engine module's GEMMs (q/k/v, gate/up:
+        # graph_node.FUSED_INTO) are one GEMM's output there: nothing to add among them.
+        summed = len({self._module_of_grad.get(t, t) for t in tasks})
+        if summed == 1:
+            return sink.add(kind=COMPUTE, stream="compute", op="join", phase="backward",
+                            deps=tuple(tasks), kernels=0, label=f"grad.{node.name}", **ctx)
         sh = self.shape
         local = sh.rows(layout) * sh.cols(layout, node.features) * sh.act_bytes * node.rows_scale
         return sink.add(kind=COMPUTE, stream="compute", op="grad_accumulate", phase="backward",
-                        deps=tuple(tasks), bytes=local * (len(tasks) + 1), op_class=MEMORY,
+                        deps=tuple(tasks), bytes=local * (summed + 1), op_class=MEMORY,
                         label=f"grad.{node.name}", **ctx)
 
     def _emit_backward_node(self, sink: TaskSink, ctx: dict, node: Node, ready: int):
