@@ -337,13 +337,11 @@ class LayerGraph(TPCommMixin):
         return ready[0] if len(ready) == 1 else self._accumulate(sink, ctx, node, target, ready)
 
     def _accumulate(self, sink: TaskSink, ctx: dict, node: Node, layout: str, tasks) -> int:
-        # The input gradients of one Transformer Engine module's GEMMs (q/k/v, gate/up:
-        # graph_node.FUSED_INTO) are one GEMM's output there: nothing to add among them.
-        summed = len({self._module_of_grad.get(t, t) for t in tasks})
+        # one TE module's GEMMs (graph_node.FUSED_INTO) give one input gradient: no add
+        summed, sh = len({self._module_of_grad.get(t, t) for t in tasks}), self.shape
         if summed == 1:
             return sink.add(kind=COMPUTE, stream="compute", op="join", phase="backward",
                             deps=tuple(tasks), kernels=0, label=f"grad.{node.name}", **ctx)
-        sh = self.shape
         local = sh.rows(layout) * sh.cols(layout, node.features) * sh.act_bytes * node.rows_scale
         return sink.add(kind=COMPUTE, stream="compute", op="grad_accumulate", phase="backward",
                         deps=tuple(tasks), bytes=local * (summed + 1), op_class=MEMORY,

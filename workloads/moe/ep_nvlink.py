@@ -44,6 +44,8 @@ or shared.
 """
 from __future__ import annotations
 
+from .ep_rdma import measured_size
+
 GB = 1e9
 
 # (dispatch, combine) bytes per second of received rows, Torch API, BF16, by ranks in the
@@ -63,5 +65,4 @@ def nvlink_kernel_Bps(backend: str, gpu: str, ranks: int) -> tuple[float, float]
     table = HYBRIDEP_NVLINK_Bps.get(gpu.lower()) if backend == "hybridep" else None
     if not table or ranks < 2:
         return None
-    key = ([n for n in sorted(table) if n <= ranks] or [min(table)])[-1]
-    return table[key]
+    return table[measured_size(table, ranks)]

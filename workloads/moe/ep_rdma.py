@@ -64,12 +64,18 @@ LOGICAL_Bps = {"hybridep": HYBRIDEP_LOGICAL_Bps, "deepep": DEEPEP_LOGICAL_Bps}
 MNNVL_GPUS = ("gb200", "gb300")
 
 
+def measured_size(table: dict, size: int) -> int:
+    """The benchmark's group size standing for `size`: the largest measured at or below
+    it, or the smallest measured (a kernel benchmark's rates by ranks or nodes)."""
+    return ([n for n in sorted(table) if n <= size] or [min(table)])[-1]
+
+
 def achieved_rdma_Bps(backend: str, nodes: int) -> tuple[float, float]:
     """Bytes per second that really cross RDMA per GPU in a backend's (dispatch, combine)
     with the group on `nodes` nodes: the benchmark's rate over all nodes hit, times the
     (nodes - 1) / nodes of them that are remote."""
     table = LOGICAL_Bps[backend]
-    key = ([n for n in sorted(table) if n <= nodes] or [2])[-1]
+    key = measured_size(table, nodes)
     remote = (key - 1) / key
     dispatch, combine = table[key]
     return dispatch * remote, combine * remote
