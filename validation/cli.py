@@ -1,4 +1,4 @@
-"""`python -m validation run|calibrate|compare|references`.
+"""`python -m validation run|calibrate|compare|references|collectives|moe-layer`.
 
 Exit status: 0 success, 2 bad input (one line on stderr naming field, value and allowed
 values; no traceback; an output path that cannot be written is refused before the work),
@@ -90,6 +90,10 @@ def build_parser() -> argparse.ArgumentParser:
     col.add_argument("--systems", default=None,
                      help="system -> topology JSON (default: the bundled mapping)")
     col.add_argument("--json", action="store_true", help="print one JSON object")
+    moe = sub.add_parser("moe-layer",
+                         help="simulate Megatron-LM's single-MoE-layer benchmark; print errors")
+    moe.add_argument("--csv", default=None, help="cases CSV (default: the bundled table)")
+    moe.add_argument("--json", action="store_true", help="print one JSON object")
     return p
 
 
@@ -160,13 +164,19 @@ def _collectives(args: argparse.Namespace) -> int:
     return collectives_main(args.csv, args.systems, args.json)
 
 
+def _moe_layer(args: argparse.Namespace) -> int:
+    from .moe_layer import moe_layer_main
+
+    return moe_layer_main(args.csv, args.json)
+
+
 def main(argv: list[str] | None = None) -> int:
     """Entry point; returns the exit status."""
     try:
         args = build_parser().parse_args(argv)
         handler = {"run": _run, "calibrate": _calibrate, "compare": _compare,
                    "references": _references,
-                   "collectives": _collectives}[args.command]
+                   "collectives": _collectives, "moe-layer": _moe_layer}[args.command]
         if args.command == "calibrate" or (args.command == "run" and len(args.plan) == 1):
             output_kind(args.output, "-o")   # before minutes of training or benchmarks
         return handler(args)
