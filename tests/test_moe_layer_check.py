@@ -75,8 +75,8 @@ def test_plan_has_the_benchmark_shapes_mesh_and_dispatcher():
 
 
 def test_moe_nodes_cover_every_node_the_moe_builders_name():
-    """MOE_NODES is kept by hand (workloads/ exports no list): every node the MoE layer's
-    builders create must be in it, or a new node would drop out of the measured span."""
+    """workloads.moe.MOE_LAYER_NODES is a written list: every node the MoE layer's builders
+    create must be in it, or a new node would drop out of the measured span."""
     root = Path(__file__).resolve().parents[1] / "workloads"
     files = [*sorted((root / "moe").glob("*.py")), root / "expert_epilogue.py"]
     named = set()

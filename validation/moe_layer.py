@@ -34,6 +34,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from workloads.moe import MOE_LAYER_NODES
+
 from .csv_input import INT, NUMBER, TEXT, read_typed_csv
 
 REFERENCES = Path(__file__).resolve().parent / "references"
@@ -64,16 +66,8 @@ VOCAB = 32000
 # transpose does (read 2 B, write 1 + 1 B); the simulator has no block-scaled FP8 GEMM on
 # Hopper, so "fp8" also prices the GEMMs at the per-tensor FP8 rate (a notes entry).
 FP8_PLAN_DTYPE = "fp8"
-# The MoE layer's nodes as the layer graph names them (workloads/moe/layer.py build_moe_mlp
-# and _experts, workloads/moe/router_ops.py, workloads/moe/dispatch.py, workloads/
-# expert_epilogue.py). Trace labels are NODE.fwd / NODE.bwd / NODE.dgrad / NODE.wgrad,
-# NODE.fp8_cast and grad.NODE.fp8_cast, and grad.NODE for the sum (or join) of the
-# gradients of NODE's output. workloads/ exports no such list; keep it in step with them.
-MOE_NODES = frozenset({
-    "router", "router_random", "router_topk", "router_token_drop", "router_aux_loss",
-    "permute", "sort_chunks", "expert_pad", "w1", "w3", "glu_clamp", "swiglu", "gelu", "w2",
-    "expert_bias", "expert_unpad", "unsort_chunks", "unpermute",
-    "shared_w1", "shared_w3", "shared_swiglu", "shared_gelu", "shared_w2", "shared_add"})
+# The MoE layer's nodes as the layer graph names them (workloads/moe/layer.py).
+MOE_NODES = MOE_LAYER_NODES
 # The layer's input node (the pre-MLP norm): the sum of its output's gradients is the MoE
 # input's gradient (router and dispatch both read it), which the benchmark's backward
 # computes; the norm's own forward and backward are outside the MoELayer.

@@ -4,6 +4,6 @@ layer.py builds the layer's graph; dispatch.py the dispatchers' collectives and 
 imbalance.py the hottest EP rank's rows; grouped_gemm.py the grouped-GEMM efficiency; the
 plan's `moe` block is workloads/moe_options.py.
 """
-from .layer import build_moe_mlp, moe_param_groups
+from .layer import MOE_LAYER_NODES, build_moe_mlp, moe_param_groups
 
-__all__ = ["build_moe_mlp", "moe_param_groups"]
+__all__ = ["MOE_LAYER_NODES", "build_moe_mlp", "moe_param_groups"]

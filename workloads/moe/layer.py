@@ -50,6 +50,17 @@ from .router_ops import aux_loss, random_logits, token_drop
 if TYPE_CHECKING:  # pragma: no cover
     from ..layer_graph import LayerGraph, Node
 
+# Every node an MoE layer's graph can hold, as the builders name them (build_moe_mlp and
+# _experts here, router_ops.py, dispatch.py, workloads/expert_epilogue.py); trace labels
+# are NODE.fwd / .bwd / .dgrad / .wgrad / .fp8_cast and grad.NODE for the gradient sum.
+# Readers of a trace (validation's single-layer check) select the layer's tasks by it;
+# tests/test_moe_layer_check.py checks that every builder's node is listed.
+MOE_LAYER_NODES = frozenset({
+    "router", "router_random", "router_topk", "router_token_drop", "router_aux_loss",
+    "permute", "sort_chunks", "expert_pad", "w1", "w3", "glu_clamp", "swiglu", "gelu", "w2",
+    "expert_bias", "expert_unpad", "unsort_chunks", "unpermute",
+    "shared_w1", "shared_w3", "shared_swiglu", "shared_gelu", "shared_w2", "shared_add"})
+
 
 def dispatch_dims(plan) -> tuple[str, ...]:
     """The mesh dims a token dispatch spans: EP, with TP when the experts are TP-sharded."""
