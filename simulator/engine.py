@@ -95,6 +95,9 @@ class Engine:
         self._simulated = set(self.ranks)
         self._busy_sm = {r: 0 for r in self.ranks}
         self._busy_nvls = {r: 0 for r in self.ranks}
+        # per rank, the stream processes running a compute task now (insertion-ordered, so
+        # a speed change interrupts them in a deterministic order)
+        self._computing: dict[int, dict[simpy.Process, None]] = {r: {} for r in self.ranks}
         self._streams: dict[int, tuple] = {}
         self._duration_cache: dict[tuple, list[float]] = {}
         self._host_cache: dict[tuple, HostTimeline | None] = {}
@@ -177,7 +180,8 @@ class Engine:
         # same order as a helper generator would create.
         env, record = self.env, self.trace.record
         done, waiters, synced_at = state.done, state.waiters, state.synced_at
-        timeout, slowed = env.timeout, self._slowed
+        timeout, compute = env.timeout, self._compute
+        interference = self.options.overlap_slowdown
         last_sync, offset = (host.last_sync, host.offset) if host is not None else (None, None)
         for task, cross in tasks:
             for dep in cross:
@@ -195,7 +199,10 @@ class Engine:
             if task.kind == COMPUTE:
                 duration = durations[task_id]
                 if duration:
-                    yield timeout(slowed(rank, duration))
+                    if interference:
+                        yield from compute(rank, duration)
+                    else:
+                        yield timeout(duration)
                 record(rank, stage, task_id, start, env.now, "", "")
             else:
                 algorithm, began = yield from self._communicate(rank, task)
@@ -208,14 +215,49 @@ class Engine:
                 waiters.pop(task_id).succeed()
             self.events += 1
 
-    def _slowed(self, rank: int, duration: float) -> float:
-        """A compute duration stretched by collectives running on this rank's SMs."""
-        if self.options.overlap_slowdown:
-            if self._busy_sm[rank]:
-                return duration / self.topology.device(rank).profile.overlap_compute_factor
-            if self._busy_nvls[rank]:
-                return duration / self.topology.device(rank).profile.overlap_compute_factor_nvls
-        return duration
+    def _speed(self, rank: int) -> float:
+        """The fraction of its interference-free speed this rank's compute runs at now:
+        lower while a collective occupies some of its SMs (DeviceProfile
+        .overlap_compute_factor; NVLS collectives, which reduce in the switch, take fewer)."""
+        if self._busy_sm[rank]:
+            return self.topology.device(rank).profile.overlap_compute_factor
+        if self._busy_nvls[rank]:
+            return self.topology.device(rank).profile.overlap_compute_factor_nvls
+        return 1.0
+
+    def _compute(self, rank: int, duration: float) -> Iterator:
+        """Run `duration` seconds of interference-free work at the rank's changing speed.
+
+        Only the part of a kernel that runs beside a collective is slowed: NCCL's blocks
+        take SMs as the kernel's thread blocks retire (the GPU schedules blocks of
+        concurrent streams as SMs free up), and give them back when the collective ends.
+        So the work is integrated piecewise between speed changes (a change interrupts
+        the waiting stream, _note_speed_change), not stretched whole by the state at its
+        start.
+        """
+        env, computing = self.env, self._computing[rank]
+        process, work_s = env.active_process, duration
+        while True:
+            speed, began = self._speed(rank), env.now
+            computing[process] = None
+            try:
+                yield env.timeout(work_s / speed)
+            except simpy.Interrupt:
+                work_s -= (env.now - began) * speed
+            else:
+                del computing[process]
+                return
+
+    def _note_speed_change(self, rank: int, before: float) -> None:
+        """Interrupt this rank's running compute tasks when its speed has changed; each
+        is unlisted here and lists itself again at its new speed (so two changes at one
+        instant interrupt it once, and it reads the state after both)."""
+        computing = self._computing[rank]
+        if computing and self._speed(rank) != before:
+            interrupted = list(computing)
+            computing.clear()
+            for process in interrupted:
+                process.interrupt()
 
     # ---- communication ------------------------------------------------------------------
     def _communicate(self, rank: int, task: Task) -> Iterator:
@@ -253,9 +295,13 @@ class Engine:
         """
         plan = self.comm.plan(op, ranks, size)
         busy = self._busy_sm if plan.uses_sms else self._busy_nvls
+        before = self._speed(rank)
         busy[rank] += 1
+        self._note_speed_change(rank, before)
         yield event
+        before = self._speed(rank)
         busy[rank] -= 1
+        self._note_speed_change(rank, before)
         return plan.algorithm
 
     def _arrive(self, task: Task, ranks: tuple[int, ...]) -> simpy.Event:

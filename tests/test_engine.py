@@ -181,3 +181,47 @@ def test_twins_load_the_links_they_share():
     alone_start, alone_end = alone[(0, "dp_ar")]
     assert start == alone_start == pytest.approx(kernel_s(crowded, 200 * MB), abs=1e-12)
     assert 6 * (alone_end - alone_start) < end - start < 8 * (alone_end - alone_start)
+
+
+def overlapped_kernel(collective_first: bool) -> Program:
+    """A long kernel beside a DP reduce-scatter that starts either with it
+    (`collective_first`) or after a 100 MB kernel on another stream."""
+    stage = Tasks()
+    deps: tuple[int, ...] = ()
+    if not collective_first:
+        deps = (stage.kernel("pre", 100 * MB, stream="aux"),)
+    stage.collective("dp_rs", "reduce_scatter", ("dp",), 64 * MB, stream="dp_rs", deps=deps)
+    stage.kernel("long", 3000 * MB)
+    return Program(plan_on(8), [stage.tasks], model_flops=0.0)
+
+
+@pytest.mark.parametrize("collective_first", [True, False])
+def test_only_the_overlapped_part_of_a_kernel_is_slowed(node, collective_first):
+    # The kernel runs at the profile's overlap factor while the collective holds SMs (or
+    # NVLS) and at full speed otherwise: its end moves by the overlap x (1 - factor),
+    # whether the collective began before it (no whole-kernel stretch) or during it
+    # (still slowed).
+    program = overlapped_kernel(collective_first)
+    engine = Engine(program, node, SimOptions())
+    engine.run()
+    cols = engine.trace.table().to_pydict()
+    times = {label: (s, e) for r, label, s, e in
+             zip(cols["rank"], cols["label"], cols["start_s"], cols["end_s"]) if r == 0}
+    ranks = engine.groups.group(0, ("dp",))
+    profile = node.device(0).profile
+    factor = (profile.overlap_compute_factor if engine.comm.plan("reduce_scatter", ranks,
+                                                                  64 * MB).uses_sms
+              else profile.overlap_compute_factor_nvls)
+    assert factor < 1.0
+    began, ended = times["dp_rs"]
+    long_s = kernel_s(node, 3000 * MB)
+    assert times["long"][0] == 0.0 and ended < long_s     # the collective ends inside it
+    assert began == pytest.approx(0.0 if collective_first else kernel_s(node, 100 * MB))
+    assert times["long"][1] == pytest.approx(long_s + (ended - began) * (1 - factor),
+                                             rel=1e-9)
+    # without interference the kernel keeps its own duration
+    quiet = Engine(program, node, SimOptions(overlap_slowdown=False))
+    quiet.run()
+    quiet_cols = quiet.trace.table().to_pydict()
+    assert dict(zip(quiet_cols["label"], quiet_cols["end_s"]))["long"] == pytest.approx(
+        long_s, rel=1e-12)
