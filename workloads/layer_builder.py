@@ -20,7 +20,7 @@ from typing import Protocol
 from .attention_impls import BY_GPU_IMPLS, scores_on_chip
 from .errors import WorkloadError
 from .kernels import eager_cost
-from .precision import BF16_BYTES, TE_FRAMEWORKS, GemmRecipe
+from .precision import BF16_BYTES, FUSED_LINEAR_FRAMEWORKS, TE_FRAMEWORKS, GemmRecipe
 from .te_quant import cast_efficiency
 from .program import COMPUTE, MEMORY, Task
 
@@ -114,6 +114,9 @@ class BuildOptions:
     # once for all its GEMMs (TE's Linear casts the module's input, then runs the GEMM of
     # the concatenated weight: transformer_engine/pytorch/module/layernorm_linear.py).
     fused_te_modules: bool = False
+    # Whether those groups of linears are one GEMM each in the framework's model code, so
+    # their input gradients come out of one GEMM (precision.FUSED_LINEAR_FRAMEWORKS).
+    fused_linear_grads: bool = False
     # LoRA (workloads/lora.py): the base weights are frozen, only adapters train.
     frozen_base: bool = False
 
@@ -134,6 +137,7 @@ class BuildOptions:
                    tp_overlap=overlap,
                    cp_impl="torch" if plan.framework == "torchtitan" else "",
                    fused_te_modules=plan.framework in TE_FRAMEWORKS,
+                   fused_linear_grads=plan.framework in FUSED_LINEAR_FRAMEWORKS,
                    frozen_base=plan.lora is not None)
 
 

@@ -302,7 +302,7 @@ class LayerGraph(TPCommMixin):
             produced = self._emit_backward_node(sink, ctx, node, result)
             for source, grad in produced:
                 grads[self.through(source).id].append(grad)
-                if node.kind == "linear" and self.options.fused_te_modules:
+                if node.kind == "linear" and self.options.fused_linear_grads:
                     self._module_of_grad[grad[0]] = FUSED_INTO.get(node.name, node.name)
             result = produced[0][1][0] if produced else sink.tasks[-1].id
         self._flush_wgrads(sink)
