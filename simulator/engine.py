@@ -243,7 +243,8 @@ class Engine:
             try:
                 yield env.timeout(work_s / speed)
             except simpy.Interrupt:
-                work_s -= (env.now - began) * speed
+                # (rounding may overshoot by an ulp when the change falls on its end)
+                work_s = max(0.0, work_s - (env.now - began) * speed)
             else:
                 del computing[process]
                 return
