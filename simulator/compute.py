@@ -1,7 +1,9 @@
 """Compute cost: a roofline per kernel with per-op-class efficiency from the device profile.
 
-time = max(FLOPs / (peak x efficiency), bytes / (HBM bandwidth x memory efficiency))
-       + launch overhead x kernel launches
+time = max(FLOPs / (peak x efficiency x sustained ratio),
+           bytes / (HBM bandwidth x memory efficiency)) + launch overhead x kernel launches
+The sustained ratio (DeviceProfile.sustained_tensor_ratio) is what a power-limited GPU's
+settled clock leaves of the burst-measured tensor-core rates through a training step.
 GEMM efficiency also pays for wave quantisation: a GEMM of few output tiles cannot fill
 every SM (cuBLAS falls back to split-K when the reduction dimension is long), and for the
 length of its K loop against the K the device profile's efficiency was measured at (a
@@ -87,14 +89,15 @@ def device_time_s(task: Task, device: DeviceSpec, dtype: str) -> float:
         eff = min(1.0, device.gemm_efficiency(gemm_dtype) * task.efficiency
                   * wave_efficiency(m, n, k, device.sm_count, prof.gemm_tile, task.gemm_groups)
                   * k_loop_efficiency(k, device, gemm_dtype))
-        flops_s = task.flops / (device.peak(gemm_dtype) * eff)
+        flops_s = task.flops / (device.peak(gemm_dtype) * eff * prof.sustained_tensor_ratio)
     elif task.op_class == ATTENTION:
         # Attention runs in bf16 (FlashAttention-2) under bf16 and FP8/FP4 training (no
         # recipe quantises attention: workloads/precision.py), in fp32 under fp32 training.
         # The profile's efficiency is FlashAttention-2's at long sequences; the task's is
         # the kernel's speed at its call's length and mask (workloads/attention.py).
         peak = min(device.peak(dtype), device.peak("bf16"))
-        flops_s = task.flops / (peak * prof.attention_efficiency * task.efficiency)
+        flops_s = task.flops / (peak * prof.attention_efficiency * task.efficiency
+                                * prof.sustained_tensor_ratio)
     # kernels spread over several streams (task.launch_streams) overlap their launch gaps
     launches = math.ceil(task.kernels / max(1, task.launch_streams))
     return max(flops_s, memory_s) + prof.launch_overhead_s * launches

@@ -152,7 +152,8 @@ def test_blackwell_specs_and_gemm_efficiency():
     # MXFP8 at 6.812 / 7.161 of the tensor-wise FP8 rate (the same benchmark)
     assert b200.gemm_efficiency("mxfp8") == pytest.approx(
         b200.gemm_efficiency("fp8") * 0.951)
-    assert DEVICES["h100"].profile.gemm_efficiency == 0.75
+    # H100 SXM's best-shape BF16 matmul, 794.5 of 989 TFLOP/s [STAS MAMF table]
+    assert DEVICES["h100"].profile.gemm_efficiency == 0.803
     assert DEVICES["h100"].hbm_bytes == 80 * GiB
 
 

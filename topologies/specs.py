@@ -48,17 +48,20 @@ class DeviceProfile:
     marked where they are assumptions.
     """
 
-    # Best-shape torch.matmul BF16 on H100 SXM reaches 794.5 of 989 TFLOP/s (80.3 %)
-    # [stas00/ml-engineering "MAMF" table]. Real layer shapes lose tile/wave quantisation;
-    # autoparallel uses a flat 0.70. Assumption: 0.75 for large GEMMs, between the two.
-    gemm_efficiency: float = 0.75
+    # The burst rate of a large BF16 GEMM as a fraction of the peak: best-shape
+    # torch.matmul on H100 SXM reaches 794.5 of 989 TFLOP/s (80.3 %) [stas00/ml-engineering
+    # "MAMF" table: mean of 100 iterations after 50 warm-up, per shape]. A layer's GEMMs
+    # pay their own shape losses on top (wave quantisation, compute.py; the K loop, below),
+    # and no other margin: Megatron-LM's single-MoE-layer benchmark on H100 runs its
+    # expert GEMMs at no less than this rate (validation/moe_layer.py: its measured layer
+    # times leave no room for them below ~0.8 of the peak). What a training step sustains
+    # is sustained_tensor_ratio of it.
+    gemm_efficiency: float = round(794.5 / 989, 3)
     # The K (reduction length) of the GEMMs `gemm_efficiency` was measured on: a GEMM of
     # another K is priced at its K loop's fraction over this one's (topologies/
     # gemm_k_loop.py). The H100 default rests on the best-shape BF16 matmul above,
     # 2048 x 2048 x 13312 [STAS]; other profiles set their measurement's (time-weighted).
-    # Assumption: the 0.75 / 0.803 margin below that shape stands for the shape losses
-    # other than the K loop (part of it may have stood for the K loop; nothing measures
-    # the split). 0 prices no K loop (a calibrated host; a GPU file without SMs).
+    # 0 prices no K loop (a calibrated host; a GPU file without SMs).
     gemm_reference_k: float = 13312.0
     # The FP8 tensor-core GEMMs' efficiency relative to `gemm_efficiency` (a BF16 one):
     # the measured best-shape FP8 matmul's fraction of the FP8 peak over the best-shape
@@ -88,6 +91,21 @@ class DeviceProfile:
     # Kernel launch + tail per op. autoparallel floors every op at 7 us; an eager
     # PyTorch launch is ~4-10 us. Assumption: 5 us.
     launch_overhead_s: float = 5e-6
+    # The fraction of a burst-measured tensor-core rate (gemm_efficiency, attention_
+    # efficiency) a GPU keeps through a training step. Those rates come from benchmarks of
+    # tens of milliseconds (mamf-finder: 50 + 100 iterations a shape; triton's do_bench:
+    # 25 + 100 ms), while a power-limited GPU's clock takes seconds to settle under
+    # back-to-back kernels (about 3 s of oscillation: NVIDIA/cutlass media/docs/cpp/
+    # gemm_performance_measurement_methodology_guidelines.md) and a training step keeps
+    # its tensor cores busy for seconds. Measured: BF16 FlashAttention-4 run back to back on
+    # a B200 at its ~1000 W limit, 1425 and 1450 TFLOP/s over iterations 0-19, 1237 over
+    # iterations 70-79 as the SM clock fell from 1965 to ~1580 MHz (flashinfer-ai/
+    # flashinfer pull request 2899, 2026): 1237 / 1437.5. Assumption: every GPU keeps that
+    # fraction; Hopper's clock falls alike under sustained compute with communication
+    # (1980 -> 1575 MHz, deepseek-ai/DeepGEMM issue 120), and no sustained H100 or A100
+    # matmul rate is published. Memory-bound kernels keep theirs (the HBM clock is not the
+    # one a power limit lowers). A calibrated host's rates are its sustained ones: 1.
+    sustained_tensor_ratio: float = round(1237 / ((1425 + 1450) / 2), 3)
     # Fraction of compute speed kept while a collective that runs on SMs overlaps it
     # (NCCL kernels occupy channels x 1 block of 132 SMs; 16-32 channels ~ 12-24 % of
     # SMs). Assumption: 0.9. NVLS offloads reduction to the switch and uses fewer SMs.
@@ -177,7 +195,8 @@ def _blackwell_profile(mamf_efficiency: float, fp8_mamf_efficiency: float | None
     """The H100 defaults with the GEMM efficiency at the measured best-shape BF16 matmul
     efficiency ("MAMF") of this GPU [STAS] times the Blackwell layer-shape margin
     (BLACKWELL_GEMM_MARGIN, measured by Transformer Engine's GEMM benchmark at a model's
-    layer shapes on B300; H100's default takes its own margin, 0.75 of 80.3 %).
+    layer shapes on B300; H100's default takes none, its layer GEMMs reaching the best-
+    shape rate in Megatron-LM's single-MoE-layer benchmark).
     Assumption: the margin measured on B300 holds on B200 and GB200 (the same
     fifth-generation tensor cores and cuBLAS kernel families). FP8 GEMMs take
     `fp8_mamf_efficiency`, the best-shape FP8 matmul's fraction of the FP8 peak on this GPU
@@ -236,9 +255,6 @@ B200_BEST_MEMORY_KERNEL_Bps = 6462e9
 BLACKWELL_MEMORY_EFFICIENCY = round(B200_BEST_MEMORY_KERNEL_Bps / (7.7 * TB), 3)
 
 
-# The H100 default GEMM efficiency over its measured best-shape BF16 MAMF (80.3 %, [STAS]).
-H100_GEMM_MARGIN = DeviceProfile().gemm_efficiency / 0.803
-
 # Blackwell GEMMs at layer shapes. Transformer Engine's GEMM benchmark (NVIDIA/
 # TransformerEngine benchmarks/gemm/benchmark_gemm.py; its results in docs/examples/
 # gemm_profiling/gemm_profiling.rst, "Autocast vs Pre-quantized": pull request 2863, commit
@@ -251,13 +267,13 @@ H100_GEMM_MARGIN = DeviceProfile().gemm_efficiency / 0.803
 # dense BF16 peak (the "NVIDIA B300 SXM6 AC" entry of pytorch/ao torchao/testing/training/
 # roofline_utils.py, from NVIDIA's Blackwell Ultra datasheet), against B300's best-shape
 # 78.6 % [STAS] (the GB300 entry below): at layer shapes Blackwell keeps 0.827 of its
-# best-shape rate, where H100 keeps 0.934 (above). The same run's MXFP8 layer takes
+# best-shape rate, where H100's reach theirs (DeviceProfile). The same run's MXFP8 layer takes
 # 7.161 / 6.812 of the tensor-wise FP8 time: an MXFP8 GEMM runs at 0.951 of the FP8 rate
 # (the E8M0 block scales are loaded beside the operands and applied in the MMA).
 # A B200 cross-check, not used: torchao's bench_matmul on an "NVIDIA B200" (power limit
 # not stated) ran BF16 matmuls at 1.41, 1.45 and 1.42 PFLOP/s at 4096^3, 6144^3 and
 # 8192^3 (pytorch/ao pull request 2427, June 2025), 62.7-64.6 % of 2.25 PFLOP/s, where the
-# B200 profile below prices 64.2 % (it priced 72.5 % with H100's margin).
+# B200 profile below prices 64.2 % (77.6 % without the layer-shape margin).
 TE_B300_LAYER_GEMM_FLOPS = 3 * 2 * 15872 * 4096 * (12288 + 4096 + 2 * 16384)
 TE_B300_LAYER_GEMM_S = {"bf16": 13.102e-3, "fp8": 6.812e-3, "mxfp8": 7.161e-3}
 B300_BF16_PEAK_FLOPS, B300_BF16_MAMF_EFFICIENCY = 2250 * TB, 0.786
@@ -291,7 +307,7 @@ H100_500W_PEAK_FLOPS = 912 * TB    # the "h100-hbm2e" entry's assumed BF16 peak 
 H100_500W_GEMM_REFERENCE_K = round(effective_k([(1.0, 8192), (1.0, 7168), (1.0, 8192)]))
 # The cap slows every tensor-core kernel by the same clock: the attention kernel keeps the
 # H100 SXM default's efficiency times the ratio of the 500 W GEMM rate to the modelled H100
-# SXM (700 W) GEMM rate, 0.75 x 989 TFLOP/s [NV-H100], carried to the 500 W GEMMs' K loop
+# SXM (700 W) burst GEMM rate, 0.803 x 989 TFLOP/s [NV-H100], carried to the 500 W GEMMs' K loop
 # (the two rates are compared at one K). Assumption: attention is tensor-core bound as the
 # GEMMs are (FlashAttention-2 at long sequences), so it loses the same clock.
 H100_500W_CLOCK_RATIO = H100_500W_GEMM_FLOPS / rate_at_k(
@@ -304,19 +320,25 @@ POWER_CAPPED_500W_PROFILE = DeviceProfile(
     attention_efficiency=round(DeviceProfile().attention_efficiency * 989 / 912
                                * H100_500W_CLOCK_RATIO, 3))
 
+# A100's own best-shape BF16 matmul: 271.2 of 312 TFLOP/s (86.9 %) at 1024 x 10240 x 5120
+# [STAS, "NVIDIA A100 SXM"]; the same die and clocks in the 40 GB part (assumption: the
+# HBM2 it lacks does not bound a large matmul).
+A100_PROFILE = DeviceProfile(gemm_efficiency=round(271.2 / 312, 3), gemm_reference_k=5120.0)
+
 DEVICES: dict[str, DeviceSpec] = {
     # A100 SXM4 80GB [NV-A100]: 312 TFLOP/s BF16 dense, 156 TF32, no FP8; 2.039 TB/s
     # HBM2e; NVLink3 12 links x 25 GB/s/dir = 300 GB/s/dir (600 bidir); 108 SMs; 400 W.
     # NCCL topo.h SM80 NVLink = 20.0 GB/s per link.
     "a100": DeviceSpec("a100", _flops(312 * TB, None, 156 * TB), 80 * GiB, 2.039 * TB,
-                       300 * GB, 12, 20.0 * GB, nvls=False, sm_count=108, tdp_w=400),
+                       300 * GB, 12, 20.0 * GB, nvls=False, sm_count=108, tdp_w=400,
+                       profile=A100_PROFILE),
     # A100 SXM4 40GB [NV-A100, SXM4 40 GB column]: the same die and peaks as the 80 GB
     # part, 40 GB (GiB) of HBM2 at 1,555 GB/s (against HBM2e's 2,039); NVLink3 and SMs
     # alike; 400 W. The GPU of the first DGX A100 systems (2020), which the Megatron-LM
     # README's A100 scaling table names ("DGX A100 (8x A100 40GB)").
     "a100-40gb": DeviceSpec("a100-40gb", _flops(312 * TB, None, 156 * TB), 40 * GiB,
                             1.555 * TB, 300 * GB, 12, 20.0 * GB, nvls=False, sm_count=108,
-                            tdp_w=400),
+                            tdp_w=400, profile=A100_PROFILE),
     # H100 SXM5 [NV-H100]: 989 TFLOP/s BF16 dense (1979 sparse), 1979 FP8, 494 TF32;
     # 80 GB (GiB) HBM3 at 3.35 TB/s; NVLink4 18 links, 900 GB/s bidir = 450/dir; 700 W.
     # NCCL topo.h SM90 NVLink = 20.6 GB/s per link; NVSwitch gen3 has NVLS.

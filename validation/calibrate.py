@@ -320,7 +320,9 @@ def _profile(gemm_eff: float, attn_eff: float, launch_s: float, overlap: float,
               "launch_overhead_s": launch_s, "redistribute_overhead_s": redistribute_s,
               "collective_skew_s": skew_s,
               "overlap_compute_factor": round(overlap, 4),
-              "overlap_compute_factor_nvls": round(overlap, 4)}
+              "overlap_compute_factor_nvls": round(overlap, 4),
+              # the measured rates are the ones this host sustains
+              "sustained_tensor_ratio": 1.0}
     known = set(DeviceProfile.__dataclass_fields__)
     return {k: v for k, v in values.items() if k in known}
 
