@@ -71,15 +71,19 @@ def test_a_collective_ending_on_the_instant_the_kernel_ends(node, late):
     assert engine._computing[0] == {} and engine._busy_sm[0] == 0
 
 
-def test_two_streams_changing_the_speed_at_one_instant(node):
+@pytest.mark.parametrize("nvls_first", [False, True])
+def test_two_streams_changing_the_speed_at_one_instant(node, nvls_first):
     # an SM collective and an NVLS one both begin at 0.25; the SM one ends at 0.5, the
-    # NVLS one at 0.75: speeds 1, f, f_nvls, 1
+    # NVLS one at 0.75: speeds 1, f, f_nvls, 1. NVLS first: the kernel is interrupted
+    # twice at 0.25 (1 -> f_nvls -> f), the second time with nothing done in between
     engine, ends = bare_engine(node), []
     f, fn = factors(node)
     assert f < fn < 1.0
     engine.env.process(kernel(engine, 0, 1.0, ends))
-    engine.env.process(changes(engine, 0, [(0.25, "sm", 1), (0.5, "sm", -1)]))
-    engine.env.process(changes(engine, 0, [(0.25, "nvls", 1), (0.75, "nvls", -1)]))
+    sm = changes(engine, 0, [(0.25, "sm", 1), (0.5, "sm", -1)])
+    nvls = changes(engine, 0, [(0.25, "nvls", 1), (0.75, "nvls", -1)])
+    for process in ((nvls, sm) if nvls_first else (sm, nvls)):
+        engine.env.process(process)
     engine.env.run()
     done_s = 0.25 + 0.25 * f + 0.25 * fn
     assert ends == [pytest.approx(0.75 + (1.0 - done_s), rel=1e-12)]
