@@ -251,8 +251,10 @@ class Engine:
 
     def _note_speed_change(self, rank: int, before: float) -> None:
         """Interrupt this rank's running compute tasks when its speed has changed; each
-        is unlisted here and lists itself again at its new speed (so two changes at one
-        instant interrupt it once, and it reads the state after both)."""
+        is unlisted here and lists itself again at its new speed. Two changes in one
+        process step (a stream ending one collective and starting the next) interrupt it
+        once, and it reads the state after both; changes from two streams at one instant
+        may interrupt it twice, the second with nothing done in between."""
         computing = self._computing[rank]
         if computing and self._speed(rank) != before:
             interrupted = list(computing)

@@ -184,8 +184,10 @@ def test_twins_load_the_links_they_share():
 
 
 def overlapped_kernel(collective_first: bool) -> Program:
-    """A long kernel beside a DP reduce-scatter that starts either with it
-    (`collective_first`) or after a 100 MB kernel on another stream."""
+    """A long kernel beside a DP reduce-scatter that starts either at the same instant
+    (`collective_first`: the compute stream's process runs first, so the collective
+    interrupts the kernel at 0) or after a 100 MB kernel on another stream. A collective
+    begun strictly before the kernel: tests/test_engine_overlap.py."""
     stage = Tasks()
     deps: tuple[int, ...] = ()
     if not collective_first:
@@ -199,8 +201,8 @@ def overlapped_kernel(collective_first: bool) -> Program:
 def test_only_the_overlapped_part_of_a_kernel_is_slowed(node, collective_first):
     # The kernel runs at the profile's overlap factor while the collective holds SMs (or
     # NVLS) and at full speed otherwise: its end moves by the overlap x (1 - factor),
-    # whether the collective began before it (no whole-kernel stretch) or during it
-    # (still slowed).
+    # whether the collective began on the kernel's first instant or during it (the old
+    # engine slowed neither: it looked only at the kernel's start, before the collective).
     program = overlapped_kernel(collective_first)
     engine = Engine(program, node, SimOptions())
     engine.run()

@@ -167,3 +167,43 @@ def test_command_prints_one_json_object(tmp_path, capsys):
     assert set(out["summary"]) == {"overall", "precision:bf16", "pass:forward",
                                    "pass:backward"}
     assert out["unexpressed"][0]["cases"] == ["mixtral_a2a_tp1ep8_bf16"]
+
+
+def _write_rows(path, rows):
+    with open(DEFAULT_CSV, newline="") as fh:
+        header = csv.DictReader(fh).fieldnames
+    with open(path, "w", newline="") as fh:
+        writer = csv.DictWriter(fh, header)
+        writer.writeheader()
+        writer.writerows(rows)
+
+
+@pytest.mark.parametrize("column, value, field", [
+    ("hidden_size", "abc", "row 1.hidden_size"),
+    ("shared_expert_size", "2048", "row 1.shared_expert_size"),   # would be dropped
+    ("ep", "4", "row 1.ep"),                                     # dp = ep fills the node
+    ("flex_backend", "hybridep", "row 1.flex_backend"),          # an alltoall row
+    ("num_experts", "7", "case mixtral_a2a_tp1ep8_bf16: plan mesh.ep"),
+    ("router_topk", "20", "case mixtral_a2a_tp1ep8_bf16: plan model.num_experts_per_tok"),
+])
+def test_a_bad_cell_exits_2_with_one_line_naming_it(tmp_path, capsys, column, value, field):
+    with open(DEFAULT_CSV, newline="") as fh:
+        row = next(r for r in csv.DictReader(fh) if r["id"] == "mixtral_a2a_tp1ep8_bf16")
+    _write_rows(tmp_path / "bad.csv", [{**row, column: value}])
+    assert main(["moe-layer", "--csv", str(tmp_path / "bad.csv"), "--json"]) == 2
+    out, err = capsys.readouterr()
+    assert out == "" and len(err.strip().splitlines()) == 1
+    assert err.startswith(f"error: {field}: got ")
+    assert field.startswith("case") or f"got {value!r}" in err
+
+
+def test_a_flex_row_needs_its_backend_and_ids_are_unique(tmp_path, capsys):
+    with open(DEFAULT_CSV, newline="") as fh:
+        rows = list(csv.DictReader(fh))
+    flex = next(r for r in rows if r["token_dispatcher"] == "flex")
+    _write_rows(tmp_path / "flex.csv", [{**flex, "flex_backend": ""}])
+    assert main(["moe-layer", "--csv", str(tmp_path / "flex.csv")]) == 2
+    assert "row 1.flex_backend: got ''" in capsys.readouterr().err
+    _write_rows(tmp_path / "dup.csv", [rows[0], rows[0]])
+    assert main(["moe-layer", "--csv", str(tmp_path / "dup.csv")]) == 2
+    assert capsys.readouterr().err.startswith(f"error: row 2.id: got {rows[0]['id']!r}")

@@ -54,8 +54,9 @@ def _grad_sums(framework, model=None):
 
 def test_a_fused_modules_input_gradient_is_one_gemm_output():
     """Megatron-Core's linear_qkv and linear_fc1 (and Megatron-LM's legacy query_key_value
-    and dense_h_to_4h) compute their input gradient in one GEMM over the concatenated weight: no add of q/k/v or gate/up gradients; the residual
-    stream's two branches are still added. Separate linears (generic) add theirs."""
+    and dense_h_to_4h) compute their input gradient in one GEMM over the concatenated
+    weight: no add of q/k/v or gate/up gradients; the residual stream's two branches are
+    still added. Separate linears (generic) add theirs."""
     fused, separate = _grad_sums("megatron-core"), _grad_sums("generic")
     # Megatron-LM's legacy model: one query_key_value and one (gated) dense_h_to_4h GEMM
     legacy = _grad_sums("megatron-lm")

@@ -30,13 +30,15 @@ the simulator is set from it.
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
+from inputs import InputError
 from workloads.moe import MOE_LAYER_NODES
 
 from .csv_input import INT, NUMBER, TEXT, read_typed_csv
+from .errors import ValidationError
 
 REFERENCES = Path(__file__).resolve().parent / "references"
 DEFAULT_CSV = REFERENCES / "moe_layer_runs.csv"
@@ -44,8 +46,11 @@ COLUMNS: dict[str, tuple[str, bool, object]] = {
     "id": (TEXT, True, None), "model_proxy": (TEXT, True, ("mixtral", "deepseek")),
     "hidden_size": (INT, True, (1, 1 << 20)), "moe_ffn_hidden_size": (INT, True, (1, 1 << 20)),
     "num_experts": (INT, True, (1, 1 << 16)), "router_topk": (INT, True, (1, 1 << 16)),
-    "shared_expert_size": (INT, True, (0, 1 << 20)), "tp": (INT, True, (1, 1)),
-    "ep": (INT, True, (1, 8)), "gpus": (INT, True, (8, 8)), "gpu": (TEXT, True, ("h100",)),
+    # the benchmark never passes its shared expert to the TransformerConfig, and each case
+    # is simulated without one: a size would be silently dropped
+    "shared_expert_size": (INT, True, (0, 0)), "tp": (INT, True, (1, 1)),
+    # one EP group fills the 8-GPU node (case_plan_dict: dp = ep = the node's GPUs)
+    "ep": (INT, True, (8, 8)), "gpus": (INT, True, (8, 8)), "gpu": (TEXT, True, ("h100",)),
     "tokens_per_rank": (INT, True, (1, 1 << 24)), "micro_batch": (INT, True, (1, 1 << 10)),
     "token_dispatcher": (TEXT, True, ("alltoall", "flex")),
     "flex_backend": (TEXT, False, ("deepep", "hybridep")),
@@ -102,8 +107,9 @@ class Case:
 
 def load_cases(path: str | Path = DEFAULT_CSV) -> list[Case]:
     """Every case of the benchmark CSV, each cell checked against COLUMNS."""
-    cases = []
-    for r in read_typed_csv(path, COLUMNS):
+    cases: list[Case] = []
+    for number, r in enumerate(read_typed_csv(path, COLUMNS), start=1):
+        _check_row(r, number, {c.id for c in cases})
         notes = tuple(n.strip() for n in r["notes"].split(";") if n.strip())
         cases.append(Case(
             id=r["id"], model_proxy=r["model_proxy"], hidden_size=int(r["hidden_size"]),
@@ -115,6 +121,31 @@ def load_cases(path: str | Path = DEFAULT_CSV) -> list[Case]:
             forward_ms=float(r["forward_ms"]), backward_ms=float(r["backward_ms"]),
             notes=notes))
     return cases
+
+
+def _check_row(r: dict[str, str], number: int, seen: set[str]) -> None:
+    """What one cell cannot say alone: a unique id, and a flex backend exactly when the
+    dispatcher is Megatron-Core's flex one (an alltoall row's backend would be ignored
+    yet name the case's dispatcher in the report)."""
+    if r["id"] in seen:
+        raise ValidationError(f"row {number}.id", r["id"], "an id no earlier row has")
+    flex = r["token_dispatcher"] == "flex"
+    if flex != bool(r["flex_backend"]):
+        raise ValidationError(f"row {number}.flex_backend", r["flex_backend"],
+                              "deepep or hybridep with token_dispatcher flex, "
+                              "empty with alltoall")
+
+
+def case_plan(case: Case):
+    """The plan of one case, checked on the node's GPUs (workloads.resolve); a case the
+    plan's checks refuse names its id and the plan field."""
+    from workloads import plan_from_dict, resolve
+
+    try:
+        return resolve(plan_from_dict(case_plan_dict(case)), case.ep)
+    except InputError as exc:
+        raise ValidationError(f"case {case.id}: plan {exc.field}", exc.value,
+                              exc.allowed) from None
 
 
 def case_plan_dict(case: Case) -> dict[str, Any]:
@@ -146,8 +177,6 @@ def burst_topology():
     """The benchmark's node with its GPUs at their burst tensor-core rates: it times a
     layer of milliseconds after a barrier, far inside the seconds a power-limited clock
     takes to settle (DeviceProfile.sustained_tensor_ratio), so no sustained derate."""
-    from dataclasses import replace
-
     import topologies
     from topologies.specs import with_profile
 
@@ -158,10 +187,8 @@ def burst_topology():
 def simulate_case(case: Case):
     """The simulated trace (a pyarrow Table) of one case's plan."""
     from simulator import SimOptions, simulate
-    from workloads import plan_from_dict
 
-    plan = plan_from_dict(case_plan_dict(case))
-    return simulate(plan, burst_topology(), SimOptions()).trace
+    return simulate(case_plan(case), burst_topology(), SimOptions()).trace
 
 
 def moe_node(label: str) -> str | None:
@@ -253,6 +280,8 @@ def unexpressed(cases: list[Case]) -> list[dict[str, Any]]:
 def run_moe_layer(csv_path: str | Path = DEFAULT_CSV) -> dict[str, Any]:
     """Score every case of the CSV (one simulation each, in turn)."""
     cases = load_cases(csv_path)
+    for case in cases:   # every case's plan before the first simulation
+        case_plan(case)
     results = [score_case(c) for c in cases]
     return {"source": "NVIDIA/Megatron-LM tests/functional_tests/test_cases/common/moe_perf/"
                       "baseline.json (commit cf39a4ddcf)",
