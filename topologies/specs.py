@@ -32,6 +32,7 @@ from dataclasses import dataclass, field, replace
 from types import MappingProxyType
 from typing import Mapping
 
+from .attention_kernels import fwd_bwd_efficiency
 from .errors import TopologyError
 from .gemm_k_loop import effective_k, rate_at_k, tile_overhead_k
 
@@ -190,8 +191,8 @@ def _flops(bf16: float, fp8: float | None, fp32: float,
     return MappingProxyType(peaks)
 
 
-def _blackwell_profile(mamf_efficiency: float, fp8_mamf_efficiency: float | None = None
-                       ) -> DeviceProfile:
+def _blackwell_profile(mamf_efficiency: float, attention_efficiency: float,
+                       fp8_mamf_efficiency: float | None = None) -> DeviceProfile:
     """The H100 defaults with the GEMM efficiency at the measured best-shape BF16 matmul
     efficiency ("MAMF") of this GPU [STAS] times the Blackwell layer-shape margin
     (BLACKWELL_GEMM_MARGIN, measured by Transformer Engine's GEMM benchmark at a model's
@@ -210,31 +211,16 @@ def _blackwell_profile(mamf_efficiency: float, fp8_mamf_efficiency: float | None
     Memory-bound kernels reach BLACKWELL_MEMORY_EFFICIENCY of the published HBM bandwidth
     (a B200 kernel measurement, below) instead of H100's copy-kernel 0.9.
 
-    Attention keeps the H100 default's 0.35 of the BF16 peak, an assumption with no
-    Blackwell measurement behind it: 0.35 is FlashAttention-2's fraction on H100, and
-    FlashAttention-2 (warp-level MMA, no tcgen05) runs no faster on B200 than on H100, at
-    331-362 TFLOP/s forward (head dim 128, non-causal, 2k-16k tokens; tritonbench pull
-    request 171, meta-pytorch, 2025) against 362-370 on H100 (FlashAttention-3 paper,
-    Figure 5), 0.15-0.16 of B200's peak; while the Blackwell rows run cuDNN's fused
-    attention (Transformer Engine's FusedAttention; torchtitan puts cuDNN first on sm100,
-    torchtitan@6fc499f6f5 torchtitan/models/attention.py), which reaches 1115-1430 TFLOP/s
-    on Blackwell (Dao-AILab/flash-attention pull request 2605, cuDNN column: head dim 64
-    causal at 16k, head dim 128 non-causal at 1k; its MFU column divides by 2.5 PFLOP/s),
-    about half to two-thirds of the peak. 0.35 lies between the two; which kernel and
-    speed is left open here. Cross-check with the 2025 software the torchtitan B200 rows
-    ran: NVIDIA's SDPA training benchmark on a B200 (NVIDIA/cudnn-frontend v1.13.0,
-    commit 9793df5, benchmark/sdpa_benchmark_training/artifacts/
-    sdpa_bf16_benchmark_results_NVIDIA_B200.csv; PyTorch 2.8 nv25.06, cuDNN 9.10.2;
-    causal, head dim 128, 128 query and 8 KV heads, 8192 tokens) times PyTorch SDPA's
-    cuDNN backend at 1197 TFLOP/s forward and 940 backward (0.53 and 0.42 of the peak)
-    and its flash backend (FlashAttention-2) at 375 and 309: 0.35 is below the cuDNN
-    kernel torchtitan and Transformer Engine run on Blackwell (power limit not stated)."""
+    Attention runs at `attention_efficiency`: cuDNN's fused attention measured on this GPU
+    (topologies/attention_kernels.py), the kernel Transformer Engine and torchtitan run on
+    Blackwell, instead of the H100 default's FlashAttention-2 fraction."""
     ratio = 1.0 if fp8_mamf_efficiency is None else round(fp8_mamf_efficiency
                                                            / mamf_efficiency, 3)
     return DeviceProfile(gemm_efficiency=round(mamf_efficiency * BLACKWELL_GEMM_MARGIN, 3),
                          gemm_reference_k=BLACKWELL_GEMM_REFERENCE_K,
                          memory_efficiency=BLACKWELL_MEMORY_EFFICIENCY, fp8_gemm_ratio=ratio,
-                         mxfp8_gemm_ratio=BLACKWELL_MXFP8_OVER_FP8)
+                         mxfp8_gemm_ratio=BLACKWELL_MXFP8_OVER_FP8,
+                         attention_efficiency=attention_efficiency)
 
 
 # Memory-bound kernels on Blackwell: torchao's B200 quantisation-kernel benchmark (a bf16
@@ -372,7 +358,8 @@ DEVICES: dict[str, DeviceSpec] = {
     # FP8 e4m3: 3432.5 of 4500, 76.3 % [STAS].
     "b200": DeviceSpec("b200", _flops(2250 * TB, 4500 * TB, 1100 * TB, 9000 * TB),
                        180 * GiB, 7.7 * TB, 900 * GB, 18, 40.1 * GB, nvls=True,
-                       sm_count=148, profile=_blackwell_profile(0.776, 0.763), tdp_w=1000),
+                       sm_count=148, profile=_blackwell_profile(
+                           0.776, fwd_bwd_efficiency("b200", 2250 * TB), 0.763), tdp_w=1000),
     # B200 inside GB200 at 1200 W [NV-BW GB200 NVL72 column; NV-GB200; GK-B200 GB200
     # table]: 2500 BF16 dense (5 PF sparse; rack 360 PF sparse / 72), 5000 FP8 and MXFP8,
     # 10000 FP4 and NVFP4 (20 PF sparse; rack 1440 PF sparse / 72), 1250 TF32; 186 GB (GiB)
@@ -381,7 +368,8 @@ DEVICES: dict[str, DeviceSpec] = {
     # matmul: 1822 of 2500 TFLOP/s, 72.9 % [STAS]; FP8 e4m3: 3615.6 of 5000, 72.3 % [STAS].
     "gb200": DeviceSpec("gb200", _flops(2500 * TB, 5000 * TB, 1250 * TB, 10000 * TB),
                         186 * GiB, 8 * TB, 900 * GB, 18, 40.1 * GB, nvls=True,
-                        sm_count=148, profile=_blackwell_profile(0.729, 0.723), tdp_w=1200),
+                        sm_count=148, profile=_blackwell_profile(
+                            0.729, fwd_bwd_efficiency("gb200", 2500 * TB), 0.723), tdp_w=1200),
     # Blackwell Ultra inside GB300 at 1400 W [NV-GB300; NV-BWU; STAS]: 2500 BF16 dense
     # (rack 360 PF sparse / 72), 5000 FP8 and MXFP8 (rack 720 PF sparse / 72), 15000 FP4
     # and NVFP4 dense (rack 1080 PF dense / 72; NV-BWU "15 PetaFLOPS dense NVFP4"), 1250
@@ -393,7 +381,8 @@ DEVICES: dict[str, DeviceSpec] = {
     # Best-shape BF16 matmul: GB300 unmeasured; B300 SXM reaches 78.6 % [STAS], used here.
     "gb300": DeviceSpec("gb300", _flops(2500 * TB, 5000 * TB, 1250 * TB, 15000 * TB),
                         279 * GiB, 8 * TB, 900 * GB, 18, 40.1 * GB, nvls=True,
-                        sm_count=160, profile=_blackwell_profile(0.786), tdp_w=1400),
+                        sm_count=160, profile=_blackwell_profile(
+                            0.786, fwd_bwd_efficiency("gb300", 2500 * TB)), tdp_w=1400),
 }
 
 

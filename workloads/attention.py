@@ -40,9 +40,11 @@ the flash pricing (the trail: tests/test_gptoss_attention.py).
 
 Kernel speed (Shah et al. 2024, FlashAttention-3, arXiv:2407.08608, Figures 5 and 6:
 FlashAttention-2 in BF16 on H100 SXM5, head dim 128, batch x sequence = 16k tokens, 2048
-features). The device profile's attention_efficiency is FlashAttention-2's at long
-sequences; a flash task's `efficiency` scales it by the kernel's TFLOP/s at the length of
-its call (the keys one kernel call sees) over its 16k causal TFLOP/s, per pass:
+features). The device profile's attention_efficiency is its kernel's rate at 16k causal
+tokens (FlashAttention-2's on Hopper and Ampere; cuDNN's measured fused attention on
+Blackwell, topologies/attention_kernels.py); a flash task's `efficiency` scales it by
+FlashAttention-2's TFLOP/s at the length of its call (the keys one kernel call sees) over
+its 16k causal TFLOP/s, per pass:
   sequence          512   1k   2k   4k   8k  16k
   forward, causal   191  260  298  319  333  335
   forward           309  350  362  368  370  370
@@ -86,6 +88,7 @@ import math
 from dataclasses import dataclass
 
 from .attention_impls import FULL_SQUARE_GEMMS, score_passes
+from .cudnn_attention import cudnn_causal_speed, curve_gpu
 from .layer_builder import BuildOptions, TaskSink
 from .program import ATTENTION, COMPUTE
 from .windowed_attention import keys_per_query, windowed_speed_ratio
@@ -138,12 +141,21 @@ def flash_tflops(phase: str, length: float, causal: bool) -> float:
     return _at_length(KERNEL_TFLOPS[("flash2", step, causal)], length)
 
 
-def kernel_speed(phase: str, length: float, causal: bool = True) -> float:
-    """FlashAttention-2's speed at this call's length and mask relative to its 16k causal
-    speed, the device profile's attention_efficiency. Assumption: the shape of the curve
-    (tiles per head and the mask's diagonal) carries over to other GPUs."""
+def kernel_speed(phase: str, length: float, causal: bool = True, gpu: str = "") -> float:
+    """The attention kernel's speed at this call's length and mask relative to its 16k
+    causal speed, the device profile's attention_efficiency: cuDNN's measured curve on
+    Blackwell (workloads/cudnn_attention.py, non-causal calls at FlashAttention-2's
+    non-causal over causal ratio), FlashAttention-2's elsewhere. Assumption: FlashAttention-
+    2's curve (tiles per head and the mask's diagonal) carries over to Hopper's and
+    Ampere's other GPUs."""
     ref = _REFERENCE["backward" if phase == "backward" else "forward"]
-    return flash_tflops(phase, length, causal) / ref
+    flash = flash_tflops(phase, length, causal) / ref
+    measured = curve_gpu(gpu)
+    if not measured:
+        return flash
+    mask = 1.0 if causal else flash_tflops(phase, length, False) / flash_tflops(
+        phase, length, True)
+    return cudnn_causal_speed(measured, phase, length) * mask
 
 
 def causal_attention_flops(queries: float, keys: float, head_dim: int, heads: float,
@@ -286,9 +298,9 @@ class AttentionCost:
         if not length:
             ratio = windowed_speed_ratio(self.gpu, self.window, span)
             if ratio is not None:
-                return kernel_speed(phase, span, causal) * ratio
+                return kernel_speed(phase, span, causal, self.gpu) * ratio
         keys = length or (self.window if 0 < self.window < span else span)
-        return kernel_speed(phase, keys, causal)
+        return kernel_speed(phase, keys, causal, self.gpu)
 
 
 def attention_task(sink: TaskSink, ctx: dict, cost: AttentionCost, phase: str, deps,

@@ -7,9 +7,9 @@
   backend, the ATen op `_scaled_dot_product_cudnn_attention`): the same algorithm as
   `flash` (scores kept on chip, S recomputed in the backward from the per-row softmax
   statistics), so it is priced as flash, at the device profile's attention efficiency
-  (which kernel a Blackwell profile's efficiency stands for is left open in
-  topologies/specs.py). What differs is the operator it runs as, which decides what an
-  op-level checkpoint policy keeps (workloads/checkpointing.py);
+  (on Blackwell that is cuDNN's measured rate, topologies/attention_kernels.py; on Hopper
+  and Ampere FlashAttention-2's). What differs is the operator it runs as, which decides
+  what an op-level checkpoint policy keeps (workloads/checkpointing.py);
 * `sdpa` (framework torchtitan only, and its profile's default): torch's
   scaled_dot_product_attention with the backend torchtitan asks for, which depends on the
   GPU: the plan leaves it open and the simulator names it (`flash` or `cudnn`,

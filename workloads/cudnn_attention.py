@@ -1,0 +1,79 @@
+"""How fast cuDNN's fused attention runs on Blackwell by the length of its call.
+
+On Blackwell the training stacks run cuDNN's fused attention (Transformer Engine's
+FusedAttention; PyTorch SDPA's cuDNN backend, which torchtitan asks for first from
+compute capability 10.0), and the device profiles' attention efficiency is cuDNN's rate at
+16k causal tokens (topologies/attention_kernels.py). Its speed at other lengths follows
+cuDNN's own curve, which is much steeper than FlashAttention-2's below 8k tokens: on a
+B200 a 4096-token causal call runs at 0.64 of the 16k rate, where FlashAttention-2's curve
+(workloads/attention.py) gives 0.95 forward and 0.88 backward.
+
+Measured: NVIDIA/cudnn-frontend benchmark/sdpa_benchmark_training (Llama 3.1 405B's
+attention: batch 1, 128 query and 8 KV heads, head dim 128, causal, BF16, free clock),
+causal forward and backward TFLOP/s by sequence length (the backward counted as 2.5
+forwards):
+
+  B200   artifacts/sdpa_bf16_benchmark_results_NVIDIA_B200.csv at bb37575d, pyt_cudnn
+         (NGC PyTorch 25.09, PyTorch 2.9.0, cuDNN 9.13.1: the README at that commit)
+  GB200  artifacts/sdpa_bf16_benchmark_results_NVIDIA_GB200.csv at d48a60eb, cudnn_fe
+         (NGC PyTorch 25.11, cuDNN 9.17.0)
+  GB300  artifacts/sdpa_bf16_benchmark_results_NVIDIA_GB300.csv at bb37575d, pyt_cudnn
+         (as B200's)
+
+Assumptions: non-causal calls (context parallelism's later ring steps) keep the causal
+curve times FlashAttention-2's non-causal over causal speed at the same length (cuDNN's
+non-causal rows are not in the benchmark); lengths outside 512-131072 take the nearest
+measured; other Blackwell GPUs take the B200's curve; Hopper and Ampere keep
+FlashAttention-2's (the profiles there stand for FlashAttention-2).
+"""
+from __future__ import annotations
+
+import math
+
+from .attention_impls import COMPUTE_CAPABILITY
+
+CUDNN_LENGTHS = (512, 1024, 2048, 4096, 8192, 16384, 32768, 65536, 131072)
+# (forward, backward) causal TFLOP/s by CUDNN_LENGTHS (module docstring).
+CUDNN_CAUSAL_TFLOPS = {
+    "b200": ((83.991, 254.501, 478.921, 855.678, 1171.278, 1332.415, 1419.000, 1382.330,
+              1355.418),
+             (134.164, 308.529, 371.486, 701.265, 942.509, 1074.776, 1108.688, 1073.059,
+              1047.843)),
+    "gb200": ((408.0, 733.0, 1069.0, 1386.0, 1584.0, 1668.0, 1681.0, 1573.0, 1467.0),
+              (329.0, 527.0, 655.0, 1054.0, 1211.0, 1304.0, 1348.0, 1229.0, 1188.0)),
+    "gb300": ((54.923, 224.233, 593.514, 1144.867, 1495.674, 1702.463, 1795.879, 1770.478,
+               1720.854),
+              (95.339, 277.209, 487.345, 892.572, 1130.076, 1267.827, 1319.161, 1301.700,
+               1280.022)),
+}
+REFERENCE_LENGTH = 16384   # the length the device profile's efficiency stands for
+BLACKWELL_MAJOR = 10
+
+
+def curve_gpu(gpu: str) -> str:
+    """The measured GPU whose cuDNN curve prices `gpu`'s attention ("" when FlashAttention-
+    2's curve does: Hopper, Ampere, unknown devices)."""
+    name = gpu.lower()
+    if name in CUDNN_CAUSAL_TFLOPS:
+        return name
+    return "b200" if COMPUTE_CAPABILITY.get(name, (0, 0))[0] == BLACKWELL_MAJOR else ""
+
+
+def _log_linear(lengths: tuple, values: tuple, length: float) -> float:
+    """`values` at `length`, log-linear between the measured lengths, clamped at the ends."""
+    if length <= lengths[0]:
+        return float(values[0])
+    for (l0, v0), (l1, v1) in zip(zip(lengths, values), zip(lengths[1:], values[1:])):
+        if length <= l1:
+            t = math.log(length / l0) / math.log(l1 / l0)
+            return v0 + t * (v1 - v0)
+    return float(values[-1])
+
+
+def cudnn_causal_speed(gpu: str, phase: str, length: float) -> float:
+    """cuDNN's causal speed on the measured GPU `gpu` (curve_gpu) for calls of `length`
+    keys, relative to its 16k rate in the same phase (a recompute is a forward)."""
+    forward, backward = CUDNN_CAUSAL_TFLOPS[gpu]
+    series = backward if phase == "backward" else forward
+    reference = series[CUDNN_LENGTHS.index(REFERENCE_LENGTH)]
+    return _log_linear(CUDNN_LENGTHS, series, length) / reference
