@@ -93,8 +93,9 @@ def device_time_s(task: Task, device: DeviceSpec, dtype: str) -> float:
     elif task.op_class == ATTENTION:
         # Attention runs in bf16 (FlashAttention-2) under bf16 and FP8/FP4 training (no
         # recipe quantises attention: workloads/precision.py), in fp32 under fp32 training.
-        # The profile's efficiency is FlashAttention-2's at long sequences; the task's is
-        # the kernel's speed at its call's length and mask (workloads/attention.py).
+        # The profile's efficiency is its attention kernel's at 16k causal tokens
+        # (FlashAttention-2's; cuDNN's on Blackwell); the task's is that kernel's speed at
+        # its call's length and mask (workloads/attention.py kernel_speed).
         peak = min(device.peak(dtype), device.peak("bf16"))
         flops_s = task.flops / (peak * prof.attention_efficiency * task.efficiency
                                 * prof.sustained_tensor_ratio)

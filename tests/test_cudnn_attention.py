@@ -54,13 +54,31 @@ def test_one_measurement_in_both_packages():
 def test_b200_speed_follows_cudnn_curve():
     """A 4096-key causal call runs at 855.678 / 1332.415 of the 16k forward rate and
     701.265 / 1074.776 of the backward's (FlashAttention-2's curve would say 0.95 / 0.88);
-    a GPU of compute capability 10 without its own series takes the B200's."""
+    beyond the measured lengths the nearest point holds."""
     assert kernel_speed("forward", 4096, True, "b200") == pytest.approx(855.678 / 1332.415)
     assert kernel_speed("backward", 4096, True, "b200") == pytest.approx(701.265 / 1074.776)
-    assert kernel_speed("recompute", 16384, True, "gb200") == pytest.approx(1.0)
+    # GB200's own (cuDNN 9.17) curve, flatter than B200's; a recompute is a forward
+    assert kernel_speed("recompute", 4096, True, "gb200") == pytest.approx(1386 / 1668)
+    assert kernel_speed("backward", 8192, True, "gb300") == pytest.approx(1130.076 / 1267.827)
     # non-causal: the causal curve times FlashAttention-2's non-causal over causal ratio
     assert kernel_speed("forward", 2048, False, "b200") == pytest.approx(
         478.921 / 1332.415 * 362 / 298)
+
+
+def test_other_blackwell_gpus_take_the_b200_curve_and_clamp(monkeypatch):
+    """A GPU of compute capability 10 without its own series takes the B200's; lengths
+    outside 512-131072 keep the nearest measured point; Hopper names never take it."""
+    from workloads import cudnn_attention
+    monkeypatch.setitem(cudnn_attention.COMPUTE_CAPABILITY, "b100", (10, 0))
+    assert cudnn_attention.curve_gpu("B100") == "b200"
+    assert cudnn_attention.curve_gpu("h200") == "" == cudnn_attention.curve_gpu("")
+    assert kernel_speed("forward", 4096, True, "b100") == pytest.approx(855.678 / 1332.415)
+    assert kernel_speed("forward", 128, True, "b200") == pytest.approx(83.991 / 1332.415)
+    assert kernel_speed("backward", 1 << 20, True, "b200") == pytest.approx(
+        1047.843 / 1074.776)
+    # log-linear between points: the geometric mean length takes the mean value
+    assert kernel_speed("forward", 4096 * 2 ** 0.5, True, "b200") == pytest.approx(
+        (855.678 + 1171.278) / 2 / 1332.415)
 
 
 @pytest.mark.parametrize("gpu,length,forward,backward", [

@@ -95,3 +95,19 @@ def test_eager_profiles_mixing_host_and_device_bound_kernels(framework, topo):
            "training": {"global_batch": 32, "micro_batch": 1, "seq_len": 128},
            "mesh": {"dp": "auto", "tp": 2, "pp": 2}, "sharding": {"sequence_parallel": True}}
     assert _check(raw, topo, LowerBound(topo)) is not None
+
+
+def test_the_bound_holds_on_a_cluster_mixing_hopper_and_blackwell():
+    """On H100s with B200 ranks the simulation lowers for the first device (FlashAttention-
+    2's length curve), the cast bound for the B200 (cuDNN's steeper curve: a 512-token call
+    at 0.06 of its 16k rate): the bound takes both lowerings and keeps the smaller per
+    unit, and stays below the step (on these small models the B200 lowering alone would
+    too: the GEMMs dominate; the invariant is what is checked)."""
+    from topologies.faults import apply_faults
+    mixed = apply_faults(topologies.build("dgx-h100x2"), ["gpu:ranks=8-15,type=b200"])
+    for seq_len in (512, 4096):
+        raw = {"name": "m", "model": MODEL, "framework": "megatron-core",
+               "training": {"global_batch": 16, "micro_batch": 1, "seq_len": seq_len},
+               "mesh": {"dp": "auto", "tp": 2}}
+        ratio = _check(raw, mixed, LowerBound(mixed))
+        assert ratio is not None and 0.0 < ratio <= 1.0

@@ -50,7 +50,7 @@ def test_windowed_call_priced_at_the_measured_fraction():
             kernel_speed(phase, 4096, True, "gb200") * ratio)
         assert full.speed(phase) == kernel_speed(phase, 4096, True, "gb200")
         assert windowed.speed(phase, length=2048) == kernel_speed(phase, 2048, True, "gb200")
-    # about a third of the speed FlashAttention-2's length curve gave a 128-key call before
-    assert windowed.speed("forward") < 0.35 * kernel_speed("forward", 128)
+    # under a fifth of the full 4096-key call's speed on the same GPU (0.16-0.19 measured)
+    assert windowed.speed("forward") < 0.2 * full.speed("forward")
     unknown = AttentionCost(**SHAPE, window=128)
     assert unknown.speed("forward") == kernel_speed("forward", 128)

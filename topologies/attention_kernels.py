@@ -7,8 +7,8 @@ is FlashAttention-2's (DeviceProfile's default, from the FlashAttention-3 paper)
 Blackwell the training stacks run cuDNN's fused attention: Transformer Engine's
 FusedAttention under Megatron-Core, and PyTorch SDPA's CUDNN_ATTENTION backend, which
 torchtitan asks for first from compute capability 10.0 (workloads/attention_impls.py,
-torchtitan_sdpa_backend). FlashAttention-2 on a B200 runs no faster than on an H100 (394
-and 320 TFLOP/s forward and backward at 16k in the benchmark below, 0.16 of the peak).
+torchtitan_sdpa_backend). FlashAttention-2 on a B200 reaches about 0.15 of the peak as a
+forward and backward pair (394 and 320 TFLOP/s at 16k in the benchmark below).
 
 Measured: NVIDIA's SDPA training benchmark (NVIDIA/cudnn-frontend,
 benchmark/sdpa_benchmark_training: Llama 3.1 405B's attention, batch 1, 128 query and 8

@@ -34,10 +34,11 @@ PyTorch SDPA's attention forward at 719.2 TFLOP/s at 8192 tokens (head dim 128; 
 backend is not printed); pull request 407 ("On 750W B200") has a Triton warp-specialised
 attention forward at 840.6 TFLOP/s (batch 4, 32 heads, head dim 128, 8192 tokens). So
 the 930 TFLOP/s above is the low end of what a 750 W B200 is measured to reach in a
-benchmark (B200_750W_CUBLAS_CAPPED_FLOPS is 1.16 times it), and the priced attention
-rate, 0.332 x 2250 = 747 TFLOP/s for a forward and backward at 16k tokens (the 1000 W
-B200's measured cuDNN rate, topologies/attention_kernels.py, at this clock ratio), lies
-between the two measured 750 W forwards. All of these are burst rates (triton's do_bench: 100 ms); a training step
+benchmark (B200_750W_CUBLAS_CAPPED_FLOPS is 1.16 times it). The priced attention level,
+0.332 x 2250 = 747 TFLOP/s for a forward and backward at 16k tokens (the 1000 W B200's
+measured cuDNN rate, topologies/attention_kernels.py, at this clock ratio), prices a
+forward at 8192 tokens at about 657 TFLOP/s (cuDNN's curve), below both measured 750 W
+forwards. All of these are burst rates (triton's do_bench: 100 ms); a training step
 runs at the profile's sustained_tensor_ratio of them (topologies/specs.py DeviceProfile).
 """
 from __future__ import annotations

@@ -42,9 +42,10 @@ Kernel speed (Shah et al. 2024, FlashAttention-3, arXiv:2407.08608, Figures 5 an
 FlashAttention-2 in BF16 on H100 SXM5, head dim 128, batch x sequence = 16k tokens, 2048
 features). The device profile's attention_efficiency is its kernel's rate at 16k causal
 tokens (FlashAttention-2's on Hopper and Ampere; cuDNN's measured fused attention on
-Blackwell, topologies/attention_kernels.py); a flash task's `efficiency` scales it by
-FlashAttention-2's TFLOP/s at the length of its call (the keys one kernel call sees) over
-its 16k causal TFLOP/s, per pass:
+Blackwell, topologies/attention_kernels.py); a flash task's `efficiency` scales it by the
+kernel's TFLOP/s at the length of its call (the keys one kernel call sees) over its 16k
+causal TFLOP/s, per pass: FlashAttention-2's below on Hopper and Ampere, cuDNN's measured
+curve on Blackwell (workloads/cudnn_attention.py, kernel_speed):
   sequence          512   1k   2k   4k   8k  16k
   forward, causal   191  260  298  319  333  335
   forward           309  350  362  368  370  370
@@ -188,7 +189,8 @@ class AttentionCost:
     window: int = 0      # sliding window: keys a query sees at most (0: all earlier)
     # the materialised implementation when not flash (workloads/attention_impls.py)
     impl: str = "eager"
-    gpu: str = ""        # the device lowered for (a short window's speed depends on it)
+    gpu: str = ""        # the device lowered for (its kernel's length curve and a short
+                         # window's speed depend on it)
     segment: int = 0     # tokens of each packed example (0: the sequence is one example)
 
     @classmethod

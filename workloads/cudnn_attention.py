@@ -25,6 +25,15 @@ curve times FlashAttention-2's non-causal over causal speed at the same length (
 non-causal rows are not in the benchmark); lengths outside 512-131072 take the nearest
 measured; other Blackwell GPUs take the B200's curve; Hopper and Ampere keep
 FlashAttention-2's (the profiles there stand for FlashAttention-2).
+
+Known limits (not yet modelled): the profile's level is a forward and backward pair's
+rate, so each phase alone is off while the pair is right within 1 % from 2k tokens up
+(a forward priced 15-25 % slow, a backward 5-7 % fast; a recomputed forward adds the
+forward's error); the benchmark runs batch 1 x 128 heads whatever a real call's batch and
+heads are; and the B200 and GB300 rows, timed through PyTorch, carry a per-call floor
+(0.10-0.16 ms at 512-1024 tokens, where GB200's cuDNN-frontend rows take 0.02-0.05 ms)
+that the simulator's launch and host costs also charge, so their curve below about 4k
+tokens is low.
 """
 from __future__ import annotations
 

@@ -29,8 +29,9 @@ priced at that fraction of the full-sequence causal call's speed (attention.kern
 at s), so the device profile's absolute attention efficiency still sets the scale.
 
 Scope and assumptions:
-* windows up to the 128 keys measured; a longer window keeps the FlashAttention-2 length
-  curve at the window's length (attention.kernel_speed), not measured here;
+* windows up to the 128 keys measured; a longer window keeps the GPU's length curve at the
+  window's length (attention.kernel_speed: FlashAttention-2's, cuDNN's on Blackwell), not
+  measured here;
 * the backward is assumed to lose the same fraction (its loop over the window's query
   tiles per key tile has the same length); cuDNN publishes no backward figure for it;
 * cuDNN 9.27 is newer than the containers' 9.13.1-9.20.0 (Megatron-Bridge

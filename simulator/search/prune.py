@@ -159,9 +159,19 @@ class LowerBound:
         return self._units[key]
 
     def _measure(self, one: Plan, dtype: str) -> UnitCompute:
+        # simulate lowers for the first device's name (its attention kernel's length curve:
+        # workloads/attention.py kernel_speed), the cast bound for cast_gpu's: each unit
+        # keeps the smaller of the two, so the bound holds for either lowering
+        lowerings = [self._measure_lowered(one, dtype, gpu)
+                     for gpu in dict.fromkeys((self.cast_gpu, self.devices[0].name))]
+        return UnitCompute(*(min(values) for values in zip(*lowerings)))
+
+    def _measure_lowered(self, one: Plan, dtype: str, gpu: str) -> tuple[float, ...]:
+        """The UnitCompute fields of `one` lowered for `gpu`, each task at its fastest
+        device."""
         device = dict(fwd=0.0, bwd=0.0, embed=0.0, head=0.0)
         host = dict(fwd=0.0, bwd=0.0, embed=0.0, head=0.0)
-        for t in lower(one, self.cast_gpu).stages[0]:
+        for t in lower(one, gpu).stages[0]:
             if t.kind != COMPUTE or t.phase == "optimizer" or t.microbatch < 0:
                 continue   # per step (optimizer, host_step): not scaled by micro-batches
             if t.layer >= 0:
@@ -170,8 +180,8 @@ class LowerBound:
                 unit = "embed" if any(n in t.label for n in EMBED_NAMES) else "head"
             device[unit] += min(device_time_s(t, dev, dtype) for dev in self.devices)
             host[unit] += t.host_s * self.host_factor
-        return UnitCompute(device["fwd"], device["bwd"], device["embed"], device["head"],
-                           host["fwd"] + host["bwd"], host["embed"], host["head"])
+        return (device["fwd"], device["bwd"], device["embed"], device["head"],
+                host["fwd"] + host["bwd"], host["embed"], host["head"])
 
     def bound_s(self, plan: Plan) -> float:
         """The larger of the device bound and the host bound (module docstring)."""
