@@ -85,11 +85,11 @@ the backward (LocalAttention).
 """
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 
 from .attention_impls import FULL_SQUARE_GEMMS, score_passes
 from .cudnn_attention import cudnn_causal_speed, curve_gpu
+from .interpolate import log_linear
 from .layer_builder import BuildOptions, TaskSink
 from .program import ATTENTION, COMPUTE
 from .windowed_attention import keys_per_query, windowed_speed_ratio
@@ -123,23 +123,11 @@ _REFERENCE = {"forward": KERNEL_TFLOPS[("flash2", "forward", True)][-1],
               "backward": KERNEL_TFLOPS[("flash2", "backward", True)][-1]}
 
 
-def _at_length(series: tuple, length: float) -> float:
-    """A series' TFLOP/s at `length`, log-linear between the measured lengths, clamped."""
-    if length <= KERNEL_LENGTHS[0]:
-        return float(series[0])
-    for (l0, v0), (l1, v1) in zip(zip(KERNEL_LENGTHS, series),
-                                  zip(KERNEL_LENGTHS[1:], series[1:])):
-        if length <= l1:
-            t = math.log(length / l0) / math.log(l1 / l0)
-            return v0 + t * (v1 - v0)
-    return float(series[-1])
-
-
 def flash_tflops(phase: str, length: float, causal: bool) -> float:
     """H100 TFLOP/s of FlashAttention-2 in `phase` (a recompute is a forward) for calls of
     `length` keys, with or without the causal mask."""
     step = "backward" if phase == "backward" else "forward"
-    return _at_length(KERNEL_TFLOPS[("flash2", step, causal)], length)
+    return log_linear(KERNEL_LENGTHS, KERNEL_TFLOPS[("flash2", step, causal)], length)
 
 
 def kernel_speed(phase: str, length: float, causal: bool = True, gpu: str = "") -> float:
@@ -149,11 +137,10 @@ def kernel_speed(phase: str, length: float, causal: bool = True, gpu: str = "") 
     non-causal over causal ratio), FlashAttention-2's elsewhere. Assumption: FlashAttention-
     2's curve (tiles per head and the mask's diagonal) carries over to Hopper's and
     Ampere's other GPUs."""
-    ref = _REFERENCE["backward" if phase == "backward" else "forward"]
-    flash = flash_tflops(phase, length, causal) / ref
     measured = curve_gpu(gpu)
     if not measured:
-        return flash
+        ref = _REFERENCE["backward" if phase == "backward" else "forward"]
+        return flash_tflops(phase, length, causal) / ref
     mask = 1.0 if causal else flash_tflops(phase, length, False) / flash_tflops(
         phase, length, True)
     return cudnn_causal_speed(measured, phase, length) * mask

@@ -37,9 +37,8 @@ tokens is low.
 """
 from __future__ import annotations
 
-import math
-
 from .attention_impls import COMPUTE_CAPABILITY
+from .interpolate import log_linear
 
 CUDNN_LENGTHS = (512, 1024, 2048, 4096, 8192, 16384, 32768, 65536, 131072)
 # (forward, backward) causal TFLOP/s by CUDNN_LENGTHS (module docstring).
@@ -56,7 +55,8 @@ CUDNN_CAUSAL_TFLOPS = {
                1280.022)),
 }
 REFERENCE_LENGTH = 16384   # the length the device profile's efficiency stands for
-BLACKWELL_MAJOR = 10
+# the compute capability from which torchtitan asks SDPA for cuDNN first (attention_impls)
+BLACKWELL = (10, 0)
 
 
 def curve_gpu(gpu: str) -> str:
@@ -65,18 +65,7 @@ def curve_gpu(gpu: str) -> str:
     name = gpu.lower()
     if name in CUDNN_CAUSAL_TFLOPS:
         return name
-    return "b200" if COMPUTE_CAPABILITY.get(name, (0, 0))[0] == BLACKWELL_MAJOR else ""
-
-
-def _log_linear(lengths: tuple, values: tuple, length: float) -> float:
-    """`values` at `length`, log-linear between the measured lengths, clamped at the ends."""
-    if length <= lengths[0]:
-        return float(values[0])
-    for (l0, v0), (l1, v1) in zip(zip(lengths, values), zip(lengths[1:], values[1:])):
-        if length <= l1:
-            t = math.log(length / l0) / math.log(l1 / l0)
-            return v0 + t * (v1 - v0)
-    return float(values[-1])
+    return "b200" if COMPUTE_CAPABILITY.get(name, (0, 0)) >= BLACKWELL else ""
 
 
 def cudnn_causal_speed(gpu: str, phase: str, length: float) -> float:
@@ -85,4 +74,4 @@ def cudnn_causal_speed(gpu: str, phase: str, length: float) -> float:
     forward, backward = CUDNN_CAUSAL_TFLOPS[gpu]
     series = backward if phase == "backward" else forward
     reference = series[CUDNN_LENGTHS.index(REFERENCE_LENGTH)]
-    return _log_linear(CUDNN_LENGTHS, series, length) / reference
+    return log_linear(CUDNN_LENGTHS, series, length) / reference

@@ -37,7 +37,7 @@ move their bytes at about 2.0 to 2.4 TB/s, below even the smaller tensor's figur
 """
 from __future__ import annotations
 
-import math
+from .interpolate import log_linear
 
 # The device profile's memory speed on a B200 (topologies/specs.py
 # B200_BEST_MEMORY_KERNEL_Bps: torchao's dim0_mxfp8_floor, 125.92 us on 16384 x 16384).
@@ -52,13 +52,8 @@ TE_MXFP8_CAST = "te_mxfp8"   # GemmRecipe.cast_kernel naming this kernel
 
 def te_mxfp8_cast_Bps(elements: float) -> float:
     """Transformer Engine's MXFP8 cast bandwidth on a B200 for a tensor of `elements`."""
-    (n_lo, bw_lo), (n_hi, bw_hi) = TE_MXFP8_CAST_Bps
-    if elements <= n_lo:
-        return bw_lo
-    if elements >= n_hi:
-        return bw_hi
-    w = math.log(elements / n_lo) / math.log(n_hi / n_lo)
-    return bw_lo + w * (bw_hi - bw_lo)
+    sizes, rates = zip(*TE_MXFP8_CAST_Bps)
+    return log_linear(sizes, rates, elements)
 
 
 def cast_efficiency(cast_kernel: str, elements_per_launch: float) -> float:

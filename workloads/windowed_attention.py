@@ -41,9 +41,8 @@ Scope and assumptions:
 """
 from __future__ import annotations
 
-import math
-
 from .attention_impls import COMPUTE_CAPABILITY
+from .interpolate import log_linear
 
 MEASURED_WINDOW = 128
 MEASURED_SEQS = (2048, 8192, 32768)
@@ -88,12 +87,5 @@ def windowed_speed_ratio(gpu: str, window: int, seq: float) -> float | None:
     measured = _measured_gpu(gpu)
     if not measured or not 0 < window <= MEASURED_WINDOW or window >= seq:
         return None
-    ratios = [measured_ratio(measured, s) for s in MEASURED_SEQS]
-    if seq <= MEASURED_SEQS[0]:
-        return ratios[0]
-    for (s0, r0), (s1, r1) in zip(zip(MEASURED_SEQS, ratios),
-                                  zip(MEASURED_SEQS[1:], ratios[1:])):
-        if seq <= s1:
-            t = math.log(seq / s0) / math.log(s1 / s0)
-            return r0 + t * (r1 - r0)
-    return ratios[-1]
+    return log_linear(MEASURED_SEQS, [measured_ratio(measured, s) for s in MEASURED_SEQS],
+                      seq)

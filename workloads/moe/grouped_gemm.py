@@ -32,7 +32,7 @@ wgrad_shape).
 """
 from __future__ import annotations
 
-import math
+from ..interpolate import log_linear
 
 _LARGE = (1346.0, 1214.0)     # contiguous layout, 4096 and 8192 rows per group
 _MEASURED = {                 # rows per group: (TFLOPS 4096x7168, TFLOPS 7168x2048)
@@ -49,16 +49,10 @@ EFFICIENCY_POINTS = tuple(sorted(
 def grouped_gemm_efficiency(rows_per_expert: float) -> float:
     """Efficiency of a grouped GEMM with this many rows per expert, relative to a large
     GEMM (1 at 4096 rows and above; log-linear between the measured points)."""
-    points = EFFICIENCY_POINTS
-    if rows_per_expert >= points[-1][0]:
-        return 1.0
-    if rows_per_expert <= points[0][0]:
-        return points[0][1] * max(rows_per_expert, 1.0) / SMALLEST_BLOCK_ROWS
-    for (lo, e_lo), (hi, e_hi) in zip(points, points[1:]):
-        if rows_per_expert <= hi:
-            w = math.log(rows_per_expert / lo) / math.log(hi / lo)
-            return e_lo + w * (e_hi - e_lo)
-    return 1.0   # pragma: no cover (the loop always returns)
+    rows, efficiency = zip(*EFFICIENCY_POINTS)
+    if rows_per_expert <= rows[0]:
+        return efficiency[0] * max(rows_per_expert, 1.0) / SMALLEST_BLOCK_ROWS
+    return log_linear(rows, efficiency, rows_per_expert)   # 1 from the largest groups on
 
 
 # How a framework launches a grouped GEMM. Megatron-Core runs the experts as Transformer
