@@ -18,10 +18,14 @@ the length DeviceProfile.attention_efficiency stands for:
     GPU    forward  backward  TFLOP/s   software (the README at the same commit)
     B200    1332.4    1074.8            NGC PyTorch 25.09 (2.9.0), cuDNN 9.13.1, SDPA cuDNN
     GB200   1668      1304              NGC PyTorch 25.11 (2.10.0), cuDNN 9.17.0, cuDNN frontend
-    GB300   1702.5    1267.8            NGC PyTorch 25.09 (2.9.0), cuDNN 9.13.1, SDPA cuDNN
+    GB300   1978      1399              NGC PyTorch 25.11 (2.10.0), cuDNN 9.17.0, cuDNN frontend
 
-(B200 and GB300: artifacts/sdpa_bf16_benchmark_results_NVIDIA_{B200,GB300}.csv at commit
-bb37575d; GB200: ..._NVIDIA_GB200.csv at d48a60eb.) The benchmark counts the backward as
+(B200: artifacts/sdpa_bf16_benchmark_results_NVIDIA_B200.csv at commit bb37575d, the only
+B200 series, timed through PyTorch SDPA; GB200 and GB300: ..._NVIDIA_{GB200,GB300}.csv at
+d48a60eb, the "cudnn_fe" rows: cuDNN called through its frontend, the path Transformer
+Engine's FusedAttention takes. The GB300 rows of bb37575d, through PyTorch SDPA on cuDNN
+9.13.1, read 1702.5 / 1267.8 at 16k and lower below 8k; the frontend's series at 9.17 is
+the one the Megatron-Core GB300 runs call, and it is measured as GB200's is.) The benchmark counts the backward as
 2.5 forwards (its CSV's backward TFLOP/s times time is 2.5 x the forward's FLOPs), as
 the simulator does, so one forward and one backward take 1/f + 2.5/b per forward FLOP:
 the profile's single efficiency is that pair's rate over the BF16 peak. These are burst
@@ -41,7 +45,7 @@ TB = 1e12   # FLOP/s per TFLOP/s (topologies/specs.py's unit; specs imports this
 CUDNN_ATTENTION_16K_FLOPS = {
     "b200": (1332.415 * TB, 1074.776 * TB),
     "gb200": (1668.0 * TB, 1304.0 * TB),
-    "gb300": (1702.463 * TB, 1267.827 * TB),
+    "gb300": (1978.0 * TB, 1399.0 * TB),
 }
 # The benchmark's backward FLOPs over its forward's (module docstring).
 BACKWARD_OVER_FORWARD_FLOPS = 2.5

@@ -32,6 +32,10 @@ IB_HOP_LATENCY_S = 0.6e-6
 # lanes, about 64 GB/s per direction [PCI Express 5.0 specification; 128 GB/s bidir in
 # NV-H100; the GPU-NIC pairing: NVIDIA DGX H100 User Guide, section 1.2.3].
 PCIE_GEN5_BPS = 64 * GB
+# PCIe Gen6 x16: 64 GT/s x 16 lanes, twice Gen5, about 128 GB/s per direction [PCI Express
+# 6.0 specification]: GB300's ConnectX-8 reaches its GPU over a Gen6 x16 link (NVIDIA at
+# Hot Chips 2025: a Gen6 x16 link to the Blackwell Ultra GPU, Gen5 x16 to Grace).
+PCIE_GEN6_BPS = 128 * GB
 # Quantum-2 QM9700 has 64 NDR ports: in a two-level rail-optimised fat tree a leaf uses
 # 32 down to nodes and 32 up to spines [NVIDIA DGX SuperPOD H100 RA, 32 nodes per SU].
 DOMAINS_PER_LEAF = 32
@@ -59,12 +63,20 @@ class FabricSpec:
     # The NCCL environment, tuner rules and per-message cost the cluster's net transport
     # runs with (topologies.transport); the default is NCCL's defaults over IB verbs.
     transport: NetTransport = NetTransport()
+    # The PCIe link between a GPU and its NIC (per direction).
+    pcie_Bps: float = PCIE_GEN5_BPS
 
 
 # 400 Gb/s NDR: 50 GB/s per direction raw; "For NDR @ 400Gbps you should see 46-48GB/s
 # per NIC" (NVIDIA/nccl-tests issue 290); NCCL's sm90 inter-node speed array
 # (src/graph/search.cc) tops at 48.
 NDR_400G = FabricSpec(nics_per_domain=8, nic_Bps=50 * GB, nic_nccl_Bps=48 * GB)
+# 800 Gb/s XDR: one ConnectX-8 per GPU on GB300 NVL72 compute trays (NVIDIA Enterprise
+# Reference Architecture "NVL72 AI factory", System Hardware & Components: 4 ConnectX-8
+# HCAs per tray of 4 GPUs; ConnectX-8 SuperNIC: 800 Gb/s InfiniBand XDR, NVIDIA at Hot Chips
+# 2025): 100 GB/s raw. Assumption: NCCL reaches the same 96 % of it that NDR reaches.
+XDR_800G = FabricSpec(nics_per_domain=8, nic_Bps=100 * GB, nic_nccl_Bps=96 * GB,
+                      pcie_Bps=PCIE_GEN6_BPS)
 # 200 Gb/s HDR on DGX A100 (8 x ConnectX-6): 25 GB/s raw; assumption: same 96 %.
 HDR_200G = FabricSpec(nics_per_domain=8, nic_Bps=25 * GB, nic_nccl_Bps=24 * GB)
 
@@ -117,7 +129,7 @@ def _add_fabric(g: nx.DiGraph, num_domains: int, domain_size: int, fabric: Fabri
             nic = nic_node(d, rail)
             g.add_node(nic, kind="nic")
             g.add_node(leaf_node(group, rail), kind="leaf")
-            _link(g, gpu_node(d * domain_size + rail), nic, PCIE_GEN5_BPS, PCIE_GEN5_BPS,
+            _link(g, gpu_node(d * domain_size + rail), nic, fabric.pcie_Bps, fabric.pcie_Bps,
                   PCIE_LATENCY_S, "pcie")
             _link(g, nic, leaf_node(group, rail), fabric.nic_Bps, fabric.nic_nccl_Bps,
                   IB_HOP_LATENCY_S, "ib")

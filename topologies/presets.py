@@ -13,7 +13,7 @@ import re
 from pathlib import Path
 from typing import Callable
 
-from .builders import HDR_200G, NDR_400G, FabricSpec
+from .builders import HDR_200G, NDR_400G, XDR_800G, FabricSpec
 from .errors import TopologyError
 from .power_capped import POWER_CAPPED
 from .presets_file import GB, MAX_COUNT, MAX_LINKS, MAX_SMS, load_file
@@ -43,14 +43,26 @@ def _dgx(gpu: str, fabric: FabricSpec, title: str,
 NVL72_GPUS, NVL72_TRAY_GPUS = 72, 4
 
 
-def _nvl72(racks: int) -> ClusterSpec:
-    fabric = FabricSpec(nics_per_domain=NVL72_GPUS, nic_Bps=NDR_400G.nic_Bps,
-                        nic_nccl_Bps=NDR_400G.nic_nccl_Bps)
-    name = "nvl72" if racks == 1 else f"nvl72x{racks}"
-    return ClusterSpec(name, device("gb200"), racks, NVL72_GPUS, fabric,
-                       f"{racks} x GB200 NVL72 rack (18 trays of 4 GPUs in one NVLink "
-                       "domain), 400 Gb/s InfiniBand per GPU between racks",
-                       layout=rack_layout(NVL72_GPUS, NVL72_TRAY_GPUS))
+def _rack72(family: str, gpu: str, nic: FabricSpec) -> Callable[[int], ClusterSpec]:
+    """NVL72 racks of `gpu` (18 trays of 4 in one NVLink domain), one `nic` per GPU."""
+    fabric = FabricSpec(nics_per_domain=NVL72_GPUS, nic_Bps=nic.nic_Bps,
+                        nic_nccl_Bps=nic.nic_nccl_Bps, pcie_Bps=nic.pcie_Bps)
+    title = f"{gpu.upper()} NVL72 rack"
+
+    def make(racks: int) -> ClusterSpec:
+        name = family if racks == 1 else f"{family}x{racks}"
+        return ClusterSpec(name, device(gpu), racks, NVL72_GPUS, fabric,
+                           f"{racks} x {title} (18 trays of 4 GPUs in one NVLink domain), "
+                           f"{nic.nic_Bps * 8 / 1e9:.0f} Gb/s InfiniBand per GPU between racks",
+                           layout=rack_layout(NVL72_GPUS, NVL72_TRAY_GPUS))
+    return make
+
+
+_nvl72 = _rack72("nvl72", "gb200", NDR_400G)
+# GB300 NVL72: the same rack of 18 trays of 4 Blackwell Ultra GPUs in one NVLink5 domain,
+# with one 800 Gb/s ConnectX-8 per GPU (topologies/builders.py XDR_800G); an assumption to
+# check per deployment, which may run the ConnectX-8 as 2 x 400 Gb/s Ethernet.
+_nvl72_gb300 = _rack72("nvl72-gb300", "gb300", XDR_800G)
 
 
 # family prefix -> (builder of N, description of N)
@@ -71,6 +83,7 @@ FAMILIES: dict[str, Callable[[int], ClusterSpec]] = {
     # B200 training benchmark ran): topologies/power_capped.py.
     "dgx-b200-750w": _dgx("b200-750w", NDR_400G, "B200 750 W host", "dgx-b200-750w"),
     "nvl72": _nvl72,
+    "nvl72-gb300": _nvl72_gb300,
 }
 _NAME = re.compile(r"^(?P<family>[a-z0-9-]+?)(?:x(?P<n>\d+))?$")
 

@@ -83,6 +83,9 @@ COLUMNS: dict[str, tuple[str, bool, object]] = {
     # fp8_param_gather: whether the run keeps FP8 primary weights and gathers them in FP8
     # (Megatron-Core fp8_param, NeMo fp8_params); empty: the framework profile's default
     "fp8_param_gather": (BOOL, False, None),
+    # grad_reduce_fp32: Megatron-Core's gradient buffer in fp32 (ddp.grad_reduce_in_fp32);
+    # empty: off for runs of Megatron-Bridge's performance scripts, else the profile's default
+    "grad_reduce_fp32": (BOOL, False, None),
 }
 
 

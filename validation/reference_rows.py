@@ -176,7 +176,9 @@ def plan_dict(row: dict[str, str]) -> dict[str, Any]:
     flags = STATED_OVERLAP.get(row.get("framework") or "generic", ())
     if "overlap" in row and flags:
         raw["overlap"] = {f: f in on for f in flags}
-    if bridge_perf_script(row):
+    if _flag(row, "grad_reduce_fp32") is not None:
+        raw["ddp"] = {"grad_reduce_in_fp32": _flag(row, "grad_reduce_fp32")}
+    elif bridge_perf_script(row):
         raw["ddp"] = {"grad_reduce_in_fp32": False}
     if _flag(row, "fp8_param_gather") is not None:
         raw.setdefault("ddp", {})["fp8_param_gather"] = _flag(row, "fp8_param_gather")
@@ -236,6 +238,11 @@ def overlap_flags(row: dict[str, str]) -> set[str]:
     return on
 
 
+# The preset families built as NVL72 racks (topologies/presets.py), of which a row may use
+# `rack_gpus` GPUs each.
+RACK_FAMILIES = ("nvl72", "nvl72-gb300")
+
+
 def topology_for(row: dict[str, str]):
     """The row's topology: its preset family with gpus / 8 nodes; a run on fewer than 8
     GPUs gets one node of that many GPUs on the same NVSwitch. An NVL72 row uses
@@ -246,8 +253,8 @@ def topology_for(row: dict[str, str]):
 
     gpus = int(row["gpus"])
     family = row.get("topology") or "dgx-h100"
-    if family == "nvl72":
-        return _nvl72_job(gpus, int(row.get("rack_gpus") or 72))
+    if family in RACK_FAMILIES:
+        return _nvl72_job(family, gpus, int(row.get("rack_gpus") or 72))
     if gpus < 8:
         return replace(cluster_spec(family), domain_size=gpus).build()
     if gpus % 8:
@@ -255,8 +262,8 @@ def topology_for(row: dict[str, str]):
     return build(family if gpus == 8 else f"{family}x{gpus // 8}")
 
 
-def _nvl72_job(gpus: int, rack_gpus: int):
-    """A job on `rack_gpus` GPUs of each GB200 NVL72 rack (a job smaller than one rack's
+def _nvl72_job(family: str, gpus: int, rack_gpus: int):
+    """A job on `rack_gpus` GPUs of each NVL72 rack of `family` (a job smaller than one rack's
     share is one NVLink domain of its size): the GPUs it does not use carry none of its
     traffic, so the job sees NVLink domains of the GPUs it uses, with their NICs. Where the
     topology models racks (a ClusterSpec `layout`), the partial rack is built as a topology
@@ -267,7 +274,7 @@ def _nvl72_job(gpus: int, rack_gpus: int):
     if gpus % used:
         raise ValueError(f"{gpus} GPUs do not fill NVL72 racks of {used} used GPUs")
     racks = gpus // used
-    spec = cluster_spec("nvl72" if racks == 1 else f"nvl72x{racks}")
+    spec = cluster_spec(family if racks == 1 else f"{family}x{racks}")
     if used == spec.domain_size:
         return spec.build()
     layout = getattr(spec, "layout", None)
@@ -374,4 +381,4 @@ def hardware_name(row: dict[str, str]) -> str:
     family = row.get("topology") or "dgx-h100"
     return {"dgx-h100": "h100", "grandteton-h100": "h100-hbm2e", "dgx-a100": "a100",
             "dgx-b200": "b200", "dgx-b200-750w": "b200", "dgx-h200": "h200",
-            "nvl72": "gb200"}.get(family, family)
+            "nvl72": "gb200", "nvl72-gb300": "gb300"}.get(family, family)

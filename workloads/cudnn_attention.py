@@ -17,8 +17,8 @@ forwards):
          (NGC PyTorch 25.09, PyTorch 2.9.0, cuDNN 9.13.1: the README at that commit)
   GB200  artifacts/sdpa_bf16_benchmark_results_NVIDIA_GB200.csv at d48a60eb, cudnn_fe
          (NGC PyTorch 25.11, cuDNN 9.17.0)
-  GB300  artifacts/sdpa_bf16_benchmark_results_NVIDIA_GB300.csv at bb37575d, pyt_cudnn
-         (as B200's)
+  GB300  artifacts/sdpa_bf16_benchmark_results_NVIDIA_GB300.csv at d48a60eb, cudnn_fe
+         (as GB200's: the frontend path Transformer Engine's FusedAttention calls)
 
 Assumptions: non-causal calls (context parallelism's later ring steps) keep the causal
 curve times FlashAttention-2's non-causal over causal speed at the same length (cuDNN's
@@ -30,10 +30,10 @@ Known limits (not yet modelled): the profile's level is a forward and backward p
 rate, so each phase alone is off while the pair is right within 1 % from 2k tokens up
 (a forward priced 15-25 % slow, a backward 5-7 % fast; a recomputed forward adds the
 forward's error); the benchmark runs batch 1 x 128 heads whatever a real call's batch and
-heads are; and the B200 and GB300 rows, timed through PyTorch, carry a per-call floor
-(0.10-0.16 ms at 512-1024 tokens, where GB200's cuDNN-frontend rows take 0.02-0.05 ms)
-that the simulator's launch and host costs also charge, so their curve below about 4k
-tokens is low.
+heads are; and the B200 rows, timed through PyTorch, carry a per-call floor (0.10-0.16
+ms at 512-1024 tokens, where the cuDNN-frontend rows of GB200 and GB300 take 0.02-0.07 ms)
+that the simulator's launch and host costs also charge, so B200's curve below about 4k
+tokens is low (no frontend series of B200 is published there).
 """
 from __future__ import annotations
 
@@ -49,10 +49,8 @@ CUDNN_CAUSAL_TFLOPS = {
               1047.843)),
     "gb200": ((408.0, 733.0, 1069.0, 1386.0, 1584.0, 1668.0, 1681.0, 1573.0, 1467.0),
               (329.0, 527.0, 655.0, 1054.0, 1211.0, 1304.0, 1348.0, 1229.0, 1188.0)),
-    "gb300": ((54.923, 224.233, 593.514, 1144.867, 1495.674, 1702.463, 1795.879, 1770.478,
-               1720.854),
-              (95.339, 277.209, 487.345, 892.572, 1130.076, 1267.827, 1319.161, 1301.700,
-               1280.022)),
+    "gb300": ((461.0, 839.0, 1312.0, 1682.0, 1899.0, 1978.0, 2007.0, 1951.0, 1821.0),
+              (330.0, 522.0, 633.0, 1110.0, 1292.0, 1399.0, 1438.0, 1399.0, 1360.0)),
 }
 REFERENCE_LENGTH = 16384   # the length the device profile's efficiency stands for
 # the compute capability from which torchtitan asks SDPA for cuDNN first (attention_impls)

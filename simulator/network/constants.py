@@ -100,17 +100,15 @@ RING_LL_HALF_FROM = (2, 21, 0)
 # across nodes (x7/9 on one node) [tuning.cc].
 TREE_EFFICIENCY = {"LL": 0.92 / 3.8, "LL128": 0.92 * 120 / 128, "Simple": 0.92}
 TREE_LL128_ONE_NODE_EFFICIENCY = 0.92 * 7 / 9
-# nvlsEfficiency: Hopper 0.85, Blackwell 0.74 [tuning.cc].
+# nvlsEfficiency by compute-capability class: Hopper 0.85, Blackwell 0.74 [tuning.cc].
 # Assumption: other NVLS-capable devices (custom files) get Hopper's value.
-NVLS_EFFICIENCY = {"h100": 0.85, "h100-hbm2e": 0.85, "h200": 0.85, "b200": 0.74,
-                   "gb200": 0.74}
+NVLS_EFFICIENCY = {"hopper": 0.85, "blackwell": 0.74}
 NVLS_EFFICIENCY_DEFAULT = 0.85
 
 # llMaxBws (GB/s, total busBw cap of the LL protocol) [tuning.cc]:
 # on one node the row of the GPU's architecture (Ampere 87.7, Hopper 141, Blackwell 282);
 # across nodes the CPU vendor's row, Intel assumed: 39 at 2 nodes, 20.4 beyond.
-LL_MAX_BW_ONE_NODE_BPS = {"a100": 87.7e9, "h100": 141e9, "h100-hbm2e": 141e9, "h200": 141e9,
-                          "b200": 282e9, "gb200": 282e9}
+LL_MAX_BW_ONE_NODE_BPS = {"ampere": 87.7e9, "hopper": 141e9, "blackwell": 282e9}
 LL_MAX_BW_ONE_NODE_DEFAULT_BPS = 141e9   # assumption: Hopper row for custom devices
 LL_MAX_BW_MULTI_NODE_BPS = (39e9, 20.4e9)  # Intel row, [2 nodes, >= 3 nodes]
 # Up to 2.20 the Hopper row (every GPU of compute capability >= 9.0) was Ampere's 87.7 on
@@ -151,7 +149,7 @@ def ll_max_bw_Bps(device_name: str, nodes: int, version: str | None = None) -> f
         if (parsed is not None and parsed < RING_LL_HALF_FROM
                 and arch_of(device_name) in ("hopper", "blackwell")):
             return LL_MAX_BW_HOPPER_ONE_NODE_BEFORE_2_21_BPS
-        return LL_MAX_BW_ONE_NODE_BPS.get(device_name.lower(), LL_MAX_BW_ONE_NODE_DEFAULT_BPS)
+        return LL_MAX_BW_ONE_NODE_BPS.get(arch_of(device_name), LL_MAX_BW_ONE_NODE_DEFAULT_BPS)
     return LL_MAX_BW_MULTI_NODE_BPS[0 if nodes == 2 else 1]
 
 
@@ -188,7 +186,7 @@ def arch_of(device_name: str, nvls: bool = True) -> str:
 
 def nvls_efficiency(device_name: str) -> float:
     """NCCL nvlsEfficiency for a device (Hopper 0.85, Blackwell 0.74)."""
-    return NVLS_EFFICIENCY.get(device_name.lower(), NVLS_EFFICIENCY_DEFAULT)
+    return NVLS_EFFICIENCY.get(arch_of(device_name), NVLS_EFFICIENCY_DEFAULT)
 
 
 def bus_factor(op: str, n: int) -> float:

@@ -56,13 +56,18 @@ HYBRIDEP_NVLINK_Bps: dict[str, dict[int, tuple[float, float]]] = {
               24: (507.32 * GB, 483.76 * GB), 32: (484.22 * GB, 464.54 * GB),
               36: (479.02 * GB, 447.89 * GB)},
 }
+# GPUs without a measurement that take another's: GB300's rack has GB200's NVLink5 and
+# MNNVL path (18 links of 50 GB/s, the same NVSwitch trays). Assumption: its kernels
+# reach GB200's rates (Blackwell Ultra's extra SMs do not matter to a 32-SM kernel).
+MEASURED_AS = {"gb300": "gb200"}
 
 
 def nvlink_kernel_Bps(backend: str, gpu: str, ranks: int) -> tuple[float, float] | None:
     """(dispatch, combine) rate of a flex-dispatcher backend's kernels for a group of
     `ranks` inside one NVLink domain of `gpu`s; None where none is measured (then the
     engine's all-to-all alone prices it)."""
-    table = HYBRIDEP_NVLINK_Bps.get(gpu.lower()) if backend == "hybridep" else None
+    name = MEASURED_AS.get(gpu.lower(), gpu.lower())
+    table = HYBRIDEP_NVLINK_Bps.get(name) if backend == "hybridep" else None
     if not table or ranks < 2:
         return None
     return table[measured_size(table, ranks)]
