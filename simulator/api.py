@@ -11,6 +11,9 @@ from topologies import Topology, TopologyError
 from workloads import Plan, WorkloadError, resolve
 from workloads.attention_impls import BY_GPU_IMPLS, sdpa_backend
 from workloads.budget import MAX_TASKS, check_work
+from workloads.fp8_attention import FP8_ATTENTION_MS
+from workloads.fp8_attention import MEASURED_AS as FP8_MEASURED_AS
+from workloads.fp8_attention import measured_gpu as fp8_attention_gpu
 from workloads.lowering import lower
 from workloads.memory import peak_memory
 from workloads.moe.dispatch import DEEPEP_NVL_PEERS, deepep_blocks
@@ -96,6 +99,19 @@ def check_dtype(plan: Plan, topology: Topology) -> None:
                                 "(its tensor cores)")
 
 
+def check_fp8_attention(plan: Plan, topology: Topology) -> None:
+    """A plan with training.fp8_attention runs on GPUs whose FP8 attention is measured
+    (workloads/fp8_attention.py): TopologyError naming the GPU otherwise, rather than a
+    quantized attention priced as BF16."""
+    if not plan.training.fp8_attention:
+        return
+    for name in sorted({d.name for d in topology.devices}):
+        if not fp8_attention_gpu(name):
+            measured = ", ".join(sorted({*FP8_ATTENTION_MS, *FP8_MEASURED_AS}))
+            raise TopologyError("training.fp8_attention", True,
+                                f"false on {name} (FP8 attention is measured on {measured})")
+
+
 def check_deepep(plan: Plan, topology: Topology) -> None:
     """DeepEP treats each block of DEEPEP_NVL_PEERS consecutive ranks as one node's NVLink
     peers (workloads/moe/dispatch.py): a deepep plan whose dispatch group puts two ranks of
@@ -148,6 +164,7 @@ def _simulate(plan: Plan, topology: Topology, options: SimOptions, max_tasks: in
     options = _with_plan_collectives(options, plan)
     plan = resolve_on(plan, topology)
     check_dtype(plan, topology)
+    check_fp8_attention(plan, topology)
     check_deepep(plan, topology)
     check_work(plan, topology.world_size if options.full else plan.mesh.pp, max_tasks)
     # the first rank's GPU picks what a low-precision recipe casts (its compute

@@ -195,7 +195,10 @@ def test_the_verified_recipes_carry_the_flag():
     """Rows whose Megatron-Bridge recipe sets moe_a2a_overlap (or, in 25.09, run_script.py
     sets overlap_moe_expert_parallel_comm) at the row's commit, read for this change; and
     the Megatron-LM MoE recipes (examples/moe_recipes at e5ad09802d) whose YAML sets
-    overlap_moe_expert_parallel_comm with delay_wgrad_compute."""
+    overlap_moe_expert_parallel_comm with delay_wgrad_compute; and the Megatron-Bridge
+    verification runs whose perf recipe sets it (perf_recipes/qwen/h100/qwen3_moe.py at
+    7ded17dae; the GB300 recipes' full-iteration helpers at 0480586879, fbb7570cf and
+    79308d0d99, with delay_wgrad_compute)."""
     from validation.reference_rows import DEFAULT_CSV, load_rows
 
     rows = {r["id"]: r for r in load_rows(DEFAULT_CSV)}
@@ -209,7 +212,9 @@ def test_the_verified_recipes_carry_the_flag():
                   "mb-qwen3-235b-b200-mxfp8-64", "mb-qwen3-30b-h100-fp8-16-gbs512",
                   "mb-dsv3-gb200-mxfp8-256-pp4", "mb-gptoss120b-gb200-mxfp8-64",
                   "mb-qwen3-30b-gb200-mxfp8-8", "mb-qwen3-235b-gb200-mxfp8-256-vp3",
-                  "mb-dsv3-h100-fp8-1024"}
+                  "mb-dsv3-h100-fp8-1024", "mbv-qwen3-30b-h100-bf16-16-hybridep-a2a",
+                  "mbv-qwen3-30b-gb300-mxfp8-8", "mbv-gptoss120b-gb300-mxfp8-64",
+                  "mbv-qwen3-235b-gb300-mxfp8-256", "mbv-dsv3-gb300-mxfp8-256"}
 
 
 

@@ -86,6 +86,13 @@ COLUMNS: dict[str, tuple[str, bool, object]] = {
     # grad_reduce_fp32: Megatron-Core's gradient buffer in fp32 (ddp.grad_reduce_in_fp32);
     # empty: off for runs of Megatron-Bridge's performance scripts, else the profile's default
     "grad_reduce_fp32": (BOOL, False, None),
+    # moe_fused_mlp: the routed experts run Transformer Engine's fused grouped MLP (the
+    # recipe's use_transformer_engine_op_fuser with NVTE_CUTEDSL_FUSED_GROUPED_MLP=1):
+    # the plan's moe.fused_mlp; empty: TE's GroupedLinear modules
+    "moe_fused_mlp": (BOOL, False, None),
+    # fp8_attention: the recipe's fp8_dot_product_attention (the attention core quantized
+    # in the recipe's format): the plan's training.fp8_attention; empty: BF16 attention
+    "fp8_attention": (BOOL, False, None),
 }
 
 

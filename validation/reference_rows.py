@@ -63,12 +63,14 @@ def load_rows(path: str | Path) -> list[dict[str, str]]:
 
 # The settings that make two rows of a release-tracked table the same configuration: a
 # table republished with each container release prints the same run again and again; it
-# counts once (the newest release, the others named in its notes). A LoRA run or another
-# CUDA graph scope (partial or full-iteration graphs) is another configuration.
+# counts once (the newest release, the others named in its notes). A LoRA run, another
+# CUDA graph scope (partial or full-iteration graphs) or another set of overlaps (an A/B
+# of one overlap switch, as Megatron-Bridge's EP-overlap validation runs) is another
+# configuration.
 CONFIG_COLUMNS = ("source_family", "model", "topology", "gpus", "tp", "pp", "cp", "dp", "ep",
                   "etp", "virtual_stages", "micro_batch", "global_batch_seqs", "seq_len",
                   "dtype", "fsdp", "capacity_factor", "mtp_layers", "rack_gpus", "lora",
-                  "cuda_graphs")
+                  "cuda_graphs", "overlap")
 
 
 def config_key(row: dict[str, str]) -> tuple[str, ...]:
@@ -197,6 +199,8 @@ def plan_dict(row: dict[str, str]) -> dict[str, Any]:
             raw["training"]["bf16_layers"] = layers
     if row.get("packed_segment"):
         raw["training"]["packed_segment"] = num("packed_segment")
+    if _flag(row, "fp8_attention"):
+        raw["training"]["fp8_attention"] = True
     if row.get("lora"):
         raw["lora"] = lora_block(row)
     if num("cp") > 1:

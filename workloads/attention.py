@@ -89,6 +89,7 @@ from dataclasses import dataclass
 
 from .attention_impls import FULL_SQUARE_GEMMS, score_passes
 from .cudnn_attention import cudnn_causal_speed, curve_gpu
+from .fp8_attention import attention_shape, fp8_attention_speedup
 from .interpolate import log_linear
 from .layer_builder import BuildOptions, TaskSink
 from .program import ATTENTION, COMPUTE
@@ -179,6 +180,7 @@ class AttentionCost:
     gpu: str = ""        # the device lowered for (its kernel's length curve and a short
                          # window's speed depend on it)
     segment: int = 0     # tokens of each packed example (0: the sequence is one example)
+    quantized: str = ""  # the training dtype of a quantized attention core ("": BF16)
 
     @classmethod
     def of_layer(cls, shape, flash: bool, queries: float | None = None,
@@ -194,7 +196,8 @@ class AttentionCost:
                    head_dim=shape.head_dim, act_bytes=shape.act_bytes, flash=flash,
                    v_head_dim=shape.v_head_dim or shape.head_dim, window=window,
                    impl=impl if impl not in ("", "flash", "cudnn") else "eager",
-                   gpu=getattr(shape, "gpu", ""), segment=getattr(shape, "packed_segment", 0))
+                   gpu=getattr(shape, "gpu", ""), segment=getattr(shape, "packed_segment", 0),
+                   quantized=getattr(shape, "attention_dtype", ""))
 
     # ---- sizes ---------------------------------------------------------------------
     @property
@@ -284,12 +287,16 @@ class AttentionCost:
         if not self.flash:
             return 1.0
         span = self.span
+        quantized = (fp8_attention_speedup(
+            self.gpu, self.quantized, phase, length or span,
+            attention_shape(self.window, span, self.v_dim != self.head_dim))
+            if self.quantized else 1.0)
         if not length:
             ratio = windowed_speed_ratio(self.gpu, self.window, span)
             if ratio is not None:
-                return kernel_speed(phase, span, causal, self.gpu) * ratio
+                return kernel_speed(phase, span, causal, self.gpu) * ratio * quantized
         keys = length or (self.window if 0 < self.window < span else span)
-        return kernel_speed(phase, keys, causal, self.gpu)
+        return kernel_speed(phase, keys, causal, self.gpu) * quantized
 
 
 def attention_task(sink: TaskSink, ctx: dict, cost: AttentionCost, phase: str, deps,

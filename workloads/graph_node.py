@@ -45,6 +45,13 @@ class Node:
                                    # linear: no weight gradient; elementwise: no backward
     own_grad: bool = False         # redistribute: a module's own gather, whose backward
                                    # reduces its consumers' gradient apart (LayerGraph.to_layout)
+    # linear only, under a block-scaled recipe: operands another kernel's epilogue already
+    # wrote quantized (TE's fused grouped MLP, workloads/moe/layer.py): no cast of the
+    # input before the forward GEMM, of the output gradient before the backward GEMMs;
+    # `group_cast`: the casts it still has quantize every expert's split in one launch
+    quantized_input: bool = False
+    quantized_grad: bool = False
+    group_cast: bool = False
 
 
 def wgrad_shape(node: Node, m: float, n: float, k: float) -> dict:

@@ -57,6 +57,8 @@ class LayerShape:
     v_head_dim: int = 0    # value head dim when it differs from head_dim (MLA), else 0
     gpu: str = ""          # the device name lowered for ("": unknown; workloads/moe/ep_rdma.py)
     packed_segment: int = 0    # tokens of each packed example (0: no packing; attention.py)
+    attention_dtype: str = ""  # a quantized attention core's training dtype ("": BF16;
+                               # workloads/fp8_attention.py)
 
     @property
     def quantized(self) -> bool:

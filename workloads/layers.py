@@ -42,7 +42,8 @@ def layer_shape(plan: Plan, gpu: str = "") -> LayerShape:
                       gemm_bytes=prec.gemm_bytes, cp=plan.mesh.cp,
                       cp_mode=plan.cp_mode, recipe=recipe,
                       v_head_dim=m.value_head_dim if m.value_head_dim != m.head_dim else 0,
-                      gpu=gpu.lower(), packed_segment=tr.packed_segment)
+                      gpu=gpu.lower(), packed_segment=tr.packed_segment,
+                      attention_dtype=tr.dtype if tr.fp8_attention else "")
 
 
 def unit_builder(plan: Plan, unit, shape: LayerShape, options: BuildOptions) -> LayerBuilder:

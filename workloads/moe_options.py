@@ -9,7 +9,8 @@
             "force_balance": false,
             "aux_loss": false,
             "overlap_a2a": false,           # EP all-to-all overlap (combined 1F1B)
-            "delay_wgrad": false}           # wgrads after the dgrads (needs overlap_a2a)
+            "delay_wgrad": false,           # wgrads after the dgrads (needs overlap_a2a)
+            "fused_mlp": false}             # TE's fused grouped MLP (block-scaled FP8/FP4)
 
 Defaults follow Megatron-Core (NVIDIA/Megatron-LM, commit d98e8a64):
 - dispatcher: "alltoall". Megatron-Core's TransformerConfig default is "allgather"
@@ -34,6 +35,17 @@ Defaults follow Megatron-Core (NVIDIA/Megatron-LM, commit d98e8a64):
   the schedule it needs). delay_wgrad: its delay_wgrad_compute (default False; it
   asserts overlap_moe_expert_parallel_comm, transformer_config.py __post_init__).
 
+- fused_mlp: Transformer Engine's fused grouped MLP (transformer_engine/pytorch/ops/fused/
+  grouped_mlp.py, GroupedMLP_CuTeGEMMGLU at NVIDIA/TransformerEngine d0067d0d), which
+  Megatron-Core runs for the routed experts when use_transformer_engine_op_fuser is on and
+  NVTE_CUTEDSL_FUSED_GROUPED_MLP=1 (default off): cuDNN's sm100 grouped GEMM kernels with
+  the gated activation (SwiGLU, or GPT-OSS's clamped variant) and its block-scaled output
+  quantization in the first GEMM's epilogue, and the activation's backward in the second
+  GEMM's data-gradient epilogue (workloads/moe/layer.py prices what that removes). Only
+  under MXFP8 or NVFP4 (the kernels take MXFP8Quantizer / NVFP4Quantizer operands, which
+  only Blackwell's tensor cores run: simulator/api.py check_dtype), gated experts, and
+  Transformer Engine frameworks.
+
 The scalar `load_imbalance` stays the Plan field it always was; a distribution goes here.
 """
 from __future__ import annotations
@@ -44,6 +56,7 @@ from typing import Any
 
 from .errors import WorkloadError
 from .fields import check_bool, check_choice, check_number, is_int, known_keys
+from .precision import TE_FRAMEWORKS
 
 DISPATCHERS = ("alltoall", "allgather", "deepep")
 # Megatron-Core's flex dispatcher backends (moe_flex_dispatcher_backend): the plan's
@@ -52,7 +65,10 @@ DISPATCHERS = ("alltoall", "allgather", "deepep")
 FLEX_BACKENDS = ("deepep", "hybridep")
 DISTRIBUTIONS = ("measured",)
 MOE_KEYS = ("load_imbalance", "dispatcher", "etp", "capacity_factor", "pad_to_capacity",
-            "force_balance", "aux_loss", "overlap_a2a", "delay_wgrad", "flex_backend")
+            "force_balance", "aux_loss", "overlap_a2a", "delay_wgrad", "flex_backend",
+            "fused_mlp")
+# The recipes whose operands TE's fused grouped MLP quantizes (its kernels' quantizers).
+FUSED_MLP_DTYPES = ("mxfp8", "nvfp4")
 # Bounds: a capacity factor past the number of experts keeps every token anyway (an expert
 # can receive at most all tokens); 4096 shares is beyond any published router (256 experts).
 MAX_CAPACITY_FACTOR = 1024.0
@@ -73,6 +89,7 @@ class MoEOptions:
     overlap_a2a: bool = False               # combined 1F1B (workloads/moe/a2a_overlap.py)
     delay_wgrad: bool = False               # wgrads after the layer's dgrads (needs it)
     flex_backend: str = "deepep"            # the deepep dispatcher's kernels
+    fused_mlp: bool = False                 # TE's fused grouped MLP (module docstring)
 
     def __post_init__(self) -> None:
         check_choice(self.dispatcher, "moe.dispatcher", DISPATCHERS)
@@ -86,7 +103,7 @@ class MoEOptions:
             check_number(self.capacity_factor, "moe.capacity_factor", 1e-3, MAX_CAPACITY_FACTOR,
                          f"a number in (0, {MAX_CAPACITY_FACTOR:g}] or null (dropless)")
         for name in ("pad_to_capacity", "force_balance", "aux_loss", "overlap_a2a",
-                     "delay_wgrad"):
+                     "delay_wgrad", "fused_mlp"):
             check_bool(getattr(self, name), f"moe.{name}")
         if self.delay_wgrad and not self.overlap_a2a:
             raise WorkloadError("moe.delay_wgrad", True, "false unless moe.overlap_a2a is true "
@@ -158,7 +175,7 @@ def parse_moe(raw: dict) -> dict:
         expert_shares=tuple(shares) if shares is not None else None,
         force_balance=raw.get("force_balance", False), aux_loss=raw.get("aux_loss", False),
         overlap_a2a=raw.get("overlap_a2a", False), delay_wgrad=raw.get("delay_wgrad", False),
-        flex_backend=raw.get("flex_backend", "deepep"))
+        flex_backend=raw.get("flex_backend", "deepep"), fused_mlp=raw.get("fused_mlp", False))
     return {"load_imbalance": imbalance, "moe": options}
 
 
@@ -190,6 +207,24 @@ def check_moe_resolved(plan) -> None:
                             "factor (a force-balanced router routes at random)")
     if opt.overlap_a2a:
         check_a2a_overlap(plan)
+    if opt.fused_mlp:
+        check_fused_mlp(plan)
+
+
+def check_fused_mlp(plan) -> None:
+    """What TE's fused grouped MLP needs of the plan (module docstring, fused_mlp); the
+    GPU is checked where the topology is known (simulator/api.py)."""
+    why = None
+    if plan.training.dtype not in FUSED_MLP_DTYPES:
+        why = (f"false unless training.dtype is one of {', '.join(FUSED_MLP_DTYPES)} (its "
+               "kernels take block-scaled operands)")
+    elif plan.model.mlp != "swiglu":
+        why = "false unless the experts are gated (mlp swiglu): it fuses a GLU"
+    elif plan.framework not in TE_FRAMEWORKS:
+        why = (f"false unless framework is {' or '.join(TE_FRAMEWORKS)} (Transformer Engine's "
+               "op fuser)")
+    if why:
+        raise WorkloadError("moe.fused_mlp", True, why)
 
 
 def check_a2a_overlap(plan) -> None:

@@ -336,12 +336,12 @@ def plan_from_dict(raw: Any, base_dir: Path | None = None, default_name: str = "
     model = load_model(raw["model"], base_dir)
     tr = _obj(raw.get("training"), "training")
     _known_keys(tr, "training", ("global_batch", "micro_batch", "seq_len", "dtype",
-                                 "bf16_layers", "packed_segment"))
+                                 "bf16_layers", "packed_segment", "fp8_attention"))
     bf16_layers = tr.get("bf16_layers")
     training = Training(_required(tr, "global_batch", "training"), tr.get("micro_batch", 1),
                         _required(tr, "seq_len", "training"), tr.get("dtype", "bf16"),
                         tuple(bf16_layers) if isinstance(bf16_layers, list) else bf16_layers,
-                        tr.get("packed_segment", 0))
+                        tr.get("packed_segment", 0), tr.get("fp8_attention", False))
     sharding_raw = _obj(raw.get("sharding"), "sharding")
     strategies = _strategies(sharding_raw, "sharding", True)
     return Plan(

@@ -6,7 +6,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from .errors import WorkloadError
-from .fields import MAX_INT, check_choice, check_int, is_int
+from .fields import MAX_INT, check_bool, check_choice, check_int, is_int
+from .fp8_attention import ATTENTION_FORMAT
 from .precision import DTYPES, RECIPES
 
 LOW_PRECISION = tuple(RECIPES)   # the training dtypes with a GEMM recipe
@@ -28,10 +29,18 @@ class Training:
     # Sequence packing (fine-tuning): tokens of each packed example, whose attention stays
     # within its own example (workloads/attention.py, "Packed sequences"); 0: one sequence.
     packed_segment: int = 0
+    # Transformer Engine's fp8_dot_product_attention: the attention core on quantized
+    # q, k, v in the recipe's format (workloads/fp8_attention.py prices it).
+    fp8_attention: bool = False
 
     def __post_init__(self) -> None:
         for name in ("global_batch", "micro_batch", "seq_len"):
             check_int(getattr(self, name), f"training.{name}")
+        check_bool(self.fp8_attention, "training.fp8_attention")
+        if self.fp8_attention and self.dtype not in ATTENTION_FORMAT:
+            raise WorkloadError("training.fp8_attention", True, "false unless training.dtype "
+                                "is one of " + ", ".join(ATTENTION_FORMAT) + " (the recipes "
+                                "that quantize attention)")
         if not is_int(self.packed_segment) or not 0 <= self.packed_segment <= self.seq_len:
             raise WorkloadError("training.packed_segment", self.packed_segment,
                                 f"an integer in [0, seq_len = {self.seq_len}] (0: no packing)")

@@ -301,6 +301,8 @@ def _precision(get: _Getter, num_layers: int) -> dict[str, Any]:
                   get.int("num-layers-at-end-in-bf16", 1, minimum=0))
     if layers != recipe.bf16_layers(num_layers):
         out["bf16_layers"] = list(layers)
+    if get.on("fp8-dot-product-attention"):
+        out["fp8_attention"] = True
     return out
 
 

@@ -114,6 +114,8 @@ def _precision_flags(tr, num_layers: int) -> list[str]:
     if first or last:
         out += ["--first-last-layers-bf16", f"--num-layers-at-start-in-bf16 {first}",
                 f"--num-layers-at-end-in-bf16 {last}"]
+    if tr.fp8_attention:
+        out.append("--fp8-dot-product-attention")
     return out
 
 

@@ -24,6 +24,12 @@ FLAGS = ("moe-token-dispatcher-type", "moe-enable-deepep", "moe-flex-dispatcher-
          "moe-pad-expert-input-to-capacity", "moe-router-force-load-balancing",
          "moe-aux-loss-coeff", "overlap-moe-expert-parallel-comm", "delay-wgrad-compute")
 OVERLAP, DELAY = "overlap-moe-expert-parallel-comm", "delay-wgrad-compute"
+# Transformer Engine's op fuser for the routed experts (Megatron-LM after core_v0.15.0:
+# use_transformer_engine_op_fuser, which Megatron-LM's MXFP8 MoE recipes set at e5ad09802d
+# with NVTE_CUTEDSL_FUSED_GROUPED_MLP=1 in their environment): the plan's moe.fused_mlp.
+# The environment variable is not a flag; a job that sets the flag without it runs TE's
+# ops unfused, which the plan cannot say.
+OP_FUSER = "use-transformer-engine-op-fuser"
 
 
 def _float(get, flag: str) -> float | None:
@@ -78,6 +84,8 @@ def moe_block(get, tp: int, findings) -> dict[str, Any]:
         out["overlap_a2a"] = True
     if get.on(DELAY):
         out["delay_wgrad"] = True
+    if get.on(OP_FUSER):
+        out["fused_mlp"] = True
     return out
 
 
@@ -146,5 +154,6 @@ def moe_flags(plan: Plan) -> list[str]:
             if on]
     out.append(f"--moe-aux-loss-coeff {0.01 if opt.aux_loss else 0.0}")
     out += [flag for flag, on in (("--overlap-moe-expert-parallel-comm", opt.overlap_a2a),
-                                  ("--delay-wgrad-compute", opt.delay_wgrad)) if on]
+                                  ("--delay-wgrad-compute", opt.delay_wgrad),
+                                  (f"--{OP_FUSER}", opt.fused_mlp)) if on]
     return out

@@ -77,7 +77,10 @@ class ExpertHostOps:
         if _is_dispatch_comm(task.label):
             return self.op_s
         module = _expert_module(task.op)
-        if module is not None and task.label.endswith(".wgrad") and task.launch_streams > 1:
+        # TE's GroupedLinear, the module (multi-stream launches) or the fused grouped MLP's
+        # op (ops/basic/grouped_linear.py: one weight{i} parameter per group as well)
+        grouped_linear = task.launch_streams > 1 or self.plan.moe.fused_mlp
+        if module is not None and task.label.endswith(".wgrad") and grouped_linear:
             if self._once(task, module, "hooks"):
                 return self.experts * self.op_s
         return 0.0

@@ -117,7 +117,6 @@ def expert_strategies(plan, layer: int, layout: str) -> tuple[str, str, str]:
 
 
 def _experts(g: "LayerGraph", plan, layer: int, geo: Geometry, rows: "Node") -> "Node":
-    m = plan.model
     s1, s3, s2 = expert_strategies(plan, layer, rows.layout)
     # rows per local expert on the hottest rank (with ETP: gathered from the ETP group)
     per_expert = geo.tokens * geo.rows * geo.etp / geo.local_experts
@@ -129,6 +128,20 @@ def _experts(g: "LayerGraph", plan, layer: int, geo: Geometry, rows: "Node") -> 
     if padded:   # Fp8Padding: each expert's rows padded to the alignment (a copy)
         rows = g.elementwise("expert_pad", [rows], rw=(1.0, 1.0), passthrough=True,
                              launches=PAD_LAUNCHES)
+    out = (_fused_experts(g, plan, rows, (s1, s3, s2), grouped) if plan.moe.fused_mlp
+           else _grouped_mlp(g, plan, rows, (s1, s3, s2), grouped, geo.local_experts))
+    if padded:   # Fp8Unpadding: the output rows copied back without the padding
+        out = g.elementwise("expert_unpad", [out], rw=(1.0, 1.0), passthrough=True,
+                            launches=unpad_launches(geo.local_experts))
+    return out
+
+
+def _grouped_mlp(g: "LayerGraph", plan, rows: "Node", strategies, grouped: dict,
+                 local_experts: int) -> "Node":
+    """The routed experts as Megatron-Core's TEGroupedMLP runs them: Transformer Engine
+    GroupedLinear modules around the activation (and GPT-OSS's eager epilogue)."""
+    m = plan.model
+    s1, s3, s2 = strategies
     a = g.linear("w1", rows, s1, m.moe_ffn_size, **grouped)
     if m.mlp == "swiglu":
         # Megatron-Core's linear_fc1 is w1 and w3 in one GroupedLinear (TEGroupedMLP, gated
@@ -139,12 +152,38 @@ def _experts(g: "LayerGraph", plan, layer: int, geo: Geometry, rows: "Node") -> 
                             rw=(2.0, 1.0))
     else:
         act = g.elementwise("gelu", [a], layout=_nonpartial(a.layout))
-    out = expert_bias(g, plan, g.linear("w2", act, s2, m.hidden_size, **grouped),
-                      geo.local_experts)
-    if padded:   # Fp8Unpadding: the output rows copied back without the padding
-        out = g.elementwise("expert_unpad", [out], rw=(1.0, 1.0), passthrough=True,
-                            launches=unpad_launches(geo.local_experts))
-    return out
+    return expert_bias(g, plan, g.linear("w2", act, s2, m.hidden_size, **grouped),
+                       local_experts)
+
+
+def _fused_experts(g: "LayerGraph", plan, rows: "Node", strategies, grouped: dict) -> "Node":
+    """The routed experts as Transformer Engine's fused grouped MLP runs them
+    (workloads/moe_options.py fused_mlp; NVIDIA/TransformerEngine d0067d0d
+    transformer_engine/pytorch/ops/fused/grouped_mlp.py, GroupedMLP_CuTeGEMMGLU):
+    - forward: one group quantize of the dispatched rows for all experts, then cuDNN's
+      grouped GEMM for linear_fc1 whose epilogue applies the gated activation (GPT-OSS's
+      clamped one included: ScaledClampedQGeGLU) and writes linear_fc2's input already
+      block-quantized, then linear_fc2's grouped GEMM: no activation kernel, no cast of
+      fc2's input;
+    - backward: one group quantize of fc2's output gradient, then the grouped GEMM for
+      fc2's data gradient whose epilogue applies the activation's backward and writes
+      fc1's output gradient quantized: no activation-backward kernel, no cast of fc1's
+      output gradient; the weight gradients are grouped GEMMs;
+    - each grouped GEMM and each group quantize is one launch for all local experts, and
+      the experts' biases (GPT-OSS) are added in the kernels (the op's has_bias paths).
+    Assumption: the epilogue's work costs the GEMM no time (the activation's elementwise
+    work is small beside the GEMM's; NVIDIA/cudnn-frontend's cutedsl_fusion_kernels
+    benchmark times the fused kernel below TE's GEMM plus activation-and-cast alone,
+    workloads/te_quant.py), and cuDNN's grouped GEMM runs at the grouped efficiency TE's
+    cuBLAS path does (workloads/moe/grouped_gemm.py)."""
+    m = plan.model
+    s1, s3, s2 = strategies
+    one = dict(grouped, launches=1, launch_streams=1)
+    a = g.linear("w1", rows, s1, m.moe_ffn_size, **one, quantized_grad=True, group_cast=True)
+    b = g.linear("w3", rows, s3, m.moe_ffn_size, **one, quantized_grad=True, group_cast=True)
+    act = g.elementwise("swiglu", [a, b], layout=_nonpartial(a.layout), rw=(0.0, 0.0),
+                        launches=0, backward=(0.0, 0))
+    return g.linear("w2", act, s2, m.hidden_size, **one, quantized_input=True, group_cast=True)
 
 
 def _shared_experts(g: "LayerGraph", plan, layer: int, h: "Node") -> "Node":
