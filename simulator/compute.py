@@ -91,11 +91,13 @@ def device_time_s(task: Task, device: DeviceSpec, dtype: str) -> float:
                   * k_loop_efficiency(k, device, gemm_dtype))
         flops_s = task.flops / (device.peak(gemm_dtype) * eff * prof.sustained_tensor_ratio)
     elif task.op_class == ATTENTION:
-        # Attention runs in bf16 (FlashAttention-2) under bf16 and FP8/FP4 training (no
-        # recipe quantises attention: workloads/precision.py), in fp32 under fp32 training.
-        # The profile's efficiency is its attention kernel's at 16k causal tokens
+        # Attention is priced at the bf16 peak under bf16 and FP8/FP4 training (the recipes
+        # leave it in bf16: workloads/precision.py), at fp32's under fp32 training. The
+        # profile's efficiency is its attention kernel's at 16k causal tokens
         # (FlashAttention-2's; cuDNN's on Blackwell); the task's is that kernel's speed at
-        # its call's length and mask (workloads/attention.py kernel_speed).
+        # its call's length and mask (workloads/attention.py kernel_speed), times FP8
+        # attention's measured speed over bf16's where a plan quantizes it
+        # (training.fp8_attention, workloads/fp8_attention.py).
         peak = min(device.peak(dtype), device.peak("bf16"))
         flops_s = task.flops / (peak * prof.attention_efficiency * task.efficiency
                                 * prof.sustained_tensor_ratio)

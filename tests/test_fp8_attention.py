@@ -63,9 +63,10 @@ def _raw(**training):
                       training={"dtype": "mxfp8", "fp8_attention": True, **training})
 
 
-def test_plan_refuses_bf16_attention_quantization():
+@pytest.mark.parametrize("dtype", ["bf16", "nvfp4"])
+def test_plan_refuses_attention_quantization_without_an_8_bit_recipe(dtype):
     with pytest.raises(WorkloadError) as err:
-        plan_from_dict(_raw(dtype="bf16"))
+        plan_from_dict(_raw(dtype=dtype))
     assert err.value.field == "training.fp8_attention"
 
 
@@ -90,3 +91,34 @@ def test_lowered_attention_and_export():
         assert plain and quantized == pytest.approx([p * ratio for p in plain])
     assert "--fp8-dot-product-attention" in _precision_flags(on.training, 4)
     assert "--fp8-dot-product-attention" not in _precision_flags(off.training, 4)
+
+
+@pytest.mark.parametrize("over, needs", [
+    ({"framework": "torchtitan"}, "framework"),
+    ({"attention": "eager"}, "attention"),
+    ({"model": {**small_plan()["model"], "sliding_window": 4096}}, "window"),
+])
+def test_refused_where_unmeasured(over, needs):
+    """Other frameworks, a materialised attention and a window other than the measured
+    128 keys are refused (the key would be ignored or priced at another shape's ratio)."""
+    with pytest.raises(WorkloadError) as err:
+        resolve(plan_from_dict({**_raw(), **over}), 8)
+    assert err.value.field == "training.fp8_attention" and needs in str(err.value)
+
+
+def test_context_parallel_calls_take_their_length_and_bf16_layers_stay_bf16():
+    """A call of `length` keys (a ring step) takes the ratio at that length; an unmeasured
+    GPU keeps BF16's speed in a lowering (simulate refuses it); a layer the recipe keeps in
+    BF16 runs BF16 attention."""
+    cost = AttentionCost(queries=4096, keys=16384, heads=8, kv_heads=8, head_dim=128,
+                         act_bytes=2, gpu="gb200", quantized="mxfp8")
+    plain = AttentionCost(queries=4096, keys=16384, heads=8, kv_heads=8, head_dim=128,
+                          act_bytes=2, gpu="gb200")
+    assert cost.speed("backward", 4096) == pytest.approx(
+        plain.speed("backward", 4096) * 1.198 / 1.305)
+    assert fp8_attention_speedup("h100", "mxfp8", "backward", 4096, "causal") == 1.0
+    mx = resolve(plan_from_dict(_raw(bf16_layers=[1, 0])), 8)
+    eff = {t.layer: t.efficiency for t in lower(mx, "b200").stages[0]
+           if t.op == "attention" and t.phase == "forward" and t.microbatch == 0}
+    assert eff[0] == pytest.approx(eff[1] / fp8_attention_speedup("b200", "mxfp8", "forward",
+                                                                   2048, "causal"))

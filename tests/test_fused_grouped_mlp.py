@@ -5,10 +5,11 @@ from __future__ import annotations
 
 import pytest
 
-from moe_small import E, moe_plan
+from conftest import small_plan
+from moe_small import E, MOE, moe_plan
 from simulator.api import simulate
 from topologies import build
-from workloads import WorkloadError
+from workloads import WorkloadError, plan_from_dict, resolve
 from workloads.jobs.megatron_moe import moe_flags
 from workloads.lowering import lower
 
@@ -74,3 +75,47 @@ def test_refused_where_te_does_not_fuse(over, needs):
 def test_megatron_export_names_the_op_fuser():
     assert "--use-transformer-engine-op-fuser" in moe_flags(_plan())
     assert "--use-transformer-engine-op-fuser" not in moe_flags(_plan(fused=False))
+
+
+@pytest.mark.parametrize("over, needs", [
+    ({"kernels": "eager"}, "kernels"),
+    ({"recompute": "selective", "recompute_modules": ["moe_act"]}, "moe_act"),
+])
+def test_refused_where_nothing_would_be_fused(over, needs):
+    """Eager kernels would price the fused activation at PyTorch's eager cost, and a
+    recomputed moe_act has no activation left to rerun: both refused, not mispriced."""
+    raw = small_plan(model=MOE, mesh={"ep": EP}, framework="megatron-core",
+                     training={"dtype": "mxfp8"},
+                     moe={"dispatcher": "alltoall", "fused_mlp": True}, **over)
+    with pytest.raises(WorkloadError) as err:
+        resolve(plan_from_dict(raw), 8)
+    assert err.value.field == "moe.fused_mlp" and needs in str(err.value)
+
+
+def test_gpt_oss_epilogue_fuses_too():
+    """GPT-OSS's clamped GLU and expert biases run inside TE's fused op (its
+    ScaledClampedQGeGLU and bias paths): no glu_clamp or expert_bias kernels remain."""
+    oss = {**MOE, "swiglu_limit": 7.0, "expert_bias": True}
+    plain = moe_plan(8, model=oss, mesh={"ep": EP}, framework="megatron-core",
+                     training={"dtype": "mxfp8"}, moe={"dispatcher": "alltoall"})
+    fused = moe_plan(8, model=oss, mesh={"ep": EP}, framework="megatron-core",
+                     training={"dtype": "mxfp8"},
+                     moe={"dispatcher": "alltoall", "fused_mlp": True})
+    eager_ops = lambda plan: {t.op for t in _layer(plan) if t.bytes} & {"glu_clamp",
+                                                                        "expert_bias"}
+    assert eager_ops(plain) == {"glu_clamp", "expert_bias"}
+    assert eager_ops(fused) == set()
+
+
+def test_megatron_import_reads_the_flag_only_for_block_scaled_runs():
+    from test_jobs_megatron import ARGS
+    from workloads.jobs.megatron import read_megatron
+    moe = "--num-layers 32 --num-experts 8 --moe-router-topk 2 --moe-ffn-hidden-size 1024 " \
+          "--expert-model-parallel-size 2 --moe-token-dispatcher-type alltoall"
+    text = ARGS.format(extra="--use-transformer-engine-op-fuser").replace("--num-layers 32",
+                                                                            moe)
+    bf16 = read_megatron(text)
+    assert "fused_mlp" not in bf16.plan["moe"]
+    assert any(n.startswith("ignored: --use-transformer-engine-op-fuser") for n in bf16.notes)
+    mx = read_megatron(text.replace("--bf16", "--bf16 --fp8-format e4m3 --fp8-recipe mxfp8"))
+    assert mx.plan["moe"]["fused_mlp"] is True

@@ -71,6 +71,7 @@ FP8_ATTENTION_MS = {
 }
 # GPUs measured through another's figures (module docstring).
 MEASURED_AS = {"b200": "gb200"}
+MEASURED_WINDOW = 128   # the sliding window the measurements ran (keys)
 # The training dtypes whose attention is quantized, and the cuDNN format each runs.
 ATTENTION_FORMAT = {"fp8": "fp8", "fp8_cs": "fp8", "mxfp8": "mxfp8"}
 
@@ -92,8 +93,13 @@ def attention_shape(window: int, length: int, latent: bool) -> str:
 def fp8_attention_speedup(gpu: str, dtype: str, phase: str, length: float,
                           shape: str) -> float:
     """BF16 time / quantized time of `gpu`'s attention of `shape` at `length` tokens in
-    `phase` (a recompute is a forward), for a plan of training `dtype`."""
-    table = FP8_ATTENTION_MS[measured_gpu(gpu)][shape]
+    `phase` (a recompute is a forward), for a plan of training `dtype`. A GPU without a
+    measurement keeps BF16's speed (1.0): a lowering without a device or for the search's
+    bounds; simulating such a plan is refused (simulator/api.py check_fp8_attention)."""
+    measured = measured_gpu(gpu)
+    if not measured:
+        return 1.0
+    table = FP8_ATTENTION_MS[measured][shape]
     step = 1 if phase == "backward" else 0
     bf16, quantized = table["bf16"][step], table[ATTENTION_FORMAT[dtype]][step]
     ratios = [b / q for b, q in zip(bf16, quantized)]

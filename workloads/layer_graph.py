@@ -111,14 +111,12 @@ class LayerGraph(TPCommMixin):
 
     def linear(self, name: str, x: Node, strategy: str, out_features: int,
                experts: int = 0, bf16: bool = False, efficiency: float = 1.0,
-               launches: int = 1, launch_streams: int = 1, adapter: bool = False,
-               **quantized: bool) -> Node:
+               launches: int = 1, launch_streams: int = 1, adapter: bool = False) -> Node:
         """A projection under a strategy (col | row | seq | replicate); `experts` > 0 makes
         it a grouped GEMM over that many local experts on the input's (dispatched) rows,
         at `efficiency` relative to one large GEMM, in `launches` kernel launches per GEMM
         over `launch_streams` streams (workloads/moe/grouped_gemm.py). Under a frozen base
-        (LoRA) only an `adapter` linear computes its weight gradient. `quantized`: the
-        Node's quantized_input / quantized_grad / group_cast flags (graph_node.py)."""
+        (LoRA) only an `adapter` linear computes its weight gradient."""
         needs, produces, _ = STRATEGY_LAYOUTS[strategy]
         x = self.to_layout(x, needs)
         node_id = len(self.nodes)
@@ -131,7 +129,7 @@ class LayerGraph(TPCommMixin):
                           in_features=x.features, rows_scale=x.rows_scale, experts=experts,
                           bf16=bf16, efficiency=efficiency, launches=launches,
                           launch_streams=launch_streams,
-                          frozen=self.options.frozen_base and not adapter, **quantized)
+                          frozen=self.options.frozen_base and not adapter)
 
     def explicit_comm(self, name: str, x: Node, comm: ExplicitComm, layout: str | None = None,
                       rows_scale: float | None = None, features: int | None = None) -> Node:
@@ -259,10 +257,9 @@ class LayerGraph(TPCommMixin):
         if recipe is not None and recipe.shares_input_casts and source in self._cast_inputs:
             inputs = 0.0    # a linear reading the same activation: its cast is done
             deps = (*deps, self._cast_inputs[source])
-        if node.quantized_input and phase != "backward":
-            inputs = 0.0    # written quantized by the kernel before it
-        if node.quantized_grad and phase == "backward":
-            grads = 0.0     # written quantized by the backward kernel after it
+        # operands another kernel's epilogue wrote quantized (graph_node.py)
+        inputs = 0.0 if node.quantized_input and phase != "backward" else inputs
+        grads = 0.0 if node.quantized_grad and phase == "backward" else grads
         module = FUSED_INTO.get(node.name, node.name)
         if phase != "backward" and self.options.fused_te_modules \
                 and module in self._module_casts:
@@ -270,9 +267,8 @@ class LayerGraph(TPCommMixin):
             deps = (*deps, self._module_casts[module])
         ready = fp8_cast_task(sink, ctx, self.shape, grads if phase == "backward" else inputs,
                               deps, phase, name, node.bf16, (inputs, weights, grads),
-                              # w3's splits were cast with w1's: one linear_fc1 module
-                              0 if node.name in FUSED_INTO or node.group_cast
-                              else node.experts,
+                              # w3's splits were cast with w1's (one linear_fc1 module)
+                              0 if node.name in FUSED_INTO or node.group_cast else node.experts,
                               weight_grad=not node.frozen)
         if ready != tuple(deps):   # a cast was emitted
             self._cast_inputs.setdefault(source, ready[0])

@@ -53,7 +53,8 @@ def unit_builder(plan: Plan, unit, shape: LayerShape, options: BuildOptions) -> 
     if unit == HEAD:
         return build_head(plan, shape, options)
     if shape.recipe is not None and shape.recipe.keeps_bf16(unit, plan.model.num_layers):
-        shape = replace(shape, bf16_gemms=True)   # the recipe's BF16 layers
+        # the recipe's BF16 layers: outside the FP8 autocast, attention included
+        shape = replace(shape, bf16_gemms=True, attention_dtype="")
     if plan.grid_strategy is not None:
         return GridLayer(plan, unit, shape, options)
     return build_layer(plan, unit, shape, options)

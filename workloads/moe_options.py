@@ -223,6 +223,11 @@ def check_fused_mlp(plan) -> None:
     elif plan.framework not in TE_FRAMEWORKS:
         why = (f"false unless framework is {' or '.join(TE_FRAMEWORKS)} (Transformer Engine's "
                "op fuser)")
+    elif plan.kernels != "fused":
+        why = f"false with kernels {plan.kernels!r} (its kernels are Transformer Engine's)"
+    elif "moe_act" in plan.recompute_modules:
+        why = ("false with recompute_modules moe_act (the activation runs inside the GEMM: "
+               "there is no activation to recompute)")
     if why:
         raise WorkloadError("moe.fused_mlp", True, why)
 

@@ -41,6 +41,7 @@ from __future__ import annotations
 
 from .attention_impls import scores_on_chip
 from .errors import WorkloadError
+from .fp8_attention import MEASURED_WINDOW
 from .model_spec import LEARNED
 from .precision import TE_FRAMEWORKS
 from .frameworks import FP8_PARAM_DTYPES
@@ -92,6 +93,7 @@ def check_resolved(plan) -> None:
     check_sliding_window_plan(plan)
     check_lora(plan)
     check_packed_plan(plan)
+    check_fp8_attention_plan(plan)
     check_gpt_layer_plan(plan)
     check_experts(plan)
     if tr.bf16_layers is not None and sum(tr.bf16_layers) > m.num_layers:
@@ -286,6 +288,25 @@ def check_packed_plan(plan) -> None:
         raise WorkloadError("training.packed_segment", plan.training.packed_segment,
                             f"0 with attention {plan.attention!r} (packed sequences run "
                             "in flash / cuDNN attention, qkv_format thd)")
+
+
+def check_fp8_attention_plan(plan) -> None:
+    """Quantized attention (training.fp8_attention) is Transformer Engine's fused attention
+    with its measured speeds (workloads/fp8_attention.py): other frameworks, the
+    materialised paths and windows other than the measured one are refused, not priced
+    at BF16 or at another window's ratio."""
+    if not plan.training.fp8_attention:
+        return
+    why, window = None, plan.model.sliding_window
+    if plan.framework not in TE_FRAMEWORKS:
+        why = f"false unless framework is {' or '.join(TE_FRAMEWORKS)} (Transformer Engine's)"
+    elif not scores_on_chip(plan.attention):
+        why = f"false with attention {plan.attention!r} (it quantizes the fused kernel)"
+    elif window and window != MEASURED_WINDOW:
+        why = (f"false with a sliding window of {window} keys (FP8 attention is measured "
+               f"with a window of {MEASURED_WINDOW})")
+    if why:
+        raise WorkloadError("training.fp8_attention", True, why)
 
 
 def check_gpt_layer_plan(plan) -> None:

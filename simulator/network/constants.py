@@ -304,6 +304,9 @@ ASSUMPTIONS = (
      "stages; its cause is not identified"),
     ("nvl72 scale-out", "one 400 Gb/s NIC per GPU", "typical GB200 deployments; a topology "
      "file sets another"),
+    ("nvl72-gb300 scale-out", "one 800 Gb/s ConnectX-8 per GPU, 96 GB/s for NCCL",
+     "the GB300 NVL72 reference architecture's one HCA per GPU; NCCL's share of it as NDR's "
+     "(96 %); a deployment may run it as 2 x 400 Gb/s Ethernet"),
     ("HDR_200G nic_nccl_Bps", "24 GB/s", "96 % of 25 GB/s, the ratio NDR reaches "
      "(46-48 of 50 GB/s, NVIDIA/nccl-tests issue 290)"),
     ("GPUDirect-TCPXO wire_latency_us", "40.7 us per network step",

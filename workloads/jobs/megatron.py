@@ -14,13 +14,14 @@ from typing import Any
 from ..model_spec import LEARNED
 from ..models import ModelSpec, load_model
 from ..plan import MEGATRON
+from ..fp8_attention import ATTENTION_FORMAT
 from ..precision import precision
 from ..schedules import stage_layer_ranges
 from . import megatron_keys as K
 from .common import Imported, model_ref
 from .findings import Findings, JobConfigError, need_choice, need_int
 from .megatron_args import Flags, parse_args_text, parse_bridge_yaml
-from .megatron_moe import check_a2a_overlap_flags, moe_block
+from .megatron_moe import OP_FUSER, check_a2a_overlap_flags, moe_block
 
 CP_COMM = {"p2p": "ring", "allgather": "all_gather", "a2a": "all_to_all"}
 EAGER_ATTENTION = ("unfused", "local")
@@ -217,7 +218,7 @@ def _plan(get: _Getter, spec: ModelSpec, ref, findings: Findings) -> dict[str, A
         "framework": "megatron-core", "model": ref,
         "training": {"global_batch": get.int("global-batch-size"),
                      "micro_batch": get.int("micro-batch-size"),
-                     "seq_len": get.int("seq-length"), **_precision(get, spec.num_layers)},
+                     "seq_len": get.int("seq-length"), **_precision(get, spec.num_layers, findings)},
         "mesh": {"dp": "auto", "tp": tp, "pp": pp, "cp": get.int("context-parallel-size", 1),
                  "ep": get.int("expert-model-parallel-size", 1),
                  **({"order": list(TP_PP_DP_ORDER)} if get.on("use-tp-pp-dp-mapping") else {})},
@@ -245,7 +246,10 @@ def _plan(get: _Getter, spec: ModelSpec, ref, findings: Findings) -> dict[str, A
         if get.int("ddp-bucket-size") is not None:
             plan["ddp"]["bucket_params"] = get.int("ddp-bucket-size")
     if spec.num_experts:
-        plan["moe"] = moe_block(get, tp, findings)   # megatron_moe.py
+        plan["moe"] = moe_block(get, tp, findings, plan["training"]["dtype"])
+    elif get.on(OP_FUSER):
+        findings.ignore(get.name(OP_FUSER), "no routed experts: the plan's fused grouped MLP "
+                                            "is an MoE option (moe.fused_mlp)")
     check_a2a_overlap_flags(get, plan, spec)
     return plan
 
@@ -286,12 +290,20 @@ def _dtype(get: _Getter) -> str:
     return "bf16" if get.on("bf16") else "fp32"
 
 
-def _precision(get: _Getter, num_layers: int) -> dict[str, Any]:
-    """training.dtype, and training.bf16_layers where Megatron's first/last BF16 layers
-    differ from the recipe's own (workloads/precision.py): Megatron keeps none unless
-    --first-last-layers-bf16 (then 1 and 1 by default)."""
+FP8_ATTENTION = "fp8-dot-product-attention"
+
+
+def _precision(get: _Getter, num_layers: int, findings: Findings) -> dict[str, Any]:
+    """training.dtype, --fp8-dot-product-attention's training.fp8_attention, and
+    training.bf16_layers where Megatron's first/last BF16 layers differ from the recipe's
+    own (workloads/precision.py): Megatron keeps none unless --first-last-layers-bf16
+    (then 1 and 1 by default)."""
     dtype = _dtype(get)
     out: dict[str, Any] = {"dtype": dtype}
+    if get.on(FP8_ATTENTION) and dtype in ATTENTION_FORMAT:
+        out["fp8_attention"] = True
+    elif get.on(FP8_ATTENTION):   # TE's FP8 autocast is off: attention runs in BF16
+        findings.ignore(get.name(FP8_ATTENTION), f"no FP8 recipe ({dtype}): attention in BF16")
     recipe = precision(dtype).recipe
     if recipe is None:
         return out
@@ -301,8 +313,6 @@ def _precision(get: _Getter, num_layers: int) -> dict[str, Any]:
                   get.int("num-layers-at-end-in-bf16", 1, minimum=0))
     if layers != recipe.bf16_layers(num_layers):
         out["bf16_layers"] = list(layers)
-    if get.on("fp8-dot-product-attention"):
-        out["fp8_attention"] = True
     return out
 
 

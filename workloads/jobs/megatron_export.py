@@ -69,6 +69,9 @@ def write_megatron(plan: Plan) -> Exported:
     if plan.model.position_embedding not in ("rope", LEARNED):
         notes.append(f"not expressible in these flags: model.position_embedding = "
                      f"{plan.model.position_embedding} (the flags write plain RoPE)")
+    if plan.model.num_experts and plan.moe.fused_mlp:
+        notes.append("moe.fused_mlp = true needs NVTE_CUTEDSL_FUSED_GROUPED_MLP=1 in the job's "
+                     "environment beside --use-transformer-engine-op-fuser (not a flag)")
     return Exported(text, notes)
 
 

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from ..moe_options import FLEX_BACKENDS
+from ..moe_options import FLEX_BACKENDS, FUSED_MLP_DTYPES
 from ..plan import Plan
 from .findings import JobConfigError
 
@@ -60,8 +60,9 @@ def _dispatcher(get, findings) -> tuple[str, str]:
     return "deepep", backend
 
 
-def moe_block(get, tp: int, findings) -> dict[str, Any]:
-    """The plan's `moe` object for an MoE model's flags (only keys off their default)."""
+def moe_block(get, tp: int, findings, dtype: str) -> dict[str, Any]:
+    """The plan's `moe` object for an MoE model's flags (only keys off their default);
+    `dtype` the plan's training dtype (the fused grouped MLP needs a block-scaled one)."""
     out: dict[str, Any] = {}
     dispatcher, backend = _dispatcher(get, findings)
     if dispatcher != "alltoall":
@@ -84,8 +85,11 @@ def moe_block(get, tp: int, findings) -> dict[str, Any]:
         out["overlap_a2a"] = True
     if get.on(DELAY):
         out["delay_wgrad"] = True
-    if get.on(OP_FUSER):
+    if get.on(OP_FUSER) and dtype in FUSED_MLP_DTYPES:
         out["fused_mlp"] = True
+    elif get.on(OP_FUSER):   # TE fuses the grouped MLP only for block-scaled operands
+        findings.ignore(get.name(OP_FUSER), f"training dtype {dtype}: the fused grouped MLP "
+                                            "needs mxfp8 or nvfp4 (TE runs its ops unfused)")
     return out
 
 

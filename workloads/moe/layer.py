@@ -179,11 +179,16 @@ def _fused_experts(g: "LayerGraph", plan, rows: "Node", strategies, grouped: dic
     m = plan.model
     s1, s3, s2 = strategies
     one = dict(grouped, launches=1, launch_streams=1)
-    a = g.linear("w1", rows, s1, m.moe_ffn_size, **one, quantized_grad=True, group_cast=True)
-    b = g.linear("w3", rows, s3, m.moe_ffn_size, **one, quantized_grad=True, group_cast=True)
+    a = g.linear("w1", rows, s1, m.moe_ffn_size, **one)
+    b = g.linear("w3", rows, s3, m.moe_ffn_size, **one)
     act = g.elementwise("swiglu", [a, b], layout=_nonpartial(a.layout), rw=(0.0, 0.0),
                         launches=0, backward=(0.0, 0))
-    return g.linear("w2", act, s2, m.hidden_size, **one, quantized_input=True, group_cast=True)
+    out = g.linear("w2", act, s2, m.hidden_size, **one)
+    for node in (a, b, out):   # quantized by the neighbouring kernels' epilogues
+        node.group_cast = True
+        node.quantized_grad = node is not out
+        node.quantized_input = node is out
+    return out
 
 
 def _shared_experts(g: "LayerGraph", plan, layer: int, h: "Node") -> "Node":
