@@ -183,3 +183,13 @@ def test_the_runs_bf16_layers_reach_the_plan_or_are_reported():
     else:   # no plan key: only a recipe that keeps as many layers is priced
         reason = cannot_express(two)
         assert reason and "BF16" in reason
+
+
+def test_rows_citing_a_current_scaling_recipe_run_it():
+    """A row whose settings cite Megatron-Bridge's fp8_cs precision (current scaling) is
+    priced with that recipe, not delayed scaling's (the 25.09 rows, whose table names no
+    recipe, state why they keep the per-tensor default)."""
+    cited = [r for r in _rows() if "fp8_cs with first_last_layers_bf16" in r["settings"]]
+    assert len(cited) >= 4
+    assert all(r["dtype"] == "fp8_cs" for r in cited), [r["id"] for r in cited
+                                                        if r["dtype"] != "fp8_cs"]
