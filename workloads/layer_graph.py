@@ -240,8 +240,9 @@ class LayerGraph(TPCommMixin):
         """Under FP8/FP4 GEMMs, the casts before the linear's GEMMs of `phase` (its input
         in forward, its output gradient in backward, and whatever else the recipe casts
         there), except for the linears that stay in bf16; returns the GEMM's deps."""
-        _, n, k = mnk
-        inputs, grads = flops / (2 * n), flops / (2 * k)   # m x k and m x n
+        _, n, k = mnk   # m x k inputs, m x n grads; none where an epilogue wrote them quantized
+        inputs = 0.0 if node.quantized_input and phase != "backward" else flops / (2 * n)
+        grads = 0.0 if node.quantized_grad and phase == "backward" else flops / (2 * k)
         weights = k * n * (node.experts or 1)
         source, recipe = node.inputs[0].id, self.shape.recipe
         if source in self._fp8_gathered:   # cast before its all-gather
@@ -257,9 +258,6 @@ class LayerGraph(TPCommMixin):
         if recipe is not None and recipe.shares_input_casts and source in self._cast_inputs:
             inputs = 0.0    # a linear reading the same activation: its cast is done
             deps = (*deps, self._cast_inputs[source])
-        # operands another kernel's epilogue wrote quantized (graph_node.py)
-        inputs = 0.0 if node.quantized_input and phase != "backward" else inputs
-        grads = 0.0 if node.quantized_grad and phase == "backward" else grads
         module = FUSED_INTO.get(node.name, node.name)
         if phase != "backward" and self.options.fused_te_modules \
                 and module in self._module_casts:
