@@ -122,3 +122,14 @@ def test_context_parallel_calls_take_their_length_and_bf16_layers_stay_bf16():
            if t.op == "attention" and t.phase == "forward" and t.microbatch == 0}
     assert eff[0] == pytest.approx(eff[1] / fp8_attention_speedup("b200", "mxfp8", "forward",
                                                                    2048, "causal"))
+
+
+def test_unmeasured_blackwell_takes_gb200s_by_compute_capability(monkeypatch):
+    """As the other measured-kernel tables choose (windowed_attention, cudnn_attention): a
+    GPU of compute capability 10.x without its own figures takes GB200's; Hopper none."""
+    from workloads import attention_impls
+    from workloads.fp8_attention import measured_gpu
+    monkeypatch.setitem(attention_impls.COMPUTE_CAPABILITY, "b300", (10, 3))
+    assert measured_gpu("B300") == "gb200" == measured_gpu("b200")
+    assert measured_gpu("gb300") == "gb300"
+    assert measured_gpu("h100") == "" == measured_gpu("")

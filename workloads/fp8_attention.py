@@ -22,13 +22,15 @@ and MXFP8, on GB200 and GB300:
 
 A call is priced at the BF16 kernel's speed times BF16 time / quantized time of its GPU,
 mask and head shape, log-linear in the sequence length between the measured ones (the
-nearest outside them). Assumptions: B200 (the same sm100 kernels) takes GB200's ratios;
-a sliding window other than 128 keys takes the 128-key ratio; a non-causal call (context
-parallelism's ring steps) the causal ratio; GQA heads of another size the head-128 one;
-the ratio carries to other batch and head counts.
+nearest outside them); a sliding window other than the measured 128 keys is refused
+(workloads/plan_checks.py). Assumptions: B200 and other Blackwell GPUs (the same sm100
+kernels) take GB200's ratios; a non-causal call (context parallelism's ring steps) the
+causal ratio; GQA heads of another size the head-128 one; the ratio carries to other
+batch and head counts.
 """
 from __future__ import annotations
 
+from .attention_impls import COMPUTE_CAPABILITY
 from .interpolate import log_linear
 
 LENGTHS = (2048, 4096, 8192, 16384, 32768)
@@ -69,8 +71,10 @@ FP8_ATTENTION_MS = {
         },
     },
 }
-# GPUs measured through another's figures (module docstring).
-MEASURED_AS = {"b200": "gb200"}
+# The measured GPU standing for an unmeasured one, by compute capability major (as
+# workloads/windowed_attention.py and cudnn_attention.py choose theirs): Blackwell (B200,
+# and any other 10.x) takes GB200's figures.
+BY_ARCH = {10: "gb200"}
 MEASURED_WINDOW = 128   # the sliding window the measurements ran (keys)
 # The training dtypes whose attention is quantized, and the cuDNN format each runs.
 ATTENTION_FORMAT = {"fp8": "fp8", "fp8_cs": "fp8", "mxfp8": "mxfp8"}
@@ -78,8 +82,10 @@ ATTENTION_FORMAT = {"fp8": "fp8", "fp8_cs": "fp8", "mxfp8": "mxfp8"}
 
 def measured_gpu(gpu: str) -> str:
     """The GPU whose FP8 attention measurements price `gpu` ("" where none do)."""
-    name = MEASURED_AS.get(gpu.lower(), gpu.lower())
-    return name if name in FP8_ATTENTION_MS else ""
+    name = gpu.lower()
+    if name in FP8_ATTENTION_MS:
+        return name
+    return BY_ARCH.get(COMPUTE_CAPABILITY.get(name, (0, 0))[0], "")
 
 
 def attention_shape(window: int, length: int, latent: bool) -> str:

@@ -184,10 +184,10 @@ def _fused_experts(g: "LayerGraph", plan, rows: "Node", strategies, grouped: dic
     act = g.elementwise("swiglu", [a, b], layout=_nonpartial(a.layout), rw=(0.0, 0.0),
                         launches=0, backward=(0.0, 0))
     out = g.linear("w2", act, s2, m.hidden_size, **one)
-    for node in (a, b, out):   # quantized by the neighbouring kernels' epilogues
-        node.group_cast = True
-        node.quantized_grad = node is not out
-        node.quantized_input = node is out
+    # fc1's output gradient and fc2's input come quantized from the other GEMM's epilogue;
+    # the casts left (fc1's input, fc2's output gradient) quantize all experts at once
+    a.quantized_grad = b.quantized_grad = out.quantized_input = True
+    a.group_cast = b.group_cast = out.group_cast = True
     return out
 
 
