@@ -95,6 +95,9 @@ class Engine:
         self._simulated = set(self.ranks)
         self._busy_sm = {r: 0 for r in self.ranks}
         self._busy_nvls = {r: 0 for r in self.ranks}
+        # per rank, the SM counts of the running kernels that hold a stated number of SMs
+        # (Task.sm_count: the fused MoE dispatcher's), one entry per kernel
+        self._busy_own: dict[int, list[int]] = {r: [] for r in self.ranks}
         # per rank, the stream processes running a compute task now (insertion-ordered, so
         # a speed change interrupts them in a deterministic order)
         self._computing: dict[int, dict[simpy.Process, None]] = {r: {} for r in self.ranks}
@@ -218,12 +221,21 @@ class Engine:
     def _speed(self, rank: int) -> float:
         """The fraction of its interference-free speed this rank's compute runs at now:
         lower while a collective occupies some of its SMs (DeviceProfile
-        .overlap_compute_factor; NVLS collectives, which reduce in the switch, take fewer)."""
+        .overlap_compute_factor; NVLS collectives, which reduce in the switch, take fewer),
+        or while a kernel that holds a stated number of SMs runs (Task.sm_count: compute
+        keeps the other SMs). Assumption: with several running, the one that leaves the
+        least sets the speed (their SMs are not added up)."""
+        speed = 1.0
         if self._busy_sm[rank]:
-            return self.topology.device(rank).profile.overlap_compute_factor
-        if self._busy_nvls[rank]:
-            return self.topology.device(rank).profile.overlap_compute_factor_nvls
-        return 1.0
+            speed = self.topology.device(rank).profile.overlap_compute_factor
+        elif self._busy_nvls[rank]:
+            speed = self.topology.device(rank).profile.overlap_compute_factor_nvls
+        own = self._busy_own[rank]
+        if own:
+            sms = self.topology.device(rank).sm_count
+            # a kernel that asks for every SM leaves compute one SM's worth (no stall)
+            speed = min(speed, max(1, sms - max(own)) / sms)
+        return speed
 
     def _compute(self, rank: int, duration: float) -> Iterator:
         """Run `duration` seconds of interference-free work at the rank's changing speed.
@@ -286,26 +298,36 @@ class Engine:
             event = self.comm.collective(task.op, ranks, task.bytes,
                                          self.groups.twins(rank, task.group),
                                          _kernel_min_s(task))
-        algorithm = yield from self._track(rank, task.op, ranks, task.bytes, event)
+        algorithm = yield from self._track(rank, task.op, ranks, task.bytes, event,
+                                           task.sm_count)
         return algorithm, began
 
     def _track(self, rank: int, op: str, ranks: tuple[int, ...], size: float,
-               event: simpy.Event) -> Iterator:
+               event: simpy.Event, sm_count: int = 0) -> Iterator:
         """Wait for a collective while counting it as occupying this rank's SMs.
 
         An NCCL kernel occupies its SMs from launch, also while it waits for the
-        other members, so the count starts at arrival.
+        other members, so the count starts at arrival. A kernel with its own SM count
+        (Task.sm_count) holds that many instead of NCCL's share.
         """
         plan = self.comm.plan(op, ranks, size)
-        busy = self._busy_sm if plan.uses_sms else self._busy_nvls
-        before = self._speed(rank)
-        busy[rank] += 1
-        self._note_speed_change(rank, before)
+        self._hold(rank, sm_count, plan.uses_sms, True)
         yield event
-        before = self._speed(rank)
-        busy[rank] -= 1
-        self._note_speed_change(rank, before)
+        self._hold(rank, sm_count, plan.uses_sms, False)
         return plan.algorithm
+
+    def _hold(self, rank: int, sm_count: int, uses_sms: bool, start: bool) -> None:
+        """Count a communication kernel in (start) or out of this rank's SM state."""
+        before = self._speed(rank)
+        if sm_count:
+            if start:
+                self._busy_own[rank].append(sm_count)
+            else:
+                self._busy_own[rank].remove(sm_count)
+        else:
+            busy = self._busy_sm if uses_sms else self._busy_nvls
+            busy[rank] += 1 if start else -1
+        self._note_speed_change(rank, before)
 
     def _arrive(self, task: Task, ranks: tuple[int, ...]) -> simpy.Event:
         key = (task.id, ranks)

@@ -93,6 +93,10 @@ COLUMNS: dict[str, tuple[str, bool, object]] = {
     # fp8_attention: the recipe's fp8_dot_product_attention (the attention core quantized
     # in the recipe's format): the plan's training.fp8_attention; empty: BF16 attention
     "fp8_attention": (BOOL, False, None),
+    # flex_num_sms: the SMs the recipe gives the flex dispatcher's kernels (moe_deepep_num_sms,
+    # moe_hybridep_num_sms or moe_flex_dispatcher_num_sms) where it is not the backend's
+    # default (DeepEP 20, HybridEP 32): the plan's moe.flex_num_sms
+    "flex_num_sms": (INT, False, (1, 1024)),
 }
 
 

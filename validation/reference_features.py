@@ -101,6 +101,8 @@ def moe_block(row: dict[str, str], tp: int) -> dict[str, Any]:
         moe["aux_loss"] = True
     if (row.get("moe_fused_mlp") or "").lower() == "true":
         moe["fused_mlp"] = True
+    if row.get("flex_num_sms"):
+        moe["flex_num_sms"] = int(row["flex_num_sms"])
     if (row.get("force_balanced") or "").lower() == "true":
         if "force_balance" in _plan_moe_keys():
             moe["force_balance"] = True

@@ -18,7 +18,8 @@ class ExplicitComm:
     None: no gradient flows back, e.g. a routing map); grad_layout: the layout of the
     input gradient its backward yields (None: the layout its output gradient came in);
     kernel_Bps / bwd_kernel_Bps: the measured rate of the kernel that runs each (0: the
-    engine's collective alone prices it; Task.kernel_Bps)."""
+    engine's collective alone prices it; Task.kernel_Bps); sm_count: the SMs that kernel
+    holds in either direction (0: NCCL's; Task.sm_count)."""
 
     op: str
     group: tuple[str, ...]
@@ -29,6 +30,7 @@ class ExplicitComm:
     stream: str = "ep"
     kernel_Bps: float = 0.0
     bwd_kernel_Bps: float = 0.0
+    sm_count: int = 0
 
     def emit(self, sink: TaskSink, ctx: dict, name: str, deps, phase: str,
              backward: bool) -> int:
@@ -37,4 +39,5 @@ class ExplicitComm:
                           else (self.op, self.nbytes, self.kernel_Bps))
         label = f"grad.moe.{name}" if backward else f"moe.{name}"
         return sink.add(kind=COMM, stream=self.stream, op=op, phase=phase, deps=tuple(deps),
-                        bytes=size, group=self.group, label=label, kernel_Bps=rate, **ctx)
+                        bytes=size, group=self.group, label=label, kernel_Bps=rate,
+                        sm_count=self.sm_count, **ctx)

@@ -2,6 +2,7 @@
 
     "moe": {"dispatcher": "alltoall" | "allgather" | "deepep",
             "flex_backend": "deepep" | "hybridep",   # the deepep dispatcher's kernels
+            "flex_num_sms": 32,             # SMs its kernels hold (default by backend)
             "etp": 1,                       # expert tensor parallelism (default: mesh.tp)
             "capacity_factor": 1.25,        # default none: dropless
             "pad_to_capacity": false,
@@ -27,6 +28,15 @@ Defaults follow Megatron-Core (NVIDIA/Megatron-LM, commit d98e8a64):
 - force_balance: Megatron's --moe-router-force-load-balancing (router.py: random logits
   replace the router's, "only for benchmark"); a published run that used it routes
   uniformly at random (workloads/moe/imbalance.py prices what that leaves).
+
+- flex_num_sms: Megatron-Core's moe_flex_dispatcher_num_sms (the deprecated
+  moe_deepep_num_sms / moe_hybridep_num_sms route to it), the SMs the fused dispatch and
+  combine kernels run on; compute beside them keeps the rest (simulator/engine.py). None:
+  the backend's default, DeepEP 20 (megatron/core/transformer/moe/token_dispatcher.py,
+  _DeepepManager: "None -> 20"), HybridEP 32 (HybridEpBuffer's num_sms_dispatch_api and
+  num_sms_combine_api defaults, deepseek-ai/DeepEP@017a5202 deep_ep/hybrid_ep_buffer.py;
+  Megatron-Bridge sets 32 for every HybridEP perf recipe, scripts/performance/utils/
+  overrides.py since c3e43e6aa, December 2025, and perf_recipes/_common.py).
 
 - overlap_a2a: Megatron-Core's overlap_moe_expert_parallel_comm (model_parallel_config.py,
   default False): one micro-batch's forward runs interleaved with another's backward, layer
@@ -66,7 +76,10 @@ FLEX_BACKENDS = ("deepep", "hybridep")
 DISTRIBUTIONS = ("measured",)
 MOE_KEYS = ("load_imbalance", "dispatcher", "etp", "capacity_factor", "pad_to_capacity",
             "force_balance", "aux_loss", "overlap_a2a", "delay_wgrad", "flex_backend",
-            "fused_mlp")
+            "fused_mlp", "flex_num_sms")
+# SMs the fused dispatcher's kernels run on by default, per backend (module docstring).
+FLEX_DEFAULT_SMS = {"deepep": 20, "hybridep": 32}
+MAX_FLEX_SMS = 1024     # beyond any GPU's SM count (GB300: 160)
 # The recipes whose operands TE's fused grouped MLP quantizes (its kernels' quantizers).
 FUSED_MLP_DTYPES = ("mxfp8", "nvfp4")
 # Bounds: a capacity factor past the number of experts keeps every token anyway (an expert
@@ -90,6 +103,7 @@ class MoEOptions:
     delay_wgrad: bool = False               # wgrads after the layer's dgrads (needs it)
     flex_backend: str = "deepep"            # the deepep dispatcher's kernels
     fused_mlp: bool = False                 # TE's fused grouped MLP (module docstring)
+    flex_num_sms: int | None = None         # None: FLEX_DEFAULT_SMS[flex_backend]
 
     def __post_init__(self) -> None:
         check_choice(self.dispatcher, "moe.dispatcher", DISPATCHERS)
@@ -97,6 +111,15 @@ class MoEOptions:
         if self.flex_backend != "deepep" and self.dispatcher != "deepep":
             raise WorkloadError("moe.flex_backend", self.flex_backend, '"deepep" unless '
                                 'moe.dispatcher is "deepep" (the fused dispatcher\'s kernels)')
+        if self.flex_num_sms is not None:
+            if not is_int(self.flex_num_sms) or not 1 <= self.flex_num_sms <= MAX_FLEX_SMS:
+                raise WorkloadError("moe.flex_num_sms", self.flex_num_sms,
+                                    f"an integer in 1..{MAX_FLEX_SMS} or null (the backend's "
+                                    "default)")
+            if self.dispatcher != "deepep":
+                raise WorkloadError("moe.flex_num_sms", self.flex_num_sms, "null unless "
+                                    'moe.dispatcher is "deepep" (the fused dispatcher\'s '
+                                    "kernels)")
         if self.etp is not None and (not is_int(self.etp) or self.etp < 1):
             raise WorkloadError("moe.etp", self.etp, "an integer >= 1 (1 or mesh.tp)")
         if self.capacity_factor is not None:
@@ -132,6 +155,13 @@ class MoEOptions:
     def dropless(self) -> bool:
         """No token is dropped (no capacity factor)."""
         return self.capacity_factor is None
+
+    @property
+    def dispatcher_sms(self) -> int:
+        """SMs the fused dispatcher's kernels hold (0: NCCL's collectives run it)."""
+        if self.dispatcher != "deepep":
+            return 0
+        return self.flex_num_sms or FLEX_DEFAULT_SMS[self.flex_backend]
 
     def etp_of(self, tp: int) -> int:
         """The expert TP degree under a mesh of TP degree `tp`."""
@@ -175,7 +205,8 @@ def parse_moe(raw: dict) -> dict:
         expert_shares=tuple(shares) if shares is not None else None,
         force_balance=raw.get("force_balance", False), aux_loss=raw.get("aux_loss", False),
         overlap_a2a=raw.get("overlap_a2a", False), delay_wgrad=raw.get("delay_wgrad", False),
-        flex_backend=raw.get("flex_backend", "deepep"), fused_mlp=raw.get("fused_mlp", False))
+        flex_backend=raw.get("flex_backend", "deepep"), fused_mlp=raw.get("fused_mlp", False),
+        flex_num_sms=raw.get("flex_num_sms"))
     return {"load_imbalance": imbalance, "moe": options}
 
 

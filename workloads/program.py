@@ -69,6 +69,10 @@ class Task:
     kernel_Bps: float = 0.0         # comm: the measured rate of the kernel that runs it
                                     # (HybridEP's in an NVLink domain: workloads/moe/
                                     # ep_nvlink.py); it lasts at least bytes / kernel_Bps
+    sm_count: int = 0               # comm: SMs its kernel holds while it runs (the fused
+                                    # MoE dispatcher's num_sms: workloads/moe_options.py);
+                                    # 0: an NCCL collective (DeviceProfile
+                                    # .overlap_compute_factor)
 
 
 @dataclass

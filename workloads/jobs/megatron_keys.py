@@ -34,6 +34,10 @@ MAPPED = {
     "moe-token-dispatcher-type": "moe.dispatcher (alltoall, allgather; flex: deepep)",
     "moe-enable-deepep": "moe.dispatcher (deepep, with flex)",
     "moe-flex-dispatcher-backend": "moe.dispatcher (deepep)",
+    "moe-deepep-num-sms": "moe.flex_num_sms (DeepEP's kernels)",
+    # Megatron-Core TransformerConfig fields after core_v0.15.0 (a Bridge YAML's model section)
+    "moe-hybridep-num-sms": "moe.flex_num_sms (HybridEP's kernels)",
+    "moe-flex-dispatcher-num-sms": "moe.flex_num_sms",
     "expert-tensor-parallel-size": "moe.etp",
     "moe-expert-capacity-factor": "moe.capacity_factor",
     "moe-pad-expert-input-to-capacity": "moe.pad_to_capacity",

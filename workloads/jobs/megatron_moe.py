@@ -5,7 +5,9 @@ Flags of Megatron-LM core_v0.15.0 (megatron/training/arguments.py): the token di
 --moe-flex-dispatcher-backend deepep | hybridep (Megatron-Bridge's
 moe_flex_dispatcher_backend), is the deepep dispatcher with those kernels), expert TP
 (--expert-tensor-parallel-size, default the TP size), capacity (--moe-expert-capacity-
-factor, --moe-pad-expert-input-to-capacity), the force-balanced router
+factor, --moe-pad-expert-input-to-capacity), the SMs of the flex dispatcher's kernels
+(--moe-deepep-num-sms; a Bridge YAML's model.moe_hybridep_num_sms or the later
+moe_flex_dispatcher_num_sms, which wins), the force-balanced router
 (--moe-router-force-load-balancing), the load-balancing loss (--moe-aux-loss-coeff > 0), and
 the EP all-to-all overlap (--overlap-moe-expert-parallel-comm, --delay-wgrad-compute: both
 store_true switches, default off; Megatron-Core's TransformerConfig fields of the same names,
@@ -15,11 +17,12 @@ from __future__ import annotations
 
 from typing import Any
 
-from ..moe_options import FLEX_BACKENDS, FUSED_MLP_DTYPES
+from ..moe_options import FLEX_BACKENDS, FLEX_DEFAULT_SMS, FUSED_MLP_DTYPES
 from ..plan import Plan
 from .findings import JobConfigError
 
 FLAGS = ("moe-token-dispatcher-type", "moe-enable-deepep", "moe-flex-dispatcher-backend",
+         "moe-deepep-num-sms", "moe-hybridep-num-sms", "moe-flex-dispatcher-num-sms",
          "expert-tensor-parallel-size", "moe-expert-capacity-factor",
          "moe-pad-expert-input-to-capacity", "moe-router-force-load-balancing",
          "moe-aux-loss-coeff", "overlap-moe-expert-parallel-comm", "delay-wgrad-compute")
@@ -69,6 +72,11 @@ def moe_block(get, tp: int, findings, dtype: str) -> dict[str, Any]:
         out["dispatcher"] = dispatcher
     if backend != "deepep":
         out["flex_backend"] = backend
+    if dispatcher == "deepep":
+        # moe_flex_dispatcher_num_sms wins over the per-backend knob it replaced
+        sms = get.int("moe-flex-dispatcher-num-sms") or get.int(f"moe-{backend}-num-sms")
+        if sms is not None and sms != FLEX_DEFAULT_SMS[backend]:
+            out["flex_num_sms"] = sms
     etp = get.int("expert-tensor-parallel-size")
     if etp is not None and etp != tp:
         out["etp"] = etp
@@ -150,6 +158,8 @@ def moe_flags(plan: Plan) -> list[str]:
            "deepep": ["--moe-token-dispatcher-type flex", "--moe-enable-deepep"]}[opt.dispatcher]
     if opt.dispatcher == "deepep" and opt.flex_backend != "deepep":
         out[-1] = f"--moe-flex-dispatcher-backend {opt.flex_backend}"
+    if opt.flex_num_sms and opt.flex_backend == "deepep":   # core_v0.15.0's only SM flag
+        out.append(f"--moe-deepep-num-sms {opt.flex_num_sms}")
     out.append(f"--expert-tensor-parallel-size {opt.etp_of(plan.mesh.tp)}")
     if opt.capacity_factor is not None:
         out.append(f"--moe-expert-capacity-factor {opt.capacity_factor}")

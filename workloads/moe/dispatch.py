@@ -135,6 +135,7 @@ class Geometry:
     group_ranks: tuple[int, ...]   # rank 0's members of that group (DeepEP's node split)
     gpu: str = ""        # the device lowered for (ep_rdma.py: NVL72 GPUs have no RDMA stage)
     flex_backend: str = "deepep"   # the deepep dispatcher's kernels: deepep | hybridep
+    flex_sms: int = 0    # SMs those kernels hold (MoEOptions.dispatcher_sms)
 
     @property
     def local_experts(self) -> int:
@@ -301,7 +302,8 @@ def _deepep_comm(geo: Geometry, grad: str, combine: bool) -> ExplicitComm:
              if nodes == 1 else None) or (0.0, 0.0)
     fwd_Bps, bwd_Bps = (rates[1], rates[0]) if combine else rates
     return ExplicitComm("all_to_all", geo.group, nbytes * fwd, "all_to_all", nbytes * bwd,
-                        grad, "ep", kernel_Bps=fwd_Bps, bwd_kernel_Bps=bwd_Bps)
+                        grad, "ep", kernel_Bps=fwd_Bps, bwd_kernel_Bps=bwd_Bps,
+                        sm_count=geo.flex_sms)
 
 
 def _hit(experts: int, held: int, k: int) -> float:
