@@ -28,6 +28,7 @@ from .host_timeline import HostTimeline
 from .network import CommModel, CommOptions
 from .rank_classes import RankClasses, rank_classes
 from .rank_groups import RankGroups
+from .sm_share import SmShare
 from .trace import TraceRecorder
 from .trace_spill import SpillRecorder
 
@@ -93,11 +94,7 @@ class Engine:
         self._rendezvous: dict[tuple, list] = {}
         self.groups = RankGroups(self.mesh, self.classes)
         self._simulated = set(self.ranks)
-        self._busy_sm = {r: 0 for r in self.ranks}
-        self._busy_nvls = {r: 0 for r in self.ranks}
-        # per rank, the SM counts of the running kernels that hold a stated number of SMs
-        # (Task.sm_count: the fused MoE dispatcher's), one entry per kernel
-        self._busy_own: dict[int, list[int]] = {r: [] for r in self.ranks}
+        self.sms = SmShare(self.ranks, topology)   # communication kernels on the SMs
         # per rank, the stream processes running a compute task now (insertion-ordered, so
         # a speed change interrupts them in a deterministic order)
         self._computing: dict[int, dict[simpy.Process, None]] = {r: {} for r in self.ranks}
@@ -219,23 +216,9 @@ class Engine:
             self.events += 1
 
     def _speed(self, rank: int) -> float:
-        """The fraction of its interference-free speed this rank's compute runs at now:
-        lower while a collective occupies some of its SMs (DeviceProfile
-        .overlap_compute_factor; NVLS collectives, which reduce in the switch, take fewer),
-        or while a kernel that holds a stated number of SMs runs (Task.sm_count: compute
-        keeps the other SMs). Assumption: with several running, the one that leaves the
-        least sets the speed (their SMs are not added up)."""
-        speed = 1.0
-        if self._busy_sm[rank]:
-            speed = self.topology.device(rank).profile.overlap_compute_factor
-        elif self._busy_nvls[rank]:
-            speed = self.topology.device(rank).profile.overlap_compute_factor_nvls
-        own = self._busy_own[rank]
-        if own:
-            sms = self.topology.device(rank).sm_count
-            # a kernel that asks for every SM leaves compute one SM's worth (no stall)
-            speed = min(speed, max(1, sms - max(own)) / sms)
-        return speed
+        """The fraction of its interference-free speed this rank's compute runs at now
+        (sm_share.py: lower while communication kernels hold some of its SMs)."""
+        return self.sms.speed(rank)
 
     def _compute(self, rank: int, duration: float) -> Iterator:
         """Run `duration` seconds of interference-free work at the rank's changing speed.
@@ -317,16 +300,9 @@ class Engine:
         return plan.algorithm
 
     def _hold(self, rank: int, sm_count: int, uses_sms: bool, start: bool) -> None:
-        """Count a communication kernel in (start) or out of this rank's SM state."""
+        """Count a communication kernel in (start) or out of this rank's SMs."""
         before = self._speed(rank)
-        if sm_count:
-            if start:
-                self._busy_own[rank].append(sm_count)
-            else:
-                self._busy_own[rank].remove(sm_count)
-        else:
-            busy = self._busy_sm if uses_sms else self._busy_nvls
-            busy[rank] += 1 if start else -1
+        self.sms.hold(rank, sm_count, uses_sms, start)
         self._note_speed_change(rank, before)
 
     def _arrive(self, task: Task, ranks: tuple[int, ...]) -> simpy.Event:

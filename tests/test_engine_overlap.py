@@ -4,8 +4,8 @@ that leaves the speed as it was, a collective that began strictly before the ker
 pipeline send beside a kernel, and a serial (CPU-like) device whose collectives run on
 the compute stream.
 
-The speed changes are driven the way Engine._track drives them (count, then
-_note_speed_change), so the expected ends follow from the profile's factors alone.
+The speed changes are driven the way Engine._track drives them (Engine._hold: count,
+then _note_speed_change), so the expected ends follow from the profile's factors alone.
 """
 from __future__ import annotations
 
@@ -41,10 +41,7 @@ def changes(engine: Engine, rank: int, steps, late: bool = False):
         if late:
             yield env.timeout(0)
         yield env.timeout(at_s - env.now)
-        counts = engine._busy_sm if busy == "sm" else engine._busy_nvls
-        before = engine._speed(rank)
-        counts[rank] += delta
-        engine._note_speed_change(rank, before)
+        engine._hold(rank, 0, busy == "sm", delta > 0)
 
 
 def kernel(engine: Engine, rank: int, work_s: float, ends: list):
@@ -68,7 +65,7 @@ def test_a_collective_ending_on_the_instant_the_kernel_ends(node, late):
     engine.env.process(changes(engine, 0, [(0.5, "sm", 1), (end_s, "sm", -1)], late))
     engine.env.run()
     assert ends == [pytest.approx(end_s, rel=1e-12)]
-    assert engine._computing[0] == {} and engine._busy_sm[0] == 0
+    assert engine._computing[0] == {} and engine.sms.nccl[0] == 0
 
 
 @pytest.mark.parametrize("nvls_first", [False, True])
