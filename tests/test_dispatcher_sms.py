@@ -115,3 +115,17 @@ def test_megatron_flags_round_trip():
                            ).replace("--moe-deepep-num-sms 24", "--moe-hybridep-num-sms 64")
     moe = plan_from_dict(read_megatron(hybrid).plan).moe
     assert (moe.flex_backend, moe.dispatcher_sms) == ("hybridep", 64)
+    # a config written out with every field carries DeepEP's default beside it: ignored
+    both = hybrid.replace("--moe-hybridep-num-sms 64",
+                          "--moe-hybridep-num-sms 64 --moe-deepep-num-sms 20")
+    assert plan_from_dict(read_megatron(both).plan).moe.dispatcher_sms == 64
+    unified = both.replace("--moe-deepep-num-sms 20", "--moe-flex-dispatcher-num-sms 40")
+    assert plan_from_dict(read_megatron(unified).plan).moe.dispatcher_sms == 40
+    # HybridEP's count has no core_v0.15.0 flag: exported as a note naming the fields
+    exported = write_megatron(plan_from_dict({**deepep, "moe": {
+        "dispatcher": "deepep", "flex_backend": "hybridep", "flex_num_sms": 48}}))
+    assert "num-sms" not in exported.text
+    assert exported.notes == [
+        "moe.flex_num_sms = 48 has no core_v0.15.0 flag for HybridEP: set "
+        "model.moe_hybridep_num_sms (Megatron-Bridge) or moe_flex_dispatcher_num_sms "
+        "(Megatron-Core after core_v0.15.0)"]

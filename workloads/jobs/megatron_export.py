@@ -52,8 +52,13 @@ def write_megatron(plan: Plan) -> Exported:
     overlap = dict(back.plan["overlap"])
     if plan.pipeline.schedule != "interleaved":   # no chunks to align: the flag is moot
         overlap["param_gather_align"] = plan.param_gather_align
-    notes = unexpressed(plan, {**back.plan, "model": ref, "mesh": mesh, "overlap": overlap},
-                        "Megatron-LM", REASONS)
+    moe = dict(back.plan.get("moe", {}))
+    hybridep_sms = plan.model.num_experts and plan.moe.flex_backend != "deepep" and \
+        plan.moe.flex_num_sms
+    if hybridep_sms:   # no core_v0.15.0 flag: noted below, not as a difference
+        moe["flex_num_sms"] = hybridep_sms
+    notes = unexpressed(plan, {**back.plan, "model": ref, "mesh": mesh, "overlap": overlap,
+                               **({"moe": moe} if moe else {})}, "Megatron-LM", REASONS)
     if plan.mesh.dp:
         notes.insert(0, f"not expressible in Megatron-LM: mesh.dp = {plan.mesh.dp} (the DP "
                         "size is the world size over TP x PP x CP, set by the launcher)")
@@ -72,6 +77,10 @@ def write_megatron(plan: Plan) -> Exported:
     if plan.model.num_experts and plan.moe.fused_mlp:
         notes.append("moe.fused_mlp = true needs NVTE_CUTEDSL_FUSED_GROUPED_MLP=1 in the job's "
                      "environment beside --use-transformer-engine-op-fuser (not a flag)")
+    if hybridep_sms:
+        notes.append(f"moe.flex_num_sms = {hybridep_sms} has no core_v0.15.0 flag for "
+                     "HybridEP: set model.moe_hybridep_num_sms (Megatron-Bridge) or "
+                     "moe_flex_dispatcher_num_sms (Megatron-Core after core_v0.15.0)")
     return Exported(text, notes)
 
 

@@ -6,8 +6,8 @@ Flags of Megatron-LM core_v0.15.0 (megatron/training/arguments.py): the token di
 moe_flex_dispatcher_backend), is the deepep dispatcher with those kernels), expert TP
 (--expert-tensor-parallel-size, default the TP size), capacity (--moe-expert-capacity-
 factor, --moe-pad-expert-input-to-capacity), the SMs of the flex dispatcher's kernels
-(--moe-deepep-num-sms; a Bridge YAML's model.moe_hybridep_num_sms or the later
-moe_flex_dispatcher_num_sms, which wins), the force-balanced router
+(--moe-deepep-num-sms; a Bridge YAML's model.moe_hybridep_num_sms for HybridEP, or the
+later moe_flex_dispatcher_num_sms, which wins), the force-balanced router
 (--moe-router-force-load-balancing), the load-balancing loss (--moe-aux-loss-coeff > 0), and
 the EP all-to-all overlap (--overlap-moe-expert-parallel-comm, --delay-wgrad-compute: both
 store_true switches, default off; Megatron-Core's TransformerConfig fields of the same names,
@@ -47,6 +47,15 @@ def _float(get, flag: str) -> float | None:
         raise JobConfigError(get.name(flag), value, "a number") from None
 
 
+def _flex_sms(get, backend: str) -> int | None:
+    """The SMs of the flex dispatcher's `backend` kernels: moe_flex_dispatcher_num_sms
+    (Megatron-Core after core_v0.15.0), else that backend's own knob (moe_deepep_num_sms,
+    moe_hybridep_num_sms: each applied to its own backend before the unified knob, so a
+    written-out config may carry both, DeepEP's at its default 20)."""
+    unified = get.int("moe-flex-dispatcher-num-sms")
+    return unified if unified is not None else get.int(f"moe-{backend}-num-sms")
+
+
 def _dispatcher(get, findings) -> tuple[str, str]:
     """The plan's dispatcher and, for the flex dispatcher, its kernels (deepep | hybridep:
     moe.flex_backend, workloads/moe/ep_rdma.py)."""
@@ -72,11 +81,9 @@ def moe_block(get, tp: int, findings, dtype: str) -> dict[str, Any]:
         out["dispatcher"] = dispatcher
     if backend != "deepep":
         out["flex_backend"] = backend
-    if dispatcher == "deepep":
-        # moe_flex_dispatcher_num_sms wins over the per-backend knob it replaced
-        sms = get.int("moe-flex-dispatcher-num-sms") or get.int(f"moe-{backend}-num-sms")
-        if sms is not None and sms != FLEX_DEFAULT_SMS[backend]:
-            out["flex_num_sms"] = sms
+    sms = _flex_sms(get, backend)
+    if dispatcher == "deepep" and sms is not None and sms != FLEX_DEFAULT_SMS[backend]:
+        out["flex_num_sms"] = sms
     etp = get.int("expert-tensor-parallel-size")
     if etp is not None and etp != tp:
         out["etp"] = etp
