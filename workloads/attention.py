@@ -90,6 +90,7 @@ from dataclasses import dataclass
 from .attention_impls import FULL_SQUARE_GEMMS, score_passes
 from .cudnn_attention import cudnn_causal_speed, curve_gpu
 from .fp8_attention import attention_shape, fp8_attention_speedup
+from .head_dim_attention import head_dim_speed
 from .interpolate import log_linear
 from .layer_builder import BuildOptions, TaskSink
 from .program import ATTENTION, COMPUTE
@@ -283,7 +284,9 @@ class AttentionCost:
         """The flash kernel's speed relative to the profile's (kernel_speed) for calls of
         `length` keys (0: the layer's sequence, or its window); eager attention: 1. A
         whole-sequence call with a window of at most 128 keys runs at cuDNN's measured
-        fraction of the full causal call's speed (workloads/windowed_attention.py)."""
+        fraction of the full causal call's speed (workloads/windowed_attention.py); heads
+        of fewer than 128 features at cuDNN's measured fraction of its head-dim-128 speed
+        on Blackwell (workloads/head_dim_attention.py)."""
         if not self.flash:
             return 1.0
         span = self.span
@@ -291,12 +294,14 @@ class AttentionCost:
             self.gpu, self.quantized, phase, length or span,
             attention_shape(self.window, span, self.v_dim != self.head_dim))
             if self.quantized else 1.0)
+        # heads narrower than the curves' 128 features (workloads/head_dim_attention.py)
+        narrow = head_dim_speed(self.gpu, self.head_dim, length or span)
         if not length:
             ratio = windowed_speed_ratio(self.gpu, self.window, span)
             if ratio is not None:
-                return kernel_speed(phase, span, causal, self.gpu) * ratio * quantized
+                return kernel_speed(phase, span, causal, self.gpu) * ratio * quantized * narrow
         keys = length or (self.window if 0 < self.window < span else span)
-        return kernel_speed(phase, keys, causal, self.gpu) * quantized
+        return kernel_speed(phase, keys, causal, self.gpu) * quantized * narrow
 
 
 def attention_task(sink: TaskSink, ctx: dict, cost: AttentionCost, phase: str, deps,
