@@ -31,7 +31,7 @@ Defaults follow Megatron-Core (NVIDIA/Megatron-LM, commit d98e8a64):
 
 - flex_num_sms: Megatron-Core's moe_flex_dispatcher_num_sms (the deprecated
   moe_deepep_num_sms / moe_hybridep_num_sms route to it), the SMs the fused dispatch and
-  combine kernels run on; compute beside them keeps the rest (simulator/engine.py). None:
+  combine kernels run on; compute beside them keeps the rest (simulator/sm_share.py). None:
   the backend's default, DeepEP 20 (megatron/core/transformer/moe/token_dispatcher.py,
   _DeepepManager: "None -> 20"), HybridEP 32 (HybridEpBuffer's num_sms_dispatch_api and
   num_sms_combine_api defaults, deepseek-ai/DeepEP@017a5202 deep_ep/hybrid_ep_buffer.py;
