@@ -69,8 +69,8 @@ def test_b200_speed_follows_cudnn_curve():
 def test_other_blackwell_gpus_take_the_b200_curve_and_clamp(monkeypatch):
     """A GPU of compute capability 10 without its own series takes the B200's; lengths
     outside 512-131072 keep the nearest measured point; Hopper names never take it."""
-    from workloads import cudnn_attention
-    monkeypatch.setitem(cudnn_attention.COMPUTE_CAPABILITY, "b100", (10, 0))
+    from workloads import attention_impls, cudnn_attention
+    monkeypatch.setitem(attention_impls.COMPUTE_CAPABILITY, "b100", (10, 0))
     assert cudnn_attention.curve_gpu("B100") == "b200"
     assert cudnn_attention.curve_gpu("h200") == "" == cudnn_attention.curve_gpu("")
     assert kernel_speed("forward", 4096, True, "b100") == pytest.approx(855.678 / 1332.415)

@@ -52,3 +52,20 @@ def test_gpt_oss_layers_run_slower_per_flop_than_wide_heads(window):
         assert narrow.speed(phase) == pytest.approx(
             wide.speed(phase) * head_dim_speed("gb200", 64, 4096), rel=1e-12)
         assert cost(64, "h100", window).speed(phase) == cost(128, "h100", window).speed(phase)
+
+
+def test_one_rule_picks_the_stand_in_for_every_measured_table(monkeypatch):
+    """The four cuDNN tables (length curve, FP8 ratios, short windows, narrow heads) choose
+    the measured GPU for an unmeasured one by the same rule (attention_impls.stand_in_gpu):
+    a compute capability 10.x GPU takes each table's Blackwell figures, Hopper names the
+    tables without Hopper figures leave alone."""
+    from workloads import attention_impls
+    from workloads.cudnn_attention import curve_gpu
+    from workloads.fp8_attention import measured_gpu
+    from workloads.windowed_attention import windowed_speed_ratio
+    monkeypatch.setitem(attention_impls.COMPUTE_CAPABILITY, "b300", (10, 3))
+    assert curve_gpu("B300") == "b200" and measured_gpu("b300") == "gb200"
+    assert windowed_speed_ratio("b300", 128, 4096) == windowed_speed_ratio("b200", 128, 4096)
+    assert head_dim_speed("b300", 64, 4096) == head_dim_speed("b200", 64, 4096) < 1.0
+    assert curve_gpu("h200") == "" == measured_gpu("h200")
+    assert head_dim_speed("h200", 64, 4096) == 1.0

@@ -65,6 +65,16 @@ SDPA_OPS = {"flash": "aten._scaled_dot_product_flash_attention",
 COMPUTE_CAPABILITY = {"a100": (8, 0), "h100": (9, 0), "h100-hbm2e": (9, 0),
                       "h200": (9, 0), "b200": (10, 0), "gb200": (10, 0), "gb300": (10, 3)}
 
+
+def stand_in_gpu(gpu: str, measured, by_major: dict[int, str]) -> str:
+    """The GPU whose kernel measurements price `gpu`: itself when `measured` holds it,
+    else the one `by_major` names for its compute capability's major version (the same
+    architecture runs the same kernels), else "" (none: the caller's fallback)."""
+    name = gpu.lower()
+    if name in measured:
+        return name
+    return by_major.get(COMPUTE_CAPABILITY.get(name, (0, 0))[0], "")
+
 # Passes over one head's scores per (forward, backward), by implementation.
 #   eager (ATen math path, q and k pre-scaled): forward QK^T writes S (1), the additive
 #     causal mask in place (read S, read the mask, write S: 3), softmax (read S, write P:

@@ -37,7 +37,7 @@ tokens is low (no frontend series of B200 is published there).
 """
 from __future__ import annotations
 
-from .attention_impls import COMPUTE_CAPABILITY
+from .attention_impls import stand_in_gpu
 from .interpolate import log_linear
 
 CUDNN_LENGTHS = (512, 1024, 2048, 4096, 8192, 16384, 32768, 65536, 131072)
@@ -53,17 +53,14 @@ CUDNN_CAUSAL_TFLOPS = {
               (330.0, 522.0, 633.0, 1110.0, 1292.0, 1399.0, 1438.0, 1399.0, 1360.0)),
 }
 REFERENCE_LENGTH = 16384   # the length the device profile's efficiency stands for
-# the compute capability from which torchtitan asks SDPA for cuDNN first (attention_impls)
-BLACKWELL = (10, 0)
+# Blackwell (compute capability 10.x) GPUs without their own curve take the B200's
+BY_ARCH = {10: "b200"}
 
 
 def curve_gpu(gpu: str) -> str:
     """The measured GPU whose cuDNN curve prices `gpu`'s attention ("" when FlashAttention-
     2's curve does: Hopper, Ampere, unknown devices)."""
-    name = gpu.lower()
-    if name in CUDNN_CAUSAL_TFLOPS:
-        return name
-    return "b200" if COMPUTE_CAPABILITY.get(name, (0, 0)) >= BLACKWELL else ""
+    return stand_in_gpu(gpu, CUDNN_CAUSAL_TFLOPS, BY_ARCH)
 
 
 def cudnn_causal_speed(gpu: str, phase: str, length: float) -> float:

@@ -30,7 +30,7 @@ batch and head counts.
 """
 from __future__ import annotations
 
-from .attention_impls import COMPUTE_CAPABILITY
+from .attention_impls import stand_in_gpu
 from .interpolate import log_linear
 
 LENGTHS = (2048, 4096, 8192, 16384, 32768)
@@ -82,10 +82,7 @@ ATTENTION_FORMAT = {"fp8": "fp8", "fp8_cs": "fp8", "mxfp8": "mxfp8"}
 
 def measured_gpu(gpu: str) -> str:
     """The GPU whose FP8 attention measurements price `gpu` ("" where none do)."""
-    name = gpu.lower()
-    if name in FP8_ATTENTION_MS:
-        return name
-    return BY_ARCH.get(COMPUTE_CAPABILITY.get(name, (0, 0))[0], "")
+    return stand_in_gpu(gpu, FP8_ATTENTION_MS, BY_ARCH)
 
 
 def attention_shape(window: int, length: int, latent: bool) -> str:

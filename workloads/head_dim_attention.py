@@ -30,36 +30,30 @@ stand for FlashAttention-2 (workloads/attention.py), are not corrected.
 """
 from __future__ import annotations
 
-from .attention_impls import COMPUTE_CAPABILITY
+from .attention_impls import stand_in_gpu
 from .interpolate import log_linear
 from .windowed_attention import CUDNN_GPT_OSS_CONTEXT_MS
 
-MEASURED_SEQS = (2048, 8192)
+HEAD_DIM_SEQS = (2048, 8192)
 REFERENCE_HEAD_DIM = 128
 SMALL_HEAD_DIM = 64
-# full causal context time_ms at head dim 128, at MEASURED_SEQS (module docstring)
+# full causal context time_ms at head dim 128, at HEAD_DIM_SEQS (module docstring)
 HEAD_DIM_128_MS = {"b200": (0.075104, 0.784670), "gb200": (0.071900, 0.764545)}
-BLACKWELL_MAJOR = 10
-
-
-def _measured_gpu(gpu: str) -> str:
-    name = gpu.lower()
-    if name in HEAD_DIM_128_MS:
-        return name
-    return "b200" if COMPUTE_CAPABILITY.get(name, (0, 0))[0] == BLACKWELL_MAJOR else ""
+# Blackwell (compute capability 10.x) GPUs without their own figures take the B200's
+BY_ARCH = {10: "b200"}
 
 
 def _small_head_ratio(gpu: str, seq: float) -> float:
     """Head dim 64's FLOP/s over head dim 128's on a measured `gpu` at `seq` keys."""
     full_64 = CUDNN_GPT_OSS_CONTEXT_MS[gpu][1]     # at windowed_attention's 2048, 8192, ..
     ratios = [0.5 * t128 / full_64[i] for i, t128 in enumerate(HEAD_DIM_128_MS[gpu])]
-    return log_linear(MEASURED_SEQS, ratios, seq)
+    return log_linear(HEAD_DIM_SEQS, ratios, seq)
 
 
 def head_dim_speed(gpu: str, head_dim: int, seq: float) -> float:
     """cuDNN's attention speed at `head_dim` over its speed at head dim 128 on `gpu` for
     calls of `seq` keys (1.0 at 128 and above, and where not measured)."""
-    measured = _measured_gpu(gpu)
+    measured = stand_in_gpu(gpu, HEAD_DIM_128_MS, BY_ARCH)
     if not measured or head_dim >= REFERENCE_HEAD_DIM:
         return 1.0
     small = _small_head_ratio(measured, seq)

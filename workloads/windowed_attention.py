@@ -41,7 +41,7 @@ Scope and assumptions:
 """
 from __future__ import annotations
 
-from .attention_impls import COMPUTE_CAPABILITY
+from .attention_impls import stand_in_gpu
 from .interpolate import log_linear
 
 MEASURED_WINDOW = 128
@@ -71,20 +71,11 @@ def measured_ratio(gpu: str, seq: int) -> float:
     return work * full_ms[i] / win_ms[i]
 
 
-def _measured_gpu(gpu: str) -> str:
-    """The measured GPU whose figures stand for `gpu` ("" when none)."""
-    name = gpu.lower()
-    if name in CUDNN_GPT_OSS_CONTEXT_MS:
-        return name
-    major = COMPUTE_CAPABILITY.get(name, (0, 0))[0]
-    return BY_ARCH.get(major, "")
-
-
 def windowed_speed_ratio(gpu: str, window: int, seq: float) -> float | None:
     """The speed of a sliding-`window` call over a full causal call of `seq` keys on `gpu`,
     log-linear in the sequence between the measured ones (clamped); None where not
     measured (window over 128 keys, no window, or a GPU of another architecture)."""
-    measured = _measured_gpu(gpu)
+    measured = stand_in_gpu(gpu, CUDNN_GPT_OSS_CONTEXT_MS, BY_ARCH)
     if not measured or not 0 < window <= MEASURED_WINDOW or window >= seq:
         return None
     return log_linear(MEASURED_SEQS, [measured_ratio(measured, s) for s in MEASURED_SEQS],
