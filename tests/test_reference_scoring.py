@@ -157,3 +157,27 @@ def test_fp8_param_gather_column_sets_the_plan_key_or_leaves_the_default():
     default = rows["mb-llama3-8b-b200-fp8-8"]
     assert default["fp8_param_gather"] == "" and default["dtype"] == "fp8_cs"
     assert plan_from_dict(plan_dict(default)).fp8_param_gather is True
+
+
+def test_published_profiles_are_read_and_compared_with_the_simulated_split():
+    from validation.reference_scoring import format_profiles, profile_score
+    from validation.references import _profile
+    rows = {r["id"]: r for r in load_rows(DEFAULT_CSV)}
+    # NVIDIA-NeMo/Megatron-Bridge skills/nemo-mbridge-perf-moe-comm-overlap/SKILL.md
+    # (067f987df), 'Measured Evidence': Nsight A/B of Qwen3 30B-A3B on 16 H100, rank 0
+    off = rows["mbv-qwen3-30b-h100-bf16-16-hybridep"]
+    on = rows["mbv-qwen3-30b-h100-bf16-16-hybridep-a2a"]
+    assert (float(off["measured_busy_s"]), float(off["measured_comm_hidden_pct"])) == (22.821, 0.11)
+    assert (float(on["measured_busy_s"]), float(on["measured_comm_hidden_pct"])) == (21.221, 36.55)
+    assert sum(1 for r in rows.values() if r["measured_busy_s"]) == 2
+    # busy = compute union + exposed communication; hidden = the overlapped share of comm
+    summary = {"compute_s": 10.0, "comm_s": 4.0, "exposed_comm_s": 1.0}
+    got = _profile(on, summary)
+    assert got["simulated_busy_s"] == pytest.approx(11.0)
+    assert got["simulated_comm_hidden_pct"] == pytest.approx(75.0)
+    assert _profile(rows["titan-8b-fsdp8"], summary) == {}
+    result = {"id": on["id"], **got}
+    (entry,) = profile_score([result, {"id": "no-profile"}])
+    assert entry["busy_error_pct"] == pytest.approx(100.0 * (11.0 - 21.221) / 21.221)
+    assert "| mbv-qwen3-30b-h100-bf16-16-hybridep-a2a | 21.221 s | 11.000 s |" in \
+        format_profiles([entry])

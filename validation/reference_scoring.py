@@ -91,6 +91,40 @@ def memory_score(results: list[dict[str, Any]]) -> dict[str, Any]:
     return out
 
 
+PROFILE_KEYS = ("measured_busy_s", "simulated_busy_s", "measured_comm_hidden_pct",
+                "simulated_comm_hidden_pct")
+
+
+def profile_score(results: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The rows with a published profile: its split of the step against the simulated one.
+
+    Not a target and not in the MAPE: the profiles are few (one published A/B so far), but
+    they show whether a step time is right for the right reason. busy: the GPU-active
+    interval union; hidden: the share of communication time beside compute.
+    """
+    out = []
+    for r in results:
+        if r.get("measured_busy_s") is None:
+            continue
+        entry = {"id": r["id"], **{k: r[k] for k in PROFILE_KEYS}}
+        entry["busy_error_pct"] = 100.0 * (r["simulated_busy_s"] - r["measured_busy_s"]) \
+            / r["measured_busy_s"]
+        out.append(entry)
+    return out
+
+
+def format_profiles(profiles: list[dict[str, Any]]) -> str:
+    """The profile rows as Markdown (README of validation/, `validation references`)."""
+    lines = ["| row with a published profile | GPU busy: measured | simulated | error "
+             "| communication hidden: measured | simulated |",
+             "|---|---:|---:|---:|---:|---:|"]
+    for p in profiles:
+        lines.append(f"| {p['id']} | {p['measured_busy_s']:.3f} s | {p['simulated_busy_s']:.3f} s "
+                     f"| {p['busy_error_pct']:+.1f} % | {p['measured_comm_hidden_pct']:.2f} % "
+                     f"| {p['simulated_comm_hidden_pct']:.1f} % |")
+    return "\n".join(lines)
+
+
 def residuals_document(results: list[dict[str, Any]]) -> dict[str, Any]:
     """The residuals file's content: one entry per scored row, in a stable order."""
     entries = [{"id": r["id"], "hardware": r["hardware"], "framework": r["framework"],

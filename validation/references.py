@@ -18,7 +18,8 @@ from typing import Any
 from .reference_rows import (DEFAULT_CSV, REQUIRED, cannot_express, hardware_name,
                              load_excluded, load_rows, measured_step_s, model_kind,
                              parallelism_name, plan_dict, row_id, topology_for)
-from .reference_scoring import (format_groups, memory_score, score, write_residuals)
+from .reference_scoring import (format_groups, format_profiles, memory_score, profile_score,
+                                score, write_residuals)
 
 __all__ = ["DEFAULT_CSV", "REQUIRED", "load_rows", "plan_dict", "simulate_row",
            "run_references", "format_table", "references_main"]
@@ -56,11 +57,25 @@ def simulate_row(row: dict[str, str]) -> dict[str, Any]:
         "fits_in_memory": result.summary.get("fits_in_memory"),
         "simulated_mem_gib": float(result.summary.get("peak_memory_bytes", 0.0)) / GIB,
         "measured_mem_gib": None, "mem_quantity": None, "mem_error_pct": None}
+    out.update(_profile(row, result.summary))
     if row.get("measured_mem_gib"):
         mem = float(row["measured_mem_gib"])
         out.update(measured_mem_gib=mem, mem_quantity=row.get("mem_quantity") or "reserved",
                    mem_error_pct=100.0 * (out["simulated_mem_gib"] - mem) / mem)
     return out
+
+
+def _profile(row: dict[str, str], summary: dict[str, Any]) -> dict[str, Any]:
+    """A published profile's split of the step beside the simulated one (rows that state
+    one): the GPU-busy interval union (compute and communication kernels) and the share of
+    the communication union that runs beside compute, both of the critical rank."""
+    if not row.get("measured_busy_s"):
+        return {}
+    comm, exposed = float(summary["comm_s"]), float(summary["exposed_comm_s"])
+    return {"measured_busy_s": float(row["measured_busy_s"]),
+            "simulated_busy_s": float(summary["compute_s"]) + exposed,
+            "measured_comm_hidden_pct": float(row["measured_comm_hidden_pct"]),
+            "simulated_comm_hidden_pct": 100.0 * (comm - exposed) / comm if comm else 0.0}
 
 
 def _simulate_or_skip(row: dict[str, str]) -> tuple[str, dict[str, Any]]:
@@ -102,6 +117,7 @@ def run_references(path: str | Path | None = None, jobs: int | None = None) -> d
                               "excluded": load_excluded() if path is None else []}
     report.update(score(results))
     report["memory"] = memory_score(results)
+    report["profiles"] = profile_score(results)
     return report
 
 
@@ -128,6 +144,8 @@ def format_table(report: dict[str, Any]) -> str:
         lines += ["", f"memory: {mem['n']} rows with a measured peak, MAPE "
                       f"{mem['mape_pct']:.1f} %, bias {mem['bias_pct']:+.1f} % (simulated "
                       "allocated-like peak against the source's quantity, mostly reserved)"]
+    if report["profiles"]:
+        lines += ["", format_profiles(report["profiles"])]
     if report["inexpressible"]:
         lines += ["", f"cannot express: {len(report['inexpressible'])} rows "
                       f"({100 * report['inexpressible_fraction']:.1f} % of the table), "
