@@ -176,6 +176,8 @@ def test_published_profiles_are_read_and_compared_with_the_simulated_split():
     assert got["simulated_busy_s"] == pytest.approx(11.0)
     assert got["simulated_comm_hidden_pct"] == pytest.approx(75.0)
     assert _profile(rows["titan-8b-fsdp8"], summary) == {}
+    with pytest.raises(ValueError, match="measured_comm_hidden_pct"):
+        _profile({**on, "measured_comm_hidden_pct": ""}, summary)
     result = {"id": on["id"], **got}
     (entry,) = profile_score([result, {"id": "no-profile"}])
     assert entry["busy_error_pct"] == pytest.approx(100.0 * (11.0 - 21.221) / 21.221)

@@ -100,8 +100,8 @@ COLUMNS: dict[str, tuple[str, bool, object]] = {
     # A published Nsight profile of the same run, as the source prints it: measured_busy_s,
     # the GPU-active interval union of a step's kernels (compute and communication); and
     # measured_comm_hidden_pct, the share of the communication kernels' interval union that
-    # runs beside compute kernels. Scored apart from the step time (reference_scoring.py
-    # profile_score): a right step time can rest on a wrong split of it.
+    # runs beside GEMM and attention kernels (both or neither). Scored apart from the step
+    # time (reference_scoring.py profile_score): a right step time can rest on a wrong split.
     "measured_busy_s": (NUMBER, False, (0.0, math.inf)),
     "measured_comm_hidden_pct": (NUMBER, False, (0.0, 100.0)),
 }

@@ -69,8 +69,11 @@ def _profile(row: dict[str, str], summary: dict[str, Any]) -> dict[str, Any]:
     """A published profile's split of the step beside the simulated one (rows that state
     one): the GPU-busy interval union (compute and communication kernels) and the share of
     the communication union that runs beside compute, both of the critical rank."""
-    if not row.get("measured_busy_s"):
+    if not row.get("measured_busy_s") and not row.get("measured_comm_hidden_pct"):
         return {}
+    if not (row.get("measured_busy_s") and row.get("measured_comm_hidden_pct")):
+        raise ValueError(f"row {row_id(row)}: measured_busy_s and measured_comm_hidden_pct "
+                         "come together (a published profile states both)")
     comm, exposed = float(summary["comm_s"]), float(summary["exposed_comm_s"])
     return {"measured_busy_s": float(row["measured_busy_s"]),
             "simulated_busy_s": float(summary["compute_s"]) + exposed,
