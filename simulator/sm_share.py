@@ -9,6 +9,12 @@ reduces in the switch and needs fewer); a kernel that holds a stated number of S
 (Task.sm_count: the fused MoE dispatcher's, workloads/moe_options.py flex_num_sms) leaves
 (SMs - n) / SMs. Assumption: with several running, the one that leaves the least sets the
 speed (their SMs are not added up), so two NCCL collectives at once cost what one does.
+
+Known to disagree with a measurement: the one published profile of a run with HybridEP's
+kernels beside compute (Qwen3 30B-A3B on 16 H100, EP overlap on, at the default stream
+priority) shows the compute kernels no slower and the communication kernels about 31 %
+longer, the reverse of this model (validation/README.md, "Where the time goes, against a
+published profile"). Not changed: one A/B cannot calibrate the replacement.
 """
 from __future__ import annotations
 

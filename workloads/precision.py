@@ -15,8 +15,9 @@ recipe keeps the output projection head in BF16, arXiv:2509.25149 section 4), th
 embedding (a lookup), and the attention core's batched GEMMs (workloads/attention.py;
 Transformer Engine quantises only its linear layers unless fp8_dot_product_attention
 asks for its attention too, the plan's training.fp8_attention, workloads/fp8_attention.py;
-the NVFP4 recipe keeps softmax, QK^T and the score-value GEMMs in BF16, same section). The recipes differ in which
-transformer layers stay BF16 (`GemmRecipe.bf16_first_layers` / `bf16_last_layers`).
+the NVFP4 recipe keeps softmax, QK^T and the score-value GEMMs in BF16, same section). The
+recipes differ in which transformer layers stay BF16 (`GemmRecipe.bf16_first_layers` /
+`bf16_last_layers`).
 """
 from __future__ import annotations
 

@@ -11,10 +11,10 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+from ..fp8_attention import ATTENTION_FORMAT
 from ..model_spec import LEARNED
 from ..models import ModelSpec, load_model
 from ..plan import MEGATRON
-from ..fp8_attention import ATTENTION_FORMAT
 from ..precision import precision
 from ..schedules import stage_layer_ranges
 from . import megatron_keys as K
@@ -24,6 +24,7 @@ from .megatron_args import Flags, parse_args_text, parse_bridge_yaml
 from .megatron_moe import OP_FUSER, check_a2a_overlap_flags, moe_block
 
 CP_COMM = {"p2p": "ring", "allgather": "all_gather", "a2a": "all_to_all"}
+FP8_ATTENTION = "fp8-dot-product-attention"   # training.fp8_attention (written back too)
 EAGER_ATTENTION = ("unfused", "local")
 # --use-tp-pp-dp-mapping: initialize_model_parallel(order="tp-cp-ep-pp-dp") instead of
 # the default "tp-cp-ep-dp-pp" (megatron/training/initialize.py), innermost first.
@@ -218,7 +219,8 @@ def _plan(get: _Getter, spec: ModelSpec, ref, findings: Findings) -> dict[str, A
         "framework": "megatron-core", "model": ref,
         "training": {"global_batch": get.int("global-batch-size"),
                      "micro_batch": get.int("micro-batch-size"),
-                     "seq_len": get.int("seq-length"), **_precision(get, spec.num_layers, findings)},
+                     "seq_len": get.int("seq-length"),
+                     **_precision(get, spec.num_layers, findings)},
         "mesh": {"dp": "auto", "tp": tp, "pp": pp, "cp": get.int("context-parallel-size", 1),
                  "ep": get.int("expert-model-parallel-size", 1),
                  **({"order": list(TP_PP_DP_ORDER)} if get.on("use-tp-pp-dp-mapping") else {})},
@@ -288,9 +290,6 @@ def _dtype(get: _Getter) -> str:
         # --fp8-recipe tensorwise is Transformer Engine's current scaling (fp8_cs)
         return {"mxfp8": "mxfp8", "tensorwise": "fp8_cs"}.get(get.str("fp8-recipe"), "fp8")
     return "bf16" if get.on("bf16") else "fp32"
-
-
-FP8_ATTENTION = "fp8-dot-product-attention"
 
 
 def _precision(get: _Getter, num_layers: int, findings: Findings) -> dict[str, Any]:

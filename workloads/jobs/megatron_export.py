@@ -11,7 +11,7 @@ from ..plan import Plan
 from ..precision import precision
 from ..schedules import stage_layer_ranges
 from .common import Exported, model_ref, unexpressed
-from .megatron import MLA_FLAGS, CP_COMM, TP_PP_DP_ORDER, read_megatron
+from .megatron import FP8_ATTENTION, MLA_FLAGS, CP_COMM, TP_PP_DP_ORDER, read_megatron
 from .megatron_moe import moe_flags
 
 REASONS = {
@@ -127,7 +127,7 @@ def _precision_flags(tr, num_layers: int) -> list[str]:
         out += ["--first-last-layers-bf16", f"--num-layers-at-start-in-bf16 {first}",
                 f"--num-layers-at-end-in-bf16 {last}"]
     if tr.fp8_attention:
-        out.append("--fp8-dot-product-attention")
+        out.append(f"--{FP8_ATTENTION}")
     return out
 
 
