@@ -48,7 +48,8 @@ def test_moe_and_blackwell_rows_meet_the_counts():
         assert row["source"] and row["settings"], row["id"]
         if row["source_family"] == "nemo-perf-summary":
             # every unprinted setting names the recipe file and commit it was read from
-            assert "Megatron-Bridge@" in row["settings"] and row["release"], row["id"]
+            assert ("Megatron-Bridge@" in row["settings"] or "NVIDIA/NeMo@" in row["settings"]) \
+                and row["release"], row["id"]
         if model_kind(row) == "moe":
             assert row["ep"] and row["moe_dispatcher"] and row["force_balanced"], row["id"]
 

@@ -340,7 +340,8 @@ def narayanan_flops_per_step(plan) -> float:
 
 
 def nemo_llama2_flops_per_step(plan) -> float:
-    """NeMo nemo/utils/flops_formulas.py `llama2`: causal attention counted half."""
+    """NeMo nemo/utils/flops_formulas.py `llama2`: causal attention counted half. NeMo's
+    `llama3` is the same count (its vocabulary, 128256, is the model's)."""
     m, tr = plan.model, plan.training
     b, s, l, h = tr.global_batch, tr.seq_len, m.num_layers, m.hidden_size
     return b * s * l * h * h * (12 + 12 * m.num_kv_heads / m.num_heads + 18 * m.ffn_size / h
