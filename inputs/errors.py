@@ -19,9 +19,18 @@ class InputError(ValueError):
 
     def __init__(self, field: str, value: object, allowed: str):
         self.field, self.value, self.allowed = field, value, allowed
-        super().__init__(f"{field}: got {value!r}; allowed: {allowed}")
+        super().__init__(f"{_printable(field)}: got {value!r}; allowed: {_printable(allowed)}")
 
     def __reduce__(self):
         # Pickle by the three parts (the what-if workers send errors between processes;
         # ValueError's default would call __init__ with the message alone).
         return (type(self), (self.field, self.value, self.allowed))
+
+
+def _printable(text: str) -> str:
+    """`text` with each unprintable character escaped, so that a field named by a user's
+    key (a file's JSON key may hold a line or record separator) stays on one line."""
+    text = str(text)
+    if text.isprintable():
+        return text
+    return "".join(ch if ch.isprintable() else repr(ch)[1:-1] for ch in text)

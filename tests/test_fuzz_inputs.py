@@ -189,6 +189,14 @@ def test_the_named_field_and_value_are_in_the_line(files):
     assert "foo" in err and "'3'" in err
 
 
+def test_a_key_with_a_line_separator_is_named_on_one_line(tmp_path):
+    # found by the fuzzer: str.splitlines breaks at U+001E, so the field is escaped
+    topo = write(tmp_path, "t.json", {"name": "t", "domains": 1, "gpus_per_domain": 2,
+                                      "gpu": {"\x1e": 0}})
+    _, err = holds_contract(["topo", topo, "--json"])
+    assert err.startswith("error: gpu.\\x1e: got 0; allowed: keys ")
+
+
 # ----------------------------------------------------------------- outputs
 def device_node(folder: Path, name: str, minor: int) -> Path:
     """A character device node like /dev/null (1, 3) or /dev/full (1, 7) made in `folder`
