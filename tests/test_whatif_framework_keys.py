@@ -31,7 +31,8 @@ OTHER_VALUE = {"framework": "torchtitan", "kernels": "eager", "optimizer": "fore
                "param_gather_align": True, "tp_comm_overlap": True,
                "reshard_after_forward": False, "cuda_graphs": True,
                "host_step_s": 0.002, "host_kernel_s": 5e-6,
-               "grad_reduce_fp32": False, "fp8_param_gather": True}
+               "grad_reduce_fp32": False, "fp8_param_gather": True,
+               "fsdp_float8_all_gather": True}
 # Keys a framework profile alone accepts: their point runs on that framework's plan.
 ONLY_UNDER = {"grad_reduce_fp32": "megatron-core"}
 

@@ -80,8 +80,9 @@ COLUMNS: dict[str, tuple[str, bool, object]] = {
     # lora: LoRA fine-tuning as RANK:MODULE+MODULE (Megatron-Core module names, e.g.
     # 16:linear_qkv; workloads/lora.py); empty: every weight trains
     "lora": (TEXT, False, None),
-    # fp8_param_gather: whether the run keeps FP8 primary weights and gathers them in FP8
-    # (Megatron-Core fp8_param, NeMo fp8_params); empty: the framework profile's default
+    # fp8_param_gather: whether the run gathers its weights in FP8: Megatron-Core's FP8
+    # primary weights (fp8_param, NeMo fp8_params), or with fsdp torchao's float8 FSDP
+    # all-gather (fsdp.float8_all_gather); empty: the framework profile's default
     "fp8_param_gather": (BOOL, False, None),
     # grad_reduce_fp32: Megatron-Core's gradient buffer in fp32 (ddp.grad_reduce_in_fp32);
     # empty: off for runs of Megatron-Bridge's performance scripts, else the profile's default

@@ -182,7 +182,10 @@ def plan_dict(row: dict[str, str]) -> dict[str, Any]:
         raw["ddp"] = {"grad_reduce_in_fp32": _flag(row, "grad_reduce_fp32")}
     elif bridge_perf_script(row):
         raw["ddp"] = {"grad_reduce_in_fp32": False}
-    if _flag(row, "fp8_param_gather") is not None:
+    if _flag(row, "fp8_param_gather") is not None and _flag(row, "fsdp"):
+        # FSDP's own float8 weight all-gather (torchao's, workloads/fsdp_float8.py)
+        raw.setdefault("fsdp", {})["float8_all_gather"] = _flag(row, "fp8_param_gather")
+    elif _flag(row, "fp8_param_gather") is not None:
         raw.setdefault("ddp", {})["fp8_param_gather"] = _flag(row, "fp8_param_gather")
     if num("ep") > 1:
         raw["mesh"]["ep"] = num("ep")

@@ -26,6 +26,7 @@ GENERIC_DEFAULTS: Mapping[str, Any] = MappingProxyType({
     "grad_bucket": "unit",
     "param_gather_overlap": False, "param_gather_align": False, "tp_comm_overlap": False,
     "fsdp": False, "fsdp_version": 2, "reshard_after_forward": True,
+    "fsdp_float8_all_gather": False,
     "kernels": "fused", "optimizer": "fused", "zero_stage": 0, "recompute": "none",
     "cuda_graphs": False, "host_step_s": 0.0, "host_kernel_s": 0.0,
     "attention": "flash",
@@ -174,7 +175,7 @@ OVERLAP_KEYS = {"fsdp_prefetch": "fsdp_prefetch", "async_tp": "async_tp",
                 "grad_reduce": "grad_reduce_overlap", "param_gather": "param_gather_overlap",
                 "param_gather_align": "param_gather_align", "tp_comm": "tp_comm_overlap"}
 FSDP_KEYS = {"enabled": "fsdp", "reshard_after_forward": "reshard_after_forward",
-             "version": "fsdp_version"}
+             "version": "fsdp_version", "float8_all_gather": "fsdp_float8_all_gather"}
 HOST_KEYS = {"per_step_s": "host_step_s", "per_kernel_s": "host_kernel_s"}
 DDP_KEYS = {"bucket_params": "grad_bucket", "grad_reduce_in_fp32": "grad_reduce_fp32",
             "fp8_param_gather": "fp8_param_gather"}

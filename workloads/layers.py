@@ -12,6 +12,7 @@ from dataclasses import replace
 
 from .attention_impls import COMPUTE_CAPABILITY
 from .bias_dropout import activation_bias_grad, residual_add_costs
+from .fsdp_float8 import with_gathered_weights
 from .grid_layer import GridLayer
 from .layer_builder import BuildOptions, LayerBuilder, LayerShape
 from .layer_graph import LayerGraph, Node
@@ -33,6 +34,8 @@ def layer_shape(plan: Plan, gpu: str = "") -> LayerShape:
     prec = precision(tr.dtype)
     recipe = gemm_recipe(tr.dtype, plan.framework,   # torchao's under torchtitan
                          COMPUTE_CAPABILITY.get(gpu.lower(), (0, 0)))
+    if recipe is not None and plan.fsdp_float8_all_gather:   # weights gathered in float8
+        recipe = with_gathered_weights(recipe)
     if recipe is not None and tr.bf16_layers is not None:   # the plan's own BF16 layers
         recipe = replace(recipe, bf16_first_layers=tr.bf16_layers[0],
                          bf16_last_layers=tr.bf16_layers[1], bf16_reference_layers=0)

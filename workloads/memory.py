@@ -29,6 +29,7 @@ from .activations import (activation_bytes_per_layer, default_dropout,
                           output_layer_activation_bytes, scores_bytes)
 from .attention_impls import scores_on_chip
 from .context_parallel_memory import cp_memory_bytes
+from .fsdp_float8 import gathered_bytes_per_param
 from .loss_memory import fp32_logits_bytes, fp32_logits_copies
 from .models import ModelSpec
 from .moe.memory import dispatch_buffer_bytes, expert_rows_factor, gathered_expert_input_bytes
@@ -370,10 +371,13 @@ def memory_breakdown(plan: Plan, stage: int = 0,
     # Buffers.
     unit_sizes = sorted((g for g, _ in units), reverse=True)
     buffers = 0.0
-    if zero >= 3:
-        gathered = unit_sizes if not plan.reshard_after_forward \
-            else unit_sizes[:2 if plan.fsdp_prefetch else 1]
-        buffers += prec.param_bytes * sum(gathered)
+    if zero >= 3:   # the unsharded units, at the bytes FSDP gathers them in
+        held = sorted((sum(unit_param_groups(plan, unit).values())
+                       * gathered_bytes_per_param(plan, unit, prec.param_bytes)
+                       for keys in chunk_units(plan, stage, ranges) for unit in keys),
+                      reverse=True)
+        buffers += sum(held if not plan.reshard_after_forward
+                       else held[:2 if plan.fsdp_prefetch else 1])
     if zero >= 2:
         buffers += prec.grad_reduce_bytes * sum(unit_sizes[:2 if plan.fsdp_prefetch else 1])
     if tp > 1:

@@ -93,6 +93,7 @@ class Plan:
     pipeline: Pipeline = field(default_factory=Pipeline)
     fsdp_prefetch: bool = True
     fsdp_version: int = 2           # fsdp.version: 1 FSDP1 (flat parameters) | 2 FSDP2
+    fsdp_float8_all_gather: bool = False    # fsdp.float8_all_gather (workloads/fsdp_float8.py)
     # "overlap" (workloads/frameworks.py has each framework's defaults and their sources)
     async_tp: bool = False          # torch async TP: micro-pipelined AG-matmul / matmul-RS
     grad_reduce_overlap: bool = True    # gradients reduced while the backward runs
@@ -129,6 +130,7 @@ class Plan:
                             ("tp_comm_overlap", "overlap.tp_comm"),
                             ("grad_reduce_fp32", "ddp.grad_reduce_in_fp32"),
                             ("fp8_param_gather", "ddp.fp8_param_gather"),
+                            ("fsdp_float8_all_gather", "fsdp.float8_all_gather"),
                             ("cuda_graphs", "cuda_graphs")):
             check_bool(getattr(self, name), where)
         if not is_int(self.fsdp_version) or self.fsdp_version not in FSDP_VERSIONS:

@@ -47,6 +47,7 @@ from .precision import TE_FRAMEWORKS
 from .frameworks import FP8_PARAM_DTYPES
 from .lora import check_lora
 from .moe_options import check_moe_resolved
+from .torchao_recipes import TORCHAO_FRAMEWORKS
 
 
 def _divides(value: int, by: int, field_name: str, what: str) -> None:
@@ -119,6 +120,13 @@ def check_framework_keys(plan) -> None:
         # needs --fp8-format); FSDP gathers its own way (workloads/param_gathers.py)
         raise WorkloadError("ddp.fp8_param_gather", True, "false unless training.dtype is "
                             f"one of {', '.join(FP8_PARAM_DTYPES)} without FSDP")
+    float8_gather = (plan.fsdp and plan.fsdp_version == 2 and plan.training.dtype == "fp8"
+                     and plan.framework in TORCHAO_FRAMEWORKS and not plan.model.num_experts)
+    if plan.fsdp_float8_all_gather and not float8_gather:
+        # torchao's FSDP2 hooks on its tensor-wise Float8Linear weights (workloads/fsdp_float8.py)
+        raise WorkloadError("fsdp.float8_all_gather", True, "false unless fsdp.enabled with "
+                            'version 2, training.dtype "fp8" under framework "torchtitan" '
+                            "(torchao's tensor-wise Float8Linear) and a dense model")
     if plan.recompute_modules and not plan.model.num_experts:
         # the modules it names are an MoE layer's (workloads/module_recompute.py)
         raise WorkloadError("recompute_modules", list(plan.recompute_modules),

@@ -15,6 +15,7 @@ import math
 from .checkpointing import op_checkpoint_saved
 from .ddp_buckets import BucketFiller, bucket_params, forward_buckets
 from .fsdp1 import fsdp1_gather_copy, fsdp1_reduce_post, fsdp1_reduce_pre
+from .fsdp_float8 import gathered_bytes_per_param, gathers_float8, precompute_scales, shard_cast
 from .host_cost import add_host_issue_time
 from .kernels import adam_step_cost
 from .layer_builder import BuildOptions, LayerBuilder, LayerShape, TaskSink
@@ -120,8 +121,12 @@ class StageLowering:
         for dims, params in sorted(self._param_groups(unit).items()):
             if self._group_size(dims) == 1 or params == 0:
                 continue
-            gathered = params * self.precision.param_bytes
+            gathered = params * gathered_bytes_per_param(self.plan, unit,
+                                                         self.precision.param_bytes)
             deps = (gate,) if gate is not None else ()
+            if gathers_float8(self.plan, unit):   # the shard cast to float8 first
+                deps = (shard_cast(self.sink, self.plan, params / self._group_size(dims),
+                                   deps, phase, unit, self._ctx(unit, mb)),)
             if self.plan.fsdp_version == 1:
                 deps = (fsdp1_gather_copy(self.sink, self.precision, params / self._group_size(dims),
                                           deps, phase, unit, self._ctx(unit, mb)),)
@@ -375,6 +380,8 @@ class StageLowering:
                              layer=-1, microbatch=-1)
         if self.plan.zero_stage in (1, 2) and not self.fsdp and not self.param_gather:
             step_gathers(self, step)
+        if self.plan.fsdp_float8_all_gather:
+            precompute_scales(self, step)
 
     def build(self) -> list[Task]:
         """All tasks of the stage for one training step."""

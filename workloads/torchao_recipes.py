@@ -47,8 +47,9 @@ CAST_BYTES = float(BF16_BYTES + FP8_BYTES)
 # fp8_gather.py): the activation cast then splits into the amax and row-major cast of the
 # shard before the gather (amax_bytes; the amax all-reduced over TP) and the float8
 # transpose of the gathered tensor (transpose_bytes: the second layout's byte).
-# Not modelled: FSDP float8 all-gather (`float8.enable_fsdp_float8_all_gather`, off in
-# torchtitan's llama3 configs), which casts the shard before the all-gather instead.
+# With FSDP's float8 all-gather (`fsdp.float8_all_gather`: torchtitan's
+# float8.enable_fsdp_float8_all_gather, off in its llama3 configs) the weight's casts are
+# the gathered float8 weight's instead (workloads/fsdp_float8.py).
 TENSORWISE = GemmRecipe(
     "fp8", 1, 0, 0, AMAX_BYTES + BF16_BYTES + 2 * FP8_BYTES, AMAX_KERNELS + 1,
     casts=(OperandCast(AMAX_BYTES + BF16_BYTES + 2 * FP8_BYTES, AMAX_KERNELS + 1),

@@ -21,6 +21,7 @@ Framework-level keys (workloads/frameworks.py):
   tp_comm_overlap, reshard_after_forward, cuda_graphs,
   grad_reduce_fp32 (ddp.grad_reduce_in_fp32, megatron-core only)             true/false
   fp8_param_gather (ddp.fp8_param_gather: FP8 weights gathered at 1 byte)   true/false
+  fsdp_float8_all_gather (fsdp.float8_all_gather: torchao's, under FSDP)     true/false
   host_step_s, host_kernel_s                                                 seconds
 Three layers of checks, all exit 2 with one line:
   * parsing (here): the syntax of a value (an integer, true/false, xF), a UsageError;
@@ -62,7 +63,8 @@ FRAMEWORK_CHOICES = {"framework": FRAMEWORKS, "kernels": KERNEL_MODES,
                      "optimizer": OPTIMIZERS}
 FRAMEWORK_BOOLS = ("async_tp", "grad_reduce_overlap", "param_gather_overlap",
                    "param_gather_align", "tp_comm_overlap", "reshard_after_forward",
-                   "cuda_graphs", "grad_reduce_fp32", "fp8_param_gather")
+                   "cuda_graphs", "grad_reduce_fp32", "fp8_param_gather",
+                   "fsdp_float8_all_gather")
 HOST_SECONDS = tuple(HOST_KEYS.values())   # host_step_s, host_kernel_s
 FRAMEWORK_PARAMS = (tuple(FRAMEWORK_CHOICES) + ("fsdp_version", "grad_bucket")
                     + FRAMEWORK_BOOLS + HOST_SECONDS)

@@ -25,6 +25,8 @@ except ModuleNotFoundError:          # Python 3.10 (pyproject: tomli on < 3.11)
 DEFAULTS: dict[str, Any] = {
     "model.name": "llama3", "model.flavor": "debugmodel", "model.converters": [],
     "quantize.linear.float8.recipe_name": None,
+    "quantize.linear.float8.enable_fsdp_float8_all_gather": False,
+    "quantize.linear.float8.precompute_float8_dynamic_scale_for_fsdp": False,
     "optimizer.name": "AdamW", "optimizer.implementation": "fused",
     "training.local_batch_size": 8, "training.global_batch_size": -1,
     "training.seq_len": 2048, "training.mixed_precision_param": "bfloat16",
@@ -139,6 +141,8 @@ def _plan(get, spec: ModelSpec, ref, findings: Findings) -> dict[str, Any]:
             get("parallelism.context_parallel_rotate_method"),
             "parallelism.context_parallel_rotate_method", tuple(K.CP_ROTATE))]},
     }
+    plan["fsdp"]["float8_all_gather"] = _float8_all_gather(get, fsdp, plan["training"]["dtype"],
+                                                           findings)
     return plan
 
 
@@ -221,6 +225,22 @@ def _dtype(get, findings: Findings) -> str:
     param = need_choice(get("training.mixed_precision_param"),
                         "training.mixed_precision_param", ("bfloat16", "float32"))
     return "bf16" if param == "bfloat16" else "fp32"
+
+
+def _float8_all_gather(get, fsdp: bool, dtype: str, findings: Findings) -> bool:
+    """fsdp.float8_all_gather: torchao's float8 FSDP all-gather of tensor-wise Float8Linear
+    weights, modelled with the precomputed scales (workloads/fsdp_float8.py); without them
+    every gather would first all-reduce each weight's amax."""
+    key = "quantize.linear.float8.enable_fsdp_float8_all_gather"
+    precompute = "quantize.linear.float8.precompute_float8_dynamic_scale_for_fsdp"
+    on, scaled = need_bool(get(key), key), need_bool(get(precompute), precompute)
+    if on and dtype == "fp8_rowwise":
+        findings.problem(key, True, "float8 FSDP all-gathers of row-wise weights "
+                         "(torchao gathers tensor-wise Float8Linear weights only)")
+    if on and not scaled:
+        findings.problem(precompute, False, "a per-weight amax all-reduce before each FSDP "
+                         "all-gather (not modelled: set it to true)")
+    return on and fsdp and dtype == "fp8"
 
 
 def _reshard(get, pp: int) -> bool:

@@ -68,6 +68,9 @@ def write_torchtitan(plan: Plan, world_size: int | None = None) -> Exported:
     }
     if plan.training.dtype == "fp8_rowwise":   # torchao's row-wise Float8 recipe
         sections[K.FP8_CONVERTER] = {"recipe_name": "rowwise"}
+    if plan.fsdp_float8_all_gather:            # with the scales it is modelled with
+        sections[K.FP8_CONVERTER] = {"enable_fsdp_float8_all_gather": True,
+                                     "precompute_float8_dynamic_scale_for_fsdp": True}
     text = dump_toml(sections)
     ref = model_ref(plan.model)
     flavor = _flavor_of(plan.model)

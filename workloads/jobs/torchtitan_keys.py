@@ -26,6 +26,10 @@ MAPPED = {
     "model.converters": 'training.dtype ("quantize.linear.float8": fp8, or fp8_rowwise with '
                         'quantize.linear.float8.recipe_name "rowwise")',
     "quantize.linear.float8.recipe_name": 'training.dtype ("rowwise": fp8_rowwise)',
+    "quantize.linear.float8.enable_fsdp_float8_all_gather":
+        "fsdp.float8_all_gather (with precompute_float8_dynamic_scale_for_fsdp)",
+    "quantize.linear.float8.precompute_float8_dynamic_scale_for_fsdp":
+        "fsdp.float8_all_gather (the scale it needs, computed once per step)",
     "optimizer.name": "AdamW / Adam (the simulated optimizer)",
     "optimizer.implementation": "optimizer (fused | foreach | for-loop)",
     "training.local_batch_size": "training.micro_batch (no pipeline), training.global_batch",
@@ -83,8 +87,6 @@ IGNORED = {
     "activation_checkpoint.preserve_rng_state": "random state bookkeeping",
     "activation_checkpoint.determinism_check": "debugging check",
     "activation_checkpoint.debug": "logging", "activation_checkpoint.early_stop": "debugging",
-    "quantize.linear.float8.precompute_float8_dynamic_scale_for_fsdp":
-        "acts only with enable_fsdp_float8_all_gather, which is refused",
     "quantize.linear.mx": "acts only with the quantize.linear.mx converter, which is refused",
     "quantize.grouped_mm": "acts only with a quantize.grouped_mm converter, which is refused",
     "comm.init_timeout_seconds": "timeout", "comm.train_timeout_seconds": "timeout",
@@ -111,8 +113,6 @@ UNMODELLED = {
     "parallelism.expert_tensor_parallel_degree": (1, (1,), "expert tensor parallelism"),
     "parallelism.expert_parallel_comm_backend": ("standard", ("standard",), "DeepEP kernels"),
     "compile.backend": ("inductor", ("inductor",), "another compiler backend"),
-    "quantize.linear.float8.enable_fsdp_float8_all_gather": (False, (False,),
-                                                             "FP8 FSDP all-gathers"),
     "quantize.linear.float8.filter_fqns": ([], ([], ["output"]), "bf16 projections"),
     "quantize.linear.float8.emulate": (False, (False,), "emulated FP8"),
     "comm.mode": ("default", ("default",), "no real communication"),
