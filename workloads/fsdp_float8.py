@@ -5,12 +5,12 @@ With tensor-wise Float8 training under FSDP2, torchao wraps each Float8Linear we
 WeightWithDynamicFloat8CastTensor (pytorch/ao torchao/float8/fsdp_utils.py, v0.10-v0.13):
 
 - After the optimizer step, `precompute_float8_dynamic_scale_for_fsdp` takes the inf-norm
-  of every float8 weight's local shard (one torch._foreach_norm over the shards: a read of
-  2 B per element), stacks them, and one all-reduce over the FSDP mesh gives every weight
-  its amax and scale (a few bytes per weight).
+  of every float8 weight's local shard (one torch._foreach_norm over the shards, which
+  FSDP2's mixed precision keeps in fp32: a read of 4 B per element), stacks them, and one
+  all-reduce over the FSDP mesh gives every weight its amax and scale (4 B per weight).
 - Before each all-gather (forward, and backward again when the unit was resharded),
-  `fsdp_pre_all_gather` casts the local shard to float8 with that scale (read 2 B, write
-  1 B), so the gather moves 1 byte per element; `fsdp_post_all_gather` wraps the gathered
+  `fsdp_pre_all_gather` casts the fp32 local shard to float8 with that scale (read 4 B,
+  write 1 B), in place of FSDP's own cast to bf16, so the gather moves 1 byte per element; `fsdp_post_all_gather` wraps the gathered
   bytes as the Float8Tensor the GEMMs take. The forward GEMM (input @ weight.t()) reads it
   as it is: no amax or cast of the full weight. The data-gradient GEMM needs the weight as
   torch._scaled_mm's column-major second operand, a copy of the float8 weight transposed
@@ -21,23 +21,24 @@ WeightWithDynamicFloat8CastTensor (pytorch/ao torchao/float8/fsdp_utils.py, v0.1
 Without the precomputed scale each pre-all-gather cast computes the shard's amax and
 all-reduces it (reduce_amax=True): one all-reduce per weight per gather, not modelled
 (the importer refuses that setting). Only the transformer layers' linears are Float8Linear:
-torchtitan's filter_fqns keeps the output layer in bf16, and the embedding and the norms
-are not linears (their bytes are counted at 1 B inside a layer, under 0.1 % of it).
+the embedding and the output layer (torchtitan's filter_fqns) stay bf16 units; a layer's
+norm weights, gathered in bf16 too, are counted at 1 B with its linears (under 0.1 % of it).
 """
 from __future__ import annotations
 
 from dataclasses import replace
 
+from .param_gathers import FP8_GATHER_BYTES
 from .precision import GemmRecipe, OperandCast
 from .program import COMM, COMPUTE, MEMORY
 from .schedules import EMBED, HEAD
 
-FP8_BYTES = 1.0
-BF16_BYTES = 2.0
-FP32_BYTES = 4.0
+# FSDP2 keeps the sharded parameters in fp32 under mixed precision
+# (workloads/memory.py sharded_state_bytes); each weight's amax is one fp32 value.
+SHARD_BYTES = FP32_BYTES = 4.0
 # The float8 weight's own cost around its GEMMs once FSDP gathered it in float8: nothing in
 # forward, the column-major copy (read 1 B, write 1 B) for the data-gradient GEMM.
-GATHERED_WEIGHT = OperandCast(0.0, 0, 2 * FP8_BYTES, 1)
+GATHERED_WEIGHT = OperandCast(0.0, 0, 2 * FP8_GATHER_BYTES, 1)
 
 
 def gathers_float8(plan, unit) -> bool:
@@ -47,7 +48,7 @@ def gathers_float8(plan, unit) -> bool:
 
 def gathered_bytes_per_param(plan, unit, wide: float) -> float:
     """Bytes per parameter of `unit` as FSDP gathers and holds it unsharded."""
-    return FP8_BYTES if gathers_float8(plan, unit) else wide
+    return FP8_GATHER_BYTES if gathers_float8(plan, unit) else wide
 
 
 def with_gathered_weights(recipe: GemmRecipe) -> GemmRecipe:
@@ -62,10 +63,10 @@ def linears_per_layer(model) -> int:
 
 
 def shard_cast(sink, plan, shard_params: float, deps, phase: str, unit, ctx: dict) -> int:
-    """fsdp_pre_all_gather: each weight's local shard cast to float8 with its precomputed
-    scale, one kernel per weight, before the unit's all-gather (on its stream)."""
+    """fsdp_pre_all_gather: each weight's fp32 local shard cast to float8 with its
+    precomputed scale, one kernel per weight, before the unit's all-gather (its stream)."""
     return sink.add(kind=COMPUTE, stream="dp_ag", op="fsdp_float8_cast", phase=phase,
-                    deps=tuple(deps), bytes=shard_params * (BF16_BYTES + FP8_BYTES),
+                    deps=tuple(deps), bytes=shard_params * (SHARD_BYTES + FP8_GATHER_BYTES),
                     op_class=MEMORY, kernels=linears_per_layer(plan.model),
                     label=f"fsdp.float8_cast.{unit}", **ctx)
 
@@ -84,7 +85,7 @@ def precompute_scales(lowering, step: int) -> None:
     weights = len(layers) * linears_per_layer(plan.model)
     for dims, shard_params in sorted(shards.items()):
         norm = sink.add(kind=COMPUTE, stream="compute", op="fsdp_float8_amax",
-                        phase="optimizer", deps=(step,), bytes=shard_params * BF16_BYTES,
+                        phase="optimizer", deps=(step,), bytes=shard_params * SHARD_BYTES,
                         op_class=MEMORY, kernels=1, label="fsdp.float8_amax",
                         layer=-1, microbatch=-1)
         sink.add(kind=COMM, stream="dp_ag", op="all_reduce", phase="optimizer",
