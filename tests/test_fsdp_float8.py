@@ -21,6 +21,7 @@ from workloads.fsdp_float8 import GATHERED_WEIGHT, with_gathered_weights
 from workloads.jobs import JobConfigError, read_torchtitan, write_torchtitan
 from workloads.layers import layer_shape
 from workloads.lowering import lower
+from workloads.memory import peak_memory
 from workloads.torchao_recipes import TENSORWISE
 
 from conftest import small_plan
@@ -68,6 +69,30 @@ def test_each_layer_gather_waits_for_its_shard_cast_and_the_step_precomputes_sca
     assert amax[0].bytes == pytest.approx(4 * 4 * LAYER_PARAMS / 8)   # 4 layers' fp32 shards
     assert len(reduce) == 1 and reduce[0].bytes == 4 * 4 * 7   # one fp32 amax a weight
     assert not _tasks(_plan(False), "fsdp_float8_cast")
+
+
+def test_under_tp_the_replicated_norms_gather_in_bf16_without_a_cast():
+    raw = small_plan(training={"global_batch": 8, "dtype": "fp8"}, mesh={"dp": 4, "tp": 2},
+                     framework="torchtitan", attention="flash",
+                     sharding={"sequence_parallel": True}, fsdp={"float8_all_gather": True})
+    tasks = lower(resolve(plan_from_dict(raw), 8)).stages[0]
+    first = [t for t in tasks if t.layer == 1 and t.phase == "forward" and t.microbatch == 0]
+    gathers = [t for t in first if t.label.startswith("fsdp.gather")]
+    by_group = {t.group: t.bytes for t in gathers}
+    assert by_group[("dp",)] == pytest.approx((LAYER_PARAMS - 2 * 1024) / 2)  # linears / TP
+    assert by_group[("dp", "tp")] == 2 * 2 * 1024                             # norms, bf16
+    assert len(gathers) == 2 and len([t for t in first if t.op == "fsdp_float8_cast"]) == 1
+
+
+def test_the_unsharded_layers_are_held_in_float8():
+    # resharded after forward with prefetch: the two largest units in bytes are held. In
+    # bf16 two layers (2 x 15.7M parameters at 2 B); with the layers at 1 B the bf16
+    # embedding and output unit (8.4M parameters each, the output's with the final norm)
+    # become the two largest
+    on, off = peak_memory(_plan(True)), peak_memory(_plan(False))
+    embedding, output = 8192 * 1024, 8192 * 1024 + 1024
+    assert off.buffers_bytes - on.buffers_bytes == 2 * 2 * LAYER_PARAMS - 2 * (embedding + output)
+    assert on.activations_bytes == off.activations_bytes
 
 
 def test_the_gathered_weight_is_not_cast_again():

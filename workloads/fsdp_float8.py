@@ -21,8 +21,10 @@ WeightWithDynamicFloat8CastTensor (pytorch/ao torchao/float8/fsdp_utils.py, v0.1
 Without the precomputed scale each pre-all-gather cast computes the shard's amax and
 all-reduces it (reduce_amax=True): one all-reduce per weight per gather, not modelled
 (the importer refuses that setting). Only the transformer layers' linears are Float8Linear:
-the embedding and the output layer (torchtitan's filter_fqns) stay bf16 units; a layer's
-norm weights, gathered in bf16 too, are counted at 1 B with its linears (under 0.1 % of it).
+the embedding and the output layer (torchtitan's filter_fqns) stay bf16 units, and a
+layer's norm weights are gathered in bf16 with their own group where TP replicates them
+(float8_group; without TP they share the linears' group and are counted at 1 B, under
+0.1 % of a layer).
 """
 from __future__ import annotations
 
@@ -46,8 +48,16 @@ def gathers_float8(plan, unit) -> bool:
     return plan.fsdp_float8_all_gather and unit not in (EMBED, HEAD)
 
 
+def float8_group(plan, unit, groups: dict, dims) -> bool:
+    """Whether FSDP gathers `unit`'s parameter group `dims` (of `groups`, the unit's
+    parameters by sharding dimensions) in float8: a layer's largest group, its linears;
+    a smaller one (the norms, replicated over TP) is gathered in bf16."""
+    return gathers_float8(plan, unit) and groups[dims] == max(groups.values())
+
+
 def gathered_bytes_per_param(plan, unit, wide: float) -> float:
-    """Bytes per parameter of `unit` as FSDP gathers and holds it unsharded."""
+    """Bytes per parameter of `unit` as FSDP holds it unsharded (the memory model's
+    per-unit count: a layer's norms, under 0.1 % of it, at its linears' 1 B)."""
     return FP8_GATHER_BYTES if gathers_float8(plan, unit) else wide
 
 

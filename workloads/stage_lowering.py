@@ -15,7 +15,7 @@ import math
 from .checkpointing import op_checkpoint_saved
 from .ddp_buckets import BucketFiller, bucket_params, forward_buckets
 from .fsdp1 import fsdp1_gather_copy, fsdp1_reduce_post, fsdp1_reduce_pre
-from .fsdp_float8 import gathered_bytes_per_param, gathers_float8, precompute_scales, shard_cast
+from .fsdp_float8 import float8_group, precompute_scales, shard_cast
 from .host_cost import add_host_issue_time
 from .kernels import adam_step_cost
 from .layer_builder import BuildOptions, LayerBuilder, LayerShape, TaskSink
@@ -25,7 +25,7 @@ from .module_recompute import module_recompute_saved, recomputed_nodes
 from .moe.a2a_overlap import (PassPieces, add_node_host_time, combined_order,
                                lone_node_calls, reorder)
 from .p2p_sync import P2PSync, p2p_host_sync
-from .param_gathers import ParamGathers, step_gathers
+from .param_gathers import FP8_GATHER_BYTES, ParamGathers, step_gathers
 from .params import unit_param_groups
 from .precision import precision
 from .plan import Plan
@@ -118,13 +118,14 @@ class StageLowering:
         lag = 2 if self.plan.fsdp_prefetch else 1
         gate = self.pass_ends[index - lag] if index >= lag else None
         tasks = []
-        for dims, params in sorted(self._param_groups(unit).items()):
+        groups = self._param_groups(unit)
+        for dims, params in sorted(groups.items()):
             if self._group_size(dims) == 1 or params == 0:
                 continue
-            gathered = params * gathered_bytes_per_param(self.plan, unit,
-                                                         self.precision.param_bytes)
+            float8 = float8_group(self.plan, unit, groups, dims)
+            gathered = params * (FP8_GATHER_BYTES if float8 else self.precision.param_bytes)
             deps = (gate,) if gate is not None else ()
-            if gathers_float8(self.plan, unit):   # the shard cast to float8 first
+            if float8:   # the shard cast to float8 first
                 deps = (shard_cast(self.sink, self.plan, params / self._group_size(dims),
                                    deps, phase, unit, self._ctx(unit, mb)),)
             if self.plan.fsdp_version == 1:
