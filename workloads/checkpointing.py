@@ -9,8 +9,12 @@ w2. Here: which nodes of a layer graph it keeps (for the recompute) and what tha
 activation memory.
 
 The policy decides per ATen operator (torch.utils.checkpoint's selective-checkpoint
-contexts see every op the dispatcher runs): an attention core is kept only if the operator
-its implementation runs as (workloads/attention_impls.py SDPA_OPS) is in the save list.
+contexts see every op the dispatcher runs). A float8 linear (torchao's Float8Linear) counts
+as an aten.mm like a BF16 one: it multiplies float8 tensor subclasses with torch.mm, and the
+policy's dispatch mode sees that aten.mm before the subclass runs it as torch._scaled_mm
+(tests/test_op_sac_policy.py, eager and compiled). An attention core is kept only if the
+operator its implementation runs as (workloads/attention_impls.py SDPA_OPS) is in the save
+list.
 torchtitan@6fc499f6f5 (August 2025; models/llama3/infra/parallelize.py `_save_list`) lists
 SDPA's flash and memory-efficient operators only, so the cuDNN operator torchtitan itself
 puts first on Blackwell (attention_impls.torchtitan_sdpa_backend) is not kept: its forward
