@@ -42,7 +42,7 @@ def test_moe_and_blackwell_rows_meet_the_counts():
     assert len(added) >= 40
     assert len({config_key(r) for r in added}) == len(added)   # distinct configurations
     per_class = Counter(_class(r) for r in rows)
-    for name in ("moe-hopper", "moe-blackwell", "dense-b200", "dense-gb200"):
+    for name in ("moe-hopper", "moe-blackwell", "dense-b200", "dense-gb200", "dense-gb300"):
         assert per_class[name] >= 8, (name, per_class)
     for row in added:
         assert row["source"] and row["settings"], row["id"]
@@ -167,7 +167,8 @@ def test_groups_cross_model_kind_and_gpu():
     assert g["class:moe-blackwell"] == {"n": 1, "mape_pct": 10.0, "bias_pct": 10.0}
     assert g["class:dense-b200"]["bias_pct"] == -4.0
     assert g["model:dense"]["n"] == 2 and "class:dense-a100" not in g
-    assert set(CLASSES.values()) == {"moe-hopper", "moe-blackwell", "dense-b200", "dense-gb200"}
+    assert set(CLASSES.values()) == {"moe-hopper", "moe-blackwell", "dense-b200", "dense-gb200",
+                                     "dense-gb300"}
 
 
 def test_the_runs_bf16_layers_reach_the_plan_or_are_reported():

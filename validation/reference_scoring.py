@@ -3,10 +3,10 @@
 An error is (simulated - measured) / measured of the step time. Groups are keyed
 `source:NAME` (the row's source family), `hardware:NAME` (the GPU), `framework:NAME`,
 `parallelism:NAME` (the mesh dimensions above 1, e.g. `tp+pp+dp`) and `model:moe` /
-`model:dense`; the classes `class:moe-hopper`, `class:moe-blackwell`, `class:dense-b200` and
-`class:dense-gb200` cross the last two with the GPU generation. Each has n, MAPE and bias
-(the mean signed error). The MAPE with each source weighted equally is the mean of the
-sources' MAPEs.
+`model:dense`; the classes `class:moe-hopper`, `class:moe-blackwell`, `class:dense-b200`,
+`class:dense-gb200` and `class:dense-gb300` cross the last two with the GPU generation.
+Each has n, MAPE and bias (the mean signed error). The MAPE with each source weighted
+equally is the mean of the sources' MAPEs.
 
 No constant of the simulator is estimated from these rows: every one rests on a
 specification, a kernel benchmark, framework code or documentation, or is marked an
@@ -32,7 +32,8 @@ GROUP_KINDS = ("source", "hardware", "framework", "parallelism", "model")
 CLASSES = {("moe", "h100"): "moe-hopper", ("moe", "h200"): "moe-hopper",
            ("moe", "b200"): "moe-blackwell", ("moe", "gb200"): "moe-blackwell",
            ("moe", "gb300"): "moe-blackwell",
-           ("dense", "b200"): "dense-b200", ("dense", "gb200"): "dense-gb200"}
+           ("dense", "b200"): "dense-b200", ("dense", "gb200"): "dense-gb200",
+           ("dense", "gb300"): "dense-gb300"}
 RESIDUALS_PATH = (Path(__file__).resolve().parent.parent / "simulator" / "data"
                   / "reference_residuals.json")
 RESIDUALS_FORMAT = 1
