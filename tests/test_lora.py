@@ -230,13 +230,14 @@ def test_a_frozen_linear_swizzles_for_its_data_gradient_only():
 
 
 def test_reference_rows_state_their_adapters():
-    # the six LoRA rows of the references table (validation/references/training_runs.csv),
-    # each with its recipe's targets: NeMo 1 peft_config.py (attention_qkv, rank 32),
-    # Megatron-Bridge llama3_llm_finetune.py (linear_qkv, rank 16)
+    # the eight LoRA rows of the references table (validation/references/training_runs.csv:
+    # NeMo 24.07 on H100, Megatron-Bridge 26.06 on H100, GB200 and GB300), each with its
+    # recipe's targets: NeMo 1 peft_config.py (attention_qkv, rank 32), Megatron-Bridge
+    # llama3_llm_finetune.py (linear_qkv, rank 16)
     from validation.reference_rows import load_rows, plan_dict
     from validation.references import DEFAULT_CSV
     rows = [r for r in load_rows(DEFAULT_CSV) if r["lora"]]
-    assert len(rows) == 6
+    assert len(rows) == 8
     for row in rows:
         lora = plan_from_dict(plan_dict(row)).lora
         assert lora.targets == ("linear_qkv",)
