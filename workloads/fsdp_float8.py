@@ -31,6 +31,7 @@ from __future__ import annotations
 from dataclasses import replace
 
 from .param_gathers import FP8_GATHER_BYTES
+from .params import unit_param_groups
 from .precision import GemmRecipe, OperandCast
 from .program import COMM, COMPUTE, MEMORY
 from .schedules import EMBED, HEAD
@@ -89,9 +90,10 @@ def precompute_scales(lowering, step: int) -> None:
     layers = [u for u in lowering.units if gathers_float8(plan, u)]
     shards: dict = {}
     for unit in layers:
-        for dims, params in lowering._param_groups(unit).items():
-            if lowering._group_size(dims) > 1:
-                shards[dims] = shards.get(dims, 0.0) + params / lowering._group_size(dims)
+        for dims, params in unit_param_groups(plan, unit).items():
+            ranks = plan.parallel_dims.group_size(dims)
+            if ranks > 1:
+                shards[dims] = shards.get(dims, 0.0) + params / ranks
     weights = len(layers) * linears_per_layer(plan.model)
     for dims, shard_params in sorted(shards.items()):
         norm = sink.add(kind=COMPUTE, stream="compute", op="fsdp_float8_amax",

@@ -119,8 +119,10 @@ def micro_batches_in_flight(plan: Plan, stage: int = 0) -> float:
 
 
 # --------------------------------------------------------------------- parameter counts
-def _stage_units(plan: Plan, stage: int, ranges: Sequence[range]) -> list[tuple[float, float]]:
-    """(gathered, sharded) parameters per FSDP unit of the stage: embedding, layers, output.
+def _stage_units(plan: Plan, stage: int,
+                 ranges: Sequence[range]) -> list[tuple[object, float, float]]:
+    """(unit, gathered, sharded) parameters per FSDP unit of the stage: embedding, layers,
+    output.
 
     Gathered: what one rank computes with (params.unit_param_groups); sharded: each group
     divided over the ranks its gradients reduce over, which ZeRO/FSDP shard it over
@@ -130,7 +132,7 @@ def _stage_units(plan: Plan, stage: int, ranges: Sequence[range]) -> list[tuple[
     for keys in chunk_units(plan, stage, tuple(ranges)):
         for unit in keys:
             groups = unit_param_groups(plan, unit)
-            units.append((sum(groups.values()),
+            units.append((unit, sum(groups.values()),
                           sum(p / plan.parallel_dims.group_size(dims)
                               for dims, p in groups.items())))
     return units
@@ -302,8 +304,8 @@ def memory_breakdown(plan: Plan, stage: int = 0,
     units = _stage_units(plan, stage, ranges)
     frozen = sum(unit_frozen_params(plan, unit)        # LoRA's base weights, held whole
                  for keys in chunk_units(plan, stage, ranges) for unit in keys)
-    gathered = sum(g for g, _ in units)
-    sharded = sum(s for _, s in units)
+    gathered = sum(g for _, g, _ in units)
+    sharded = sum(s for _, _, s in units)
 
     def states(bytes_per_param: float, is_sharded: bool) -> float:
         return bytes_per_param * (sharded if is_sharded else gathered)
@@ -369,13 +371,11 @@ def memory_breakdown(plan: Plan, stage: int = 0,
         activations += in_flight * s * b * m.hidden_size / (tp if sp else 1)
 
     # Buffers.
-    unit_sizes = sorted((g for g, _ in units), reverse=True)
+    unit_sizes = sorted((g for _, g, _ in units), reverse=True)
     buffers = 0.0
     if zero >= 3:   # the unsharded units, at the bytes FSDP gathers them in
-        held = sorted((sum(unit_param_groups(plan, unit).values())
-                       * gathered_bytes_per_param(plan, unit, prec.param_bytes)
-                       for keys in chunk_units(plan, stage, ranges) for unit in keys),
-                      reverse=True)
+        held = sorted((g * gathered_bytes_per_param(plan, unit, prec.param_bytes)
+                       for unit, g, _ in units), reverse=True)
         buffers += sum(held if not plan.reshard_after_forward
                        else held[:2 if plan.fsdp_prefetch else 1])
     if zero >= 2:
