@@ -82,12 +82,11 @@ def shard_cast(sink, plan, shard_params: float, deps, phase: str, unit, ctx: dic
                     label=f"fsdp.float8_cast.{unit}", **ctx)
 
 
-def precompute_scales(lowering, step: int) -> None:
+def precompute_scales(sink, plan, units, step: int) -> None:
     """precompute_float8_dynamic_scale_for_fsdp after the optimizer step (task `step`): the
-    inf-norm of the stage's layer shards, then one all-reduce of the weights' amaxes per
-    FSDP group."""
-    plan, sink = lowering.plan, lowering.sink
-    layers = [u for u in lowering.units if gathers_float8(plan, u)]
+    inf-norm of the shards of the stage's layers among `units`, then one all-reduce of the
+    weights' amaxes per FSDP group."""
+    layers = [u for u in units if gathers_float8(plan, u)]
     shards: dict = {}
     for unit in layers:
         for dims, params in unit_param_groups(plan, unit).items():

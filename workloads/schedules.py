@@ -132,6 +132,12 @@ def stage_layer_ranges(num_layers: int, chunks: int,
 EMBED, HEAD = "embedding", "head"
 
 
+def unit_context(unit, mb: int) -> dict:
+    """A unit's task fields: its layer index (-1 for the embedding and the output layer)
+    and the micro-batch (-1: once per step)."""
+    return {"layer": unit if isinstance(unit, int) else -1, "microbatch": mb}
+
+
 def stage_layers(plan) -> tuple[range, ...]:
     """The layers of each pipeline chunk, pp x virtual_stages of them, chunk c on stage
     c % pp (the Llama 3 split unless the plan gives one)."""

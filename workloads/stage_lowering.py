@@ -13,7 +13,7 @@ from __future__ import annotations
 import math
 
 from .checkpointing import op_checkpoint_saved
-from .ddp_buckets import BucketFiller, bucket_params, forward_buckets
+from .ddp_buckets import BucketFiller, bucket_params
 from .fsdp1 import fsdp1_gather_copy, fsdp1_reduce_post, fsdp1_reduce_pre
 from .fsdp_float8 import float8_group, precompute_scales, shard_cast
 from .host_cost import add_host_issue_time
@@ -25,12 +25,12 @@ from .module_recompute import module_recompute_saved, recomputed_nodes
 from .moe.a2a_overlap import (PassPieces, add_node_host_time, combined_order,
                                lone_node_calls, reorder)
 from .p2p_sync import P2PSync, p2p_host_sync
-from .param_gathers import FP8_GATHER_BYTES, ParamGathers, step_gathers
+from .param_gathers import FP8_GATHER_BYTES, ChunkGathers, step_gathers
 from .params import unit_param_groups
 from .precision import precision
 from .plan import Plan
 from .program import COMM, COMPUTE, MEMORY, Task
-from .schedules import EMBED, HEAD, chunk_units, stage_slots
+from .schedules import EMBED, HEAD, chunk_units, stage_slots, unit_context
 
 
 class StageLowering:
@@ -59,14 +59,11 @@ class StageLowering:
         # DDP / ZeRO 1-2 gradient buckets per local chunk (workloads/ddp_buckets.py)
         self.bucket_sizes = [bucket_params(plan, stage, c) for c in range(len(self.chunk_units))]
         self.fillers = [BucketFiller(size) for size in self.bucket_sizes]
-        self.param_gather = (plan.param_gather_overlap and not self.fsdp
-                             and plan.zero_stage in (1, 2))
-        # align_param_gather (workloads/frameworks.py): with virtual stages, a chunk's
-        # gathers are launched ahead of its first forward, by the schedule
-        self.aligned_gather = (self.param_gather and plan.param_gather_align
-                               and plan.pipeline.schedule == "interleaved"
-                               and len(self.chunk_units) > 1)
-        self.chunk_gathers: dict[int, ParamGathers] = {}
+        # ZeRO 1-2's parameter all-gathers in the forward (workloads/param_gathers.py)
+        self.param_gathers = (ChunkGathers(self.sink, plan, stage, self.chunk_units,
+                                           self.bucket_sizes)
+                              if plan.param_gather_overlap and not self.fsdp
+                              and plan.zero_stage in (1, 2) else None)
         self.bucket_counter = 0
         self.pieces: PassPieces | None = None   # recorded while building a combined slot
         self.combined: list[tuple[range, list[int]]] = []
@@ -74,15 +71,12 @@ class StageLowering:
         self.p2p_sync = P2PSync(self.sink, p2p_host_sync(plan))   # workloads/p2p_sync.py
 
     # ---- helpers ------------------------------------------------------------------------
-    def _ctx(self, unit, mb: int) -> dict:
-        return {"layer": unit if isinstance(unit, int) else -1, "microbatch": mb}
-
     def _join(self, deps, unit, mb, phase) -> tuple[int, ...]:
         deps = tuple(d for d in deps if d is not None and d >= 0)
         if len(deps) <= 1:
             return deps
         return (self.sink.add(kind=COMPUTE, stream="compute", op="join", phase=phase, deps=deps,
-                              op_class=MEMORY, label="wait", **self._ctx(unit, mb)),)
+                              op_class=MEMORY, label="wait", **unit_context(unit, mb)),)
 
     def _piece(self, where: str, begin: int, unit=None) -> None:
         """Record tasks [begin, now) as a piece of the pass (combined slots only)."""
@@ -95,9 +89,6 @@ class StageLowering:
 
     def _group_size(self, dims) -> int:
         return self.plan.parallel_dims.group_size(dims)
-
-    def _param_groups(self, unit) -> dict[tuple[str, ...], float]:
-        return unit_param_groups(self.plan, unit)
 
     def _graph(self, unit) -> LayerBuilder:
         return unit_builder(self.plan, unit, self.shape, self.options)
@@ -118,7 +109,7 @@ class StageLowering:
         lag = 2 if self.plan.fsdp_prefetch else 1
         gate = self.pass_ends[index - lag] if index >= lag else None
         tasks = []
-        groups = self._param_groups(unit)
+        groups = unit_param_groups(self.plan, unit)
         for dims, params in sorted(groups.items()):
             if self._group_size(dims) == 1 or params == 0:
                 continue
@@ -127,14 +118,14 @@ class StageLowering:
             deps = (gate,) if gate is not None else ()
             if float8:   # the shard cast to float8 first
                 deps = (shard_cast(self.sink, self.plan, params / self._group_size(dims),
-                                   deps, phase, unit, self._ctx(unit, mb)),)
+                                   deps, phase, unit, unit_context(unit, mb)),)
             if self.plan.fsdp_version == 1:
                 deps = (fsdp1_gather_copy(self.sink, self.precision, params / self._group_size(dims),
-                                          deps, phase, unit, self._ctx(unit, mb)),)
+                                          deps, phase, unit, unit_context(unit, mb)),)
             gather = self.sink.add(
                 kind=COMM, stream="dp_ag", op="all_gather", phase=phase,
                 deps=deps, bytes=gathered,
-                group=dims, label=f"fsdp.gather.{unit}", **self._ctx(unit, mb))
+                group=dims, label=f"fsdp.gather.{unit}", **unit_context(unit, mb))
             if self.plan.fsdp_version == 1:
                 # FSDP1 gathers straight into the padded flat parameter, whose original
                 # parameters are views (_flat_param.py, _use_unsharded_views): no copy-out.
@@ -145,7 +136,7 @@ class StageLowering:
             tasks.append(self.sink.add(
                 kind=COMPUTE, stream="compute", op="fsdp_copy_out", phase=phase,
                 deps=(gather,), bytes=2 * gathered, op_class=MEMORY,
-                label=f"fsdp.copy_out.{unit}", **self._ctx(unit, mb)))
+                label=f"fsdp.copy_out.{unit}", **unit_context(unit, mb)))
         return tasks
 
     def _after_use(self, unit, phase: str, mb: int) -> None:
@@ -165,15 +156,15 @@ class StageLowering:
         if not self._reduces(mb):
             return
         if not self.fsdp:
-            for dims, params in sorted(self._param_groups(unit).items()):
+            for dims, params in sorted(unit_param_groups(self.plan, unit).items()):
                 if self._group_size(dims) > 1 and params:
                     self.fillers[local].add(unit, dims, params, deps)
             self._emit_buckets(self.fillers[local].take(), mb)
             return
-        for dims, params in sorted(self._param_groups(unit).items()):
+        for dims, params in sorted(unit_param_groups(self.plan, unit).items()):
             if self._group_size(dims) == 1 or params == 0:
                 continue
-            ctx = self._ctx(unit, mb)
+            ctx = unit_context(unit, mb)
             if self.plan.fsdp_version == 1:
                 ready = (fsdp1_reduce_pre(self.sink, self.precision, params, deps, unit, ctx),)
             else:
@@ -212,7 +203,7 @@ class StageLowering:
             self.reductions.append(self.sink.add(
                 kind=COMM, stream="dp_rs", op=op, phase="backward", deps=bucket.deps,
                 bytes=bucket.params * grad_bytes, group=bucket.dims,
-                label=label, **self._ctx(unit, mb)))
+                label=label, **unit_context(unit, mb)))
 
     # ---- passes -------------------------------------------------------------------------
     def _p2p(self, kind: str, what: str, mb: int, deps, peer: int, phase: str,
@@ -240,8 +231,8 @@ class StageLowering:
         prev = self._p2p("recv", "act", mb, (), -1, "forward", chunk) if chunk > 0 else None
         self.p2p_sync.call_end(prev, mb, "forward")
         gathers = None
-        if self.param_gather and mb == 0:
-            gathers = self.chunk_gathers.get(local) or self._param_gather_plan(local)
+        if self.param_gathers is not None and mb == 0:
+            gathers = self.param_gathers.for_forward(local)
         self._piece("pre", begin)
         for index, unit in enumerate(self.chunk_units[local]):
             begin = len(self.sink.tasks)
@@ -249,7 +240,7 @@ class StageLowering:
                      else gathers.wait(unit, prev))
             graph = self._graph(unit)
             deps = self._join([prev, *waits], unit, mb, "forward")
-            prev = graph.emit_forward(self.sink, self._ctx(unit, mb), deps)
+            prev = graph.emit_forward(self.sink, unit_context(unit, mb), deps)
             self.graphs[(unit, mb)] = graph
             self.pass_ends.append(prev)
             self._piece("units", begin, unit)
@@ -257,37 +248,6 @@ class StageLowering:
         if chunk < self.last_chunk:
             self._p2p("send", "act", mb, (prev,), +1, "forward", chunk)
         self._piece("post", begin)
-
-    def _param_gather_plan(self, local: int) -> ParamGathers:
-        """The chunk's ZeRO parameter all-gathers, issued in this forward (steady state of
-        --overlap-param-gather: the previous step's optimizer updated the shards)."""
-        units = [(u, self._param_groups(u)) for u in self.chunk_units[local]]
-        units = [(u, {d: p for d, p in g.items() if self._group_size(d) > 1})
-                 for u, g in units]
-        return ParamGathers(self, forward_buckets(units, self.bucket_sizes[local]))
-
-    def _launch_chunk_gathers(self, local: int, deps) -> None:
-        """All of one chunk's parameter all-gathers, dispatched together (Megatron's
-        start_param_sync of a model chunk dispatches every bucket group of it)."""
-        gathers = self._param_gather_plan(local)
-        gathers.issue_all(deps)
-        self.chunk_gathers[local] = gathers
-
-    def _aligned_launch(self, forward_index: int) -> None:
-        """Megatron's interleaved schedule, before virtual micro-batch k's forward on
-        stage r: if k + r is the first micro-batch of chunk c, chunk c + 1's gathers start
-        (for 1 < c + 1 < v); stage r runs r micro-batches behind stage 0, so the stages
-        launch at about the same time (schedules.py, forward_step_helper)."""
-        if not self.aligned_gather:
-            return
-        chunks = len(self.chunk_units)
-        ahead = forward_index + self.stage
-        if ahead >= min(self.pp * chunks, self.plan.micro_batches * chunks) or ahead % self.pp:
-            return
-        nxt = ahead // self.pp + 1
-        if 1 < nxt < chunks:
-            started = self.pass_ends[-1] if self.pass_ends else None
-            self._launch_chunk_gathers(nxt, () if started is None else (started,))
 
     def backward(self, mb: int, local: int = 0) -> None:
         """One micro-batch's backward through one of the stage's chunks, in reverse."""
@@ -305,7 +265,7 @@ class StageLowering:
             begin = len(self.sink.tasks)
             gathers = self._gather(unit, index, mb, "backward")
             graph = self.graphs.pop((unit, mb))
-            ctx = self._ctx(unit, mb)
+            ctx = unit_context(unit, mb)
             deps = self._join([grad, *gathers], unit, mb, "backward")
             whole = isinstance(unit, int) and self.plan.recomputes(layers.index(unit))
             if whole or (isinstance(unit, int) and recomputed_nodes(self.plan, unit)):
@@ -369,7 +329,7 @@ class StageLowering:
         self.p2p_sync.call_end(None, self.plan.micro_batches - 1, "backward")
         local = 0.0
         for unit in self.units:
-            for dims, params in self._param_groups(unit).items():
+            for dims, params in unit_param_groups(self.plan, unit).items():
                 sharded = self.fsdp or self.plan.zero_stage >= 1
                 local += params / (self._group_size(dims) if sharded else 1)
         for filler in self.fillers:   # reductions that wait for the whole backward
@@ -379,10 +339,10 @@ class StageLowering:
                              deps=(self.last_backward, *self.reductions), bytes=nbytes,
                              kernels=kernels, op_class=MEMORY, label="optimizer.step",
                              layer=-1, microbatch=-1)
-        if self.plan.zero_stage in (1, 2) and not self.fsdp and not self.param_gather:
-            step_gathers(self, step)
+        if self.plan.zero_stage in (1, 2) and not self.fsdp and self.param_gathers is None:
+            step_gathers(self.sink, self.plan, self.chunk_units, self.bucket_sizes, step)
         if self.plan.fsdp_float8_all_gather:
-            precompute_scales(self, step)
+            precompute_scales(self.sink, self.plan, self.units, step)
 
     def build(self) -> list[Task]:
         """All tasks of the stage for one training step."""
@@ -394,14 +354,15 @@ class StageLowering:
             self.sink.add(kind=COMPUTE, stream="compute", op="host_step", phase="forward",
                           layer=-1, microbatch=-1, kernels=0, host_s=self.plan.host_step_s,
                           label="host.step")
-        if self.aligned_gather:
-            for local in range(min(2, len(self.chunk_units))):
-                self._launch_chunk_gathers(local, ())
+        if self.param_gathers is not None:
+            self.param_gathers.start()
         forwards = 0
         for slot in slots:
             kind, mb, local = slot[0]
             if kind == "F":
-                self._aligned_launch(forwards)
+                if self.param_gathers is not None:
+                    self.param_gathers.before_forward(
+                        forwards, self.pass_ends[-1] if self.pass_ends else None)
                 forwards += 1
             if len(slot) == 2:
                 self._combined_slot(*slot)
