@@ -4,7 +4,7 @@ import pytest
 
 from simulator.compute import device_time_s, k_loop_efficiency, wave_efficiency
 from topologies.specs import (B200_BEST_MEMORY_KERNEL_Bps, BLACKWELL_MEMORY_EFFICIENCY,
-                              DEVICES)
+                              DEVICES, TE_B300_LAYER_GEMM_S)
 from workloads.program import ATTENTION, GEMM, MEMORY, Task
 
 TB = 1e12
@@ -70,7 +70,7 @@ def test_blackwell_memory_bound_kernels_run_at_the_measured_b200_fraction():
     H100 keeps its copy-kernel 0.9."""
     assert B200_BEST_MEMORY_KERNEL_Bps == 6462e9
     assert BLACKWELL_MEMORY_EFFICIENCY == 0.839
-    for gpu in ("b200", "gb200", "gb300"):
+    for gpu in ("b200", "gb200", "gb300", "b300"):
         assert DEVICES[gpu].profile.memory_efficiency == 0.839
     assert DEVICES["h100"].profile.memory_efficiency == 0.9
     b200 = DEVICES["b200"]
@@ -82,7 +82,7 @@ def test_blackwell_memory_bound_kernels_run_at_the_measured_b200_fraction():
 # [STAS] "Maximum Achievable Matmul FLOPS" table (stas00/ml-engineering): best-shape
 # matmul TFLOP/s (BF16, FP8 e4m3) and the datasheet dense peaks they divide.
 MAMF = {"h100": ((794.5, 989), (1402.6, 1979)), "b200": ((1745.0, 2250), (3432.5, 4500)),
-        "gb200": ((1822.0, 2500), (3615.6, 5000))}
+        "gb200": ((1822.0, 2500), (3615.6, 5000)), "b300": ((1769.0, 2250), (3353.3, 4500))}
 
 
 @pytest.mark.parametrize("gpu", sorted(MAMF))
@@ -119,3 +119,37 @@ def test_power_capped_h100_keeps_one_gemm_efficiency_for_both_dtypes():
     capped = DEVICES["h100-hbm2e"]
     assert capped.gemm_efficiency("fp8") == capped.gemm_efficiency("bf16")
     assert DEVICES["h200"].profile.fp8_gemm_ratio == round((1453.4 / 1979) / (794.5 / 989), 3)
+
+
+def test_b300_peaks_are_the_dgx_b300_dense_figures():
+    """B300 (HGX / DGX B300) dense peaks of stas00/ml-engineering's TFLOPS table (from
+    NVIDIA's DGX B300 datasheet): BF16 2250, FP8 and MXFP8 4500, FP4 12600 TFLOP/s, the
+    BF16 and FP8 of B200 (the same tensor-core rate at those dtypes), not GB300's 1400 W
+    2500 / 5000."""
+    b300 = DEVICES["b300"]
+    for dtype, tflops in {"bf16": 2250, "fp8": 4500, "mxfp8": 4500, "nvfp4": 12600}.items():
+        assert b300.peak(dtype) == pytest.approx(tflops * TB)
+    assert b300.peak("bf16") == DEVICES["b200"].peak("bf16") < DEVICES["gb300"].peak("bf16")
+    assert b300.sm_count == DEVICES["gb300"].sm_count == 160
+
+
+def test_b300_prices_transformer_engines_measured_b300_layer_gemms():
+    """The 12 GEMMs of one 5B-model layer (hidden 4096, QKV 12288, FFN 16384, 15,872 tokens;
+    forward, data- and weight-gradient shapes) timed by Transformer Engine's GEMM benchmark
+    on a B300 (topologies/specs.py TE_B300_LAYER_GEMM_S). The BF16 efficiency is set from
+    this run's BF16 time; FP8 and MXFP8 come from a separate measurement (the best-shape FP8
+    matmul of stas00/ml-engineering's MAMF table), so their agreement is a check: the model
+    prices each at burst rate within 4 % of the measured kernel time."""
+    spec = DEVICES["b300"]
+    tokens = 15872
+    projections = ((4096, 12288), (4096, 4096), (4096, 16384), (16384, 4096))
+
+    def burst_s(m, n, k, dtype):
+        task = _task(GEMM, flops=2.0 * m * n * k, mnk=(m, n, k))
+        busy = device_time_s(task, spec, dtype) - spec.profile.launch_overhead_s
+        return busy * spec.profile.sustained_tensor_ratio
+
+    for dtype, measured in (("bf16", "bf16"), ("fp8_cs", "fp8"), ("mxfp8", "mxfp8")):
+        layer_s = sum(burst_s(tokens, n_out, k_in, dtype) + burst_s(tokens, k_in, n_out, dtype)
+                      + burst_s(k_in, n_out, tokens, dtype) for k_in, n_out in projections)
+        assert layer_s == pytest.approx(TE_B300_LAYER_GEMM_S[measured], rel=0.04)

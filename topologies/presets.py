@@ -79,6 +79,10 @@ FAMILIES: dict[str, Callable[[int], ClusterSpec]] = {
                             "grandteton-h100"),
     # DGX B200: 8 x ConnectX-7 400 Gb/s for the compute fabric [NVIDIA DGX B200 datasheet].
     "dgx-b200": _dgx("b200", NDR_400G, "DGX B200"),
+    # DGX B300: eight ConnectX-8 800 Gb/s, one per GPU, on the GPU tray, cabled to eight
+    # 800 Gb/s front ports for the compute fabric [NVIDIA DGX B300 User Guide, hardware
+    # overview] (topologies/builders.py XDR_800G).
+    "dgx-b300": _dgx("b300", XDR_800G, "DGX B300"),
     # 8 x B200 under a 750 W power limit (Meta's B200 hosts, where the torchao / torchtitan
     # B200 training benchmark ran): topologies/power_capped.py.
     "dgx-b200-750w": _dgx("b200-750w", NDR_400G, "B200 750 W host", "dgx-b200-750w"),
