@@ -108,3 +108,17 @@ def test_the_750w_b200_keeps_the_gemm_clock_ratio_of_cudnn():
     capped, rated = POWER_CAPPED["b200-750w"], DEVICES["b200"]
     assert capped.profile.attention_efficiency < rated.profile.attention_efficiency
     assert capped.profile.attention_efficiency == pytest.approx(0.332, abs=1e-3)
+
+
+def test_b300_takes_its_dies_gb300_measurements_before_b200s():
+    """B300 is GB300's Blackwell Ultra die (compute capability 10.3): its attention takes
+    GB300's measured cuDNN curve and FP8 attention, not the B200 stand-in of compute
+    capability 10; where only B200 and GB200 are measured (head dim 64), the
+    architecture's stand-in still applies."""
+    from workloads import cudnn_attention, fp8_attention
+    from workloads.head_dim_attention import HEAD_DIM_128_MS, BY_ARCH
+    from workloads.attention_impls import stand_in_gpu
+    assert cudnn_attention.curve_gpu("b300") == "gb300"
+    assert kernel_speed("backward", 8192, True, "b300") == pytest.approx(1292 / 1399)
+    assert fp8_attention.measured_gpu("b300") == "gb300"
+    assert stand_in_gpu("b300", HEAD_DIM_128_MS, BY_ARCH) == "b200"

@@ -136,3 +136,10 @@ def test_the_measured_rate_slows_a_b200_step(mode):
         task.kernel_Bps = 0.0
     without = _step_s(program, topo, options)
     assert floors and without < with_rate <= without + sum(floors.values())
+
+
+def test_dgx_b300_boards_take_the_hgx_b200_hybridep_rates():
+    """A DGX B300 board has the HGX B200's NVLink5 switches (8 GPUs, 18 links each): its
+    HybridEP kernels are priced at B200's measured 8-rank rates, not left unpriced."""
+    assert nvlink_kernel_Bps("hybridep", "b300", 8) == nvlink_kernel_Bps("hybridep", "b200", 8)
+    assert nvlink_kernel_Bps("hybridep", "b300", 8) is not None

@@ -129,7 +129,7 @@ def test_unmeasured_blackwell_takes_gb200s_by_compute_capability(monkeypatch):
     GPU of compute capability 10.x without its own figures takes GB200's; Hopper none."""
     from workloads import attention_impls
     from workloads.fp8_attention import measured_gpu
-    monkeypatch.setitem(attention_impls.COMPUTE_CAPABILITY, "b300", (10, 3))
-    assert measured_gpu("B300") == "gb200" == measured_gpu("b200")
+    monkeypatch.setitem(attention_impls.COMPUTE_CAPABILITY, "b100", (10, 0))
+    assert measured_gpu("B100") == "gb200" == measured_gpu("b200")
     assert measured_gpu("gb300") == "gb300"
     assert measured_gpu("h100") == "" == measured_gpu("")

@@ -44,7 +44,7 @@ INEXPRESSIBLE_ALGORITHMS = {"collnet_direct": "CollNet/SHARP (NCCL_ALGO=CollNetD
                             "collnet_chain": "CollNet/SHARP (NCCL_ALGO=CollNetChain) is "
                                              "not modelled"}
 GENERATIONS = {"a100": "Ampere", "h100": "Hopper", "h200": "Hopper", "b200": "Blackwell",
-               "gb200": "Blackwell", "gb300": "Blackwell"}
+               "gb200": "Blackwell", "gb300": "Blackwell", "b300": "Blackwell"}
 MIB = 1 << 20
 # Size buckets of the report: up to 1 MiB (latency-bound), 1-64 MiB (ramp), 64 MiB and up.
 BUCKETS = (("<= 1 MiB", 0, MIB), ("1-64 MiB", MIB + 1, 64 * MIB - 1),

@@ -388,5 +388,5 @@ def hardware_name(row: dict[str, str]) -> str:
     """The hardware group: the GPU of the row's topology family."""
     family = row.get("topology") or "dgx-h100"
     return {"dgx-h100": "h100", "grandteton-h100": "h100-hbm2e", "dgx-a100": "a100",
-            "dgx-b200": "b200", "dgx-b200-750w": "b200", "dgx-h200": "h200",
+            "dgx-b200": "b200", "dgx-b200-750w": "b200", "dgx-b300": "b300", "dgx-h200": "h200",
             "nvl72": "gb200", "nvl72-gb300": "gb300"}.get(family, family)

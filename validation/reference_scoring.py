@@ -31,7 +31,7 @@ GROUP_KINDS = ("source", "hardware", "framework", "parallelism", "model")
 # on): a constant these rows need rests on code, documentation or a kernel benchmark.
 CLASSES = {("moe", "h100"): "moe-hopper", ("moe", "h200"): "moe-hopper",
            ("moe", "b200"): "moe-blackwell", ("moe", "gb200"): "moe-blackwell",
-           ("moe", "gb300"): "moe-blackwell",
+           ("moe", "gb300"): "moe-blackwell", ("moe", "b300"): "moe-blackwell",
            ("dense", "b200"): "dense-b200", ("dense", "gb200"): "dense-gb200",
            ("dense", "gb300"): "dense-gb300"}
 RESIDUALS_PATH = (Path(__file__).resolve().parent.parent / "simulator" / "data"

@@ -61,18 +61,28 @@ SDPA_OPS = {"flash": "aten._scaled_dot_product_flash_attention",
 
 # CUDA compute capability of the simulator's GPUs (NVIDIA, "CUDA GPUs - Compute
 # Capability", developer.nvidia.com/cuda-gpus: A100 8.0, H100 and H200 9.0, B200 and
-# GB200 10.0, GB300 10.3).
+# GB200 10.0, GB300 and B300 10.3).
 COMPUTE_CAPABILITY = {"a100": (8, 0), "h100": (9, 0), "h100-hbm2e": (9, 0),
-                      "h200": (9, 0), "b200": (10, 0), "gb200": (10, 0), "gb300": (10, 3)}
+                      "h200": (9, 0), "b200": (10, 0), "gb200": (10, 0), "gb300": (10, 3),
+                      "b300": (10, 3)}
+# GPUs built on a measured GPU's die, whose kernel measurements they take before their
+# architecture's stand-in: B300 is GB300's Blackwell Ultra die at a lower power limit
+# (NVIDIA, "Inside NVIDIA Blackwell Ultra"; both compute capability 10.3). Assumption: a
+# kernel's speed relative to its own reference point (a curve's shape, a ratio between
+# two precisions) is the die's, whatever its clock.
+SAME_DIE = {"b300": "gb300"}
 
 
 def stand_in_gpu(gpu: str, measured, by_major: dict[int, str]) -> str:
     """The GPU whose kernel measurements price `gpu`: itself when `measured` holds it,
-    else the one `by_major` names for its compute capability's major version (the same
-    architecture runs the same kernels), else "" (none: the caller's fallback)."""
+    else the measured GPU of the same die (SAME_DIE), else the one `by_major` names for
+    its compute capability's major version (the same architecture runs the same
+    kernels), else "" (none: the caller's fallback)."""
     name = gpu.lower()
     if name in measured:
         return name
+    if SAME_DIE.get(name) in measured:
+        return SAME_DIE[name]
     return by_major.get(COMPUTE_CAPABILITY.get(name, (0, 0))[0], "")
 
 # Passes over one head's scores per (forward, backward), by implementation.

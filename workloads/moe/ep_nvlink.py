@@ -57,9 +57,11 @@ HYBRIDEP_NVLINK_Bps: dict[str, dict[int, tuple[float, float]]] = {
               36: (479.02 * GB, 447.89 * GB)},
 }
 # GPUs without a measurement that take another's: GB300's rack has GB200's NVLink5 and
-# MNNVL path (18 links of 50 GB/s, the same NVSwitch trays). Assumption: its kernels
-# reach GB200's rates (Blackwell Ultra's extra SMs do not matter to a 32-SM kernel).
-MEASURED_AS = {"gb300": "gb200"}
+# MNNVL path (18 links of 50 GB/s, the same NVSwitch trays); a DGX B300 board has the
+# HGX B200's (8 GPUs, 18 NVLink5 links each, on NVLink switches). Assumption: their
+# kernels reach the measured board's rates (Blackwell Ultra's extra SMs do not matter to
+# a 32-SM kernel).
+MEASURED_AS = {"gb300": "gb200", "b300": "b200"}
 
 
 def nvlink_kernel_Bps(backend: str, gpu: str, ranks: int) -> tuple[float, float] | None:
