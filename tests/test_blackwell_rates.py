@@ -82,7 +82,9 @@ def test_blackwell_memory_bound_kernels_run_at_the_measured_b200_fraction():
 # [STAS] "Maximum Achievable Matmul FLOPS" table (stas00/ml-engineering): best-shape
 # matmul TFLOP/s (BF16, FP8 e4m3) and the datasheet dense peaks they divide.
 MAMF = {"h100": ((794.5, 989), (1402.6, 1979)), "b200": ((1745.0, 2250), (3432.5, 4500)),
-        "gb200": ((1822.0, 2500), (3615.6, 5000)), "b300": ((1769.0, 2250), (3353.3, 4500))}
+        "gb200": ((1822.0, 2500), (3615.6, 5000)), "b300": ((1769.0, 2250), (3353.3, 4500)),
+        # GB300 unmeasured: the B300's fractions (the same die)
+        "gb300": ((1769.0, 2250), (3353.3, 4500))}
 
 
 @pytest.mark.parametrize("gpu", sorted(MAMF))

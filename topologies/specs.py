@@ -304,11 +304,13 @@ DEVICES: dict[str, DeviceSpec] = {
     # 180/186 on B200) at 8 TB/s (rack 576 TB/s / 72); NVLink5 1.8 TB/s bidir, 18 links,
     # NCCL's SM100 per-link figure (same NVLink generation); 160 SMs [NV-BWU]; 1400 W
     # [STAS power table; NVIDIA's GB300 rack-planning example: four 1.4 kW GPUs per tray].
-    # Best-shape BF16 matmul: GB300 unmeasured; B300 SXM reaches 78.6 % [STAS], used here.
+    # Best-shape matmuls: GB300 unmeasured; the same die as B300 SXM, whose BF16 reaches
+    # 78.6 % and FP8 e4m3 74.5 % [STAS], used here (both, as B200's and GB200's own).
     "gb300": DeviceSpec("gb300", _flops(2500 * TB, 5000 * TB, 1250 * TB, 15000 * TB),
                         279 * GiB, 8 * TB, 900 * GB, 18, 40.1 * GB, nvls=True,
                         sm_count=160, profile=_blackwell_profile(
-                            0.786, fwd_bwd_efficiency("gb300", 2500 * TB)), tdp_w=1400),
+                            0.786, fwd_bwd_efficiency("gb300", 2500 * TB), 0.745),
+                        tdp_w=1400),
 }
 
 
