@@ -37,13 +37,17 @@ def wave_efficiency(m: int, n: int, k: int, sms: int, tile: int, groups: int = 1
 def k_loop_efficiency(k: int, device: DeviceSpec, dtype: str) -> float:
     """A GEMM's speed with a K loop of `k` relative to the device profile's reference K:
     the ratio of their loop fractions at this GPU's per-tile cost for `dtype`
-    (topologies/gemm_k_loop.py). 1 for an unknown K, on a profile without a reference K
-    (a calibrated host: gemm_reference_k 0) and on a GPU without a known SM count (no tile
-    to cost)."""
+    (topologies/gemm_k_loop.py's rule, or the profile's gemm_k0_bf16 where measured). 1
+    for an unknown K, on a profile without a reference K (a calibrated host:
+    gemm_reference_k 0) and on a GPU without a known SM count (no tile to cost)."""
     reference_k = device.profile.gemm_reference_k
     if k <= 0 or reference_k <= 0 or device.sm_count <= 1:
         return 1.0
-    return rate_at_k(1.0, reference_k, k, tile_overhead_k(device.peak(dtype), device.sm_count))
+    overhead_k = tile_overhead_k(device.peak(dtype), device.sm_count)
+    measured = device.profile.gemm_k0_bf16
+    if measured is not None:   # the GPU's own K sweep, at this dtype's MMA rate
+        overhead_k *= measured / tile_overhead_k(device.peak("bf16"), device.sm_count)
+    return rate_at_k(1.0, reference_k, k, overhead_k)
 
 
 # Host CPUs that issue kernels more slowly than the x86 hosts the per-kernel host cost is

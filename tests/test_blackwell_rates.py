@@ -155,3 +155,24 @@ def test_b300_prices_transformer_engines_measured_b300_layer_gemms():
         layer_s = sum(burst_s(tokens, n_out, k_in, dtype) + burst_s(tokens, k_in, n_out, dtype)
                       + burst_s(k_in, n_out, tokens, dtype) for k_in, n_out in projections)
         assert layer_s == pytest.approx(TE_B300_LAYER_GEMM_S[measured], rel=0.04)
+
+
+def test_gb300_prices_its_measured_cublas_matmuls():
+    """GB300's GEMMs rest on cuBLAS matmuls measured on a GB300 (facebookexperimental/triton
+    pull request 740, M = N = 8192), not on the 1000 W B300's fractions: the rate from
+    its K = 4096 and 8192 points, the per-tile cost from its whole K sweep (flat from
+    K = 1024, where the B200-derived rule would price K = 1024 at 0.75 of K = 8192). At
+    burst rate the profile prices every point of the sweep within 7 % (160 SMs' wave
+    quantisation of 8192 x 8192 costs 1.5 % of it) and the two rate points' mean within 3 %."""
+    spec = DEVICES["gb300"]
+    sweep = {512: 1595.79, 1024: 1745.78, 2048: 1751.9, 4096: 1756.31, 8192: 1717.37,
+             16384: 1812.09}
+    priced = {}
+    for k, measured_tflops in sweep.items():
+        task = _task(GEMM, flops=2.0 * 8192 * 8192 * k, mnk=(8192, 8192, k))
+        busy = device_time_s(task, spec, "bf16") - spec.profile.launch_overhead_s
+        priced[k] = task.flops / (busy * spec.profile.sustained_tensor_ratio) / TB
+        assert priced[k] == pytest.approx(measured_tflops, rel=0.07)
+    assert (priced[4096] + priced[8192]) / 2 == pytest.approx((1756.31 + 1717.37) / 2, rel=0.03)
+    assert priced[1024] / priced[8192] > 0.9
+    assert spec.profile.gemm_efficiency > DEVICES["b300"].profile.gemm_efficiency

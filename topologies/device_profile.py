@@ -30,6 +30,10 @@ class DeviceProfile:
     # 2048 x 2048 x 13312 [STAS]; other profiles set their measurement's (time-weighted).
     # 0 prices no K loop (a calibrated host; a GPU file without SMs).
     gemm_reference_k: float = 13312.0
+    # The per-tile cost of this GPU's BF16 GEMMs in K-elements, where its own K sweep
+    # measures it; None takes topologies/gemm_k_loop.py's rule (a B200 sweep scaled by the
+    # MMA rate per SM). Other dtypes scale it by their peak over BF16's, as the rule does.
+    gemm_k0_bf16: float | None = None
     # The FP8 tensor-core GEMMs' efficiency relative to `gemm_efficiency` (a BF16 one):
     # the measured best-shape FP8 matmul's fraction of the FP8 peak over the best-shape
     # BF16 one's fraction of the BF16 peak, from the same brute-force shape search

@@ -41,6 +41,11 @@ at 512's: XLA's table goes down to 256 and stays on the line, but only as a batc
 4096 x 4096 matmul, and how a very short loop's fixed cost overlaps the output write
 (which the memory roofline prices as a max beside it) none of them separates.
 
+A GPU whose own K sweep is published takes its measured per-tile cost instead of this
+rule (DeviceProfile.gemm_k0_bf16): GB300's cuBLAS sweep is flat from K = 1024 (K0 = 53,
+topologies/specs.py GB300_GEMM_K0_BF16), so the rule's B200 sweep, taken under a 750 W
+limit, does not carry to it; how far it carries to other GPUs only their own sweeps can say.
+
 A device profile's GEMM efficiency is measured on GEMMs of some K (its reference), so a
 GEMM is priced at f(K) / f(K_ref) of it: longer K loops run slightly faster than the
 reference, shorter ones slower. The reference of a rate measured over several GEMMs is

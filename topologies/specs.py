@@ -217,6 +217,22 @@ POWER_CAPPED_500W_PROFILE = DeviceProfile(
     attention_efficiency=round(DeviceProfile().attention_efficiency * 989 / 912
                                * H100_500W_CLOCK_RATIO, 3))
 
+# GB300's own GEMM rate, measured: cuBLAS matmuls (aten_matmul) on a GB300 at 8192 x 8192 x
+# 4096 and x 8192 run 1756.31 and 1717.37 TFLOP/s (facebookexperimental/triton pull request
+# 740, December 2025, "Perf number on GB300"; FP16, whose dense tensor-core peak is BF16's
+# [STAS]). Assumption: the GB300's default 1400 W limit (its default and maximum, pull
+# request 2023 of the same repository, where a 500 W cap held cuBLAS to ~617 TFLOP/s). Layer-
+# sized shapes, the 750 W B200's two (topologies/power_capped.py), so no shape margin is
+# taken off; this replaces the B300 best-shape fraction times Blackwell's layer margin,
+# which priced 1593 TFLOP/s at these shapes' K (8 % below), measured on a 1000 W B300.
+GB300_GEMM_FLOPS = (1756.31 + 1717.37) / 2 * TB
+GB300_GEMM_REFERENCE_K = round(effective_k([(1.0, 4096), (1.0, 8192)]))
+# The same run's K sweep at M = N = 8192 (K = 512 ... 16384: 1595.79, 1745.78, 1751.9,
+# 1756.31, 1717.37, 1812.09 TFLOP/s) is flat from K = 1024: rate = E x K / (K + K0) fits it
+# with K0 = 53 K-elements (rms 2.0 %), where topologies/gemm_k_loop.py's rule (a 750 W B200
+# sweep) gives 399 and misses these points by up to 25 %. GB300 takes its own.
+GB300_GEMM_K0_BF16 = 53.0
+
 # A100's own best-shape BF16 matmul: 271.2 of 312 TFLOP/s (86.9 %) at 1024 x 10240 x 5120
 # [STAS, "NVIDIA A100 SXM"]; the same die and clocks in the 40 GB part (assumption: the
 # HBM2 it lacks does not bound a large matmul).
@@ -304,12 +320,17 @@ DEVICES: dict[str, DeviceSpec] = {
     # 180/186 on B200) at 8 TB/s (rack 576 TB/s / 72); NVLink5 1.8 TB/s bidir, 18 links,
     # NCCL's SM100 per-link figure (same NVLink generation); 160 SMs [NV-BWU]; 1400 W
     # [STAS power table; NVIDIA's GB300 rack-planning example: four 1.4 kW GPUs per tray].
-    # Best-shape matmuls: GB300 unmeasured; the same die as B300 SXM, whose BF16 reaches
-    # 78.6 % and FP8 e4m3 74.5 % [STAS], used here (both, as B200's and GB200's own).
+    # GEMMs at GB300's measured cuBLAS rate (GB300_GEMM_FLOPS, above); FP8 at the FP8-over-
+    # BF16 fraction of the same die's best-shape matmuls, B300 SXM's BF16 78.6 % and FP8
+    # e4m3 74.5 % [STAS] (as B200 and GB200 take their own).
     "gb300": DeviceSpec("gb300", _flops(2500 * TB, 5000 * TB, 1250 * TB, 15000 * TB),
                         279 * GiB, 8 * TB, 900 * GB, 18, 40.1 * GB, nvls=True,
-                        sm_count=160, profile=_blackwell_profile(
-                            0.786, fwd_bwd_efficiency("gb300", 2500 * TB), 0.745),
+                        sm_count=160, profile=replace(
+                            _blackwell_profile(0.786, fwd_bwd_efficiency("gb300", 2500 * TB),
+                                               0.745),
+                            gemm_efficiency=round(GB300_GEMM_FLOPS / (2500 * TB), 3),
+                            gemm_reference_k=GB300_GEMM_REFERENCE_K,
+                            gemm_k0_bf16=GB300_GEMM_K0_BF16),
                         tdp_w=1400),
 }
 
