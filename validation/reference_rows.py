@@ -70,7 +70,7 @@ def load_rows(path: str | Path) -> list[dict[str, str]]:
 CONFIG_COLUMNS = ("source_family", "model", "topology", "gpus", "tp", "pp", "cp", "dp", "ep",
                   "etp", "virtual_stages", "micro_batch", "global_batch_seqs", "seq_len",
                   "dtype", "fsdp", "capacity_factor", "mtp_layers", "rack_gpus", "lora",
-                  "cuda_graphs", "overlap")
+                  "cuda_graphs", "overlap", "moe_dispatcher")
 
 
 def config_key(row: dict[str, str]) -> tuple[str, ...]:
