@@ -200,7 +200,8 @@ def test_the_verified_recipes_carry_the_flag():
     7ded17dae; the GB300 recipes' full-iteration helpers at 0480586879, fbb7570cf and
     79308d0d99, with delay_wgrad_compute). Among the first: the 26.02 Qwen3-30B H100 config
     at v0.3.0, the 26.06 DeepSeek-V3 GB300 GBS 15360 variant at v0.5.0, and the B300 configs
-    of Qwen3-30B at v0.5.0 (bac3ffebf) and Qwen3-235B at v0.3.0 (VP 4)."""
+    of Qwen3-30B at v0.5.0 (bac3ffebf) and Qwen3-235B at v0.3.0 (VP 4), and the 26.04 GPT-OSS
+    GB200 BF16 config at v0.4.0 (HybridEP; the 26.02/26.02.01 one at v0.3.x has no overlap)."""
     from validation.reference_rows import DEFAULT_CSV, load_rows
 
     rows = {r["id"]: r for r in load_rows(DEFAULT_CSV)}
@@ -218,7 +219,8 @@ def test_the_verified_recipes_carry_the_flag():
                   "mbv-qwen3-30b-gb300-mxfp8-8", "mbv-gptoss120b-gb300-mxfp8-64",
                   "mbv-qwen3-235b-gb300-mxfp8-256", "mbv-dsv3-gb300-mxfp8-256",
                   "mb-qwen3-30b-h100-fp8-16-vp12", "mb-dsv3-gb300-mxfp8-256-gbs15360",
-                  "mb-qwen3-30b-b300-mxfp8-8-fullcg", "mb-qwen3-235b-b300-mxfp8-256-vp4"}
+                  "mb-qwen3-30b-b300-mxfp8-8-fullcg", "mb-qwen3-235b-b300-mxfp8-256-vp4",
+                  "mb-gptoss120b-gb200-bf16-64-hybridep"}
 
 
 
