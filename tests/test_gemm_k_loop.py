@@ -169,6 +169,22 @@ def test_a_gpu_file_without_sms_prices_no_k_loop(tmp_path):
     assert math.isclose(k_loop_efficiency(4096, based.gpu, "bf16"), 1.0)
 
 
+def test_a_gpu_file_gives_its_own_k_sweep(tmp_path):
+    """profile.gemm_k0_bf16 replaces the B200 rule's per-tile cost (GB300 takes 53 from
+    its own cuBLAS sweep): with 0 the K loop costs nothing, so every K runs at the
+    reference K's rate; FP8 scales it by its MMA rate as the rule does."""
+    flat = load_file(_gpu_file(tmp_path, {"base": "b200", "profile": {"gemm_k0_bf16": 0}}))
+    assert k_loop_efficiency(1024, flat.gpu, "bf16") == 1.0
+    rule = DEVICES["b200"]
+    assert k_loop_efficiency(1024, rule, "bf16") < 0.9
+    own = load_file(_gpu_file(tmp_path, {"base": "b200", "profile": {"gemm_k0_bf16": 388}}))
+    assert math.isclose(k_loop_efficiency(1024, own.gpu, "fp8"),
+                        k_loop_efficiency(1024, rule, "fp8"), rel_tol=1e-3)
+    assert DEVICES["gb300"].profile.gemm_k0_bf16 == 53.0
+    with pytest.raises(TopologyError, match="gpu.profile.gemm_k0_bf16"):
+        load_file(_gpu_file(tmp_path, {"base": "b200", "profile": {"gemm_k0_bf16": -5}}))
+
+
 @pytest.mark.parametrize("value", [-1, 100, "4096", True])
 def test_a_reference_k_outside_the_measured_range_is_refused(tmp_path, value):
     with pytest.raises(TopologyError, match="gpu.profile.gemm_reference_k"):

@@ -55,6 +55,7 @@ _PROFILE_RANGES = {
     "overlap_compute_factor": (0.0, 1.0, False, False),
     "overlap_compute_factor_nvls": (0.0, 1.0, False, False),
     "gemm_reference_k": (0.0, 2.0 ** 31, False, True),
+    "gemm_k0_bf16": (0.0, 2.0 ** 31, False, True),
     "sustained_tensor_ratio": (0.0, 1.0, False, False),
 }
 _PROFILE_FLAGS = frozenset({"concurrent_collectives"})
