@@ -70,3 +70,16 @@ def test_grad_reduce_fp32_column():
     assert plan_dict(_row(settings=perf))["ddp"] == {"grad_reduce_in_fp32": False}
     assert plan_dict(_row(settings=perf, grad_reduce_fp32="true"))["ddp"] == {
         "grad_reduce_in_fp32": True}
+
+
+def test_dgx_b300_preset_and_its_rows():
+    """Two DGX B300 nodes: 16 B300s in NVLink domains of 8, one 800 Gb/s ConnectX-8 per GPU
+    (DGX B200 keeps 400 Gb/s); a `dgx-b300` reference row is in the b300 hardware group and
+    runs on B300s."""
+    topo = build("dgx-b300x2")
+    assert topo.world_size == 16 and topo.num_domains == 2
+    assert {d.name for d in topo.devices} == {"b300"}
+    assert topo.nic_Bps == XDR_800G.nic_Bps > cluster_spec("dgx-b200").fabric.nic_Bps
+    row = {"topology": "dgx-b300", "gpus": "64"}
+    assert hardware_name(row) == "b300"
+    assert {d.name for d in topology_for(row).devices} == {"b300"}

@@ -174,6 +174,9 @@ BLACKWELL_MEMORY_EFFICIENCY = round(B200_BEST_MEMORY_KERNEL_Bps / (7.7 * TB), 3)
 TE_B300_LAYER_GEMM_FLOPS = 3 * 2 * 15872 * 4096 * (12288 + 4096 + 2 * 16384)
 TE_B300_LAYER_GEMM_S = {"bf16": 13.102e-3, "fp8": 6.812e-3, "mxfp8": 7.161e-3}
 B300_BF16_PEAK_FLOPS, B300_BF16_MAMF_EFFICIENCY = 2250 * TB, 0.786
+# B300 SXM's best-shape FP8 e4m3 matmul: 3353.3 of 4500 TFLOP/s [STAS]; the "b300" and
+# "gb300" entries (one die) take it.
+B300_FP8_MAMF_EFFICIENCY = round(3353.3 / 4500, 3)
 BLACKWELL_GEMM_MARGIN = (TE_B300_LAYER_GEMM_FLOPS / TE_B300_LAYER_GEMM_S["bf16"]
                          / B300_BF16_PEAK_FLOPS / B300_BF16_MAMF_EFFICIENCY)
 BLACKWELL_MXFP8_OVER_FP8 = round(TE_B300_LAYER_GEMM_S["fp8"] / TE_B300_LAYER_GEMM_S["mxfp8"], 3)
@@ -311,7 +314,8 @@ DEVICES: dict[str, DeviceSpec] = {
     "b300": DeviceSpec("b300", _flops(2250 * TB, 4500 * TB, 1125 * TB, 12600 * TB),
                        270 * GiB, 8 * TB, 900 * GB, 18, 40.1 * GB, nvls=True,
                        sm_count=160, profile=_blackwell_profile(
-                           0.786, fwd_bwd_efficiency("gb300", 2500 * TB), 0.745), tdp_w=1000),
+                           B300_BF16_MAMF_EFFICIENCY, fwd_bwd_efficiency("gb300", 2500 * TB),
+                           B300_FP8_MAMF_EFFICIENCY), tdp_w=1000),
     # Blackwell Ultra inside GB300 at 1400 W [NV-GB300; NV-BWU; STAS]: 2500 BF16 dense
     # (rack 360 PF sparse / 72), 5000 FP8 and MXFP8 (rack 720 PF sparse / 72), 15000 FP4
     # and NVFP4 dense (rack 1080 PF dense / 72; NV-BWU "15 PetaFLOPS dense NVFP4"), 1250
@@ -326,8 +330,9 @@ DEVICES: dict[str, DeviceSpec] = {
     "gb300": DeviceSpec("gb300", _flops(2500 * TB, 5000 * TB, 1250 * TB, 15000 * TB),
                         279 * GiB, 8 * TB, 900 * GB, 18, 40.1 * GB, nvls=True,
                         sm_count=160, profile=replace(
-                            _blackwell_profile(0.786, fwd_bwd_efficiency("gb300", 2500 * TB),
-                                               0.745),
+                            _blackwell_profile(B300_BF16_MAMF_EFFICIENCY,
+                                               fwd_bwd_efficiency("gb300", 2500 * TB),
+                                               B300_FP8_MAMF_EFFICIENCY),
                             gemm_efficiency=round(GB300_GEMM_FLOPS / (2500 * TB), 3),
                             gemm_reference_k=GB300_GEMM_REFERENCE_K,
                             gemm_k0_bf16=GB300_GEMM_K0_BF16),

@@ -54,6 +54,7 @@ from __future__ import annotations
 from .attention import attention_task
 from .context_parallel import (CP_STREAM, GRAD_RECV, GRAD_SEND, ContextParallelAttention,
                                _join, _send_recv)
+from .precision import FP32_BYTES
 from .program import COMM, COMPUTE, MEMORY
 
 # Bytes per output element of one merge (_SDPAMerger._merge_one fused): read the step's
@@ -64,7 +65,6 @@ MERGE_BYTES = 2 + 4 + 4
 # also copied into the send buffer (torch.cat: read 4, write 4).
 ACCUMULATE_BYTES = 2 + 4 + 4
 SEND_COPY_BYTES = 4 + 4
-FP32_BYTES = 4
 # Eager, the same code runs as separate kernels (_SDPAMerger.step and _merge_one, counted
 # per element of the rank's output). A later step with all the queries (source rank at or
 # below this one): cast the bf16 step output to float32 (2 + 4), then `out - block_out`

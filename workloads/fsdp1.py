@@ -29,10 +29,10 @@ rank holding a 1/dp shard in fp32 (the master weights under MixedPrecision).
 from __future__ import annotations
 
 from .layer_builder import TaskSink
-from .precision import Precision
+from .precision import FP32_BYTES, Precision
 from .program import COMPUTE, MEMORY
 
-FP32_BYTES = 4   # the sharded flat parameter and its gradient are fp32 (MixedPrecision)
+# The sharded flat parameter and its gradient are fp32 (MixedPrecision): FP32_BYTES each.
 
 
 def fsdp1_gather_copy(sink: TaskSink, prec: Precision, shard_params: float, deps,

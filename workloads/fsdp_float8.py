@@ -32,13 +32,13 @@ from dataclasses import replace
 
 from .param_gathers import FP8_GATHER_BYTES
 from .params import unit_param_groups
-from .precision import GemmRecipe, OperandCast
+from .precision import FP32_BYTES, GemmRecipe, OperandCast
 from .program import COMM, COMPUTE, MEMORY
 from .schedules import EMBED, HEAD
 
 # FSDP2 keeps the sharded parameters in fp32 under mixed precision
 # (workloads/memory.py sharded_state_bytes); each weight's amax is one fp32 value.
-SHARD_BYTES = FP32_BYTES = 4.0
+SHARD_BYTES = FP32_BYTES
 # The float8 weight's own cost around its GEMMs once FSDP gathered it in float8: nothing in
 # forward, the column-major copy (read 1 B, write 1 B) for the data-gradient GEMM.
 GATHERED_WEIGHT = OperandCast(0.0, 0, 2 * FP8_GATHER_BYTES, 1)

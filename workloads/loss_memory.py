@@ -22,7 +22,8 @@ many copies of them coexist depends on how the framework computes the cross-entr
 """
 from __future__ import annotations
 
-FP32_BYTES = 4
+from .precision import FP32_BYTES
+
 TORCH_CE_FP32_COPIES = 3            # ATen log_softmax + nll_loss backward (see above)
 TORCH_LOSS_PARALLEL_FP32_COPIES = 4  # DTensor loss_parallel backward (see above)
 FUSED_CE_FP32_COPIES = 1            # Korthikanti section 4.3; Megatron's in-place kernel

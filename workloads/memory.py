@@ -36,10 +36,9 @@ from .moe.memory import dispatch_buffer_bytes, expert_rows_factor, gathered_expe
 from .param_gathers import FP8_GATHER_BYTES
 from .params import unit_frozen_params, unit_param_groups
 from .plan import Plan
-from .precision import BF16_BYTES, precision
+from .precision import BF16_BYTES, FP32_BYTES, precision
 from .schedules import chunk_units, stage_layers
 
-FP32_BYTES = 4
 PARAM_BYTES_PER_PARAM = 2        # bf16 working copy (ZeRO paper section 3.1)
 GRAD_BYTES_PER_PARAM = 2         # bf16 gradient
 OPTIMIZER_BYTES_PER_PARAM = 12   # fp32 master + Adam momentum + variance ("K = 12")

@@ -27,6 +27,7 @@ from .kernels import FP8_CAST_BYTES_PER_ELEMENT
 from .te_quant import TE_MXFP8_CAST
 
 BF16_BYTES = 2
+FP32_BYTES = 4
 
 
 @dataclass(frozen=True)
