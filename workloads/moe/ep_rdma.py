@@ -13,17 +13,19 @@ an "IB bandwidth" that counts every (token, destination node) pair, the token's 
 included: tests/utils.py count_rdma_send_from_routing_map keeps the local node "to align
 with the implementation in the DeepEP" (DeepEP's legacy tests/legacy/test_internode.py
 counts num_rdma_token_sent the same way). With 16 SMs (Megatron-Core's default
-moe_hybridep_num_sms, megatron/core/transformer/transformer_config.py), Torch API (what
-Megatron calls: the kernels with their metadata preprocessing and buffer copies), BF16:
+moe_hybridep_num_sms, megatron/core/transformer/transformer_config.py), kernel only (the
+transfer: Megatron-Core's dispatch_with_permute replaces the Torch API's copy out of the
+communication buffer with the permute that dispatch.py prices as a task of its own,
+ep_nvlink.py), BF16:
 
-    ranks (nodes)    dispatch   combine    (GB/s, every node counted)
-    16 (2)           54.47      53.35
-    32 (4)           47.36      52.53
-    64 (8)           41.24      46.57
+    ranks (nodes)    dispatch   combine    (GB/s, every node counted; Torch API)
+    16 (2)           71.71      62.95      (54.47, 53.35)
+    32 (4)           57.69      57.46      (47.36, 52.53)
+    64 (8)           49.97      49.77      (41.24, 46.57)
 
 A token routed uniformly reaches each node with the same probability, so of those bytes
 (n - 1) / n crossed the network: the bytes that really cross RDMA per GPU move at
-27.2 / 26.7 GB/s (2 nodes), 35.5 / 39.4 (4) and 36.1 / 40.7 (8) of the NIC's 50 GB/s.
+35.9 / 31.5 GB/s (2 nodes), 43.3 / 43.1 (4) and 43.7 / 43.5 (8) of the NIC's 50 GB/s.
 The kernel's time is that of its inter-node bytes at this rate; the engine's links carry
 them at the NIC's line rate, so the flat all-to-all's size grows by line / achieved
 (`rdma_slowdown`). Larger node counts take the 8-node figures (the largest measured).
@@ -46,11 +48,11 @@ from __future__ import annotations
 # (docs/README_Hybrid-EP.md and docs/legacy.md test setups).
 BENCH_NIC_Bps = 50e9
 
-# HybridEP H100 "IB bandwidth", Torch API, BF16, 16 SMs, by nodes in the group (8 ranks
+# HybridEP H100 "IB bandwidth", kernel only, BF16, 16 SMs, by nodes in the group (8 ranks
 # each): (dispatch, combine), own node counted (deepseek-ai/DeepEP 5fbafce2,
 # docs/README_Hybrid-EP.md, H100 Platform table, rows 16 / 32 / 64 ranks).
-HYBRIDEP_LOGICAL_Bps = {2: (54.47e9, 53.35e9), 4: (47.36e9, 52.53e9),
-                        8: (41.24e9, 46.57e9)}
+HYBRIDEP_LOGICAL_Bps = {2: (71.71e9, 62.95e9), 4: (57.69e9, 57.46e9),
+                        8: (49.97e9, 49.77e9)}
 # DeepEP legacy normal kernels, H800 + CX7 400 Gb/s, (dispatch, combine), own node counted
 # (deepseek-ai/DeepEP dd758caf, docs/legacy.md, "Normal kernels with NVLink and RDMA
 # forwarding", Internode rows EP16 / EP32 / EP64).
