@@ -4,7 +4,7 @@ Across nodes the kernels' RDMA stage is slower than the NIC (ep_rdma.py). Inside
 NVLink domain (the 8 GPUs of a DGX B200, or the GPUs of a GB200 NVL72 rack, where
 HybridEP runs its MNNVL path) the engine prices the dispatch as a flat all-to-all on the
 NVLink links, at the rate its NCCL-style p2p all-to-all reaches there (about 750 GB/s per
-GPU at these sizes on B200). The kernels are measured slower than that. NVIDIA's
+GPU at these sizes on B200). The kernels are measured at or below that. NVIDIA's
 benchmark (tests/test_hybrid_ep.py) prints GB/s of the rank's received rows
 (nvl_recv_bytes = the dispatched hidden rows, the rank's own included, times 2 bytes for
 BF16; the combine sends as many) two ways: through the Torch API (HybridEPBuffer.dispatch
@@ -20,6 +20,10 @@ hybrid_ep_buffer.py dispatch_with_permute, hybrid-ep branch 94a9f8f; fused into 
 dispatch kernel itself only with moe_permute_fusion_into_hybridep, which no recipe of the
 reference rows sets). The simulator prices that permute as a task of its own (dispatch.py),
 so the transfer is the kernel-only figure; the Torch API's would count the copy twice.
+Assumption: dispatch_with_permute's metadata preprocessing (which the Torch API times
+along with the copy, and the kernel-only figure leaves out) is small beside the transfer:
+at 8 GB200 ranks the Torch API's dispatch takes 166 us more than the kernel's for 318 MB
+received, about half of it a copy of those rows at the device's streaming rate.
 
 deepseek-ai/DeepEP branch hybrid-ep, docs/README_Hybrid-EP.md (commit 17cfb81, 2026-05-13),
 4096 tokens per rank, hidden 7168, top-8, 8 local experts per rank, uniform random
