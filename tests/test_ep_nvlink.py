@@ -170,3 +170,17 @@ def test_dgx_b300_boards_take_the_hgx_b200_hybridep_rates():
     HybridEP kernels are priced at B200's measured 8-rank rates, not left unpriced."""
     assert nvlink_kernel_Bps("hybridep", "b300", 8) == nvlink_kernel_Bps("hybridep", "b200", 8)
     assert nvlink_kernel_Bps("hybridep", "b300", 8) is not None
+
+
+def test_hopper_hybridep_inside_a_node_takes_the_engines_all_to_all():
+    """H100 has no HybridEP kernel figure inside a node: the engine's NVLink all-to-all of the
+    received rows prices the report's DeepSeek-V3-shaped EP 8 dispatch (661 us) and combine
+    (624 us; arXiv 2603.07685, Table 7) 16 % and 23 % slow."""
+    tokens, hidden, experts, top_k, ep = 4096, 7168, 256, 8, 8
+    reach = 1 - math.comb(experts - experts // ep, top_k) / math.comb(experts, top_k)
+    received_bytes = ep * tokens * reach * hidden * 2
+    comm = CommModel(simpy.Environment(), build("dgx-h100"))
+    priced_us = comm.plan("all_to_all", tuple(range(ep)), received_bytes).closed_form_s * 1e6
+    assert nvlink_kernel_Bps("hybridep", "h100", ep) is None
+    assert 661 < priced_us < 1.25 * 661
+    assert 624 < priced_us < 1.25 * 624
