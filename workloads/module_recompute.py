@@ -13,6 +13,12 @@ the module's forward runs again just before the backward needs it. Modelled modu
   (gpt_layer_specs.py), so here: the ffn_norm of MoE layers.
 - "moe_act": the routed experts' activation (experts.py TEGroupedMLP, activation_recompute:
   bias_act_func, with GPT-OSS's eager clamp: workloads/expert_epilogue.py).
+- "moe": the whole MoE layer (moe/moe_layer.py: moe_layer_recompute, MoELayer.forward under
+  tensor_parallel.checkpoint, or te_checkpoint under FP8/FP4; not with cuda_graph_impl
+  "local"): router, dispatch collectives, experts and combine run again, every node built
+  between the pre-MLP norm and the residual add that takes the layer's output
+  (workloads/layers.py add_layer). Megatron-Core refuses it with
+  overlap_moe_expert_parallel_comm (workloads/moe_options.py check_a2a_overlap).
 The recompute runs these nodes' forward again in the "recompute" phase; the activation
 memory they no longer keep is not taken off (an overestimate of the memory).
 Megatron-Bridge's GPT-OSS performance configs list ["layernorm", "moe_act"]
@@ -23,19 +29,31 @@ without the granularity, so nothing was recomputed).
 """
 from __future__ import annotations
 
-RECOMPUTE_MODULES = ("layernorm", "moe_act")
-# The layer-graph nodes each module is (workloads/layers.py, workloads/moe/layer.py).
-_NODES = {"layernorm": ("ffn_norm",), "moe_act": ("glu_clamp", "swiglu", "gelu")}
+RECOMPUTE_MODULES = ("layernorm", "moe_act", "moe")
+# The layer-graph nodes each module is, by name (workloads/layers.py, workloads/moe/layer.py);
+# "moe" is the MoE block by position (_moe_block).
+_NODES = {"layernorm": ("ffn_norm",), "moe_act": ("glu_clamp", "swiglu", "gelu"),
+          "moe": ("moe",)}
 
 
 def recomputed_nodes(plan, layer: int) -> frozenset[str]:
-    """Names of the nodes of transformer layer `layer` that rerun before its backward."""
+    """Names of the nodes of transformer layer `layer` that rerun before its backward
+    ("moe" standing for the whole MoE block)."""
     if not plan.recompute_modules or not plan.model.is_moe_layer(layer):
         return frozenset()
     return frozenset(n for module in plan.recompute_modules for n in _NODES[module])
 
 
+def _moe_block(graph) -> frozenset[int]:
+    """Ids of an MoE layer graph's MoE block: the nodes built after its pre-MLP norm and
+    before the residual add of the block's output (the graph's last residual add)."""
+    norm = max(n.id for n in graph.nodes if n.name == "ffn_norm")
+    add = max(n.id for n in graph.nodes if n.name == "residual_add")
+    return frozenset(n.id for n in graph.nodes if norm < n.id < add)
+
+
 def module_recompute_saved(graph, plan, layer: int) -> frozenset[int]:
     """Ids of the layer graph's nodes kept from the forward (all but the recomputed)."""
     names = recomputed_nodes(plan, layer)
-    return frozenset(n.id for n in graph.nodes if n.name not in names)
+    block = _moe_block(graph) if "moe" in names else frozenset()
+    return frozenset(n.id for n in graph.nodes if n.name not in names and n.id not in block)

@@ -281,5 +281,7 @@ def check_a2a_overlap(plan) -> None:
         why = "false with fp32 training (Megatron-Core asserts a bf16 or fp16 model)"
     elif plan.model.mtp_layers > 1:
         why = "false with more than one MTP layer (Megatron-Core asserts at most one)"
+    elif "moe" in plan.recompute_modules:
+        why = "false with recompute_modules moe (Megatron-Core asserts it off)"
     if why:
         raise WorkloadError("moe.overlap_a2a", True, why)

@@ -130,7 +130,7 @@ def check_framework_keys(plan) -> None:
     if plan.recompute_modules and not plan.model.num_experts:
         # the modules it names are an MoE layer's (workloads/module_recompute.py)
         raise WorkloadError("recompute_modules", list(plan.recompute_modules),
-                            "[] unless the model has MoE layers (layernorm, moe_act)")
+                            "[] unless the model has MoE layers (layernorm, moe_act, moe)")
     sp_tp = plan.mesh.tp > 1 and plan.sequence_parallel and plan.grid_strategy is None
     for field_name, on in (("overlap.tp_comm", plan.tp_comm_overlap),
                            ("overlap.async_tp", plan.async_tp)):
