@@ -11,8 +11,8 @@ BF16; the combine sends as many) two ways: through the Torch API (HybridEPBuffer
 / combine: the kernel, the output allocation and the copy out of the registered
 communication buffer) and for the kernel alone.
 
-Megatron-Core does not call that Torch API: its HybridEP manager calls
-dispatch_with_permute / combine_with_unpermute (megatron/core/transformer/moe/fused_a2a.py,
+Megatron-Core does not call the dispatch / combine that benchmark times: its HybridEP
+manager calls dispatch_with_permute / combine_with_unpermute (megatron/core/transformer/moe/fused_a2a.py,
 token_dispatcher.py _HybridEPManager at NVIDIA/Megatron-LM d98e8a64, since the backend
 entered in 3df200905e), where HybridEP's permute kernel reads the received rows straight
 out of the communication buffer into expert order in place of that copy (deep_ep/
