@@ -12,9 +12,9 @@ BF16; the combine sends as many) two ways: through the Torch API (HybridEPBuffer
 communication buffer) and for the kernel alone.
 
 Megatron-Core does not call the dispatch / combine that benchmark times: its HybridEP
-manager calls dispatch_with_permute / combine_with_unpermute (megatron/core/transformer/moe/fused_a2a.py,
-token_dispatcher.py _HybridEPManager at NVIDIA/Megatron-LM d98e8a64, since the backend
-entered in 3df200905e), where HybridEP's permute kernel reads the received rows straight
+manager calls dispatch_with_permute / combine_with_unpermute (megatron/core/transformer/
+moe/fused_a2a.py, token_dispatcher.py _HybridEPManager at NVIDIA/Megatron-LM d98e8a64,
+since the backend entered in 3df200905e), where HybridEP's permute kernel reads the received rows straight
 out of the communication buffer into expert order in place of that copy (deep_ep/
 hybrid_ep_buffer.py dispatch_with_permute, hybrid-ep branch 94a9f8f; fused into the
 dispatch kernel itself only with moe_permute_fusion_into_hybridep, which no recipe of the
