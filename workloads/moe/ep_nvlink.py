@@ -14,16 +14,18 @@ communication buffer) and for the kernel alone.
 Megatron-Core does not call the dispatch / combine that benchmark times: its HybridEP
 manager calls dispatch_with_permute / combine_with_unpermute (megatron/core/transformer/
 moe/fused_a2a.py, token_dispatcher.py _HybridEPManager at NVIDIA/Megatron-LM d98e8a64,
-since the backend entered in 3df200905e), where HybridEP's permute kernel reads the received rows straight
-out of the communication buffer into expert order in place of that copy
-(deep_ep/hybrid_ep_buffer.py dispatch_with_permute, hybrid-ep branch 94a9f8f; fused
-into the dispatch kernel itself only with moe_permute_fusion_into_hybridep, which no
-recipe of the reference rows sets). The simulator prices that permute as a task of its own (dispatch.py),
-so the transfer is the kernel-only figure; the Torch API's would count the copy twice.
+since the backend entered in 3df200905e), where HybridEP's permute kernel reads the
+received rows straight out of the communication buffer into expert order in place of
+that copy (deep_ep/hybrid_ep_buffer.py dispatch_with_permute, hybrid-ep branch 94a9f8f;
+fused into the dispatch kernel itself only with moe_permute_fusion_into_hybridep, which
+no recipe of the reference rows sets). The simulator prices that permute as a task of
+its own (dispatch.py), so the transfer is the kernel-only figure; the Torch API's would
+count the copy twice.
 Assumption: dispatch_with_permute's metadata preprocessing (which the Torch API times
-along with the copy, and the kernel-only figure leaves out) is small beside the transfer:
-at 8 GB200 ranks the Torch API's dispatch takes 166 us more than the kernel's for 318 MB
-received, about half of it a copy of those rows at the device's streaming rate.
+along with the copy, and the kernel-only figure leaves out) is small beside the
+transfer: at 8 GB200 ranks the Torch API's dispatch takes 166 us more than the kernel's
+for 318 MB received, about half of it a copy of those rows at the device's streaming
+rate.
 
 deepseek-ai/DeepEP branch hybrid-ep, docs/README_Hybrid-EP.md (commit 17cfb81, 2026-05-13),
 4096 tokens per rank, hidden 7168, top-8, 8 local experts per rank, uniform random
