@@ -94,18 +94,22 @@ def test_the_floor_counts_the_rows_a_rank_receives_on_a_rack():
 REPORT_GB200_HYBRIDEP_US = {8: (391, 353), 16: (578, 527), 32: (612, 646), 64: (675, 744)}
 
 
+def _report_received_bytes(ep: int) -> float:
+    """Bytes a rank receives in the report's dispatch: each token of each of the ep ranks
+    that routes it to one of the rank's experts, the rank's own included (4096 tokens,
+    hidden 7168 in BF16, 256 experts, top-8 distinct experts, uniform routing)."""
+    tokens, hidden, experts, top_k = 4096, 7168, 256, 8
+    reach = 1 - math.comb(experts - experts // ep, top_k) / math.comb(experts, top_k)
+    return ep * tokens * reach * hidden * 2
+
+
 @pytest.mark.parametrize("ep", sorted(REPORT_GB200_HYBRIDEP_US))
 def test_kernel_rates_time_the_reports_gb200_dispatches(ep):
     """The rates the simulator prices HybridEP's transfer at (kernel only: Megatron's
     dispatch_with_permute replaces the Torch API's copy-out with the permute the graph
     prices on its own) time an independent measurement of Megatron's HybridEP on GB200
     within 20 % (-6 .. +20 %); the Torch API's rates are 27-55 % slower."""
-    tokens, hidden, experts, top_k = 4096, 7168, 256, 8
-    local = experts // ep
-    # a rank receives each token of each of the ep ranks that routes it one of its
-    # `local` experts, the rank's own included (uniform routing, top_k distinct experts)
-    reach = 1 - math.comb(experts - local, top_k) / math.comb(experts, top_k)
-    received_bytes = ep * tokens * reach * hidden * 2
+    received_bytes = _report_received_bytes(ep)
     dispatch_Bps, combine_Bps = nvlink_kernel_Bps("hybridep", "gb200", ep)
     measured_dispatch_us, measured_combine_us = REPORT_GB200_HYBRIDEP_US[ep]
     assert received_bytes / dispatch_Bps * 1e6 == pytest.approx(measured_dispatch_us, rel=0.2)
@@ -176,9 +180,8 @@ def test_hopper_hybridep_inside_a_node_takes_the_engines_all_to_all():
     """H100 has no HybridEP kernel figure inside a node: the engine's NVLink all-to-all of the
     received rows prices the report's DeepSeek-V3-shaped EP 8 dispatch (661 us) and combine
     (624 us; arXiv 2603.07685, Table 7) 16 % and 23 % slow."""
-    tokens, hidden, experts, top_k, ep = 4096, 7168, 256, 8, 8
-    reach = 1 - math.comb(experts - experts // ep, top_k) / math.comb(experts, top_k)
-    received_bytes = ep * tokens * reach * hidden * 2
+    ep = 8
+    received_bytes = _report_received_bytes(ep)
     comm = CommModel(simpy.Environment(), build("dgx-h100"))
     priced_us = comm.plan("all_to_all", tuple(range(ep)), received_bytes).closed_form_s * 1e6
     assert nvlink_kernel_Bps("hybridep", "h100", ep) is None

@@ -307,10 +307,11 @@ DEVICES: dict[str, DeviceSpec] = {
     # SMs (the Blackwell Ultra GPU [NV-BWU]); 1000 W maximum TGP [STAS power table, from
     # NVIDIA's DGX B300 user guide, "power capping"]. HBM: 270 GiB, assumption: the 288 GB
     # of eight 12-high stacks [NV-BWU; STAS] less the 1/16 the HGX B200 holds back (192 ->
-    # 180), as the Grace boards hold back 1/32 of the same stacks (GB200 186, GB300 279). Best-shape matmuls measured on this GPU, "B300
-    # SXM" [STAS]: BF16 1769 of 2250 (78.6 %), FP8 e4m3 3353.3 of 4500 (74.5 %). Attention:
-    # no B300 measurement; GB300's cuDNN rate at the same fraction of its BF16 peak
-    # (assumption: one die, its tensor-core clock scaling both, as under a power limit).
+    # 180), as the Grace boards hold back 1/32 of the same stacks (GB200 186, GB300 279).
+    # Best-shape matmuls measured on this GPU, "B300 SXM" [STAS]: BF16 1769 of 2250
+    # (78.6 %), FP8 e4m3 3353.3 of 4500 (74.5 %). Attention: no B300 measurement;
+    # GB300's cuDNN rate at the same fraction of its BF16 peak (assumption: one die, its
+    # tensor-core clock scaling both, as under a power limit).
     "b300": DeviceSpec("b300", _flops(2250 * TB, 4500 * TB, 1125 * TB, 12600 * TB),
                        270 * GiB, 8 * TB, 900 * GB, 18, 40.1 * GB, nvls=True,
                        sm_count=160, profile=_blackwell_profile(

@@ -30,18 +30,14 @@ without the granularity, so nothing was recomputed).
 from __future__ import annotations
 
 RECOMPUTE_MODULES = ("layernorm", "moe_act", "moe")
-# The layer-graph nodes each module is, by name (workloads/layers.py, workloads/moe/layer.py);
-# "moe" is the MoE block by position (_moe_block).
-_NODES = {"layernorm": ("ffn_norm",), "moe_act": ("glu_clamp", "swiglu", "gelu"),
-          "moe": ("moe",)}
+# The layer-graph nodes of the modules named by their nodes (workloads/layers.py,
+# workloads/moe/layer.py); "moe" is the MoE block, found by position (_moe_block).
+_NODES = {"layernorm": ("ffn_norm",), "moe_act": ("glu_clamp", "swiglu", "gelu")}
 
 
-def recomputed_nodes(plan, layer: int) -> frozenset[str]:
-    """Names of the nodes of transformer layer `layer` that rerun before its backward
-    ("moe" standing for the whole MoE block)."""
-    if not plan.recompute_modules or not plan.model.is_moe_layer(layer):
-        return frozenset()
-    return frozenset(n for module in plan.recompute_modules for n in _NODES[module])
+def recomputes_modules(plan, layer: int) -> bool:
+    """Whether some of transformer layer `layer` reruns before its backward."""
+    return bool(plan.recompute_modules) and plan.model.is_moe_layer(layer)
 
 
 def _moe_block(graph) -> frozenset[int]:
@@ -54,6 +50,6 @@ def _moe_block(graph) -> frozenset[int]:
 
 def module_recompute_saved(graph, plan, layer: int) -> frozenset[int]:
     """Ids of the layer graph's nodes kept from the forward (all but the recomputed)."""
-    names = recomputed_nodes(plan, layer)
-    block = _moe_block(graph) if "moe" in names else frozenset()
+    names = {n for module in plan.recompute_modules for n in _NODES.get(module, ())}
+    block = _moe_block(graph) if "moe" in plan.recompute_modules else frozenset()
     return frozenset(n.id for n in graph.nodes if n.name not in names and n.id not in block)

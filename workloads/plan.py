@@ -85,7 +85,7 @@ class Plan:
     # _checkpointed_forward); 0: every layer (the uniform method over single layers)
     recompute_layers: int = 0
     # Megatron-Core's recompute_modules beyond the attention core (workloads/
-    # module_recompute.py): () or some of "layernorm", "moe_act"
+    # module_recompute.py): () or some of "layernorm", "moe_act", "moe"
     recompute_modules: tuple[str, ...] = ()
     attention: str = "flash"
     kernels: str = "fused"          # memory-bound ops: fused | eager (workloads/kernels.py)

@@ -21,7 +21,7 @@ from .kernels import adam_step_cost
 from .layer_builder import BuildOptions, LayerBuilder, LayerShape, TaskSink
 from .layers import unit_builder
 from .memory import grad_state_bytes
-from .module_recompute import module_recompute_saved, recomputed_nodes
+from .module_recompute import module_recompute_saved, recomputes_modules
 from .moe.a2a_overlap import (PassPieces, add_node_host_time, combined_order,
                                lone_node_calls, reorder)
 from .p2p_sync import P2PSync, p2p_host_sync
@@ -268,7 +268,7 @@ class StageLowering:
             ctx = unit_context(unit, mb)
             deps = self._join([grad, *gathers], unit, mb, "backward")
             whole = isinstance(unit, int) and self.plan.recomputes(layers.index(unit))
-            if whole or (isinstance(unit, int) and recomputed_nodes(self.plan, unit)):
+            if whole or (isinstance(unit, int) and recomputes_modules(self.plan, unit)):
                 # the whole layer reruns (its options ask for no separate attention
                 # recompute: that is selective recompute's alone), or what op-level
                 # checkpointing did not keep (1D TP only), or Megatron-Core's named modules
