@@ -105,6 +105,10 @@ COLUMNS: dict[str, tuple[str, bool, object]] = {
     # time (reference_scoring.py profile_score): a right step time can rest on a wrong split.
     "measured_busy_s": (NUMBER, False, (0.0, math.inf)),
     "measured_comm_hidden_pct": (NUMBER, False, (0.0, 100.0)),
+    # precision_aware_optimizer: Megatron-Core's precision-aware optimizer with both Adam
+    # moments in this dtype (fp32 main parameters): the plan's precision_aware_optimizer
+    # section (workloads/optimizer_states.py); empty: off
+    "precision_aware_optimizer": (TEXT, False, ("fp32", "bf16")),
 }
 
 

@@ -187,6 +187,10 @@ def plan_dict(row: dict[str, str]) -> dict[str, Any]:
         raw.setdefault("fsdp", {})["float8_all_gather"] = _flag(row, "fp8_param_gather")
     elif _flag(row, "fp8_param_gather") is not None:
         raw.setdefault("ddp", {})["fp8_param_gather"] = _flag(row, "fp8_param_gather")
+    if row.get("precision_aware_optimizer"):
+        moments = row["precision_aware_optimizer"]
+        raw["precision_aware_optimizer"] = {"exp_avg_dtype": moments,
+                                            "exp_avg_sq_dtype": moments}
     if num("ep") > 1:
         raw["mesh"]["ep"] = num("ep")
     if row.get("ep") or row.get("moe_dispatcher"):

@@ -200,12 +200,17 @@ def sharded_state_bytes(plan: Plan) -> tuple[float, float]:
     master itself, cast to the MixedPrecisionPolicy's param_dtype only into the all-gather
     buffer (torch/distributed/fsdp/_fully_shard/_fsdp_param.py), so it holds 4 + 8 (Adam's
     two fp32 moments, in the parameter's dtype); its reduced sharded gradient is fp32 too,
-    which keeps the 16 bytes per parameter of the ZeRO count.
+    which keeps the 16 bytes per parameter of the ZeRO count. Megatron-Core's precision-
+    aware optimizer keeps the master and the moments in its dtypes (workloads/
+    optimizer_states.py).
     """
     prec = precision(plan.training.dtype)
     mixed = prec.optimizer_state_bytes > 2 * FP32_BYTES    # an fp32 master copy besides m, v
     if plan.fsdp and plan.fsdp_version == 2 and mixed:
         return FP32_BYTES, 2 * FP32_BYTES
+    if plan.precision_aware_optimizer is not None:   # workloads/optimizer_states.py
+        return (prec.param_state_bytes,
+                plan.precision_aware_optimizer.state_bytes(plan.training.dtype))
     return prec.param_state_bytes, prec.optimizer_state_bytes
 
 

@@ -30,6 +30,7 @@ from .models import ModelSpec, load_model
 from .module_recompute import RECOMPUTE_MODULES
 from .layouts import MEGATRON
 from .lora import LoRA, parse_lora
+from .optimizer_states import PrecisionAwareOptimizer, parse_precision_aware_optimizer
 from .moe_options import MoEOptions, parse_moe
 from .plan_checks import check_resolved
 from .plan_sections import (DTYPES, LOW_PRECISION, SCHEDULES,  # noqa: F401 (the plan's names)
@@ -115,6 +116,8 @@ class Plan:
     moe: MoEOptions = field(default_factory=MoEOptions)   # the rest of the moe block
     tp_depth: int = 1               # tensor_parallel.depth: the d of 2.5D (Tesseract)
     lora: LoRA | None = None        # LoRA fine-tuning (workloads/lora.py); None: every weight trains
+    # Adam's states in lower precision (workloads/optimizer_states.py); None: fp32 states
+    precision_aware_optimizer: PrecisionAwareOptimizer | None = None
     source: Mapping[str, Any] = field(default_factory=dict, compare=False, repr=False)
 
     def __post_init__(self) -> None:
@@ -171,10 +174,13 @@ class Plan:
         # Bounded: far beyond this the hottest rank would hold more tokens than the batch has.
         check_number(self.load_imbalance, "moe.load_imbalance", 1.0, MAX_LOAD_IMBALANCE,
                      f"a number in [1, {MAX_LOAD_IMBALANCE:g}] (1: balanced)")
-        for name, kind in (("moe", MoEOptions), ("lora", (LoRA, type(None)))):
+        for name, kind, module in (
+                ("moe", MoEOptions, "moe_options"), ("lora", (LoRA, type(None)), "lora"),
+                ("precision_aware_optimizer", (PrecisionAwareOptimizer, type(None)),
+                 "optimizer_states")):
             if not isinstance(getattr(self, name), kind):
-                raise WorkloadError(name, getattr(self, name), "an object (workloads/"
-                                    f"{name}{'_options' if name == 'moe' else ''}.py)")
+                raise WorkloadError(name, getattr(self, name),
+                                    f"an object (workloads/{module}.py)")
         check_int(self.tp_depth, "tensor_parallel.depth")
         for name, key in (("collective_algorithm", "algorithm"),
                           ("collective_protocol", "protocol")):
@@ -303,7 +309,8 @@ TOP_KEYS = ("name", "model", "training", "mesh", "fsdp", "zero_stage", "sharding
             "recompute", "recompute_layers", "recompute_modules", "attention", "kernels",
             "optimizer", "pipeline", "overlap", "topology",
             "description", "framework", "cuda_graphs", "host_overhead", "ddp",
-            "context_parallel", "moe", "tensor_parallel", "collectives", "lora")
+            "context_parallel", "moe", "tensor_parallel", "collectives", "lora",
+            "precision_aware_optimizer")
 
 
 def _extensions(raw: dict) -> dict:
@@ -320,6 +327,8 @@ def _extensions(raw: dict) -> dict:
             "recompute_layers": raw.get("recompute_layers", 0),
             "recompute_modules": _modules(raw.get("recompute_modules", [])),
             "tp_depth": tp.get("depth", 1), "lora": parse_lora(raw.get("lora")),
+            "precision_aware_optimizer": parse_precision_aware_optimizer(
+                raw.get("precision_aware_optimizer")),
             "collective_algorithm": coll.get("algorithm"),
             "collective_protocol": coll.get("protocol")}
 

@@ -47,6 +47,7 @@ from .precision import TE_FRAMEWORKS
 from .frameworks import FP8_PARAM_DTYPES
 from .lora import check_lora
 from .moe_options import check_moe_resolved
+from .optimizer_states import check_precision_aware_plan
 from .torchao_recipes import TORCHAO_FRAMEWORKS
 
 
@@ -93,6 +94,7 @@ def check_resolved(plan) -> None:
     check_mla_plan(plan)
     check_sliding_window_plan(plan)
     check_lora(plan)
+    check_precision_aware_plan(plan)
     check_packed_plan(plan)
     check_fp8_attention_plan(plan)
     check_gpt_layer_plan(plan)

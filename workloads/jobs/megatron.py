@@ -22,6 +22,7 @@ from .common import Imported, model_ref
 from .findings import Findings, JobConfigError, need_choice, need_int
 from .megatron_args import Flags, parse_args_text, parse_bridge_yaml
 from .megatron_moe import OP_FUSER, check_a2a_overlap_flags, moe_block
+from .megatron_optimizer import precision_aware_section
 
 CP_COMM = {"p2p": "ring", "allgather": "all_gather", "a2a": "all_to_all"}
 FP8_ATTENTION = "fp8-dot-product-attention"   # training.fp8_attention (written back too)
@@ -247,6 +248,8 @@ def _plan(get: _Getter, spec: ModelSpec, ref, findings: Findings) -> dict[str, A
                        "fp8_param_gather": get.on("fp8-param-gather")}
         if get.int("ddp-bucket-size") is not None:
             plan["ddp"]["bucket_params"] = get.int("ddp-bucket-size")
+    if (lowered := precision_aware_section(get)) is not None:
+        plan["precision_aware_optimizer"] = lowered
     if spec.num_experts:
         plan["moe"] = moe_block(get, tp, findings, plan["training"]["dtype"])
     elif get.on(OP_FUSER):

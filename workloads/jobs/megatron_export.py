@@ -13,6 +13,7 @@ from ..schedules import stage_layer_ranges
 from .common import Exported, model_ref, unexpressed
 from .megatron import FP8_ATTENTION, MLA_FLAGS, CP_COMM, TP_PP_DP_ORDER, read_megatron
 from .megatron_moe import moe_flags
+from .megatron_optimizer import precision_aware_flags
 
 REASONS = {
     "sharding": "Megatron's TP is the column/row layout",
@@ -155,7 +156,7 @@ def _run_flags(plan: Plan) -> list[str]:
                 ("--fp8-param-gather", plan.fp8_param_gather and not plan.fsdp),
                 ("--enable-cuda-graph", plan.cuda_graphs)]
     out += [flag for flag, on in switches if on]
-    out += _grad_dtype_flags(plan, "--bf16" in out)
+    out += _grad_dtype_flags(plan, "--bf16" in out) + precision_aware_flags(plan)
     if isinstance(plan.grad_bucket, int) and not plan.fsdp:
         out.append(f"--ddp-bucket-size {plan.grad_bucket}")
     if plan.recompute in ("selective", "selective_op"):

@@ -1,0 +1,59 @@
+"""Megatron-LM's precision-aware optimizer flags <-> the plan's precision_aware_optimizer
+section (workloads/optimizer_states.py).
+
+core_v0.15.0's megatron/training/arguments.py: --use-precision-aware-optimizer turns it on;
+--exp-avg-dtype and --exp-avg-sq-dtype take fp32, fp16, bf16 or fp8 and --main-params-dtype
+fp32 or fp16 (megatron/core/optimizer/optimizer_config.py asserts fp32 for each without the
+switch); --main-grads-dtype is the gradient buffer's dtype (megatron.py _grad_reduce_fp32).
+A Megatron-Bridge YAML writes the dtypes as torch dtypes (torch.bfloat16: the flags'
+map_dtype in reverse). store_param_remainders has no flag: Megatron's default (true).
+"""
+from __future__ import annotations
+
+from typing import Any
+
+from .findings import JobConfigError
+from ..optimizer_states import MAIN_PARAM_DTYPES, STATE_DTYPE_BYTES
+
+SWITCH = "use-precision-aware-optimizer"
+DTYPE_FLAGS = {"exp-avg-dtype": tuple(STATE_DTYPE_BYTES),
+               "exp-avg-sq-dtype": tuple(STATE_DTYPE_BYTES),
+               "main-params-dtype": MAIN_PARAM_DTYPES}
+# megatron/training/arguments.py map_dtype, read backwards (fp8 states are torch.uint8)
+TORCH_DTYPES = {"torch.float32": "fp32", "torch.bfloat16": "bf16", "torch.float16": "fp16",
+                "torch.uint8": "fp8"}
+
+
+def precision_aware_section(get) -> dict[str, Any] | None:
+    """The plan's precision_aware_optimizer section from the flags (None: switch off)."""
+    dtypes = {}
+    for flag, allowed in DTYPE_FLAGS.items():
+        value = _dtype_name(get.str(flag, "fp32"))
+        if value not in allowed:
+            raise JobConfigError(get.name(flag), value, ", ".join(allowed))
+        dtypes[flag.replace("-", "_")] = value
+    if get.on(SWITCH):
+        return dtypes
+    for flag, value in dtypes.items():
+        if value != "fp32":
+            raise JobConfigError(get.name(flag.replace("_", "-")), value, "fp32 without "
+                                 f"{get.name(SWITCH)} (Megatron-Core asserts it)")
+    return None
+
+
+def _dtype_name(value: Any) -> Any:
+    """A flag's dtype name; a Bridge YAML's torch dtype (a string, or a `_target_` object)
+    read as the flag's name (TORCH_DTYPES)."""
+    if isinstance(value, dict):
+        value = value.get("_target_")
+    return TORCH_DTYPES.get(value, value) if isinstance(value, str) else value
+
+
+def precision_aware_flags(plan) -> list[str]:
+    """The flags of a plan's precision_aware_optimizer section."""
+    section = plan.precision_aware_optimizer
+    if section is None:
+        return []
+    return [f"--{SWITCH}", f"--exp-avg-dtype {section.exp_avg_dtype}",
+            f"--exp-avg-sq-dtype {section.exp_avg_sq_dtype}",
+            f"--main-params-dtype {section.main_params_dtype}"]

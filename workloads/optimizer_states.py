@@ -1,0 +1,132 @@
+"""Megatron-Core's precision-aware optimizer: Adam's states kept in lower precision.
+
+A plan says `"precision_aware_optimizer": {"exp_avg_dtype": "bf16", "exp_avg_sq_dtype":
+"bf16"}` for Megatron-LM's `--use-precision-aware-optimizer --exp-avg-dtype bf16
+--exp-avg-sq-dtype bf16` (the section's presence turns it on; each key defaults to
+Megatron's default). What it changes, from Megatron-LM d98e8a64 (megatron/core/optimizer/
+optimizer_config.py, optimizer/__init__.py, optimizer/distrib_optimizer.py) and Transformer
+Engine's FusedAdam (transformer_engine/pytorch/optimizers/fused_adam.py):
+
+* The moments (exp_avg, exp_avg_sq) are held in their own dtypes: fp32, bf16, fp16 or fp8
+  (4, 2, 2, 1 bytes), against fp32 without it.
+* Who holds the fp32 master weight. Transformer Engine's FusedAdam does
+  (`master_weights=True`) when the main parameters are not fp32 or the run has no FP8
+  recipe other than delayed scaling (OptimizerConfig.use_precision_aware_optimizer_no_fp8_
+  or_ds_fp8); it then also writes the 16-bit model weight in the same kernel
+  (DistributedOptimizer._copy_main_params_to_model_params returns early) and reads the
+  gradient from the 16-bit gradient buffer in place (`decoupled_grad`, no `.float()` copy:
+  _copy_model_grads_to_main_grads). With a BF16 model and fp32 main parameters it keeps
+  only the 16 bits of each fp32 master the BF16 weight does not already hold
+  (`store_param_remainders`, Megatron's default from Transformer Engine 2.1: an int16 per
+  parameter in the distributed optimizer's state). Under current-scaling FP8, MXFP8 and
+  NVFP4 with fp32 main parameters Megatron keeps its own fp32 master, as without the flag.
+* `--main-grads-dtype bf16` is the plan's `ddp.grad_reduce_in_fp32: false` (Megatron-LM
+  megatron/training/arguments.py: bf16 main gradients leave accumulate_allreduce_grads_in_
+  fp32 off), so it is not a key here.
+
+Megatron allows the flag with Adam only, through Transformer Engine's FusedAdam, and the
+simulator prices it on the distributed optimizer (zero_stage 1 or more, no FSDP) of a
+megatron-core plan; other plans are refused.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from .errors import WorkloadError
+from .fields import check_bool, check_choice, json_object, known_keys
+
+# Bytes of one element of each dtype Megatron-LM accepts for the moments (arguments.py
+# --exp-avg-dtype / --exp-avg-sq-dtype choices; fp8 is stored as uint8 with a scale per
+# tensor, not counted) and for the main parameters (--main-params-dtype: fp32, fp16).
+STATE_DTYPE_BYTES = {"fp32": 4, "bf16": 2, "fp16": 2, "fp8": 1}
+MAIN_PARAM_DTYPES = ("fp32", "fp16")
+# The 16 low bits of an fp32 master its BF16 weight does not hold (an int16 per parameter).
+PARAM_REMAINDER_BYTES = 2
+# The training dtypes under which Transformer Engine's FusedAdam holds an fp32 master: no
+# FP8 recipe (bf16) or delayed scaling (the plan's fp8, workloads/precision.py RECIPES).
+TE_MASTER_DTYPES = ("bf16", "fp8")
+# The 16-bit model weight and gradient buffer elements (bf16).
+MODEL_BYTES = 2
+FP32_BYTES = 4
+SECTION = "precision_aware_optimizer"
+
+
+@dataclass(frozen=True)
+class PrecisionAwareOptimizer:
+    """The precision-aware optimizer's state dtypes (module docstring)."""
+
+    exp_avg_dtype: str = "fp32"
+    exp_avg_sq_dtype: str = "fp32"
+    main_params_dtype: str = "fp32"
+    store_param_remainders: bool = True
+
+    def __post_init__(self) -> None:
+        for name in ("exp_avg_dtype", "exp_avg_sq_dtype"):
+            check_choice(getattr(self, name), f"{SECTION}.{name}", tuple(STATE_DTYPE_BYTES))
+        check_choice(self.main_params_dtype, f"{SECTION}.main_params_dtype",
+                     MAIN_PARAM_DTYPES)
+        check_bool(self.store_param_remainders, f"{SECTION}.store_param_remainders")
+
+    def te_holds_master(self, dtype: str) -> bool:
+        """Whether Transformer Engine's FusedAdam holds the master weight (module docstring)."""
+        return self.main_params_dtype != "fp32" or dtype in TE_MASTER_DTYPES
+
+    def master_bytes(self, dtype: str) -> int:
+        """Bytes per parameter of the master weight under training dtype `dtype`."""
+        if self.te_holds_master(dtype) and self.main_params_dtype == "fp32" \
+                and self.store_param_remainders:
+            return PARAM_REMAINDER_BYTES
+        return STATE_DTYPE_BYTES[self.main_params_dtype]
+
+    def moment_bytes(self) -> int:
+        """Bytes per parameter of the two moments."""
+        return STATE_DTYPE_BYTES[self.exp_avg_dtype] + STATE_DTYPE_BYTES[self.exp_avg_sq_dtype]
+
+    def state_bytes(self, dtype: str) -> int:
+        """Optimizer-state bytes per parameter: the master weight and both moments."""
+        return self.master_bytes(dtype) + self.moment_bytes()
+
+    def adam_bytes(self, dtype: str, grad_bytes: int) -> float:
+        """HBM bytes per parameter of one FusedAdam step: the gradient read at `grad_bytes`,
+        each state read and written. Where Transformer Engine holds the master it also
+        reads and writes the 16-bit weight (the remainders' other half) or writes it (a
+        whole master); otherwise Adam reads Megatron's fp32 copy of the gradient and
+        writes the 16-bit weight, as the plain fused step is priced (workloads/kernels.py
+        ADAM_STEP: 30 B with fp32 states)."""
+        states = self.master_bytes(dtype) + self.moment_bytes()
+        if not self.te_holds_master(dtype):
+            return FP32_BYTES + 2 * states + MODEL_BYTES
+        remainders = self.store_param_remainders and self.main_params_dtype == "fp32"
+        return grad_bytes + 2 * states + (2 if remainders else 1) * MODEL_BYTES
+
+
+def parse_precision_aware_optimizer(raw: Any) -> PrecisionAwareOptimizer | None:
+    """The plan's `precision_aware_optimizer` section (None when absent)."""
+    if raw is None:
+        return None
+    raw = json_object(raw, SECTION)
+    fields = ("exp_avg_dtype", "exp_avg_sq_dtype", "main_params_dtype",
+              "store_param_remainders")
+    known_keys(raw, SECTION, fields)
+    return PrecisionAwareOptimizer(**{k: raw[k] for k in fields if k in raw})
+
+
+def check_precision_aware_plan(plan) -> None:
+    """The flag is Megatron-Core's distributed optimizer's, with FusedAdam (module
+    docstring); the error names the plan setting that rules it out."""
+    if plan.precision_aware_optimizer is None:
+        return
+    needs = (("framework", plan.framework, plan.framework == "megatron-core",
+              "megatron-core (the flag is Megatron-Core's)"),
+             ("fsdp.enabled", plan.fsdp, not plan.fsdp, "false (Megatron-Core's distributed "
+              "optimizer, not FSDP)"),
+             ("zero_stage", plan.zero_stage, plan.zero_stage >= 1, ">= 1 (the distributed "
+              "optimizer)"),
+             ("optimizer", plan.optimizer, plan.optimizer == "fused",
+              "fused (Transformer Engine's FusedAdam)"),
+             ("training.dtype", plan.training.dtype, plan.training.dtype != "fp32",
+              "a 16-bit or lower dtype (an fp32 run has no master copy)"))
+    for field, value, ok, allowed in needs:
+        if not ok:
+            raise WorkloadError(f"{SECTION} with {field}", value, allowed)
