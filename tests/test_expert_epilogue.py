@@ -17,7 +17,7 @@ import csv
 import pytest
 
 from validation.reference_rows import DEFAULT_CSV, plan_dict
-from workloads import plan_from_dict
+from workloads import plan_from_dict, resolve
 from workloads.expert_epilogue import CLAMP_SYNC_LABEL
 from workloads.lowering import lower
 from workloads.model_presets import PRESETS as MODEL_PRESETS
@@ -121,8 +121,10 @@ def test_recompute_modules_rerun_norm_and_moe_act():
 
 def test_recompute_modules_are_checked():
     raw = plan_dict(_row("mb-gptoss120b-b200-bf16-64"))
-    for bad in (["mlp"], "moe_act"):
+    for bad in (["core_attn"], "moe_act"):      # "selective" is the attention core's
         with pytest.raises(WorkloadError):
             plan_from_dict({**raw, "recompute_modules": bad})
+    with pytest.raises(WorkloadError, match="'mlp' is not one"):   # GPT-OSS: no dense layer
+        resolve(plan_from_dict({**raw, "recompute_modules": ["mlp"]}), 64)
     with pytest.raises(WorkloadError):
         plan_from_dict({**raw, "recompute": "full"})

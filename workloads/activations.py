@@ -19,6 +19,7 @@ from __future__ import annotations
 from .checkpointing import op_checkpoint_features
 from .models import ModelSpec
 from .precision import BF16_BYTES
+from .quantized_saves import quantized_saves
 
 
 def _layer_tensors(model: ModelSpec, kv_seq: int, dropout: bool,
@@ -68,13 +69,18 @@ def _layer_tensors(model: ModelSpec, kv_seq: int, dropout: bool,
         # the per-row probability, then fc2, which saves its input (f); fc1's output is not
         # kept by fc1 (TE GroupedLinear saves its input), and the unpermute that follows
         # gets no probabilities (they were applied in the activation), so it saves no rows.
+        # The expert MLP's tensors split into fc2's input (one of the expert width) and
+        # what the activation keeps of fc1's output (the others), as module recompute and
+        # quantized saving treat them apart (workloads/module_recompute.py, memory.py).
         k = model.experts_per_token * load_imbalance + model.num_shared_experts
         gated = 3 if fused_swiglu else 4
-        width = (2 if model.mlp == "gelu" else gated) * 2 * model.moe_ffn_size
+        tensors = 2 if model.mlp == "gelu" else gated
         t = [x for x in t if x[0] not in ("gelu_input", "fc2_input", "w1_output",
                                           "silu_output", "w3_output", "w2_input")]
         t += [("router_logits", 4 * model.num_experts, "replicated"),
-              ("expert_inputs", k * 2 * h, "replicated"), ("expert_mlp", k * width, "sharded")]
+              ("expert_inputs", k * 2 * h, "replicated"),
+              ("expert_act", k * (tensors - 1) * 2 * model.moe_ffn_size, "sharded"),
+              ("expert_fc2_input", k * 2 * model.moe_ffn_size, "sharded")]
     if dropout:
         t += [("softmax_dropout_mask", a * kv_seq, "scores"),
               ("softmax_dropout_output", 2 * a * kv_seq, "scores"),
@@ -93,7 +99,8 @@ def activation_bytes_per_layer(model: ModelSpec, seq_len: int, micro_batch: int,
                                sequence_parallel: bool = False, recompute: str = "none",
                                dropout: bool | None = None, kv_seq_len: int | None = None,
                                moe: bool = False, load_imbalance: float = 1.0,
-                               kernels: str = "eager") -> float:
+                               kernels: str = "eager", freed: frozenset[str] = frozenset(),
+                               quantized_input_bytes: float | None = None) -> float:
     """Activation bytes one layer keeps for one micro-batch (Korthikanti et al. Table 2).
 
     GPT-style: none sbh(34 + 5as/h) with no TP, sbh(10 + 24/t + 5as/(ht)) with TP,
@@ -101,7 +108,10 @@ def activation_bytes_per_layer(model: ModelSpec, seq_len: int, micro_batch: int,
     input 2sbh (Table 2), which SP stores sequence-sharded: 2sbh/t. seq_len is the local
     sequence (after CP); kv_seq_len the keys each query attends to (default seq_len);
     moe: an MoE layer of an MoE model (experts replace the dense MLP); kernels: "fused"
-    SwiGLU keeps 3 tensors of the FFN width, "eager" (Korthikanti-style per-op count) 4.
+    SwiGLU keeps 3 tensors of the FFN width, "eager" (Korthikanti-style per-op count) 4;
+    freed: tensors a module recompute does not keep (workloads/module_recompute.py);
+    quantized_input_bytes: bytes per element of the GEMM inputs Transformer Engine keeps
+    quantized under an FP8/FP4 recipe (QUANTIZED_SAVES; None: 16-bit).
     """
     if recompute not in ("none", "selective", "selective_op", "full"):
         raise ValueError(f"recompute must be none, selective, selective_op or full, "
@@ -116,12 +126,16 @@ def activation_bytes_per_layer(model: ModelSpec, seq_len: int, micro_batch: int,
         recompute = "selective"   # assumption: MoE layers keep what selective keeps
     dropout = default_dropout(model) if dropout is None else dropout
     total = 0.0
-    for _, per_token, kind in _layer_tensors(model, kv_seq_len or seq_len, dropout, moe,
-                                             load_imbalance, kernels == "fused"):
-        if kind == "scores" and recompute == "selective":
+    quantized = quantized_saves(model, moe) if quantized_input_bytes else ()
+    for name, per_token, kind in _layer_tensors(model, kv_seq_len or seq_len, dropout, moe,
+                                                load_imbalance, kernels == "fused"):
+        if (kind == "scores" and recompute == "selective") or name in freed:
             continue
+        if name in quantized:
+            per_token *= quantized_input_bytes / BF16_BYTES
         total += per_token * sb / (sp_div if kind == "replicated" else tp)
     return total
+
 
 
 def scores_bytes(model: ModelSpec, sb: int, kv_seq: int, tp: int, dropout: bool) -> float:

@@ -32,11 +32,13 @@ from .context_parallel_memory import cp_memory_bytes
 from .fsdp_float8 import gathered_bytes_per_param
 from .loss_memory import fp32_logits_bytes, fp32_logits_copies
 from .models import ModelSpec
+from .module_recompute import freed_tensors
 from .moe.memory import dispatch_buffer_bytes, expert_rows_factor, gathered_expert_input_bytes
 from .param_gathers import FP8_GATHER_BYTES
 from .params import unit_frozen_params, unit_param_groups
 from .plan import Plan
 from .precision import BF16_BYTES, FP32_BYTES, precision
+from .quantized_saves import quantized_input_bytes
 from .schedules import chunk_units, stage_layers
 
 PARAM_BYTES_PER_PARAM = 2        # bf16 working copy (ZeRO paper section 3.1)
@@ -156,10 +158,15 @@ def saved_layer_bytes(plan: Plan, layer: int, recompute: str | None = None) -> f
         return activation_scale(plan) * plan.parallel_dims.grid.resid_fraction * \
             activation_bytes_per_layer(m, s, b, 1, False, recompute, kv_seq_len=tr.seq_len,
                                        kernels=plan.kernels)
+    freed = freed_tensors(plan, layer)
+    quantized = quantized_input_bytes(plan, layer)
+    gathered = 0.0 if "expert_inputs" in freed else \
+        gathered_expert_input_bytes(plan, layer, recompute) * (quantized or BF16_BYTES) / BF16_BYTES
     return activation_scale(plan) * activation_bytes_per_layer(
         m, s, b, tp, sp, recompute, kv_seq_len=tr.seq_len, moe=m.is_moe_layer(layer),
-        load_imbalance=expert_rows_factor(plan), kernels=plan.kernels) \
-        + gathered_expert_input_bytes(plan, layer, recompute)
+        load_imbalance=expert_rows_factor(plan), kernels=plan.kernels, freed=freed,
+        quantized_input_bytes=quantized) + gathered
+
 
 
 def mtp_activation_bytes(plan: Plan, depth: int) -> float:

@@ -46,6 +46,7 @@ from .model_spec import LEARNED
 from .precision import TE_FRAMEWORKS
 from .frameworks import FP8_PARAM_DTYPES
 from .lora import check_lora
+from .module_recompute import layer_modules
 from .moe_options import check_moe_resolved
 from .optimizer_states import check_precision_aware_plan
 from .torchao_recipes import TORCHAO_FRAMEWORKS
@@ -129,10 +130,14 @@ def check_framework_keys(plan) -> None:
         raise WorkloadError("fsdp.float8_all_gather", True, "false unless fsdp.enabled with "
                             'version 2, training.dtype "fp8" under framework "torchtitan" '
                             "(torchao's tensor-wise Float8Linear) and a dense model")
-    if plan.recompute_modules and not plan.model.num_experts:
-        # the modules it names are an MoE layer's (workloads/module_recompute.py)
-        raise WorkloadError("recompute_modules", list(plan.recompute_modules),
-                            "[] unless the model has MoE layers (layernorm, moe_act, moe)")
+    for module in plan.recompute_modules:
+        # each module must be one some layer of the model has (workloads/module_recompute.py)
+        m = plan.model    # layer 0 and the last layer: a dense and an MoE one where any
+        if not any(module in layer_modules(plan, layer) for layer in (0, m.num_layers - 1)):
+            raise WorkloadError("recompute_modules", list(plan.recompute_modules),
+                                f"modules the model's layers have ({module!r} is not one: "
+                                "layernorm, moe_act, moe need MoE layers, mla_up_proj "
+                                "latent attention, mlp dense layers)")
     sp_tp = plan.mesh.tp > 1 and plan.sequence_parallel and plan.grid_strategy is None
     for field_name, on in (("overlap.tp_comm", plan.tp_comm_overlap),
                            ("overlap.async_tp", plan.async_tp)):
