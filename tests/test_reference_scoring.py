@@ -183,3 +183,11 @@ def test_published_profiles_are_read_and_compared_with_the_simulated_split():
     assert entry["busy_error_pct"] == pytest.approx(100.0 * (11.0 - 21.221) / 21.221)
     assert "| mbv-qwen3-30b-h100-bf16-16-hybridep-a2a | 21.221 s | 11.000 s |" in \
         format_profiles([entry])
+
+
+def test_rows_simulated_as_not_fitting_are_listed():
+    from validation.reference_scoring import memory_score
+    results = [{"id": "b", "fits_in_memory": False}, {"id": "a", "fits_in_memory": False},
+               {"id": "c", "fits_in_memory": True}, {"id": "d", "fits_in_memory": None}]
+    # every row trained, so a row simulated as not fitting is a memory overestimate
+    assert memory_score(results)["trained_but_not_fitting"] == ["a", "b"]

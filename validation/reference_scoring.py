@@ -89,6 +89,10 @@ def memory_score(results: list[dict[str, Any]]) -> dict[str, Any]:
                                                         "simulated_mem_gib", "mem_error_pct")}
                                     for r in rows]}
     out.update(_stats([r["mem_error_pct"] for r in rows]))
+    # Every row is a run that trained, so each one simulated as not fitting is a memory
+    # overestimate, whether or not the source printed its peak.
+    out["trained_but_not_fitting"] = sorted(r["id"] for r in results
+                                            if r.get("fits_in_memory") is False)
     return out
 
 

@@ -147,6 +147,10 @@ def format_table(report: dict[str, Any]) -> str:
         lines += ["", f"memory: {mem['n']} rows with a measured peak, MAPE "
                       f"{mem['mape_pct']:.1f} %, bias {mem['bias_pct']:+.1f} % (simulated "
                       "allocated-like peak against the source's quantity, mostly reserved)"]
+    if mem.get("trained_but_not_fitting"):
+        lines += ["", f"trained, yet simulated as not fitting: "
+                      f"{len(mem['trained_but_not_fitting'])} rows ("
+                      + ", ".join(mem["trained_but_not_fitting"]) + ")"]
     if report["profiles"]:
         lines += ["", format_profiles(report["profiles"])]
     if report["inexpressible"]:
