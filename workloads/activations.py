@@ -111,7 +111,7 @@ def activation_bytes_per_layer(model: ModelSpec, seq_len: int, micro_batch: int,
     SwiGLU keeps 3 tensors of the FFN width, "eager" (Korthikanti-style per-op count) 4;
     freed: tensors a module recompute does not keep (workloads/module_recompute.py);
     quantized_input_bytes: bytes per element of the GEMM inputs Transformer Engine keeps
-    quantized under an FP8/FP4 recipe (QUANTIZED_SAVES; None: 16-bit).
+    quantized under an FP8/FP4 recipe (workloads/quantized_saves.py; None: 16-bit).
     """
     if recompute not in ("none", "selective", "selective_op", "full"):
         raise ValueError(f"recompute must be none, selective, selective_op or full, "
@@ -135,7 +135,6 @@ def activation_bytes_per_layer(model: ModelSpec, seq_len: int, micro_batch: int,
             per_token *= quantized_input_bytes / BF16_BYTES
         total += per_token * sb / (sp_div if kind == "replicated" else tp)
     return total
-
 
 
 def scores_bytes(model: ModelSpec, sb: int, kv_seq: int, tp: int, dropout: bool) -> float:

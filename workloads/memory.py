@@ -158,15 +158,15 @@ def saved_layer_bytes(plan: Plan, layer: int, recompute: str | None = None) -> f
         return activation_scale(plan) * plan.parallel_dims.grid.resid_fraction * \
             activation_bytes_per_layer(m, s, b, 1, False, recompute, kv_seq_len=tr.seq_len,
                                        kernels=plan.kernels)
-    freed = freed_tensors(plan, layer)
+    freed = freed_tensors(plan, layer)         # what a module recompute does not keep
     quantized = quantized_input_bytes(plan, layer)
-    gathered = 0.0 if "expert_inputs" in freed else \
-        gathered_expert_input_bytes(plan, layer, recompute) * (quantized or BF16_BYTES) / BF16_BYTES
+    # the ETP-gathered expert inputs are fc1's input too: quantized, or freed with the block
+    gathered = 0.0 if "expert_inputs" in freed else gathered_expert_input_bytes(
+        plan, layer, recompute) * (quantized or BF16_BYTES) / BF16_BYTES
     return activation_scale(plan) * activation_bytes_per_layer(
         m, s, b, tp, sp, recompute, kv_seq_len=tr.seq_len, moe=m.is_moe_layer(layer),
         load_imbalance=expert_rows_factor(plan), kernels=plan.kernels, freed=freed,
         quantized_input_bytes=quantized) + gathered
-
 
 
 def mtp_activation_bytes(plan: Plan, depth: int) -> float:

@@ -35,6 +35,13 @@ moe, mlp) keep only the module's input. Modelled modules:
 - "mlp": a dense layer's MLP (transformer_layer.py recompute_mlp, not on MoE layers),
   its fc1 with the fused pre-MLP norm, activation and fc2. Freed: all the MLP saves but
   the block's input.
+The recompute runs these nodes' forward again in the "recompute" phase.
+Megatron-Bridge's GPT-OSS performance configs list ["layernorm", "moe_act"]
+(scripts/performance/configs/gpt_oss/gpt_oss_workload_base_configs.py), applied with
+granularity "selective" from v0.3.0 (scripts/performance/utils/overrides.py
+_set_recompute_overrides at 21b02e0cfb and f9b6319e58; at 97ad8cc6fb the list was set
+without the granularity, so nothing was recomputed); its DeepSeek-V3 recipes list
+["mla_up_proj"] or ["mla_up_proj", "mlp"].
 """
 from __future__ import annotations
 
