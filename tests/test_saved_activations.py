@@ -106,3 +106,24 @@ def test_modules_a_model_lacks_are_refused(model, modules, named):
     with pytest.raises(WorkloadError) as err:
         resolve(plan_from_dict(raw), 8)
     assert str(err.value).startswith("recompute_modules:") and repr(named) in str(err.value)
+
+
+def test_megatron_recompute_modules_import_and_export():
+    from workloads.jobs import JobConfigError, read_megatron, write_megatron
+    flags = ("pretrain_gpt.py --num-layers 61 --hidden-size 7168 --ffn-hidden-size 18432 "
+             "--num-attention-heads 128 --vocab-size 129280 --seq-length 4096 "
+             "--micro-batch-size 1 --global-batch-size 64 --bf16 --swiglu "
+             "--normalization RMSNorm --position-embedding-type rope --disable-bias-linear "
+             "--hidden-dropout 0 --attention-dropout 0 --untie-embeddings-and-output-weights "
+             "--recompute-granularity selective --recompute-modules {modules}")
+    plan = read_megatron(flags.format(modules="moe_act core_attn")).plan
+    # core_attn is the plan's "selective"; the other modules its recompute_modules
+    assert (plan["recompute"], plan["recompute_modules"]) == ("selective", ["moe_act"])
+    plan = read_megatron(flags.format(modules="layernorm")).plan
+    assert (plan["recompute"], plan["recompute_modules"]) == ("none", ["layernorm"])
+    with pytest.raises(JobConfigError, match="shared_experts"):
+        read_megatron(flags.format(modules="shared_experts"))
+    text = write_megatron(_dsv3(["mla_up_proj", "mlp"])).text
+    assert "--recompute-granularity selective" in text
+    assert "--recompute-modules mla_up_proj mlp" in text
+    assert "core_attn" not in text

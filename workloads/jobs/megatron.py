@@ -23,6 +23,7 @@ from .findings import Findings, JobConfigError, need_choice, need_int
 from .megatron_args import Flags, parse_args_text, parse_bridge_yaml
 from .megatron_moe import OP_FUSER, check_a2a_overlap_flags, moe_block
 from .megatron_optimizer import precision_aware_section
+from .megatron_recompute import recompute_fields
 
 CP_COMM = {"p2p": "ring", "allgather": "all_gather", "a2a": "all_to_all"}
 FP8_ATTENTION = "fp8-dot-product-attention"   # training.fp8_attention (written back too)
@@ -228,7 +229,7 @@ def _plan(get: _Getter, spec: ModelSpec, ref, findings: Findings) -> dict[str, A
         "fsdp": {"enabled": fsdp, "reshard_after_forward": True, "version": 2},
         "zero_stage": 0 if fsdp else int(get.on("use-distributed-optimizer")),
         "sharding": {**MEGATRON, "sequence_parallel": get.on("sequence-parallel")},
-        "recompute": _recompute(get, spec, pp, findings),
+        **_recompute(get, spec, pp, findings),
         **_recompute_layers(get, spec, pp),
         "attention": "eager" if str(get.str("attention-backend", "auto")) in EAGER_ATTENTION
                      else "flash",
@@ -318,25 +319,16 @@ def _precision(get: _Getter, num_layers: int, findings: Findings) -> dict[str, A
     return out
 
 
-def _recompute(get: _Getter, spec: ModelSpec, pp: int, findings: Findings) -> str:
-    granularity = get.str("recompute-granularity")
-    if granularity is None and get.on("recompute-activations"):
-        granularity = "selective"
-    if granularity is None:
-        return "none"
-    need_choice(granularity, get.name("recompute-granularity"), ("full", "selective"))
-    if granularity == "selective":
-        modules = get.str("recompute-modules", ["core_attn"])
-        if (modules if isinstance(modules, list) else [modules]) != ["core_attn"]:
-            findings.problem(get.name("recompute-modules"), modules, "recompute of modules "
-                             "other than the attention core (simulated as core_attn)")
-        return "selective"
+def _recompute(get: _Getter, spec: ModelSpec, pp: int, findings: Findings) -> dict[str, Any]:
+    fields = recompute_fields(get, findings)     # megatron_recompute.py
+    if fields["recompute"] != "full":
+        return fields
     method = get.str("recompute-method")
     layers = get.int("recompute-num-layers", 1)
     if method == "uniform" and layers != 1:
         findings.problem(get.name("recompute-method"), method, f"uniform recompute of "
                          f"groups of {layers} layers (simulated as every layer on its own)")
-    return "full"
+    return fields
 
 
 def _recompute_layers(get: _Getter, spec: ModelSpec, pp: int) -> dict[str, int]:

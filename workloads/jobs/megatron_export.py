@@ -14,6 +14,7 @@ from .common import Exported, model_ref, unexpressed
 from .megatron import FP8_ATTENTION, MLA_FLAGS, CP_COMM, TP_PP_DP_ORDER, read_megatron
 from .megatron_moe import moe_flags
 from .megatron_optimizer import precision_aware_flags
+from .megatron_recompute import recompute_module_flags
 
 REASONS = {
     "sharding": "Megatron's TP is the column/row layout",
@@ -159,7 +160,9 @@ def _run_flags(plan: Plan) -> list[str]:
     out += _grad_dtype_flags(plan, "--bf16" in out) + precision_aware_flags(plan)
     if isinstance(plan.grad_bucket, int) and not plan.fsdp:
         out.append(f"--ddp-bucket-size {plan.grad_bucket}")
-    if plan.recompute in ("selective", "selective_op"):
+    if plan.recompute_modules:           # selective, with the modules it names
+        out += recompute_module_flags(plan)
+    elif plan.recompute in ("selective", "selective_op"):
         out.append("--recompute-granularity selective")
     elif plan.recompute == "full" and plan.recompute_layers:
         out += ["--recompute-granularity full", "--recompute-method block",

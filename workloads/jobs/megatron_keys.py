@@ -79,7 +79,7 @@ MAPPED = {
     "delay-wgrad-compute": "moe.delay_wgrad",
     "recompute-granularity": "recompute (selective | full)",
     "recompute-activations": "recompute (selective)", "recompute-method": "recompute (full)",
-    "recompute-num-layers": "recompute (full)", "recompute-modules": "recompute (core_attn)",
+    "recompute-num-layers": "recompute (full)", "recompute-modules": "recompute (core_attn), recompute_modules (the others)",
     "attention-backend": "attention (unfused, local: eager; else flash)",
     "use-flash-attn": "attention (flash)",
     "cp-comm-type": "context_parallel.mode (p2p: ring, allgather, a2a: all_to_all)",
