@@ -18,8 +18,11 @@ Engine's FusedAdam (transformer_engine/pytorch/optimizers/fused_adam.py):
   _copy_model_grads_to_main_grads). With a BF16 model and fp32 main parameters it keeps
   only the 16 bits of each fp32 master the BF16 weight does not already hold
   (`store_param_remainders`, Megatron's default from Transformer Engine 2.1: an int16 per
-  parameter in the distributed optimizer's state). Under current-scaling FP8, MXFP8 and
-  NVFP4 with fp32 main parameters Megatron keeps its own fp32 master, as without the flag.
+  parameter in the distributed optimizer's state; FusedAdam keeps remainders where the
+  parameter's dtype is bf16, fused_adam.py step). Assumption: with FP8 primary weights
+  under delayed scaling it keeps remainders too (a quantized parameter reports its
+  nominal bf16 dtype). Under current-scaling FP8, MXFP8 and NVFP4 with fp32 main
+  parameters Megatron keeps its own fp32 master, as without the flag.
 * `--main-grads-dtype bf16` is the plan's `ddp.grad_reduce_in_fp32: false` (Megatron-LM
   megatron/training/arguments.py: bf16 main gradients leave accumulate_allreduce_grads_in_
   fp32 off), so it is not a key here.
