@@ -30,7 +30,9 @@ def test_grad_buffer_dtype_follows_validate_args():
     assert _grad_fp32("", drop="") is True            # the switch given
     assert _grad_fp32("--grad-reduce-in-bf16") is False
     assert _grad_fp32("--grad-reduce-in-bf16", drop="") is False   # bf16 reduce wins
-    assert _grad_fp32("--main-grads-dtype bf16") is False
+    assert _grad_fp32("--main-grads-dtype bf16 --use-precision-aware-optimizer") is False
+    with pytest.raises(JobConfigError, match="--main-grads-dtype"):   # only with the switch
+        _grad_fp32("--main-grads-dtype bf16")
     # without --bf16 the parameters are fp32: the switch as given
     assert _grad_fp32("", drop="--bf16 --accumulate-allreduce-grads-in-fp32") is False
     assert _grad_fp32("", drop="--bf16") is True

@@ -147,7 +147,35 @@ def test_a_reference_row_column_sets_the_section():
            "framework": "megatron-core", "zero_stage": "1",
            "precision_aware_optimizer": "bf16"}
     section = plan_dict(row)["precision_aware_optimizer"]
-    assert section == {"exp_avg_dtype": "bf16", "exp_avg_sq_dtype": "bf16"}
+    assert section == {"exp_avg_dtype": "bf16", "exp_avg_sq_dtype": "bf16",
+                       "master_weights": "auto"}
+    # a Megatron-Bridge BF16 run: its optimizer config carries a tensorwise recipe
+    bridge = {**row, "source": "NVIDIA-NeMo/Megatron-Bridge docs/performance-summary.md"}
+    assert plan_dict(bridge)["precision_aware_optimizer"]["master_weights"] == "megatron"
+    bridge_fp8 = {**bridge, "dtype": "fp8"}         # delayed scaling: the dtype's own rule
+    assert plan_dict(bridge_fp8)["precision_aware_optimizer"]["master_weights"] == "auto"
+
+
+def test_megatron_master_weights_keep_the_fp32_master_under_bf16():
+    # Megatron-Bridge's MixedPrecisionConfig copies fp8_recipe "tensorwise" into the
+    # optimizer config, so use_precision_aware_optimizer_no_fp8_or_ds_fp8 is false
+    bridge = PrecisionAwareOptimizer("bf16", "bf16", master_weights="megatron")
+    assert bridge.state_bytes("bf16") == 4 + 2 + 2
+    assert bridge.adam_bytes("bf16", 2) == 4 + 2 * 8 + 2
+    assert PrecisionAwareOptimizer("bf16", "bf16").state_bytes("bf16") == 2 + 2 + 2
+    with pytest.raises(WorkloadError, match="master_weights"):
+        PrecisionAwareOptimizer(main_params_dtype="fp16", master_weights="megatron")
+
+
+def test_megatron_master_weights_read_and_written_as_the_optimizers_recipe():
+    flags = FLAGS.format(extra="--use-precision-aware-optimizer --fp8-recipe tensorwise")
+    plan = plan_from_dict(read_megatron(flags).plan)
+    assert plan.training.dtype == "bf16"
+    assert plan.precision_aware_optimizer.master_weights == "megatron"
+    exported = write_megatron(plan)
+    assert "--fp8-recipe tensorwise" in exported.text and exported.notes == []
+    back = plan_from_dict(read_megatron(exported.text).plan)
+    assert back.precision_aware_optimizer == plan.precision_aware_optimizer
 
 
 def test_a_bridge_yaml_optimizer_section_with_torch_dtypes():
@@ -158,4 +186,5 @@ def test_a_bridge_yaml_optimizer_section_with_torch_dtypes():
         "  exp_avg_dtype: torch.bfloat16\n  exp_avg_sq_dtype:\n"
         "    _target_: torch.bfloat16\n    _call_: false\ncomm_overlap:")
     plan = plan_from_dict(read_megatron(text, "run_config.yaml").plan)
+    # the YAML's model is FP8 (hybrid): the training dtype's own rule holds the master
     assert plan.precision_aware_optimizer == PrecisionAwareOptimizer("bf16", "bf16")

@@ -27,7 +27,11 @@ def test_te_keeps_the_linear_inputs_quantized_under_fp8():
     # instead of 2; the rest (norm inputs, q, k, v, the attention output, the fused
     # SwiGLU's inputs) stays 16-bit
     saved = (H + H + FFN) * TOKENS
-    assert saved_layer_bytes(_dense(), 1) - saved_layer_bytes(_dense("fp8"), 1) == saved
+    assert saved_layer_bytes(_dense(), 1) - saved_layer_bytes(_dense("fp8_cs"), 1) == saved
+    # delayed scaling: linear_proj also keeps its own 1-byte copy of its input (the
+    # attention output, 16 heads x 64 = 1024 wide), beside the attention's 16-bit one
+    assert saved_layer_bytes(_dense(), 1) - saved_layer_bytes(_dense("fp8"), 1) == \
+        saved - 1024 * TOKENS
     # MXFP8 keeps a scale byte per 32 elements beside them
     mxfp8 = saved_layer_bytes(_dense("mxfp8"), 1)
     assert saved_layer_bytes(_dense(), 1) - mxfp8 == pytest.approx(saved * (1 - 1 / 32))
@@ -38,7 +42,7 @@ def test_quantized_saves_are_transformer_engines_only():
     assert saved_layer_bytes(_dense("fp8", "torchtitan"), 1) == \
         saved_layer_bytes(_dense("bf16", "torchtitan"), 1)
     # a layer the recipe keeps in BF16 runs outside the FP8 autocast
-    plan = _dense("fp8", bf16_layers=[1, 0])
+    plan = _dense("fp8_cs", bf16_layers=[1, 0])
     assert saved_layer_bytes(plan, 0) == saved_layer_bytes(_dense(), 0)
     assert saved_layer_bytes(plan, 1) < saved_layer_bytes(_dense(), 1)
 

@@ -189,8 +189,12 @@ def plan_dict(row: dict[str, str]) -> dict[str, Any]:
         raw.setdefault("ddp", {})["fp8_param_gather"] = _flag(row, "fp8_param_gather")
     if row.get("precision_aware_optimizer"):
         moments = row["precision_aware_optimizer"]
-        raw["precision_aware_optimizer"] = {"exp_avg_dtype": moments,
-                                            "exp_avg_sq_dtype": moments}
+        # a Megatron-Bridge BF16 run's optimizer config carries its mixed-precision
+        # fp8_recipe, tensorwise by default: Megatron's fp32 master (optimizer_states.py)
+        bridge = "Megatron-Bridge" in (row.get("source") or "")
+        holder = "megatron" if bridge and (row.get("dtype") or "bf16") == "bf16" else "auto"
+        raw["precision_aware_optimizer"] = {"exp_avg_dtype": moments, "exp_avg_sq_dtype":
+                                            moments, "master_weights": holder}
     if num("ep") > 1:
         raw["mesh"]["ep"] = num("ep")
     if row.get("ep") or row.get("moe_dispatcher"):

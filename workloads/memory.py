@@ -38,7 +38,7 @@ from .param_gathers import FP8_GATHER_BYTES
 from .params import unit_frozen_params, unit_param_groups
 from .plan import Plan
 from .precision import BF16_BYTES, FP32_BYTES, precision
-from .quantized_saves import quantized_input_bytes
+from .quantized_saves import proj_copy_bytes, quantized_input_bytes
 from .schedules import chunk_units, stage_layers
 
 PARAM_BYTES_PER_PARAM = 2        # bf16 working copy (ZeRO paper section 3.1)
@@ -158,15 +158,17 @@ def saved_layer_bytes(plan: Plan, layer: int, recompute: str | None = None) -> f
         return activation_scale(plan) * plan.parallel_dims.grid.resid_fraction * \
             activation_bytes_per_layer(m, s, b, 1, False, recompute, kv_seq_len=tr.seq_len,
                                        kernels=plan.kernels)
-    freed = freed_tensors(plan, layer)         # what a module recompute does not keep
+    # what a module recompute does not keep (an MTP block is not recomputed)
+    freed = freed_tensors(plan, layer) if layer < m.num_layers else frozenset()
     quantized = quantized_input_bytes(plan, layer)
+    proj_copy = proj_copy_bytes(plan, layer) * m.o_size * s * b / tp
     # the ETP-gathered expert inputs are fc1's input too: quantized, or freed with the block
     gathered = 0.0 if "expert_inputs" in freed else gathered_expert_input_bytes(
         plan, layer, recompute) * (quantized or BF16_BYTES) / BF16_BYTES
     return activation_scale(plan) * activation_bytes_per_layer(
         m, s, b, tp, sp, recompute, kv_seq_len=tr.seq_len, moe=m.is_moe_layer(layer),
         load_imbalance=expert_rows_factor(plan), kernels=plan.kernels, freed=freed,
-        quantized_input_bytes=quantized) + gathered
+        quantized_input_bytes=quantized) + gathered + proj_copy
 
 
 def mtp_activation_bytes(plan: Plan, depth: int) -> float:

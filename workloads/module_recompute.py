@@ -33,8 +33,12 @@ moe, mlp) keep only the module's input. Modelled modules:
   kv_norm, wkv_b and both RoPEs. Freed: the per-head q, k and v (the latents they are
   built from stay). Megatron-Core refuses it without MLA (transformer_config.py).
 - "mlp": a dense layer's MLP (transformer_layer.py recompute_mlp, not on MoE layers),
-  its fc1 with the fused pre-MLP norm, activation and fc2. Freed: all the MLP saves but
-  the block's input.
+  its fc1 with the fused pre-MLP norm, activation and fc2, with their tensor-parallel
+  collectives. Freed: all the MLP saves but the block's input.
+Assumptions: mla_up_proj's rerun leaves out a sequence-parallel gather of the latents
+(a graph node of its own, q_lora_rank + kv_lora_rank wide); under FP8/FP4 layernorm's
+discard also frees the shared experts' fc1 input (Megatron-Core saves it original there:
+moe_layer.py set_for_recompute_pre_mlp_layernorm), still counted here.
 The recompute runs these nodes' forward again in the "recompute" phase.
 Megatron-Bridge's GPT-OSS performance configs list ["layernorm", "moe_act"]
 (scripts/performance/configs/gpt_oss/gpt_oss_workload_base_configs.py), applied with
@@ -47,11 +51,11 @@ from __future__ import annotations
 
 RECOMPUTE_MODULES = ("layernorm", "moe_act", "moe", "mla_up_proj", "mlp")
 # The layer-graph nodes of the modules named by their nodes (workloads/layers.py,
-# workloads/moe/layer.py, workloads/latent_attention.py); "moe" is the MoE block, found
-# by position (_moe_block).
+# workloads/moe/layer.py, workloads/latent_attention.py); "moe" and "mlp" rerun the MLP
+# block, found by position (_mlp_block), with its collectives; "mlp" its fused norm too.
 _NODES = {"layernorm": ("ffn_norm",), "moe_act": ("glu_clamp", "swiglu", "gelu"),
           "mla_up_proj": ("q_norm", "wq_b", "kv_norm", "wkv_b", "rope", "rope_k"),
-          "mlp": ("ffn_norm", "w1", "w3", "swiglu", "gelu", "w2")}
+          "mlp": ("ffn_norm",)}
 # The modules an MoE layer has, and a dense one (MLA's on either kind of layer).
 _MOE_MODULES = ("layernorm", "moe_act", "moe")
 _DENSE_MODULES = ("mlp",)
@@ -81,9 +85,10 @@ def freed_tensors(plan, layer: int) -> frozenset[str]:
     return frozenset(name for module in layer_modules(plan, layer) for name in _FREED[module])
 
 
-def _moe_block(graph) -> frozenset[int]:
-    """Ids of an MoE layer graph's MoE block: the nodes built after its pre-MLP norm and
-    before the residual add of the block's output (the graph's last residual add)."""
+def _mlp_block(graph) -> frozenset[int]:
+    """Ids of a layer graph's MLP (an MoE layer's MoE) block: the nodes built after its
+    pre-MLP norm and before the residual add of the block's output (the graph's last
+    residual add), its collectives included."""
     norm = max(n.id for n in graph.nodes if n.name == "ffn_norm")
     add = max(n.id for n in graph.nodes if n.name == "residual_add")
     return frozenset(n.id for n in graph.nodes if norm < n.id < add)
@@ -93,5 +98,5 @@ def module_recompute_saved(graph, plan, layer: int) -> frozenset[int]:
     """Ids of the layer graph's nodes kept from the forward (all but the recomputed)."""
     modules = layer_modules(plan, layer)
     names = {n for module in modules for n in _NODES.get(module, ())}
-    block = _moe_block(graph) if "moe" in modules else frozenset()
+    block = _mlp_block(graph) if {"moe", "mlp"} & set(modules) else frozenset()
     return frozenset(n.id for n in graph.nodes if n.name not in names and n.id not in block)

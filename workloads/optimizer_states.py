@@ -23,6 +23,15 @@ Engine's FusedAdam (transformer_engine/pytorch/optimizers/fused_adam.py):
   under delayed scaling it keeps remainders too (a quantized parameter reports its
   nominal bf16 dtype). Under current-scaling FP8, MXFP8 and NVFP4 with fp32 main
   parameters Megatron keeps its own fp32 master, as without the flag.
+* The recipe Megatron-Core's OptimizerConfig reads is its own fp8_recipe field, not the
+  model's: Megatron-LM's launcher fills it from --fp8-recipe (default "delayed", so a BF16
+  run gets Transformer Engine's master), while Megatron-Bridge copies its
+  MixedPrecisionConfig into it, whose fp8_recipe defaults to "tensorwise" even for BF16
+  (src/megatron/bridge/training/mixed_precision.py update_config_with_precision_overrides
+  at c810129341), so a Bridge BF16 run keeps Megatron's fp32 master. `master_weights`
+  says which: "auto" (the rule above from the training dtype, Megatron-LM's launcher) or
+  "megatron" (Megatron's fp32 master whatever the dtype, as Megatron-Bridge's configs
+  give it; needs fp32 main parameters).
 * `--main-grads-dtype bf16` is the plan's `ddp.grad_reduce_in_fp32: false` (Megatron-LM
   megatron/training/arguments.py: bf16 main gradients leave accumulate_allreduce_grads_in_
   fp32 off), so it is not a key here.
@@ -53,6 +62,7 @@ TE_MASTER_DTYPES = ("bf16", "fp8")
 MODEL_BYTES = 2
 FP32_BYTES = 4
 SECTION = "precision_aware_optimizer"
+MASTER_WEIGHTS = ("auto", "megatron")
 
 
 @dataclass(frozen=True)
@@ -63,6 +73,7 @@ class PrecisionAwareOptimizer:
     exp_avg_sq_dtype: str = "fp32"
     main_params_dtype: str = "fp32"
     store_param_remainders: bool = True
+    master_weights: str = "auto"
 
     def __post_init__(self) -> None:
         for name in ("exp_avg_dtype", "exp_avg_sq_dtype"):
@@ -70,10 +81,17 @@ class PrecisionAwareOptimizer:
         check_choice(self.main_params_dtype, f"{SECTION}.main_params_dtype",
                      MAIN_PARAM_DTYPES)
         check_bool(self.store_param_remainders, f"{SECTION}.store_param_remainders")
+        check_choice(self.master_weights, f"{SECTION}.master_weights", MASTER_WEIGHTS)
+        if self.master_weights == "megatron" and self.main_params_dtype != "fp32":
+            raise WorkloadError(f"{SECTION}.master_weights", self.master_weights,
+                                'auto with main_params_dtype fp16 (Transformer Engine then '
+                                "holds the master whatever the recipe)")
 
     def te_holds_master(self, dtype: str) -> bool:
         """Whether Transformer Engine's FusedAdam holds the master weight (module docstring)."""
-        return self.main_params_dtype != "fp32" or dtype in TE_MASTER_DTYPES
+        if self.main_params_dtype != "fp32":
+            return True
+        return self.master_weights == "auto" and dtype in TE_MASTER_DTYPES
 
     def master_bytes(self, dtype: str) -> int:
         """Bytes per parameter of the master weight under training dtype `dtype`."""
@@ -110,7 +128,7 @@ def parse_precision_aware_optimizer(raw: Any) -> PrecisionAwareOptimizer | None:
         return None
     raw = json_object(raw, SECTION)
     fields = ("exp_avg_dtype", "exp_avg_sq_dtype", "main_params_dtype",
-              "store_param_remainders")
+              "store_param_remainders", "master_weights")
     known_keys(raw, SECTION, fields)
     return PrecisionAwareOptimizer(**{k: raw[k] for k in fields if k in raw})
 

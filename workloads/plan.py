@@ -155,12 +155,13 @@ class Plan:
         if not is_int(self.recompute_layers) or self.recompute_layers < 0:
             raise WorkloadError("recompute_layers", self.recompute_layers,
                                 "an integer >= 0 (0: every layer)")
-        if not isinstance(self.recompute_modules, tuple) or not set(
-                self.recompute_modules) <= set(RECOMPUTE_MODULES) or (
-                self.recompute_modules and self.recompute not in ("none", "selective")):
-            raise WorkloadError("recompute_modules", self.recompute_modules,
-                                f"a list of {', '.join(RECOMPUTE_MODULES)} (with recompute "
-                                "none or selective)")
+        mods = self.recompute_modules   # names once each (a JSON list may hold anything)
+        if not isinstance(mods, tuple) or not all(m in RECOMPUTE_MODULES for m in mods) or \
+                len(set(mods)) < len(mods) or (mods and self.recompute not in ("none",
+                                                                             "selective")):
+            raise WorkloadError("recompute_modules", list(mods) if isinstance(mods, tuple)
+                                else mods, f"a list of distinct {', '.join(RECOMPUTE_MODULES)} "
+                                "(with recompute none or selective)")
         if self.recompute_layers and self.recompute != "full":
             raise WorkloadError("recompute_layers", self.recompute_layers,
                                 '0 unless recompute is "full"')
@@ -174,13 +175,11 @@ class Plan:
         # Bounded: far beyond this the hottest rank would hold more tokens than the batch has.
         check_number(self.load_imbalance, "moe.load_imbalance", 1.0, MAX_LOAD_IMBALANCE,
                      f"a number in [1, {MAX_LOAD_IMBALANCE:g}] (1: balanced)")
-        for name, kind, module in (
-                ("moe", MoEOptions, "moe_options"), ("lora", (LoRA, type(None)), "lora"),
-                ("precision_aware_optimizer", (PrecisionAwareOptimizer, type(None)),
-                 "optimizer_states")):
+        for name, kind, module in (("moe", MoEOptions, "moe_options"), ("lora", (
+                LoRA, type(None)), "lora"), ("precision_aware_optimizer", (
+                PrecisionAwareOptimizer, type(None)), "optimizer_states")):
             if not isinstance(getattr(self, name), kind):
-                raise WorkloadError(name, getattr(self, name),
-                                    f"an object (workloads/{module}.py)")
+                raise WorkloadError(name, getattr(self, name), f"an object (workloads/{module}.py)")
         check_int(self.tp_depth, "tensor_parallel.depth")
         for name, key in (("collective_algorithm", "algorithm"),
                           ("collective_protocol", "protocol")):

@@ -7,6 +7,9 @@ fp32 or fp16 (megatron/core/optimizer/optimizer_config.py asserts fp32 for each 
 switch); --main-grads-dtype is the gradient buffer's dtype (megatron.py _grad_reduce_fp32).
 A Megatron-Bridge YAML writes the dtypes as torch dtypes (torch.bfloat16: the flags'
 map_dtype in reverse). store_param_remainders has no flag: Megatron's default (true).
+master_weights "megatron" (a BF16 run whose optimizer config carries a recipe other than
+delayed scaling) reads from a Bridge YAML or from --fp8-recipe without an FP8 format, and
+is written back as --fp8-recipe tensorwise.
 """
 from __future__ import annotations
 
@@ -33,12 +36,29 @@ def precision_aware_section(get) -> dict[str, Any] | None:
             raise JobConfigError(get.name(flag), value, ", ".join(allowed))
         dtypes[flag.replace("-", "_")] = value
     if get.on(SWITCH):
+        if _megatron_master(get):
+            dtypes["master_weights"] = "megatron"
         return dtypes
+    # --main-grads-dtype too (megatron/core/optimizer/optimizer_config.py at core_v0.15.0)
+    dtypes["main_grads_dtype"] = _dtype_name(get.str("main-grads-dtype", "fp32"))
     for flag, value in dtypes.items():
         if value != "fp32":
             raise JobConfigError(get.name(flag.replace("_", "-")), value, "fp32 without "
                                  f"{get.name(SWITCH)} (Megatron-Core asserts it)")
     return None
+
+
+def _megatron_master(get) -> bool:
+    """Whether a BF16 run's optimizer config carries a recipe other than delayed scaling,
+    so Megatron-Core keeps its own fp32 master (workloads/optimizer_states.py): a
+    Megatron-Bridge YAML (its MixedPrecisionConfig's fp8_recipe, default "tensorwise", is
+    copied into the optimizer config), or Megatron-LM flags with --fp8-recipe other than
+    delayed and no FP8/FP4 format."""
+    if get.str("fp8-format") is not None or get.str("fp4-format") is not None:
+        return False       # a quantized run: the training dtype's own rule
+    if get.names:
+        return True
+    return get.str("fp8-recipe", "delayed") != "delayed"
 
 
 def _dtype_name(value: Any) -> Any:
@@ -54,6 +74,10 @@ def precision_aware_flags(plan) -> list[str]:
     section = plan.precision_aware_optimizer
     if section is None:
         return []
-    return [f"--{SWITCH}", f"--exp-avg-dtype {section.exp_avg_dtype}",
-            f"--exp-avg-sq-dtype {section.exp_avg_sq_dtype}",
-            f"--main-params-dtype {section.main_params_dtype}"]
+    flags = [f"--{SWITCH}", f"--exp-avg-dtype {section.exp_avg_dtype}",
+             f"--exp-avg-sq-dtype {section.exp_avg_sq_dtype}",
+             f"--main-params-dtype {section.main_params_dtype}"]
+    if section.master_weights == "megatron" and plan.training.dtype == "bf16":
+        # the optimizer config's recipe, which a BF16 model does not use (_megatron_master)
+        flags.append("--fp8-recipe tensorwise")
+    return flags
