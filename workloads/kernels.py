@@ -123,8 +123,11 @@ ADAM_STEP = {"fused": (30.0, 1, False), "foreach": (84.0, 8, False),
 OPTIMIZERS = tuple(ADAM_STEP)
 
 
-def adam_step_cost(implementation: str, params: float, tensors: int) -> tuple[float, int]:
+def adam_step_cost(implementation: str, params: float, tensors: int,
+                   bytes_per_param: float | None = None) -> tuple[float, int]:
     """(HBM bytes, kernel launches) of the Adam step over `params` parameters held in
-    `tensors` parameter tensors."""
-    bytes_per_param, launches, per_tensor = ADAM_STEP[implementation]
-    return params * bytes_per_param, launches * (tensors if per_tensor else 1)
+    `tensors` parameter tensors; `bytes_per_param` where the states are not the table's
+    fp32 ones (Megatron-Core's precision-aware optimizer: workloads/optimizer_states.py)."""
+    table_bytes, launches, per_tensor = ADAM_STEP[implementation]
+    per_param = table_bytes if bytes_per_param is None else bytes_per_param
+    return params * per_param, launches * (tensors if per_tensor else 1)

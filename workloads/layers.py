@@ -36,9 +36,8 @@ def layer_shape(plan: Plan, gpu: str = "") -> LayerShape:
                          COMPUTE_CAPABILITY.get(gpu.lower(), (0, 0)))
     if recipe is not None and plan.fsdp_float8_all_gather:   # weights gathered in float8
         recipe = with_gathered_weights(recipe)
-    if recipe is not None and tr.bf16_layers is not None:   # the plan's own BF16 layers
-        recipe = replace(recipe, bf16_first_layers=tr.bf16_layers[0],
-                         bf16_last_layers=tr.bf16_layers[1], bf16_reference_layers=0)
+    if recipe is not None:   # the plan's own BF16 layers, where it names them
+        recipe = recipe.with_layers(tr.bf16_layers)
     return LayerShape(tokens=tr.micro_batch * tr.seq_len // plan.mesh.cp, seq_len=tr.seq_len,
                       tp=plan.mesh.tp, heads=m.num_heads, kv_heads=m.num_kv_heads,
                       head_dim=m.head_dim, act_bytes=prec.act_bytes,

@@ -47,6 +47,7 @@ from typing import Any
 
 from .errors import WorkloadError
 from .fields import check_bool, check_choice, json_object, known_keys
+from .precision import BF16_BYTES, FP32_BYTES
 
 # Bytes of one element of each dtype Megatron-LM accepts for the moments (arguments.py
 # --exp-avg-dtype / --exp-avg-sq-dtype choices; fp8 is stored as uint8 with a scale per
@@ -58,9 +59,8 @@ PARAM_REMAINDER_BYTES = 2
 # The training dtypes under which Transformer Engine's FusedAdam holds an fp32 master: no
 # FP8 recipe (bf16) or delayed scaling (the plan's fp8, workloads/precision.py RECIPES).
 TE_MASTER_DTYPES = ("bf16", "fp8")
-# The 16-bit model weight and gradient buffer elements (bf16).
-MODEL_BYTES = 2
-FP32_BYTES = 4
+# The 16-bit model weight and gradient buffer elements.
+MODEL_BYTES = BF16_BYTES
 SECTION = "precision_aware_optimizer"
 MASTER_WEIGHTS = ("auto", "megatron")
 

@@ -173,6 +173,14 @@ class GemmRecipe:
         return (operands * 2 * self.scale_bytes / self.block,
                 2 * gemms * self.scale_swizzle_kernels)
 
+    def with_layers(self, bf16_layers: tuple[int, int] | None) -> "GemmRecipe":
+        """This recipe with a plan's own BF16 layers (training.bf16_layers: [first, last]
+        at any depth), or as it is (None)."""
+        if bf16_layers is None:
+            return self
+        return replace(self, bf16_first_layers=bf16_layers[0],
+                       bf16_last_layers=bf16_layers[1], bf16_reference_layers=0)
+
     def keeps_bf16(self, layer: int, num_layers: int) -> bool:
         """Whether transformer layer `layer` (0-based) of `num_layers` runs its linears
         in BF16 under this recipe."""

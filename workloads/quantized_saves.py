@@ -23,8 +23,7 @@ def quantized_input_bytes(plan, layer: int) -> float | None:
     recipe = precision(plan.training.dtype).recipe
     if recipe is None or plan.framework not in TE_FRAMEWORKS:
         return None
-    first, last = plan.training.bf16_layers or recipe.bf16_layers(plan.model.num_layers)
-    if layer < first or layer >= plan.model.num_layers - last:
+    if recipe.with_layers(plan.training.bf16_layers).keeps_bf16(layer, plan.model.num_layers):
         return None
     return recipe.operand_bytes
 

@@ -334,11 +334,11 @@ class StageLowering:
                 local += params / (self._group_size(dims) if sharded else 1)
         for filler in self.fillers:   # reductions that wait for the whole backward
             self._emit_buckets(filler.take(flush=True), self.plan.micro_batches - 1)
-        nbytes, kernels = adam_step_cost(self.plan.optimizer, local, self._param_tensors())
         lowered = self.plan.precision_aware_optimizer   # workloads/optimizer_states.py
-        if lowered is not None:
-            nbytes = local * lowered.adam_bytes(self.plan.training.dtype,
-                                                grad_state_bytes(self.plan))
+        per_param = None if lowered is None else lowered.adam_bytes(
+            self.plan.training.dtype, grad_state_bytes(self.plan))
+        nbytes, kernels = adam_step_cost(self.plan.optimizer, local, self._param_tensors(),
+                                         per_param)
         step = self.sink.add(kind=COMPUTE, stream="compute", op="adam", phase="optimizer",
                              deps=(self.last_backward, *self.reductions), bytes=nbytes,
                              kernels=kernels, op_class=MEMORY, label="optimizer.step",
