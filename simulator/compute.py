@@ -15,7 +15,8 @@ import math
 
 from topologies import DeviceSpec
 from topologies.gemm_k_loop import rate_at_k, tile_overhead_k
-from workloads.program import ATTENTION, GEMM, MEMORY, Task
+from topologies.host_link import host_link_Bps
+from workloads.program import ATTENTION, GEMM, HOST_COPY, MEMORY, Task
 
 # Split-K needs enough of the reduction dimension per split to stay efficient.
 # Assumption: at least 1024 elements of k per split (4 K-tiles of 256).
@@ -80,6 +81,9 @@ def device_time_s(task: Task, device: DeviceSpec, dtype: str) -> float:
     """Roofline time of one compute task's kernels plus their launch overhead."""
     if (task.flops == 0.0 and task.bytes == 0.0) or task.kernels == 0:
         return 0.0  # a pure synchronisation point (join), or no kernel at all
+    if task.op_class == HOST_COPY:
+        # a copy engine's transfer to or from pinned host memory (activation offloading)
+        return task.bytes / host_link_Bps(device)
     prof = device.profile
     memory_s = task.bytes / (device.hbm_Bps * prof.memory_efficiency)
     if task.op_class == MEMORY:

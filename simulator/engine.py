@@ -21,7 +21,7 @@ from typing import Iterator
 import simpy
 
 from topologies import Topology
-from workloads.program import COMPUTE, Program, Task, gc_paused
+from workloads.program import COMPUTE, HOST_COPY, Program, Task, gc_paused
 
 from .compute import device_time_s, host_factor
 from .host_timeline import HostTimeline
@@ -144,8 +144,10 @@ class Engine:
         if key not in self._streams:
             tasks = self.program.stages[stage]
             # each task's lane once (a stage holds up to millions of tasks)
-            lanes = [("compute" if serial and (t.kind == COMPUTE or t.op != "send_recv")
-                      else t.stream) for t in tasks]
+            # a copy engine's transfer keeps its own lane: it holds no SMs
+            lanes = [("compute" if serial and t.op_class != HOST_COPY
+                      and (t.kind == COMPUTE or t.op != "send_recv") else t.stream)
+                     for t in tasks]
             streams: dict[str, list] = {}
             watched: set[int] = set()
             for task, own in zip(tasks, lanes):
@@ -199,7 +201,7 @@ class Engine:
             if task.kind == COMPUTE:
                 duration = durations[task_id]
                 if duration:
-                    if interference:
+                    if interference and task.op_class != HOST_COPY:
                         yield from compute(rank, duration)
                     else:
                         yield timeout(duration)

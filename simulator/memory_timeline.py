@@ -4,14 +4,16 @@ Model states (parameters, gradients, optimizer) and buffers are held at their an
 values (workloads.memory) for the whole step; activations follow the trace: a layer's
 saved tensors of a micro-batch are allocated when its forward ends and freed when its
 backward ends, and the last stage's logits live from the loss to the output layer's
-backward. The timeline's maximum is what the schedule actually keeps in flight, which the
-analytic peak bounds from above.
+backward; an offloaded layer's leave the GPU from the forward of layer L - N + i to that
+layer's backward (workloads/activation_offload.py). The timeline's maximum is what the
+schedule actually keeps in flight, which the analytic peak bounds from above.
 """
 from __future__ import annotations
 
 import numpy as np
 import pyarrow as pa
 
+from workloads.activation_offload import offloaded_layers, release_layer
 from workloads.memory import memory_breakdown, output_activation_bytes, saved_layer_bytes
 from workloads.program import Program
 
@@ -23,6 +25,7 @@ def _rank_deltas(plan, stage: int, layer, microbatch, phase, op, end, stream) ->
     does not hold its activations.
     """
     deltas = np.zeros(len(end))
+    first_fwd: dict[tuple[int, int], int] = {}
     last_fwd: dict[tuple[int, int], int] = {}
     last_bwd: dict[tuple[int, int], int] = {}
     for i in np.argsort(end, kind="stable"):
@@ -33,6 +36,7 @@ def _rank_deltas(plan, stage: int, layer, microbatch, phase, op, end, stream) ->
             key = key if key[0] >= 0 else (-1, key[1])
             if phase[i] == "forward" and (key[0] >= 0 or op[i] == "cross_entropy"):
                 last_fwd[key] = i
+                first_fwd.setdefault(key, i)
             elif phase[i] == "backward" and (key[0] >= 0 or op[i] == "output"):
                 last_bwd[key] = i
     logits = output_activation_bytes(plan)
@@ -41,6 +45,14 @@ def _rank_deltas(plan, stage: int, layer, microbatch, phase, op, end, stream) ->
         deltas[i] += size
         if key in last_bwd:
             deltas[last_bwd[key]] -= size
+    for layer in offloaded_layers(plan):
+        # freed when layer L - N + i's forward starts, back when that layer's backward is
+        # done (workloads/activation_offload.py), each at the end of that row
+        size, at = saved_layer_bytes(plan, layer), release_layer(plan, layer)
+        for mb in {k[1] for k in first_fwd if k[0] == at}:
+            deltas[first_fwd[(at, mb)]] -= size
+            if (at, mb) in last_bwd:
+                deltas[last_bwd[(at, mb)]] += size
     return deltas
 
 

@@ -109,6 +109,10 @@ COLUMNS: dict[str, tuple[str, bool, object]] = {
     # moments in this dtype (fp32 main parameters): the plan's precision_aware_optimizer
     # section (workloads/optimizer_states.py); empty: off
     "precision_aware_optimizer": (TEXT, False, ("fp32", "bf16")),
+    # activation_offload_layers: Megatron-Core's --cpu-offloading-num-layers (activations
+    # of the first N layers in host memory): the plan's activation_offload section
+    # (workloads/activation_offload.py); empty: off
+    "activation_offload_layers": (INT, False, (1, MAX_INT)),
 }
 
 

@@ -195,6 +195,8 @@ def plan_dict(row: dict[str, str]) -> dict[str, Any]:
         holder = "megatron" if bridge and (row.get("dtype") or "bf16") == "bf16" else "auto"
         raw["precision_aware_optimizer"] = {"exp_avg_dtype": moments, "exp_avg_sq_dtype":
                                             moments, "master_weights": holder}
+    if row.get("activation_offload_layers"):
+        raw["activation_offload"] = {"layers": num("activation_offload_layers")}
     if num("ep") > 1:
         raw["mesh"]["ep"] = num("ep")
     if row.get("ep") or row.get("moe_dispatcher"):

@@ -31,6 +31,7 @@ from .module_recompute import RECOMPUTE_MODULES
 from .layouts import MEGATRON
 from .lora import LoRA, parse_lora
 from .optimizer_states import PrecisionAwareOptimizer, parse_precision_aware_optimizer
+from .activation_offload import ActivationOffload, parse_activation_offload
 from .moe_options import MoEOptions, parse_moe
 from .plan_checks import check_resolved
 from .plan_sections import (DTYPES, LOW_PRECISION, SCHEDULES,  # noqa: F401 (the plan's names)
@@ -118,6 +119,8 @@ class Plan:
     lora: LoRA | None = None        # LoRA fine-tuning (workloads/lora.py); None: every weight trains
     # Adam's states in lower precision (workloads/optimizer_states.py); None: fp32 states
     precision_aware_optimizer: PrecisionAwareOptimizer | None = None
+    # saved tensors of the first layers kept in host memory (workloads/activation_offload.py)
+    activation_offload: ActivationOffload | None = None
     source: Mapping[str, Any] = field(default_factory=dict, compare=False, repr=False)
 
     def __post_init__(self) -> None:
@@ -177,7 +180,8 @@ class Plan:
                      f"a number in [1, {MAX_LOAD_IMBALANCE:g}] (1: balanced)")
         for name, kind, module in (("moe", MoEOptions, "moe_options"), ("lora", (
                 LoRA, type(None)), "lora"), ("precision_aware_optimizer", (
-                PrecisionAwareOptimizer, type(None)), "optimizer_states")):
+                PrecisionAwareOptimizer, type(None)), "optimizer_states"), (
+                "activation_offload", (ActivationOffload, type(None)), "activation_offload")):
             if not isinstance(getattr(self, name), kind):
                 raise WorkloadError(name, getattr(self, name), f"an object (workloads/{module}.py)")
         check_int(self.tp_depth, "tensor_parallel.depth")
@@ -309,7 +313,7 @@ TOP_KEYS = ("name", "model", "training", "mesh", "fsdp", "zero_stage", "sharding
             "optimizer", "pipeline", "overlap", "topology",
             "description", "framework", "cuda_graphs", "host_overhead", "ddp",
             "context_parallel", "moe", "tensor_parallel", "collectives", "lora",
-            "precision_aware_optimizer")
+            "precision_aware_optimizer", "activation_offload")
 
 
 def _extensions(raw: dict) -> dict:
@@ -328,6 +332,7 @@ def _extensions(raw: dict) -> dict:
             "tp_depth": tp.get("depth", 1), "lora": parse_lora(raw.get("lora")),
             "precision_aware_optimizer": parse_precision_aware_optimizer(
                 raw.get("precision_aware_optimizer")),
+            "activation_offload": parse_activation_offload(raw.get("activation_offload")),
             "collective_algorithm": coll.get("algorithm"),
             "collective_protocol": coll.get("protocol")}
 

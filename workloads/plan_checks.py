@@ -49,6 +49,7 @@ from .lora import check_lora
 from .module_recompute import layer_modules
 from .moe_options import check_moe_resolved
 from .optimizer_states import check_precision_aware_plan
+from .activation_offload import check_activation_offload_plan
 from .torchao_recipes import TORCHAO_FRAMEWORKS
 
 
@@ -96,6 +97,7 @@ def check_resolved(plan) -> None:
     check_sliding_window_plan(plan)
     check_lora(plan)
     check_precision_aware_plan(plan)
+    check_activation_offload_plan(plan)
     check_packed_plan(plan)
     check_fp8_attention_plan(plan)
     check_gpt_layer_plan(plan)

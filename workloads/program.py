@@ -21,6 +21,9 @@ GEMM, ATTENTION, MEMORY = "gemm", "attention", "memory"
 # The local copy around a DTensor redistribution of a non-dim-0 shard (one per
 # redistribution that needs one: layer_graph.LayerGraph._comm).
 RELAYOUT = "relayout"
+# A copy engine's transfer to or from pinned host memory: no SMs, the host link's rate
+# (activation offloading: workloads/offload_copies.py).
+HOST_COPY = "host_copy"
 
 
 @dataclass(slots=True)

@@ -20,8 +20,9 @@ from .host_cost import add_host_issue_time
 from .kernels import adam_step_cost
 from .layer_builder import BuildOptions, LayerBuilder, LayerShape, TaskSink
 from .layers import unit_builder
-from .memory import grad_state_bytes
+from .memory import grad_state_bytes, saved_layer_bytes
 from .module_recompute import module_recompute_saved, recomputes_modules
+from .offload_copies import insert_offload_copies
 from .moe.a2a_overlap import (PassPieces, add_node_host_time, combined_order,
                                lone_node_calls, reorder)
 from .p2p_sync import P2PSync, p2p_host_sync
@@ -375,6 +376,8 @@ class StageLowering:
         self.optimizer()
         if self.combined:
             reorder(self.sink.tasks, self.combined)
+        insert_offload_copies(self.sink.tasks, self.plan,
+                              lambda layer: saved_layer_bytes(self.plan, layer))
         add_host_issue_time(self.sink.tasks, self.plan)
         add_node_host_time(self.node_calls, self.plan)
         return self.sink.tasks

@@ -251,6 +251,10 @@ def _plan(get: _Getter, spec: ModelSpec, ref, findings: Findings) -> dict[str, A
             plan["ddp"]["bucket_params"] = get.int("ddp-bucket-size")
     if (lowered := precision_aware_section(get)) is not None:
         plan["precision_aware_optimizer"] = lowered
+    # --cpu-offloading: the first --cpu-offloading-num-layers layers' activations (0: none)
+    offloaded = get.int("cpu-offloading-num-layers", 0, minimum=0)
+    if get.on("cpu-offloading") and offloaded:
+        plan["activation_offload"] = {"layers": offloaded}
     if spec.num_experts:
         plan["moe"] = moe_block(get, tp, findings, plan["training"]["dtype"])
     elif get.on(OP_FUSER):

@@ -158,6 +158,9 @@ def _run_flags(plan: Plan) -> list[str]:
                 ("--enable-cuda-graph", plan.cuda_graphs)]
     out += [flag for flag, on in switches if on]
     out += _grad_dtype_flags(plan, "--bf16" in out) + precision_aware_flags(plan)
+    if plan.activation_offload is not None:
+        out.append(f"--cpu-offloading --cpu-offloading-num-layers "
+                   f"{plan.activation_offload.layers}")
     if isinstance(plan.grad_bucket, int) and not plan.fsdp:
         out.append(f"--ddp-bucket-size {plan.grad_bucket}")
     if plan.recompute_modules:           # selective, with the modules it names

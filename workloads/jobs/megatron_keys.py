@@ -75,6 +75,8 @@ MAPPED = {
     "exp-avg-dtype": "precision_aware_optimizer.exp_avg_dtype",
     "exp-avg-sq-dtype": "precision_aware_optimizer.exp_avg_sq_dtype",
     "main-params-dtype": "precision_aware_optimizer.main_params_dtype",
+    "cpu-offloading": "activation_offload (with --cpu-offloading-num-layers)",
+    "cpu-offloading-num-layers": "activation_offload.layers",
     "overlap-moe-expert-parallel-comm": "moe.overlap_a2a",
     "delay-wgrad-compute": "moe.delay_wgrad",
     "recompute-granularity": "recompute (selective | full)",
@@ -108,7 +110,8 @@ UNMODELLED = {
     "data-parallel-sharding-strategy": ("no_shard", ("no_shard",), "Megatron FSDP sharding"),
     "moe-grouped-gemm": (False, (False,), "grouped expert GEMMs"),
     "cuda-graph-impl": ("none", ("none",), "CUDA graphs by another implementation"),
-    "cpu-offloading": (False, (False,), "activation offload to the host"),
+    "cpu-offloading-weights": (False, (False,), "weight offload to the host"),
+    "cpu-offloading-activations": (True, (True,), "weight offload alone"),
     "use-legacy-models": (False, (False,), "the legacy (non-Core) GPT model"),
 }
 ACCUMULATE_FP32 = "accumulate-allreduce-grads-in-fp32"
@@ -125,6 +128,8 @@ OLD_FLAGS = {
 }
 
 IGNORED = {
+    "cpu-offloading-double-buffering": "Transformer Engine v2.13's offload context takes it "
+                                       "and does not use it (cpu_offload.py)",
     "use-mcore-models": "deprecated; core_v0.15.0 ignores it",
     "no-async-tensor-model-parallel-allreduce": "deprecated; core_v0.15.0 ignores it",
     **{f: "data" for f in ("data-path", "split", "mock-data", "data-cache-path",

@@ -1,0 +1,190 @@
+"""Activation offloading (workloads/activation_offload.py, workloads/offload_copies.py):
+Transformer Engine's schedule of copies out and back (v2.13 cpu_offload.py
+DefaultOffloadSynchronizer), what stays on the GPU, the copies' cost on the host link
+(topologies/host_link.py), Megatron-Core's refusals, and the reference CSV column."""
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+from simulator import SimOptions, simulate
+from topologies import build
+from topologies.host_link import GRACE_BLACKWELL_COPY_BPS, PCIE_GEN5_X16_COPY_BPS, host_link_Bps
+from topologies.specs import device
+from validation.reference_rows import DEFAULT_CSV, load_rows, plan_dict
+from workloads.errors import WorkloadError
+from workloads.memory import memory_breakdown, saved_layer_bytes
+from workloads.offload_copies import OFFLOAD_OP, RELOAD_OP
+from workloads.plan import plan_from_dict, resolve
+
+BASE = {"framework": "megatron-core", "model": "llama3-8b", "recompute": "none",
+        "training": {"global_batch": 16, "micro_batch": 1, "seq_len": 8192, "dtype": "bf16"},
+        "mesh": {"dp": 8, "tp": 1, "pp": 1}}
+LAYERS = 32     # llama3-8b
+
+
+def _plan(layers=None, **over):
+    raw = {**BASE, **over}
+    if layers is not None:
+        raw["activation_offload"] = {"layers": layers}
+    return resolve(plan_from_dict(raw), 8)
+
+
+def test_only_the_last_layers_stay_on_the_gpu():
+    # TE's synchroniser keeps at most L - N layers' saved tensors (the first N offloaded)
+    plan, off = _plan(), _plan(layers=20)
+    dropped = sum(saved_layer_bytes(plan, layer) for layer in range(20))
+    assert dropped > 0
+    assert memory_breakdown(off).activations_bytes == pytest.approx(
+        memory_breakdown(plan).activations_bytes - dropped)
+
+
+def _tasks(plan):
+    from workloads.lowering import lower
+    return lower(plan).stages[0]
+
+
+def test_copies_wait_where_transformer_engine_waits():
+    plan = _plan(layers=5)
+    tasks = _tasks(plan)
+    by_id = {t.id: t for t in tasks}
+    outs = [t for t in tasks if t.op == OFFLOAD_OP]
+    backs = [t for t in tasks if t.op == RELOAD_OP]
+    assert len(outs) == len(backs) == 5 * plan.micro_batches
+    for task in tasks:
+        assert all(d < task.id for d in task.deps)      # an issue order
+    for out in outs:
+        layer, mb = out.layer, out.microbatch
+        assert out.bytes == pytest.approx(saved_layer_bytes(plan, layer))
+        assert by_id[out.deps[0]].layer == layer and by_id[out.deps[0]].phase == "forward"
+        # the forward of layer L - N + i waits for the copy (release)
+        release = min(t.id for t in tasks if t.stream == "compute" and t.phase == "forward"
+                      and t.layer == LAYERS - 5 + layer and t.microbatch == mb)
+        assert out.id in by_id[release].deps
+    for back in backs:
+        layer, mb = back.layer, back.microbatch
+        # issued before layer L - 1 - N + i's backward, after the backward before it
+        assert by_id[back.deps[0]].layer == LAYERS - 5 + layer
+        first_bwd = min(t.id for t in tasks if t.stream == "compute" and t.layer == layer
+                        and t.phase == "backward" and t.microbatch == mb)
+        assert back.id in by_id[first_bwd].deps
+
+
+def test_timeline_frees_and_reloads():
+    plan = _plan(layers=24)
+    result = simulate(plan, build("dgx-b200"), SimOptions())
+    memory = result.summary["memory"]
+    # the trace's peak is the analytic one: the offloaded layers leave before the last
+    # layers' saved tensors arrive
+    assert memory["timeline_peak_bytes"] == pytest.approx(memory["peak_bytes"], rel=1e-9)
+    plain = simulate(_plan(), build("dgx-b200"), SimOptions()).summary["memory"]
+    assert memory["timeline_peak_bytes"] < plain["timeline_peak_bytes"] - 20 * 2 ** 30
+
+
+def test_copies_cost_the_step_only_where_the_link_is_slow():
+    # on PCIe (52.8 GB/s) a B200's 8B layer saves ~1 GB in ~2 ms of forward: the copies
+    # cannot hide, and the forward waits for them; they never make a step faster
+    topo = build("dgx-b200")
+    plain = simulate(_plan(), topo, SimOptions()).summary["step_time_s"]
+    few = simulate(_plan(layers=2), topo, SimOptions()).summary["step_time_s"]
+    many = simulate(_plan(layers=31), topo, SimOptions()).summary["step_time_s"]
+    assert plain <= few + 1e-9 < many
+    per_mb_bytes = sum(saved_layer_bytes(_plan(), layer) for layer in range(31))
+    # at least the copies out that no forward can cover: 31 layers out and back
+    assert many - plain > 0.5 * 2 * per_mb_bytes / PCIE_GEN5_X16_COPY_BPS
+
+
+def test_host_link_rates_by_device():
+    assert host_link_Bps(device("h100")) == PCIE_GEN5_X16_COPY_BPS
+    assert host_link_Bps(device("gb200")) == GRACE_BLACKWELL_COPY_BPS
+    assert host_link_Bps(device("gb200")) > 3 * host_link_Bps(device("b200"))
+
+
+@pytest.mark.parametrize("over, field", [
+    ({"activation_offload": {"layers": 32}}, "activation_offload.layers"),
+    ({"activation_offload": {"layers": 4}, "mesh": {"dp": 4, "tp": 1, "pp": 2}},
+     "activation_offload with mesh.pp"),
+    ({"activation_offload": {"layers": 4}, "recompute": "full"},
+     "activation_offload with recompute"),
+    ({"activation_offload": {"layers": 4}, "framework": "torchtitan"}, "framework"),
+    ({"activation_offload": {"layers": 4, "weights": True}}, "activation_offload"),
+    ({"activation_offload": {}}, "activation_offload.layers"),
+    ({"activation_offload": {"layers": 0}}, "activation_offload.layers"),
+])
+def test_refusals_name_the_setting(over, field):
+    with pytest.raises(WorkloadError) as err:
+        resolve(plan_from_dict({**BASE, **over}), 8)
+    assert err.value.field.startswith(field)
+
+
+def test_cli_refuses_with_one_line(tmp_path):
+    path = tmp_path / "plan.json"
+    path.write_text(json.dumps({**BASE, "activation_offload": {"layers": 4},
+                                "recompute": "selective"}))
+    out = subprocess.run([sys.executable, "-m", "simulator", "run", "--topo", "dgx-b200",
+                          "--plan", str(path)], capture_output=True, text=True)
+    assert out.returncode == 2
+    lines = out.stderr.strip().splitlines()
+    assert len(lines) == 1 and "activation_offload with recompute" in lines[0]
+
+
+def test_reference_rows_carry_the_recipes_offload():
+    # Megatron-Bridge llama3_workload_base_configs.py at c810129341: GB200 FP8-CS V2
+    # cpu_offloading_num_layers 40, GB300 FP8-CS V2 20; 25.09's llama31_405b yaml: 95
+    rows = {r["id"]: r for r in load_rows(DEFAULT_CSV)}
+    expected = {"mb-llama3-70b-gb200-fp8-64": 40, "mb-llama3-70b-gb300-fp8-64": 20,
+                "mb-llama3-70b-gb200-fp8-64-gbs128": 40, "mb-llama31-405b-gb200-fp8-128": 95}
+    for rid, layers in expected.items():
+        assert plan_dict(rows[rid])["activation_offload"] == {"layers": layers}
+    assert sum("activation_offload" in plan_dict(r) for r in rows.values()) == len(expected)
+
+
+FLAGS = r"""pretrain_gpt.py --num-layers 32 --hidden-size 4096 --ffn-hidden-size 14336 \
+    --num-attention-heads 32 --group-query-attention --num-query-groups 8 \
+    --vocab-size 128256 --swiglu --untie-embeddings-and-output-weights \
+    --disable-bias-linear --normalization RMSNorm --position-embedding-type rope \
+    --hidden-dropout 0 --attention-dropout 0 --seq-length 4096 \
+    --micro-batch-size 1 --global-batch-size 64 --use-distributed-optimizer --bf16 {extra}
+"""
+
+
+def test_megatron_flags_import_and_export():
+    from workloads.jobs import JobConfigError, read_megatron, write_megatron
+    plan = plan_from_dict(read_megatron(FLAGS.format(
+        extra="--cpu-offloading --cpu-offloading-num-layers 12")).plan)
+    assert plan.activation_offload.layers == 12
+    # the switch without layers, or layers without the switch, offload nothing
+    for extra in ("--cpu-offloading", "--cpu-offloading-num-layers 12"):
+        assert plan_from_dict(read_megatron(FLAGS.format(extra=extra)).plan) \
+            .activation_offload is None
+    exported = write_megatron(plan)
+    assert "--cpu-offloading --cpu-offloading-num-layers 12" in exported.text
+    assert plan_from_dict(read_megatron(exported.text).plan).activation_offload \
+        == plan.activation_offload
+    with pytest.raises(JobConfigError) as err:      # weights: not modelled
+        read_megatron(FLAGS.format(extra="--cpu-offloading --cpu-offloading-weights"))
+    assert "--cpu-offloading-weights" in str(err.value)
+
+
+def test_bridge_yaml_import():
+    from workloads.jobs import read_megatron
+    yaml_text = """model:
+  num_layers: 32
+  hidden_size: 4096
+  ffn_hidden_size: 14336
+  num_attention_heads: 32
+  num_query_groups: 8
+  vocab_size: 128256
+  seq_length: 4096
+  cpu_offloading: true
+  cpu_offloading_num_layers: 20
+  cpu_offloading_double_buffering: true
+train:
+  micro_batch_size: 1
+  global_batch_size: 64
+"""
+    job = read_megatron(yaml_text, source="run_config.yaml", lenient=True)
+    assert job.plan["activation_offload"] == {"layers": 20}
