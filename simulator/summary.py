@@ -8,6 +8,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from topologies import Topology
+from workloads.offload_copies import OFFLOAD_STREAM
 from workloads.program import Program
 
 
@@ -66,7 +67,10 @@ def _breakdown(is_compute: np.ndarray, is_comm: np.ndarray, starts: np.ndarray,
 def rank_breakdowns(trace: pa.Table) -> dict[int, dict[str, float]]:
     """The breakdown of every rank of a trace sorted by rank (one pass of slices)."""
     rank = trace["rank"].to_numpy()
-    is_compute = pc.equal(trace["kind"], "compute").to_numpy()
+    # a copy to or from host memory (activation offloading) holds no SMs: a step waiting
+    # for one is waiting, not computing (workloads/offload_copies.py)
+    is_compute = pc.and_(pc.equal(trace["kind"], "compute"),
+                         pc.not_equal(trace["stream"], OFFLOAD_STREAM)).to_numpy()
     is_comm = pc.equal(trace["kind"], "comm").to_numpy()
     starts, ends = trace["start_s"].to_numpy(), trace["end_s"].to_numpy()
     ranks, first = np.unique(rank, return_index=True)

@@ -188,3 +188,14 @@ train:
 """
     job = read_megatron(yaml_text, source="run_config.yaml", lenient=True)
     assert job.plan["activation_offload"] == {"layers": 20}
+
+
+def test_a_step_waiting_for_copies_reports_the_wait_not_compute():
+    topo = build("dgx-b200")
+    plain = simulate(_plan(), topo, SimOptions()).summary
+    many = simulate(_plan(layers=31), topo, SimOptions()).summary
+    # the same kernels run (a collective may overlap them a little differently); the
+    # copies' stalls show as waits
+    assert many["compute_s"] == pytest.approx(plain["compute_s"], rel=0.02)
+    assert many["bubble_s"] > plain["bubble_s"] + 0.9 * (many["step_time_s"]
+                                                  - plain["step_time_s"])
