@@ -199,3 +199,15 @@ def test_a_step_waiting_for_copies_reports_the_wait_not_compute():
     assert many["compute_s"] == pytest.approx(plain["compute_s"], rel=0.02)
     assert many["bubble_s"] > plain["bubble_s"] + 0.9 * (many["step_time_s"]
                                                   - plain["step_time_s"])
+
+
+def test_search_bounds_and_reduced_plans_keep_the_offload_valid():
+    # the search lowers one-layer and fewer-layer copies of a plan (simulator/search/
+    # prune.py): the offload keeps its share of the layers, fewer than all
+    from simulator.search.prune import LowerBound, reduced_plan
+    plan = _plan(layers=24)
+    assert reduced_plan(plan, 8, 1).activation_offload.layers == 6
+    assert reduced_plan(plan, 1, 1).activation_offload is None
+    topo = build("dgx-b200")
+    step = simulate(plan, topo, SimOptions()).summary["step_time_s"]
+    assert 0 < LowerBound(topo).bound_s(plan) <= step

@@ -27,7 +27,7 @@ from workloads.lowering import lower
 from workloads.schedules import stage_layers
 from workloads.memory import peak_memory
 from workloads.precision import non_tn_fp8_gemms
-from workloads.program import COMPUTE
+from workloads.program import COMPUTE, HOST_COPY
 
 from ..api import resolve_on
 from ..compute import device_time_s, host_factor
@@ -56,7 +56,17 @@ def reduced_plan(plan: Plan, layers_per_stage: int, micro_batches: int) -> Plan:
     training = dataclasses.replace(tr, global_batch=plan.mesh.dp * tr.micro_batch * micro_batches)
     return dataclasses.replace(plan, model=model, training=training, layer_overrides=(),
                                pipeline=dataclasses.replace(plan.pipeline, layer_split=None),
-                               source={})
+                               activation_offload=_reduced_offload(plan, layers), source={})
+
+
+def _reduced_offload(plan: Plan, layers: int):
+    """Activation offloading over `layers` layers: the same share of them, fewer than all
+    (workloads/activation_offload.py); None where no layer is left to offload."""
+    offload = plan.activation_offload
+    if offload is None:
+        return None
+    kept = min(layers - 1, round(offload.layers * layers / plan.model.num_layers))
+    return dataclasses.replace(offload, layers=kept) if kept >= 1 else None
 
 
 @dataclass
@@ -178,7 +188,8 @@ class LowerBound:
                 unit = "fwd" if t.phase == "forward" else "bwd"
             else:
                 unit = "embed" if any(n in t.label for n in EMBED_NAMES) else "head"
-            device[unit] += min(device_time_s(t, dev, dtype) for dev in self.devices)
+            if t.op_class != HOST_COPY:   # a copy engine's transfer may run beside compute
+                device[unit] += min(device_time_s(t, dev, dtype) for dev in self.devices)
             host[unit] += t.host_s * self.host_factor
         return (device["fwd"], device["bwd"], device["embed"], device["head"],
                 host["fwd"] + host["bwd"], host["embed"], host["head"])
