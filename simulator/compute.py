@@ -16,6 +16,7 @@ import math
 from topologies import DeviceSpec
 from topologies.gemm_k_loop import rate_at_k, tile_overhead_k
 from topologies.host_link import host_link_Bps
+from workloads.offload_copies import OFFLOAD_OP
 from workloads.program import ATTENTION, GEMM, HOST_COPY, MEMORY, Task
 
 # Split-K needs enough of the reduction dimension per split to stay efficient.
@@ -83,7 +84,7 @@ def device_time_s(task: Task, device: DeviceSpec, dtype: str) -> float:
         return 0.0  # a pure synchronisation point (join), or no kernel at all
     if task.op_class == HOST_COPY:
         # a copy engine's transfer to or from pinned host memory (activation offloading)
-        return task.bytes / host_link_Bps(device)
+        return task.bytes / host_link_Bps(device, to_host=task.op == OFFLOAD_OP)
     prof = device.profile
     memory_s = task.bytes / (device.hbm_Bps * prof.memory_efficiency)
     if task.op_class == MEMORY:

@@ -4,9 +4,10 @@ Model states (parameters, gradients, optimizer) and buffers are held at their an
 values (workloads.memory) for the whole step; activations follow the trace: a layer's
 saved tensors of a micro-batch are allocated when its forward ends and freed when its
 backward ends, and the last stage's logits live from the loss to the output layer's
-backward; an offloaded layer's leave the GPU from the forward of layer L - N + i to that
-layer's backward (workloads/activation_offload.py). The timeline's maximum is what the
-schedule actually keeps in flight, which the analytic peak bounds from above.
+backward; an offloaded layer's saved tensors leave the GPU from the forward of layer
+L - N + i to that layer's backward (workloads/activation_offload.py). The timeline's
+maximum is what the schedule actually keeps in flight, which the analytic peak bounds
+from above.
 """
 from __future__ import annotations
 

@@ -12,7 +12,8 @@ import pytest
 
 from simulator import SimOptions, simulate
 from topologies import build
-from topologies.host_link import GRACE_BLACKWELL_COPY_BPS, PCIE_GEN5_X16_COPY_BPS, host_link_Bps
+from simulator.compute import device_time_s
+from topologies.host_link import PCIE_GEN5_X16_COPY_BPS
 from topologies.specs import device
 from validation.reference_rows import DEFAULT_CSV, load_rows, plan_dict
 from workloads.errors import WorkloadError
@@ -64,10 +65,18 @@ def test_copies_wait_where_transformer_engine_waits():
         release = min(t.id for t in tasks if t.stream == "compute" and t.phase == "forward"
                       and t.layer == LAYERS - 5 + layer and t.microbatch == mb)
         assert out.id in by_id[release].deps
+    def ids(phase, layer, mb):
+        return [t.id for t in tasks if t.stream == "compute" and t.phase == phase
+                and t.layer == layer and t.microbatch == mb]
+    for out in outs:   # issued right after its layer's forward, before the next layer's
+        assert max(ids("forward", out.layer, out.microbatch)) < out.id \
+            < min(ids("forward", out.layer + 1, out.microbatch))
     for back in backs:
         layer, mb = back.layer, back.microbatch
         # issued before layer L - 1 - N + i's backward, after the backward before it
         assert by_id[back.deps[0]].layer == LAYERS - 5 + layer
+        assert max(ids("backward", LAYERS - 5 + layer, mb)) < back.id \
+            < min(ids("backward", LAYERS - 6 + layer, mb))
         first_bwd = min(t.id for t in tasks if t.stream == "compute" and t.layer == layer
                         and t.phase == "backward" and t.microbatch == mb)
         assert back.id in by_id[first_bwd].deps
@@ -97,10 +106,17 @@ def test_copies_cost_the_step_only_where_the_link_is_slow():
     assert many - plain > 0.5 * 2 * per_mb_bytes / PCIE_GEN5_X16_COPY_BPS
 
 
-def test_host_link_rates_by_device():
-    assert host_link_Bps(device("h100")) == PCIE_GEN5_X16_COPY_BPS
-    assert host_link_Bps(device("gb200")) == GRACE_BLACKWELL_COPY_BPS
-    assert host_link_Bps(device("gb200")) > 3 * host_link_Bps(device("b200"))
+def test_each_copy_is_priced_on_its_direction_of_the_host_link():
+    # nvbandwidth issue 23: GH200 346 GB/s host to device, device to host ~15 % slower;
+    # a GB200's Grace serves two GPUs
+    plan = _plan(layers=4)
+    tasks = _tasks(plan)
+    out = next(t for t in tasks if t.op == OFFLOAD_OP)
+    back = next(t for t in tasks if t.op == RELOAD_OP and t.layer == out.layer)
+    gb200 = device("gb200")
+    assert device_time_s(out, gb200, "bf16") == pytest.approx(out.bytes / (346e9 / 1.15 / 2))
+    assert device_time_s(back, gb200, "bf16") == pytest.approx(back.bytes / (346e9 / 2))
+    assert device_time_s(out, device("h100"), "bf16") == pytest.approx(out.bytes / 52.77e9)
 
 
 @pytest.mark.parametrize("over, field", [
@@ -113,6 +129,14 @@ def test_host_link_rates_by_device():
     ({"activation_offload": {"layers": 4, "weights": True}}, "activation_offload"),
     ({"activation_offload": {}}, "activation_offload.layers"),
     ({"activation_offload": {"layers": 0}}, "activation_offload.layers"),
+    ({"activation_offload": {"layers": 4}, "cuda_graphs": True},
+     "activation_offload with cuda_graphs"),
+    ({"activation_offload": {"layers": 4}, "mesh": {"dp": 8, "tp": 1, "pp": 1, "ep": 8},
+      "model": {"name": "tiny-moe", "hidden_size": 1024, "num_hidden_layers": 8,
+                "num_attention_heads": 8, "num_key_value_heads": 8,
+                "intermediate_size": 4096, "n_routed_experts": 16, "num_experts_per_tok": 2,
+                "vocab_size": 32000},
+      "moe": {"overlap_a2a": True}}, "activation_offload with moe.overlap_a2a"),
 ])
 def test_refusals_name_the_setting(over, field):
     with pytest.raises(WorkloadError) as err:
@@ -153,19 +177,20 @@ FLAGS = r"""pretrain_gpt.py --num-layers 32 --hidden-size 4096 --ffn-hidden-size
 
 def test_megatron_flags_import_and_export():
     from workloads.jobs import JobConfigError, read_megatron, write_megatron
+    # core_v0.16.0's arguments.py: --cpu-offloading-num-layers N > 0 turns it on
     plan = plan_from_dict(read_megatron(FLAGS.format(
-        extra="--cpu-offloading --cpu-offloading-num-layers 12")).plan)
+        extra="--cpu-offloading-num-layers 12")).plan)
     assert plan.activation_offload.layers == 12
-    # the switch without layers, or layers without the switch, offload nothing
-    for extra in ("--cpu-offloading", "--cpu-offloading-num-layers 12"):
-        assert plan_from_dict(read_megatron(FLAGS.format(extra=extra)).plan) \
-            .activation_offload is None
+    assert plan_from_dict(read_megatron(FLAGS.format(extra="--cpu-offloading-num-layers 0"))
+                          .plan).activation_offload is None
+    # core_v0.15.0 has no flag for it: the export says so instead of writing one
     exported = write_megatron(plan)
-    assert "--cpu-offloading --cpu-offloading-num-layers 12" in exported.text
-    assert plan_from_dict(read_megatron(exported.text).plan).activation_offload \
-        == plan.activation_offload
+    assert "cpu-offloading" not in exported.text
+    assert any("activation_offload" in note and "core_v0.16.0" in note
+               for note in exported.notes)
     with pytest.raises(JobConfigError) as err:      # weights: not modelled
-        read_megatron(FLAGS.format(extra="--cpu-offloading --cpu-offloading-weights"))
+        read_megatron(FLAGS.format(extra="--cpu-offloading-num-layers 4 "
+                                         "--cpu-offloading-weights"))
     assert "--cpu-offloading-weights" in str(err.value)
 
 
@@ -188,6 +213,10 @@ train:
 """
     job = read_megatron(yaml_text, source="run_config.yaml", lenient=True)
     assert job.plan["activation_offload"] == {"layers": 20}
+    # a Bridge config turns it on with model.cpu_offloading, not with the count alone
+    off = yaml_text.replace("cpu_offloading: true", "cpu_offloading: false")
+    assert "activation_offload" not in read_megatron(off, source="run_config.yaml",
+                                                     lenient=True).plan
 
 
 def test_a_step_waiting_for_copies_reports_the_wait_not_compute():
@@ -211,3 +240,22 @@ def test_search_bounds_and_reduced_plans_keep_the_offload_valid():
     topo = build("dgx-b200")
     step = simulate(plan, topo, SimOptions()).summary["step_time_s"]
     assert 0 < LowerBound(topo).bound_s(plan) <= step
+
+
+def test_uneven_layers_keep_the_heaviest_window():
+    # DeepSeek-style dense first layers save more than the MoE ones: the GPU's most is the
+    # heaviest run of L - N consecutive layers (the first, here), not the last L - N
+    model = {"name": "tiny-moe", "hidden_size": 1024, "num_hidden_layers": 8,
+             "num_attention_heads": 8, "num_key_value_heads": 8, "intermediate_size": 8192,
+             "moe_intermediate_size": 512, "n_routed_experts": 16, "num_experts_per_tok": 2,
+             "first_k_dense_replace": 3, "vocab_size": 32000}
+    raw = {**BASE, "model": model, "training": {**BASE["training"], "seq_len": 4096},
+           "mesh": {"dp": 8, "tp": 1, "pp": 1, "ep": 8}}
+    plain = resolve(plan_from_dict(raw), 8)
+    off = resolve(plan_from_dict({**raw, "activation_offload": {"layers": 3}}), 8)
+    sizes = [saved_layer_bytes(plain, layer) for layer in range(8)]
+    assert sizes[0] > sizes[-1]
+    assert memory_breakdown(plain).activations_bytes - memory_breakdown(off).activations_bytes \
+        == pytest.approx(sum(sizes) - sum(sizes[:5]))
+    memory = simulate(off, build("dgx-b200"), SimOptions()).summary["memory"]
+    assert memory["timeline_peak_bytes"] <= memory["peak_bytes"]

@@ -26,11 +26,12 @@ SMs), at the host link's rate (topologies/host_link.py), with those waits as dep
 release and the reload (simulator/memory_timeline.py); the analytic peak counts the L - N
 layers that stay (workloads/memory.py).
 
-Megatron-Core refuses it with pipeline parallelism and with activation recompute
-(transformer_config.py __post_init__), and so does the plan. Assumptions: the older
-handler of Megatron-Bridge's 25.09 runs (Transformer Engine before 2.8, cpu_offload_v1.py)
-keeps the same number of layers on the GPU; EP all-to-all overlap and CUDA graphs, whose
-interplay with the offload context is not modelled, are refused.
+Megatron-Core refuses it with pipeline parallelism, with activation recompute and with
+CUDA graphs ("CUDA graphs not supported with CPU offloading": transformer_config.py
+__post_init__ at core_v0.15.0), and so does the plan. Assumptions: the older handler of
+Megatron-Bridge's 25.09 runs (Transformer Engine before 2.8, cpu_offload_v1.py) keeps the
+same number of layers on the GPU; EP all-to-all overlap, whose combined 1F1B interleaves
+two micro-batches' layers under the one offload context, is refused as not modelled.
 """
 from __future__ import annotations
 
@@ -83,7 +84,7 @@ def check_activation_offload_plan(plan) -> None:
         (f"{SECTION} with moe.overlap_a2a", plan.moe.overlap_a2a, not plan.moe.overlap_a2a,
          "false (offloading beside the combined 1F1B is not modelled)"),
         (f"{SECTION} with cuda_graphs", plan.cuda_graphs, not plan.cuda_graphs,
-         "false (offloading inside CUDA graphs is not modelled)"))
+         "false (Megatron-Core: CUDA graphs not supported with CPU offloading)"))
     for field, value, ok, allowed in needs:
         if not ok:
             raise WorkloadError(field, value, allowed)
@@ -102,3 +103,15 @@ def release_layer(plan, layer: int) -> int:
 def reload_layer(plan, layer: int) -> int:
     """The layer whose backward start reloads offloaded `layer` (L - 1 - N + i)."""
     return release_layer(plan, layer) - 1
+
+
+def resident_saved_bytes(plan, layer_bytes: list[float]) -> float:
+    """The most saved bytes the layers keep on the GPU at once, given each layer's (in
+    order): all of them without offloading; with it, L - N consecutive layers, the most
+    of the windows [i, L - N + i) (from layer L - N + i's forward, after layer i's release,
+    to its backward, before layer i's reload, the GPU holds exactly that window)."""
+    if plan.activation_offload is None:
+        return sum(layer_bytes)
+    width = len(layer_bytes) - plan.activation_offload.layers
+    return max(sum(layer_bytes[i:i + width])
+               for i in range(plan.activation_offload.layers + 1))

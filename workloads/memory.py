@@ -25,7 +25,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass
 from typing import Sequence
 
-from .activation_offload import offloaded_layers
+from .activation_offload import resident_saved_bytes
 from .activations import (activation_bytes_per_layer, default_dropout,
                           output_layer_activation_bytes, scores_bytes)
 from .attention_impls import scores_on_chip
@@ -348,10 +348,9 @@ def memory_breakdown(plan: Plan, stage: int = 0,
     def mode(position: int) -> str:   # a layer full recompute skips keeps what none keeps
         full = plan.recompute in ("full", "selective_op")
         return "none" if full and not plan.recomputes(position) else plan.recompute
-    # the layers Megatron-Core offloads wait in host memory (workloads/activation_offload.py)
-    kept = [layer for c in chunks for layer in ranges[c] if layer not in offloaded_layers(plan)]
-    activations = in_flight * sum(per_layer(layer, mode(pos)) for c in chunks
-                                  for pos, layer in enumerate(ranges[c]) if layer in kept)
+    # offloaded layers wait in host memory (workloads/activation_offload.py)
+    activations = in_flight * resident_saved_bytes(plan, [
+        per_layer(layer, mode(pos)) for c in chunks for pos, layer in enumerate(ranges[c])])
     working = 0.0     # what one layer's backward rebuilds (recompute) or its scores
     every = all(plan.recomputes(pos) for c in chunks for pos in range(len(ranges[c])))
     if plan.recompute in ("full", "selective_op") and own_layers and every:

@@ -3,7 +3,12 @@ says what Megatron-Core and Transformer Engine do and when): per micro-batch and
 layer i, a copy to the host after layer i's forward, which layer L - N + i's forward waits
 for, and a copy back issued before layer L - 1 - N + i's backward (after the backward
 issued before it), which layer i's backward waits for. Both run on the "offload" stream, a
-copy engine: no SMs, at the host link's rate (topologies/host_link.py).
+copy engine: no SMs, at the host link's rate in its direction (topologies/host_link.py).
+Assumption: a layer's copy out is one transfer after its last forward kernel, and its
+backward waits for the whole copy back. Transformer Engine records an event per saved
+tensor (its copies start as each tensor is saved) and the backward waits per tensor
+(pop_tensor), so where the link is the bottleneck the model's copies start later and are
+waited for longer than Transformer Engine's.
 """
 from __future__ import annotations
 

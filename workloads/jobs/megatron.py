@@ -251,9 +251,11 @@ def _plan(get: _Getter, spec: ModelSpec, ref, findings: Findings) -> dict[str, A
             plan["ddp"]["bucket_params"] = get.int("ddp-bucket-size")
     if (lowered := precision_aware_section(get)) is not None:
         plan["precision_aware_optimizer"] = lowered
-    # --cpu-offloading: the first --cpu-offloading-num-layers layers' activations (0: none)
+    # The first cpu_offloading_num_layers layers' activations in host memory: a Bridge YAML
+    # (get.names) turns it on with model.cpu_offloading; flags with the number alone, as
+    # core_v0.16.0's arguments.py does (core_v0.15.0 has no flag for either)
     offloaded = get.int("cpu-offloading-num-layers", 0, minimum=0)
-    if get.on("cpu-offloading") and offloaded:
+    if offloaded and (get.on("cpu-offloading") or not get.names):
         plan["activation_offload"] = {"layers": offloaded}
     if spec.num_experts:
         plan["moe"] = moe_block(get, tp, findings, plan["training"]["dtype"])

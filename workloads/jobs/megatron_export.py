@@ -29,6 +29,12 @@ REASONS = {
     "async_tp": "torch async TP is torchtitan's (Megatron: --tp-comm-overlap)",
     "load_imbalance": "routing balance depends on the data",
     "moe": "a measured routing distribution depends on the data",
+    # core_v0.15.0 has no CPU offloading flag; core_v0.16.0's --cpu-offloading-num-layers
+    # N > 0 turns it on (megatron/training/arguments.py); Megatron-Bridge's model section
+    # sets cpu_offloading and cpu_offloading_num_layers
+    "activation_offload": "core_v0.15.0 has no flag for it: --cpu-offloading-num-layers "
+                          "from core_v0.16.0, or Megatron-Bridge's model.cpu_offloading and "
+                          "model.cpu_offloading_num_layers",
     "collective_algorithm": "NCCL_ALGO is an environment variable",
     "collective_protocol": "NCCL_PROTO is an environment variable",
     "zero_stage": "Megatron shards optimizer states (--use-distributed-optimizer) only",
@@ -158,9 +164,6 @@ def _run_flags(plan: Plan) -> list[str]:
                 ("--enable-cuda-graph", plan.cuda_graphs)]
     out += [flag for flag, on in switches if on]
     out += _grad_dtype_flags(plan, "--bf16" in out) + precision_aware_flags(plan)
-    if plan.activation_offload is not None:
-        out.append(f"--cpu-offloading --cpu-offloading-num-layers "
-                   f"{plan.activation_offload.layers}")
     if isinstance(plan.grad_bucket, int) and not plan.fsdp:
         out.append(f"--ddp-bucket-size {plan.grad_bucket}")
     if plan.recompute_modules:           # selective, with the modules it names

@@ -75,8 +75,9 @@ MAPPED = {
     "exp-avg-dtype": "precision_aware_optimizer.exp_avg_dtype",
     "exp-avg-sq-dtype": "precision_aware_optimizer.exp_avg_sq_dtype",
     "main-params-dtype": "precision_aware_optimizer.main_params_dtype",
-    "cpu-offloading": "activation_offload (with --cpu-offloading-num-layers)",
-    "cpu-offloading-num-layers": "activation_offload.layers",
+    # no core_v0.15.0 flags: Bridge's model.cpu_offloading*, core_v0.16.0's flag
+    "cpu-offloading": "activation_offload (Bridge's switch beside the layer count)",
+    "cpu-offloading-num-layers": "activation_offload.layers (flags: > 0 turns it on)",
     "overlap-moe-expert-parallel-comm": "moe.overlap_a2a",
     "delay-wgrad-compute": "moe.delay_wgrad",
     "recompute-granularity": "recompute (selective | full)",
@@ -111,7 +112,7 @@ UNMODELLED = {
     "moe-grouped-gemm": (False, (False,), "grouped expert GEMMs"),
     "cuda-graph-impl": ("none", ("none",), "CUDA graphs by another implementation"),
     "cpu-offloading-weights": (False, (False,), "weight offload to the host"),
-    "cpu-offloading-activations": (True, (True,), "weight offload alone"),
+    "cpu-offloading-activations": (True, (True,), "offloading without the activations"),
     "use-legacy-models": (False, (False,), "the legacy (non-Core) GPT model"),
 }
 ACCUMULATE_FP32 = "accumulate-allreduce-grads-in-fp32"
