@@ -47,6 +47,10 @@ def small_variant(name: str) -> dict:
         layers = small["num_hidden_layers"]
         raw["pipeline"]["virtual_stages"] = min(raw["pipeline"]["virtual_stages"],
                                                 max(1, layers // mesh["pp"]))
+    if "activation_offload" in raw:   # the same share of the small model's layers
+        layers = small["num_hidden_layers"]
+        share = raw["activation_offload"]["layers"] * layers / model.num_layers
+        raw["activation_offload"] = {"layers": max(1, min(layers - 1, round(share)))}
     fixed = mesh.get("tp", 1) * mesh.get("cp", 1) * mesh["pp"] * mesh.get("ep", 1)
     nodes = next(n for n in (1, 2, 4) if n * NODE_GPUS >= fixed)
     raw["topology"] = "dgx-h100" if nodes == 1 else f"dgx-h100x{nodes}"
