@@ -9,6 +9,7 @@ import subprocess
 import sys
 
 import pytest
+from megatron_flags import LLAMA3_8B_FLAGS
 
 from simulator import SimOptions, simulate
 from topologies import build
@@ -166,13 +167,7 @@ def test_reference_rows_carry_the_recipes_offload():
     assert sum("activation_offload" in plan_dict(r) for r in rows.values()) == len(expected)
 
 
-FLAGS = r"""pretrain_gpt.py --num-layers 32 --hidden-size 4096 --ffn-hidden-size 14336 \
-    --num-attention-heads 32 --group-query-attention --num-query-groups 8 \
-    --vocab-size 128256 --swiglu --untie-embeddings-and-output-weights \
-    --disable-bias-linear --normalization RMSNorm --position-embedding-type rope \
-    --hidden-dropout 0 --attention-dropout 0 --seq-length 4096 \
-    --micro-batch-size 1 --global-batch-size 64 --use-distributed-optimizer --bf16 {extra}
-"""
+FLAGS = LLAMA3_8B_FLAGS
 
 
 def test_megatron_flags_import_and_export():

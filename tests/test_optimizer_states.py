@@ -4,6 +4,7 @@ the Adam step's traffic, job-config import / export, and the reference CSV colum
 from __future__ import annotations
 
 import pytest
+from megatron_flags import LLAMA3_8B_FLAGS
 
 from validation.reference_rows import plan_dict
 from workloads.errors import WorkloadError
@@ -109,13 +110,7 @@ def test_the_optimizer_step_reads_less_with_bf16_moments():
     assert lowered / plain == pytest.approx((4 + 2 * 6 + 2 * 2) / 30, rel=0.02)
 
 
-FLAGS = r"""pretrain_gpt.py --num-layers 32 --hidden-size 4096 --ffn-hidden-size 14336 \
-    --num-attention-heads 32 --group-query-attention --num-query-groups 8 \
-    --vocab-size 128256 --swiglu --untie-embeddings-and-output-weights \
-    --disable-bias-linear --normalization RMSNorm --position-embedding-type rope \
-    --hidden-dropout 0 --attention-dropout 0 --seq-length 4096 \
-    --micro-batch-size 1 --global-batch-size 64 --use-distributed-optimizer --bf16 {extra}
-"""
+FLAGS = LLAMA3_8B_FLAGS
 
 
 def test_megatron_flags_import_and_export():
