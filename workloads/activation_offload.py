@@ -1,6 +1,7 @@
 """Activation offloading: a layer's saved tensors copied to host memory after its forward
-and back before its backward (Megatron-Core's --cpu-offloading with
---cpu-offloading-num-layers N, activations only).
+and back before its backward (Megatron-Core's cpu_offloading with cpu_offloading_num_layers
+N, activations only: TransformerConfig fields, which Megatron-Bridge sets and which
+core_v0.16.0's --cpu-offloading-num-layers turns on; core_v0.15.0 has no flag).
 
 A plan says `"activation_offload": {"layers": N}`. Megatron-Core wraps each transformer
 layer's forward in Transformer Engine's offload context (megatron/core/transformer/
@@ -23,8 +24,8 @@ are offloaded:
 The lowering adds those copies as tasks on their own stream ("offload", a copy engine: no
 SMs), at the host link's rate (topologies/host_link.py), with those waits as dependencies
 (workloads/offload_copies.py); the memory timeline frees and re-allocates the layer at the
-release and the reload (simulator/memory_timeline.py); the analytic peak counts the L - N
-layers that stay (workloads/memory.py).
+release and the reload (simulator/memory_timeline.py); the analytic peak counts the
+heaviest L - N consecutive layers, the most the GPU holds at once (resident_saved_bytes).
 
 Megatron-Core refuses it with pipeline parallelism, with activation recompute and with
 CUDA graphs ("CUDA graphs not supported with CPU offloading": transformer_config.py

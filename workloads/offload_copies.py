@@ -75,7 +75,7 @@ def _splice(tasks: list[Task], before: dict, after: dict, extra_deps: dict) -> N
             new_of_old[old_ids[id(task)]] = pos
     new_of_copy = {id(t): pos for pos, t in enumerate(order) if id(t) not in old_ids}
     for pos, task in enumerate(order):
-        waits = extra_deps.get(old_ids.get(id(task)), []) if id(task) in old_ids else []
+        waits = extra_deps.get(old_ids[id(task)], []) if id(task) in old_ids else []
         task.deps = tuple(new_of_old[d] for d in task.deps) + tuple(
             new_of_copy[id(c)] for c in waits)
         task.id = pos
