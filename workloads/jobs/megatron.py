@@ -60,6 +60,10 @@ class _Getter:
     def __init__(self, flags: Flags, names: dict[str, str]):
         self.flags, self.names = flags, names
 
+    @property
+    def bridge_yaml(self) -> bool:   # a Megatron-Bridge YAML records each flag's key
+        return bool(self.names)
+
     def name(self, flag: str) -> str:
         """The flag as the config wrote it (--flag, or the YAML key)."""
         return self.names.get(flag, f"--{flag}")
@@ -251,11 +255,10 @@ def _plan(get: _Getter, spec: ModelSpec, ref, findings: Findings) -> dict[str, A
             plan["ddp"]["bucket_params"] = get.int("ddp-bucket-size")
     if (lowered := precision_aware_section(get)) is not None:
         plan["precision_aware_optimizer"] = lowered
-    # The first cpu_offloading_num_layers layers' activations in host memory: a Bridge YAML
-    # (get.names) turns it on with model.cpu_offloading; flags with the number alone, as
-    # core_v0.16.0's arguments.py does (core_v0.15.0 has no flag for either)
+    # a Bridge YAML turns it on with model.cpu_offloading; flags with the layer count alone,
+    # as core_v0.16.0's arguments.py does (core_v0.15.0 has no flag for either)
     offloaded = get.int("cpu-offloading-num-layers", 0, minimum=0)
-    if offloaded and (get.on("cpu-offloading") or not get.names):
+    if offloaded and (get.on("cpu-offloading") or not get.bridge_yaml):
         plan["activation_offload"] = {"layers": offloaded}
     if spec.num_experts:
         plan["moe"] = moe_block(get, tp, findings, plan["training"]["dtype"])
@@ -276,7 +279,7 @@ def _grad_reduce_fp32(get: _Getter) -> bool:
     buffer either way). A Megatron-Bridge YAML gives the value itself (ddp section, or its
     mixed-precision recipe's: megatron_args.py), with no validate_args in between."""
     accumulate = get.flags.get(K.ACCUMULATE_FP32)
-    if get.names:                   # a Bridge YAML: its DDP config as written
+    if get.bridge_yaml:             # its DDP config as written
         return bool(accumulate)
     accumulate = get.on(K.ACCUMULATE_FP32)
     main = need_choice(get.str("main-grads-dtype", "fp32"), get.name("main-grads-dtype"),

@@ -56,7 +56,7 @@ def _megatron_master(get) -> bool:
     delayed and no FP8/FP4 format."""
     if get.str("fp8-format") is not None or get.str("fp4-format") is not None:
         return False       # a quantized run: the training dtype's own rule
-    if get.names:
+    if get.bridge_yaml:
         return True
     return get.str("fp8-recipe", "delayed") != "delayed"
 
