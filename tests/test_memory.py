@@ -7,10 +7,10 @@ import pytest
 
 from workloads import plan_from_dict, resolve
 from workloads.schedules import stage_layers
-from workloads.memory import (activation_bytes_per_layer, activation_fraction_3d,
-                              memory_breakdown, micro_batches_in_flight,
+from workloads.memory import (activation_bytes_per_layer, memory_breakdown, micro_batches_in_flight,
                               model_state_bytes_per_device, output_layer_activation_bytes,
                               peak_memory)
+from workloads.mesh_grid import activation_fraction_3d
 from workloads.models import PRESETS, ModelSpec
 
 

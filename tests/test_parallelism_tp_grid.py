@@ -15,8 +15,8 @@ import pytest
 
 from workloads import plan_from_dict, resolve
 from workloads.lowering import lower
-from workloads.memory import (activation_fraction_3d, memory_breakdown,
-                              output_layer_activation_bytes)
+from workloads.memory import memory_breakdown, output_layer_activation_bytes
+from workloads.mesh_grid import activation_fraction_3d
 from workloads.tp_grid import grid_linears
 
 from conftest import simulated, small_plan

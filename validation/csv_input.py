@@ -113,6 +113,12 @@ COLUMNS: dict[str, tuple[str, bool, object]] = {
     # of the first N layers in host memory): the plan's activation_offload section
     # (workloads/activation_offload.py); empty: off
     "activation_offload_layers": (INT, False, (1, MAX_INT)),
+    # distributed_fused_adam: NeMo 1's optimizer, Apex's DistributedFusedAdam, with its
+    # states in this dtype (the config's optim.dtype; fp32 when unset), "+store_params"
+    # where the run keeps a copy of the parameters without FP8 weights (NeMo's fp8_params
+    # set on a BF16 run): the plan's distributed_fused_adam section (workloads/
+    # optimizer_states.py); empty: not Apex's
+    "distributed_fused_adam": (TEXT, False, ("fp32", "bf16", "fp32+store_params")),
 }
 
 

@@ -195,6 +195,9 @@ def plan_dict(row: dict[str, str]) -> dict[str, Any]:
         holder = "megatron" if bridge and (row.get("dtype") or "bf16") == "bf16" else "auto"
         raw["precision_aware_optimizer"] = {"exp_avg_dtype": moments, "exp_avg_sq_dtype":
                                             moments, "master_weights": holder}
+    if row.get("distributed_fused_adam"):
+        dtype, _, store = row["distributed_fused_adam"].partition("+")
+        raw["distributed_fused_adam"] = {"dtype": dtype, **({store: True} if store else {})}
     if row.get("activation_offload_layers"):
         raw["activation_offload"] = {"layers": num("activation_offload_layers")}
     if num("ep") > 1:

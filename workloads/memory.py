@@ -79,23 +79,6 @@ def model_state_bytes_per_device(model: ModelSpec, t: int = 1) -> float:
     return MODEL_STATE_BYTES_PER_PARAM * model.total_params() / t
 
 
-def activation_fraction_3d(n: int, design: int = 1) -> float:
-    """Activation memory of a 3D tensor-parallel linear layer, relative to one device (the
-    3D tensor-parallel designs, Bian et al. 2021, arXiv:2105.14450).
-
-    Design 1 (all-gather the input, reduce-scatter the output): 1/N. Design 2 (all-reduce the
-    output): 1/N^(2/3). N must be a cube q^3 (a q x q x q device cube).
-    """
-    q = round(n ** (1 / 3))
-    if n < 1 or q ** 3 != n:
-        raise ValueError(f"3D tensor parallelism needs a cube number of devices, got {n}")
-    if design == 1:
-        return 1.0 / n
-    if design == 2:
-        return 1.0 / q ** 2   # 1 / N^(2/3)
-    raise ValueError(f"design must be 1 or 2, got {design}")
-
-
 def micro_batches_in_flight(plan: Plan, stage: int = 0) -> float:
     """Micro-batches whose activations stage `stage` holds at its peak, in stage-layer units.
 
@@ -211,16 +194,16 @@ def sharded_state_bytes(plan: Plan) -> tuple[float, float]:
     buffer (torch/distributed/fsdp/_fully_shard/_fsdp_param.py), so it holds 4 + 8 (Adam's
     two fp32 moments, in the parameter's dtype); its reduced sharded gradient is fp32 too,
     which keeps the 16 bytes per parameter of the ZeRO count. Megatron-Core's precision-
-    aware optimizer keeps the master and the moments in its dtypes (workloads/
-    optimizer_states.py).
+    aware optimizer and Apex's DistributedFusedAdam keep the master and the moments in
+    their dtypes (workloads/optimizer_states.py).
     """
     prec = precision(plan.training.dtype)
     mixed = prec.optimizer_state_bytes > 2 * FP32_BYTES    # an fp32 master copy besides m, v
     if plan.fsdp and plan.fsdp_version == 2 and mixed:
         return FP32_BYTES, 2 * FP32_BYTES
-    if plan.precision_aware_optimizer is not None:   # workloads/optimizer_states.py
-        return (prec.param_state_bytes,
-                plan.precision_aware_optimizer.state_bytes(plan.training.dtype))
+    if plan.optimizer_states is not None:   # workloads/optimizer_states.py
+        return (prec.param_state_bytes, plan.optimizer_states.state_bytes(
+            plan.training.dtype, plan.fp8_param_gather))
     return prec.param_state_bytes, prec.optimizer_state_bytes
 
 

@@ -113,3 +113,20 @@ def grid_split(plan) -> GridSplit:
     if grid is None:
         raise ValueError(f"not a grid strategy: {plan.grid_strategy!r}")
     return grid
+
+
+def activation_fraction_3d(n: int, design: int = 1) -> float:
+    """Activation memory of a 3D tensor-parallel linear layer, relative to one device (the
+    3D tensor-parallel designs, Bian et al. 2021, arXiv:2105.14450).
+
+    Design 1 (all-gather the input, reduce-scatter the output): 1/N. Design 2 (all-reduce the
+    output): 1/N^(2/3). N must be a cube q^3 (a q x q x q device cube).
+    """
+    q = round(n ** (1 / 3))
+    if n < 1 or q ** 3 != n:
+        raise ValueError(f"3D tensor parallelism needs a cube number of devices, got {n}")
+    if design == 1:
+        return 1.0 / n
+    if design == 2:
+        return 1.0 / q ** 2   # 1 / N^(2/3)
+    raise ValueError(f"design must be 1 or 2, got {design}")

@@ -104,11 +104,12 @@ class PrecisionAwareOptimizer:
         """Bytes per parameter of the two moments."""
         return STATE_DTYPE_BYTES[self.exp_avg_dtype] + STATE_DTYPE_BYTES[self.exp_avg_sq_dtype]
 
-    def state_bytes(self, dtype: str) -> int:
-        """Optimizer-state bytes per parameter: the master weight and both moments."""
+    def state_bytes(self, dtype: str, fp8_params: bool = False) -> int:
+        """Optimizer-state bytes per parameter: the master weight and both moments
+        (fp8_params: the module docstring's assumption covers FP8 primary weights)."""
         return self.master_bytes(dtype) + self.moment_bytes()
 
-    def adam_bytes(self, dtype: str, grad_bytes: int) -> float:
+    def adam_bytes(self, dtype: str, grad_bytes: int, fp8_params: bool = False) -> float:
         """HBM bytes per parameter of one FusedAdam step: the gradient read at `grad_bytes`,
         each state read and written. Where Transformer Engine holds the master it also
         reads and writes the 16-bit weight (the remainders' other half) or writes it (a
@@ -151,3 +152,89 @@ def check_precision_aware_plan(plan) -> None:
     for field, value, ok, allowed in needs:
         if not ok:
             raise WorkloadError(f"{SECTION} with {field}", value, allowed)
+
+
+# ------------------------------------------------------------- Apex DistributedFusedAdam
+# NeMo 1's `optim: name: distributed_fused_adam` is Apex's DistributedFusedAdam (apex/
+# contrib/optimizers/distributed_fused_adam.py, StateBucket): per DP shard of a bucket it
+# holds exp_avg and exp_avg_sq in the optimizer's `dtype`, and a copy of the parameters
+# (`store_params`, in `dtype`) or the 16 low bits of fp32 ones (`store_param_remainders`,
+# int16) or neither. NeMo chooses (nemo/collections/nlp/models/language_modeling/
+# megatron_base_model.py setup_optimization, the same at v1.23.0 and v2.0.0): fp8_params
+# -> store_params; optimizer dtype == the model's (bf16 under megatron_amp_O2) -> neither
+# (the bf16 weight is the master); fp32 optimizer with a bf16 model -> remainders; any
+# other pair -> store_params; an optim config's own store_params wins (NeMo sets these
+# only when the config does not: `if 'store_params' not in optim_config`).
+APEX_SECTION = "distributed_fused_adam"
+APEX_STATE_BYTES = {"fp32": 4, "bf16": 2, "fp16": 2}
+
+
+@dataclass(frozen=True)
+class DistributedFusedAdam:
+    """Apex's DistributedFusedAdam as NeMo 1 configures it (the comment above)."""
+
+    dtype: str = "fp32"     # the optimizer's `dtype` (its states'); Apex's default fp32
+    # NeMo's choice, or the optim config's store_params (then no remainders: Apex's
+    # default store_param_remainders False); None: NeMo's rule from the plan
+    store_params: bool | None = None
+
+    def __post_init__(self) -> None:
+        check_choice(self.dtype, f"{APEX_SECTION}.dtype", tuple(APEX_STATE_BYTES))
+        if self.store_params is not None:
+            check_bool(self.store_params, f"{APEX_SECTION}.store_params")
+
+    def master(self, dtype: str, fp8_params: bool) -> str:
+        """What it keeps of the master weight: "params" (a copy in its dtype),
+        "remainders" (int16) or "none" (the 16-bit model weight serves)."""
+        model = "fp16" if dtype == "fp16" else "bf16"    # megatron_amp_O2's model dtype
+        if self.store_params is not None:
+            return "params" if self.store_params else "none"
+        if fp8_params:
+            return "params"
+        if self.dtype == model:
+            return "none"
+        return "remainders" if (self.dtype, model) == ("fp32", "bf16") else "params"
+
+    def state_bytes(self, dtype: str, fp8_params: bool = False) -> int:
+        """Optimizer-state bytes per parameter (sharded over data parallelism)."""
+        master = {"params": APEX_STATE_BYTES[self.dtype], "remainders": PARAM_REMAINDER_BYTES,
+                  "none": 0}[self.master(dtype, fp8_params)]
+        return master + 2 * APEX_STATE_BYTES[self.dtype]
+
+    def adam_bytes(self, dtype: str, grad_bytes: int, fp8_params: bool = False) -> float:
+        """HBM bytes per parameter of one step: the gradient shard read, each state read
+        and written, and the 16-bit weight the all-gather sends written (and read too where
+        it is the master's high half or the master itself)."""
+        weight = MODEL_BYTES if self.master(dtype, fp8_params) == "params" else 2 * MODEL_BYTES
+        return grad_bytes + 2 * self.state_bytes(dtype, fp8_params) + weight
+
+
+def parse_distributed_fused_adam(raw: Any) -> DistributedFusedAdam | None:
+    """The plan's `distributed_fused_adam` section (None when absent)."""
+    if raw is None:
+        return None
+    raw = json_object(raw, APEX_SECTION)
+    known_keys(raw, APEX_SECTION, ("dtype", "store_params"))
+    return DistributedFusedAdam(**raw)
+
+
+def check_optimizer_states(plan) -> None:
+    """One state layout at a time, each on the plan it belongs to (the error names the
+    setting that rules it out)."""
+    check_precision_aware_plan(plan)
+    if plan.distributed_fused_adam is None:
+        return
+    if plan.precision_aware_optimizer is not None:
+        raise WorkloadError(APEX_SECTION, "with precision_aware_optimizer",
+                            "one optimizer-state section (Apex's or Megatron-Core's)")
+    needs = (("framework", plan.framework, plan.framework == "megatron-core",
+              "megatron-core (NeMo 1 trains Megatron-Core models)"),
+             ("fsdp.enabled", plan.fsdp, not plan.fsdp, "false (Apex shards the optimizer "
+              "state itself)"),
+             ("zero_stage", plan.zero_stage, plan.zero_stage >= 1,
+              ">= 1 (the optimizer state is sharded over data parallelism)"),
+             ("training.dtype", plan.training.dtype, plan.training.dtype != "fp32",
+              "a 16-bit or lower dtype (NeMo's megatron_amp_O2)"))
+    for field, value, ok, allowed in needs:
+        if not ok:
+            raise WorkloadError(f"{APEX_SECTION} with {field}", value, allowed)

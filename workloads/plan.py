@@ -29,13 +29,13 @@ from .mesh import Mesh, ParallelDims
 from .models import ModelSpec, load_model
 from .module_recompute import RECOMPUTE_MODULES
 from .layouts import MEGATRON
-from .lora import LoRA, parse_lora
-from .optimizer_states import PrecisionAwareOptimizer, parse_precision_aware_optimizer
-from .activation_offload import ActivationOffload, parse_activation_offload
-from .moe_options import MoEOptions, parse_moe
+from .lora import LoRA
+from .optimizer_states import DistributedFusedAdam, PrecisionAwareOptimizer
+from .activation_offload import ActivationOffload
+from .moe_options import MoEOptions
 from .plan_checks import check_resolved
 from .plan_sections import (DTYPES, LOW_PRECISION, SCHEDULES,  # noqa: F401 (the plan's names)
-                            Pipeline, Training)
+                            TOP_KEYS, Pipeline, Training, extensions, pipeline_section)
 
 PROJECTIONS = ("wq", "wk", "wv", "wo", "w1", "w3", "w2")
 # 1D Megatron-style strategies, then the 2D/2.5D/3D tensor-parallel layouts (Xu et al.
@@ -119,6 +119,7 @@ class Plan:
     lora: LoRA | None = None        # LoRA fine-tuning (workloads/lora.py); None: every weight trains
     # Adam's states in lower precision (workloads/optimizer_states.py); None: fp32 states
     precision_aware_optimizer: PrecisionAwareOptimizer | None = None
+    distributed_fused_adam: DistributedFusedAdam | None = None    # Apex's, under NeMo 1
     # saved tensors of the first layers kept in host memory (workloads/activation_offload.py)
     activation_offload: ActivationOffload | None = None
     source: Mapping[str, Any] = field(default_factory=dict, compare=False, repr=False)
@@ -181,6 +182,8 @@ class Plan:
         for name, kind, module in (("moe", MoEOptions, "moe_options"), ("lora", (
                 LoRA, type(None)), "lora"), ("precision_aware_optimizer", (
                 PrecisionAwareOptimizer, type(None)), "optimizer_states"), (
+                "distributed_fused_adam", (DistributedFusedAdam, type(None)),
+                "optimizer_states"), (
                 "activation_offload", (ActivationOffload, type(None)), "activation_offload")):
             if not isinstance(getattr(self, name), kind):
                 raise WorkloadError(name, getattr(self, name), f"an object (workloads/{module}.py)")
@@ -231,6 +234,11 @@ class Plan:
         layers = [self.sharding] + [o for _, _, o in self.layer_overrides]
         used = {s for st in layers for s in st.values() if s in GRID_STRATEGIES}
         return used.pop() if len(used) == 1 else (None if not used else "mixed")
+
+    @property
+    def optimizer_states(self) -> PrecisionAwareOptimizer | DistributedFusedAdam | None:
+        """The section that lays out Adam's states, if any (workloads/optimizer_states.py)."""
+        return self.precision_aware_optimizer or self.distributed_fused_adam
 
     @cached_property
     def parallel_dims(self) -> ParallelDims:
@@ -298,49 +306,6 @@ def _mesh(raw: dict) -> Mesh:
                 order=tuple(order) if isinstance(order, list) else order)
 
 
-def _pipeline(raw: dict) -> Pipeline:
-    _known_keys(raw, "pipeline", ("schedule", "virtual_stages", "layer_split"))
-    split = raw.get("layer_split")
-    if isinstance(split, list):
-        split = tuple(split)
-    elif split is not None:
-        raise WorkloadError("pipeline.layer_split", split, "a list of non-negative integers")
-    return Pipeline(raw.get("schedule", "1f1b"), raw.get("virtual_stages", 1), split)
-
-
-TOP_KEYS = ("name", "model", "training", "mesh", "fsdp", "zero_stage", "sharding", "layers",
-            "recompute", "recompute_layers", "recompute_modules", "attention", "kernels",
-            "optimizer", "pipeline", "overlap", "topology",
-            "description", "framework", "cuda_graphs", "host_overhead", "ddp",
-            "context_parallel", "moe", "tensor_parallel", "collectives", "lora",
-            "precision_aware_optimizer", "activation_offload")
-
-
-def _extensions(raw: dict) -> dict:
-    """context_parallel.mode, the moe block (workloads/moe_options.py), tensor_parallel.depth
-    and collectives (the values are checked by Plan)."""
-    cp = _obj(raw.get("context_parallel"), "context_parallel")
-    _known_keys(cp, "context_parallel", ("mode",))
-    moe = parse_moe(_obj(raw.get("moe"), "moe"))
-    tp = _obj(raw.get("tensor_parallel"), "tensor_parallel")
-    _known_keys(tp, "tensor_parallel", ("depth",))
-    coll = _obj(raw.get("collectives"), "collectives")
-    _known_keys(coll, "collectives", ("algorithm", "protocol"))
-    return {"cp_mode": cp.get("mode", "ring"), **moe,
-            "recompute_layers": raw.get("recompute_layers", 0),
-            "recompute_modules": _modules(raw.get("recompute_modules", [])),
-            "tp_depth": tp.get("depth", 1), "lora": parse_lora(raw.get("lora")),
-            "precision_aware_optimizer": parse_precision_aware_optimizer(
-                raw.get("precision_aware_optimizer")),
-            "activation_offload": parse_activation_offload(raw.get("activation_offload")),
-            "collective_algorithm": coll.get("algorithm"),
-            "collective_protocol": coll.get("protocol")}
-
-
-def _modules(value: Any) -> Any:
-    return tuple(value) if isinstance(value, list) else value
-
-
 def plan_from_dict(raw: Any, base_dir: Path | None = None, default_name: str = "plan") -> Plan:
     """Parse and validate a plan object (world-size checks come in `resolve`)."""
     raw = _obj(raw, "plan")
@@ -365,9 +330,9 @@ def plan_from_dict(raw: Any, base_dir: Path | None = None, default_name: str = "
         sharding=MappingProxyType({**MEGATRON, **strategies}),
         sequence_parallel=sharding_raw.get("sequence_parallel", False),
         layer_overrides=_layer_overrides(_obj(raw.get("layers"), "layers"), model.num_layers),
-        pipeline=_pipeline(_obj(raw.get("pipeline"), "pipeline")),
+        pipeline=pipeline_section(_obj(raw.get("pipeline"), "pipeline")),
         topology=raw.get("topology"),
-        source=MappingProxyType(dict(raw)), **framework_values(raw), **_extensions(raw))
+        source=MappingProxyType(dict(raw)), **framework_values(raw), **extensions(raw))
 
 
 def reject_json_constant(name: str):

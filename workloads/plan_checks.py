@@ -48,7 +48,7 @@ from .frameworks import FP8_PARAM_DTYPES
 from .lora import check_lora
 from .module_recompute import layer_modules
 from .moe_options import check_moe_resolved
-from .optimizer_states import check_precision_aware_plan
+from .optimizer_states import check_optimizer_states
 from .activation_offload import check_activation_offload_plan
 from .torchao_recipes import TORCHAO_FRAMEWORKS
 
@@ -96,7 +96,7 @@ def check_resolved(plan) -> None:
     check_mla_plan(plan)
     check_sliding_window_plan(plan)
     check_lora(plan)
-    check_precision_aware_plan(plan)
+    check_optimizer_states(plan)
     check_activation_offload_plan(plan)
     check_packed_plan(plan)
     check_fp8_attention_plan(plan)

@@ -1,18 +1,26 @@
 """The training and pipeline sections of a plan (`Training`, `Pipeline`), each checked on
-its own when built; workloads/plan.py holds the whole plan and parses the file.
+its own when built, and the parsing of the sections each owned by its own module (moe,
+lora, the optimizer states, activation offload); workloads/plan.py holds the whole plan
+and parses the file.
 """
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 from .errors import WorkloadError
-from .fields import MAX_INT, check_bool, check_choice, check_int, is_int
+from .activation_offload import parse_activation_offload
+from .fields import MAX_INT, check_bool, check_choice, check_int, is_int, json_object, known_keys
 from .fp8_attention import ATTENTION_FORMAT
+from .lora import parse_lora
+from .moe_options import parse_moe
+from .optimizer_states import parse_distributed_fused_adam, parse_precision_aware_optimizer
 from .precision import DTYPES, RECIPES
 
 LOW_PRECISION = tuple(RECIPES)   # the training dtypes with a GEMM recipe
 SCHEDULES = ("gpipe", "1f1b", "interleaved")
-__all__ = ["DTYPES", "LOW_PRECISION", "SCHEDULES", "Pipeline", "Training"]
+__all__ = ["DTYPES", "LOW_PRECISION", "SCHEDULES", "TOP_KEYS", "Pipeline", "Training",
+           "extensions", "pipeline_section"]
 
 
 @dataclass(frozen=True)
@@ -80,3 +88,49 @@ class Pipeline:
             raise WorkloadError("pipeline.layer_split",
                                 list(split) if isinstance(split, tuple) else split,
                                 "a list of non-negative integers")
+
+
+def pipeline_section(raw: dict) -> Pipeline:
+    """The plan's pipeline section."""
+    known_keys(raw, "pipeline", ("schedule", "virtual_stages", "layer_split"))
+    split = raw.get("layer_split")
+    if isinstance(split, list):
+        split = tuple(split)
+    elif split is not None:
+        raise WorkloadError("pipeline.layer_split", split, "a list of non-negative integers")
+    return Pipeline(raw.get("schedule", "1f1b"), raw.get("virtual_stages", 1), split)
+
+
+TOP_KEYS = ("name", "model", "training", "mesh", "fsdp", "zero_stage", "sharding", "layers",
+            "recompute", "recompute_layers", "recompute_modules", "attention", "kernels",
+            "optimizer", "pipeline", "overlap", "topology",
+            "description", "framework", "cuda_graphs", "host_overhead", "ddp",
+            "context_parallel", "moe", "tensor_parallel", "collectives", "lora",
+            "precision_aware_optimizer", "distributed_fused_adam", "activation_offload")
+
+
+def extensions(raw: dict) -> dict:
+    """context_parallel.mode, the moe block (workloads/moe_options.py), tensor_parallel.depth
+    and collectives (the values are checked by Plan)."""
+    cp = json_object(raw.get("context_parallel"), "context_parallel")
+    known_keys(cp, "context_parallel", ("mode",))
+    moe = parse_moe(json_object(raw.get("moe"), "moe"))
+    tp = json_object(raw.get("tensor_parallel"), "tensor_parallel")
+    known_keys(tp, "tensor_parallel", ("depth",))
+    coll = json_object(raw.get("collectives"), "collectives")
+    known_keys(coll, "collectives", ("algorithm", "protocol"))
+    return {"cp_mode": cp.get("mode", "ring"), **moe,
+            "recompute_layers": raw.get("recompute_layers", 0),
+            "recompute_modules": _modules(raw.get("recompute_modules", [])),
+            "tp_depth": tp.get("depth", 1), "lora": parse_lora(raw.get("lora")),
+            "precision_aware_optimizer": parse_precision_aware_optimizer(
+                raw.get("precision_aware_optimizer")),
+            "distributed_fused_adam": parse_distributed_fused_adam(
+                raw.get("distributed_fused_adam")),
+            "activation_offload": parse_activation_offload(raw.get("activation_offload")),
+            "collective_algorithm": coll.get("algorithm"),
+            "collective_protocol": coll.get("protocol")}
+
+
+def _modules(value: Any) -> Any:
+    return tuple(value) if isinstance(value, list) else value

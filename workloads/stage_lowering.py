@@ -335,9 +335,9 @@ class StageLowering:
                 local += params / (self._group_size(dims) if sharded else 1)
         for filler in self.fillers:   # reductions that wait for the whole backward
             self._emit_buckets(filler.take(flush=True), self.plan.micro_batches - 1)
-        lowered = self.plan.precision_aware_optimizer   # workloads/optimizer_states.py
-        per_param = None if lowered is None else lowered.adam_bytes(
-            self.plan.training.dtype, grad_state_bytes(self.plan))
+        states = self.plan.optimizer_states   # workloads/optimizer_states.py
+        per_param = None if states is None else states.adam_bytes(
+            self.plan.training.dtype, grad_state_bytes(self.plan), self.plan.fp8_param_gather)
         nbytes, kernels = adam_step_cost(self.plan.optimizer, local, self._param_tensors(),
                                          per_param)
         step = self.sink.add(kind=COMPUTE, stream="compute", op="adam", phase="optimizer",

@@ -35,6 +35,9 @@ REASONS = {
     "activation_offload": "core_v0.15.0 has no flag for it: --cpu-offloading-num-layers "
                           "from core_v0.16.0, or Megatron-Bridge's model.cpu_offloading and "
                           "model.cpu_offloading_num_layers",
+    "distributed_fused_adam": "Apex's DistributedFusedAdam is NeMo 1's optimizer (optim.name "
+                              "distributed_fused_adam); Megatron-LM's is "
+                              "--use-distributed-optimizer",
     "collective_algorithm": "NCCL_ALGO is an environment variable",
     "collective_protocol": "NCCL_PROTO is an environment variable",
     "zero_stage": "Megatron shards optimizer states (--use-distributed-optimizer) only",
