@@ -19,12 +19,25 @@ class InputError(ValueError):
 
     def __init__(self, field: str, value: object, allowed: str):
         self.field, self.value, self.allowed = field, value, allowed
-        super().__init__(f"{_printable(field)}: got {value!r}; allowed: {_printable(allowed)}")
+        super().__init__(f"{_short(_printable(field))}: got {_short(repr(value))}; "
+                         f"allowed: {_short(_printable(allowed))}")
 
     def __reduce__(self):
         # Pickle by the three parts (the what-if workers send errors between processes;
         # ValueError's default would call __init__ with the message alone).
         return (type(self), (self.field, self.value, self.allowed))
+
+
+# A message stays a readable line: a value echoed from a file or a flag (a list of a
+# million items, an integer of thousands of digits) is cut to its start and its length.
+MAX_SHOWN_CHARS = 300
+
+
+def _short(text: str) -> str:
+    """`text`, or its first MAX_SHOWN_CHARS characters and how long it was."""
+    if len(text) <= MAX_SHOWN_CHARS:
+        return text
+    return f"{text[:MAX_SHOWN_CHARS]}... ({len(text):,} characters)"
 
 
 def _printable(text: str) -> str:

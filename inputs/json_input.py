@@ -8,7 +8,9 @@ some inputs with something other than a one-line error:
     tp 4 by accident;
   * nesting a few thousand levels deep makes the C scanner raise RecursionError: the
     depth is measured before parsing and bounded by MAX_DEPTH;
-  * a file of gigabytes would be read whole: bounded by MAX_BYTES.
+  * a file of gigabytes would be read whole: bounded by MAX_BYTES;
+  * an integer of more digits than the interpreter converts (sys.get_int_max_str_digits,
+    4300 by default) raises a bare ValueError: turned into the caller's error.
 Every failure is the caller's InputError subclass (WorkloadError, TopologyError, ...)
 naming the field, so the CLIs print one line and exit 2.
 """
@@ -16,6 +18,7 @@ from __future__ import annotations
 
 import json
 import re
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -29,15 +32,28 @@ MAX_DEPTH = 64
 # 64 MiB bounds what one read may take without refusing any real file.
 MAX_BYTES = 64 << 20
 
-_STRING = re.compile(r'"(?:[^"\\]|\\.)*"', re.DOTALL)
-_BRACKET = re.compile(r"[\[\]{}]")
+_TOKEN = re.compile(r'["\[\]{}]')
+_STRING_STOP = re.compile(r'["\\]')
 
 
 def json_depth(text: str) -> int:
-    """The deepest nesting of objects and arrays in a JSON text (strings skipped)."""
-    depth = deepest = 0
-    for match in _BRACKET.finditer(_STRING.sub("", text)):
-        if match.group() in "[{":
+    """The deepest nesting of objects and arrays in a JSON text (strings skipped).
+
+    One pass, linear in the text: a string is skipped by jumping from one quote or
+    backslash to the next (a regular expression for a whole string would rescan an
+    unterminated one from every quote in it: quadratic).
+    """
+    depth = deepest = pos = 0
+    while (token := _TOKEN.search(text, pos)) is not None:
+        pos = token.end()
+        if token.group() == '"':
+            while (stop := _STRING_STOP.search(text, pos)) is not None \
+                    and stop.group() == "\\":
+                pos = stop.end() + 1          # an escape: skip the escaped character
+            if stop is None:
+                return deepest                # unterminated: the parser says so
+            pos = stop.end()
+        elif token.group() in "[{":
             depth += 1
             deepest = max(deepest, depth)
         else:
@@ -69,26 +85,39 @@ def parse_json(text: str, field: str, error: type[InputError] = InputError,
     except json.JSONDecodeError as exc:
         raise error(field, text[:60] if len(text) < 60 else text[:57] + "...",
                     f"valid JSON (line {exc.lineno}: {exc.msg})") from None
+    except ValueError:   # an integer longer than the interpreter converts (sys limit)
+        digits = sys.get_int_max_str_digits()
+        raise error(field, f"an integer of more than {digits} digits",
+                    f"integers of at most {digits} digits") from None
     except RecursionError:   # belt and braces: the depth check above should prevent it
         raise error(field, "deeply nested JSON", f"JSON nested at most {max_depth} levels") from None
 
 
-def load_json_file(path: str | Path, field: str, error: type[InputError] = InputError,
-                   max_depth: int = MAX_DEPTH, max_bytes: int = MAX_BYTES) -> Any:
-    """Read and parse a JSON file strictly; errors name `field` and the path."""
+def read_text_file(path: str | Path, field: str, error: type[InputError] = InputError,
+                   max_bytes: int = MAX_BYTES, kind: str = "") -> str:
+    """A UTF-8 text file's contents, at most `max_bytes` of them (a device that never
+    ends, /dev/zero, is cut there and refused); errors name `field` and the path."""
     path = Path(path)
+    what = f"{kind} file" if kind else "file"
     try:
         size = path.stat().st_size
         if size > max_bytes:
-            raise error(field, str(path), f"a JSON file of at most {max_bytes >> 20} MiB "
+            raise error(field, str(path), f"a {what} of at most {max_bytes >> 20} MiB "
                                           f"(it has {size:,} bytes)")
         with open(path, encoding="utf-8") as fh:
             text = fh.read(max_bytes + 1)
     except (OSError, UnicodeDecodeError) as exc:
         reason = exc.strerror if isinstance(exc, OSError) and exc.strerror else type(exc).__name__
-        raise error(field, str(path), f"a readable UTF-8 JSON file ({reason})") from None
+        raise error(field, str(path), f"a readable UTF-8 {what} ({reason})") from None
     if len(text) > max_bytes:   # a file that grew, or a device that never ends
-        raise error(field, str(path), f"a JSON file of at most {max_bytes >> 20} MiB")
+        raise error(field, str(path), f"a {what} of at most {max_bytes >> 20} MiB")
+    return text
+
+
+def load_json_file(path: str | Path, field: str, error: type[InputError] = InputError,
+                   max_depth: int = MAX_DEPTH, max_bytes: int = MAX_BYTES) -> Any:
+    """Read and parse a JSON file strictly; errors name `field` and the path."""
+    text = read_text_file(path, field, error, max_bytes, "JSON")
     try:
         return parse_json(text, field, error, max_depth)
     except InputError as exc:

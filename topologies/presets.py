@@ -89,7 +89,7 @@ FAMILIES: dict[str, Callable[[int], ClusterSpec]] = {
     "nvl72": _nvl72,
     "nvl72-gb300": _nvl72_gb300,
 }
-_NAME = re.compile(r"^(?P<family>[a-z0-9-]+?)(?:x(?P<n>\d+))?$")
+_NAME = re.compile(r"^(?P<family>[a-z0-9-]+?)(?:x(?P<n>\d{1,9}))?$")
 
 
 def preset_names() -> list[str]:

@@ -21,8 +21,8 @@ import re
 
 from .errors import WorkloadError
 
-_GROUP = re.compile(r"\(([^()]*)\)\*(\d+)")
-_REPEAT = re.compile(r"([EtmL])\*(\d+)")
+_GROUP = re.compile(r"\(([^()]*)\)\*(\d{1,9})")
+_REPEAT = re.compile(r"([EtmL])\*(\d{1,9})")
 
 
 def expand_layout(layout: str) -> list[str]:

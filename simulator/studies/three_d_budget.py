@@ -173,9 +173,10 @@ def run(args: argparse.Namespace) -> int:
     if q ** 3 != n:
         raise UsageError("--topo", args.topo, f"a topology with a cube number of GPUs (has {n})")
     micro_batch = q * q if args.micro_batch is None else args.micro_batch
-    if args.seq_len < 1 or micro_batch < 1:
+    # tokens per step stay exact in the table's float columns (2^53)
+    if not (1 <= args.seq_len and 1 <= micro_batch and args.seq_len * micro_batch < 1 << 40):
         raise UsageError("--seq-len/--micro-batch", (args.seq_len, micro_batch),
-                         "positive integers")
+                         "positive integers whose product is below 2^40 tokens")
     if args.budget is not None and not args.budget > 0:
         raise UsageError("--budget", args.budget, "a positive number of GB")
     model = load_model(args.model)

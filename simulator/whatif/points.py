@@ -12,25 +12,29 @@ from __future__ import annotations
 import hashlib
 import itertools
 import json
+import math
 import os
 import tempfile
 from pathlib import Path
 from typing import Any
 
 import topologies
-from inputs import InputError
+from inputs import InputError, load_json_file
 from topologies.faults import apply_faults, parse_fault
 from workloads import Plan, WorkloadError, find_plan, plan_from_dict
-from workloads.plan import reject_json_constant
 from workloads.models import PRESETS as MODEL_PRESETS
 
 from ..api import simulate
 from ..engine import SimOptions
+from ..errors import UsageError
 from ..jsonsafe import dumps_finite
 from ..network import CommOptions
 from .variations import CLUSTER_PARAMS, Variation, apply_cluster, point_raw
 
 PointSpec = dict[str, Any]
+# A study's size is bounded before anything is checked or run: each point is a whole
+# simulation (about a second for a small plan on one core), so 100,000 points is a day.
+MAX_POINTS = 100_000
 LEAD_COLUMNS = ("point", "topo", "fault", "status", "error")
 
 
@@ -40,18 +44,17 @@ def plan_source(ref: str | dict) -> dict:
         raw, base = dict(ref), None
     else:
         path = find_plan(ref)
-        try:
-            raw = json.loads(path.read_text(), parse_constant=reject_json_constant)
-        except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
-            raise WorkloadError("plan", str(path), f"a readable JSON file ({exc})") from None
+        raw = load_json_file(path, "plan", WorkloadError)
+        if not isinstance(raw, dict):
+            raise WorkloadError("plan", str(path), "a JSON object")
         base = path.parent
         raw.setdefault("name", path.stem)
     model = raw.get("model")
     if isinstance(model, str) and model not in MODEL_PRESETS:
         model_path = Path(model) if base is None or Path(model).is_absolute() else base / model
         try:
-            inline = json.loads(model_path.read_text())
-        except (OSError, UnicodeDecodeError, json.JSONDecodeError):
+            inline = load_json_file(model_path, "model", WorkloadError)
+        except WorkloadError:
             inline = None   # plan_from_dict below reports the bad model reference
         if isinstance(inline, dict):
             raw["model"] = {"name": model_path.stem, **inline}
@@ -93,6 +96,11 @@ def study_points(plan_raw: dict, topos: list[dict], variations: list[Variation],
     """
     for fault in faults:
         parse_fault(fault)   # syntax errors exit 2 before anything runs
+    count = len(topos) * math.prod(len(v.values) for v in variations)
+    if count > MAX_POINTS:
+        raise UsageError("--vary", f"{count:,} points ({len(topos)} topologies x "
+                         + " x ".join(f"{len(v.values)} {v.name}" for v in variations) + ")",
+                         f"at most {MAX_POINTS:,} points per study (split it)")
     check_values(plan_raw, topos, variations)
     names = [v.name for v in variations]
     points = []

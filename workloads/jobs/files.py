@@ -3,6 +3,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from inputs import read_text_file
+
 from ..plan import Plan, plan_from_dict
 from .common import Imported
 from .findings import JobConfigError
@@ -28,10 +30,7 @@ def read_job(path: str | Path, framework: str | None = None, lenient: bool = Fal
     if framework not in READERS:
         raise JobConfigError("job config", str(path), "a .toml (torchtitan), .yaml/.yml "
                              "(Megatron-Bridge) or .txt/.args/.sh (Megatron flags) file")
-    try:
-        text = Path(path).read_text()
-    except (OSError, UnicodeDecodeError) as exc:
-        raise JobConfigError("job config", str(path), f"a readable text file ({exc})") from None
+    text = read_text_file(path, "job config", JobConfigError, kind="job config")
     return READERS[framework](text, str(path), lenient=lenient, model=model)
 
 

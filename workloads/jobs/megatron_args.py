@@ -58,8 +58,8 @@ def parse_bridge_yaml(text: str, source: str, findings: Findings) -> tuple[Flags
     import yaml   # PyYAML (pyproject: a dependency for this reader)
     try:
         raw = yaml.safe_load(text)
-    except yaml.YAMLError as exc:
-        reason = str(exc).replace("\n", " ")
+    except (yaml.YAMLError, ValueError, RecursionError) as exc:   # a huge integer, nesting
+        reason = str(exc).replace("\n", " ")[:200]
         raise JobConfigError(source, "YAML", f"valid YAML ({reason})") from None
     if not isinstance(raw, dict) or not isinstance(raw.get("model"), dict):
         raise JobConfigError(source, type(raw).__name__, f"a {K.BRIDGE_RELEASE} "

@@ -55,8 +55,9 @@ def read_torchtitan(text: str, source: str = "job.toml", lenient: bool = False,
     """
     try:
         raw = tomllib.loads(text)
-    except tomllib.TOMLDecodeError as exc:
-        raise JobConfigError(source, "TOML", f"valid TOML ({exc})") from None
+    except (ValueError, RecursionError) as exc:   # TOMLDecodeError, a huge integer, nesting
+        raise JobConfigError(source, "TOML", f"valid TOML ({type(exc).__name__}: "
+                             f"{str(exc)[:120]})") from None
     findings = Findings(K.RELEASE, lenient)
     flat = _flatten_checked(raw, findings)
     get = lambda key: flat.get(key, DEFAULTS[key])   # noqa: E731

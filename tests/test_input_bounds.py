@@ -1,0 +1,100 @@
+"""Inputs that once escaped the bad-input contract (one line on stderr, exit status 2),
+found by an adversarial campaign over every subcommand: integers longer than the
+interpreter converts (4,300 digits), nesting that exhausts the recursion limit in TOML,
+an unterminated JSON string that made the nesting check quadratic, a plan read around the
+strict JSON reader, a device that never ends read as a job config, a what-if study of a
+million points, a study whose token count no longer fits a float, and messages that
+echoed a value of a million characters."""
+from __future__ import annotations
+
+import time
+
+import pytest
+
+from inputs import InputError
+from inputs.errors import MAX_SHOWN_CHARS
+from inputs.json_input import json_depth
+from tests.test_fuzz_inputs import TINY_PLAN, holds_contract, write
+
+HUGE = "9" * 5000      # more digits than int() converts by default
+
+
+@pytest.fixture
+def bad(tmp_path):
+    model = write(tmp_path, "huge.json", '{"hidden_size": ' + HUGE + "}")
+    toml = tmp_path / "deep.toml"
+    toml.write_text("[job]\nx = " + "[" * 5000 + "]" * 5000 + "\n")
+    yaml = tmp_path / "huge.yaml"
+    yaml.write_text("model:\n  num_layers: " + HUGE + "\n")
+    return {"huge_model": write(tmp_path, "p.json", {**TINY_PLAN, "model": model}),
+            "huge_plan": write(tmp_path, "q.json", '{"name": "x", "mesh": {"tp": ' + HUGE + "}}"),
+            "unterminated": write(tmp_path, "u.json", '["' + '\\"' * 200_000),
+            "nested": write(tmp_path, "n.json", '{"a":' * 3000 + "1" + "}" * 3000),
+            "deep_toml": str(toml), "huge_yaml": str(yaml),
+            "ok": write(tmp_path, "ok.json", TINY_PLAN)}
+
+
+CASES = [
+    ["run", "--plan", "{huge_model}", "--topo", "dgx-h100"],
+    ["run", "--plan", "{huge_plan}", "--topo", "dgx-h100"],
+    ["run", "--plan", "{unterminated}", "--topo", "dgx-h100"],
+    ["whatif", "--plan", "{nested}", "--topo", "dgx-h100", "--vary", "tp=1,2"],
+    ["whatif", "--plan", "{unterminated}", "--topo", "dgx-h100", "--vary", "tp=1,2"],
+    ["import", "torchtitan", "{deep_toml}"],
+    ["import", "megatron", "{huge_yaml}"],
+    ["import", "torchtitan", "/dev/zero"],
+    ["run", "--plan", "{ok}", "--topo", "dgx-h100x" + HUGE],
+    ["run", "--plan", "{ok}", "--topo", "dgx-h100", "--fault", "straggler:gpu=" + HUGE],
+    ["whatif", "--plan", "{ok}", "--topo", "dgx-h100", "--vary", "micro_batch=" + HUGE],
+    ["whatif", "--plan", "{ok}", "--topo", "dgx-h100", "--vary", "global_batch=" + HUGE],
+    ["collective", "--topo", "dgx-h100", "--op", "all_reduce", "--group", "8", "--sizes", HUGE],
+    ["study", "3d-budget", "--seq-len", str(10 ** 12)],
+]
+
+
+@pytest.mark.parametrize("args", CASES, ids=lambda a: " ".join(a)[:50])
+def test_bad_input_is_one_short_line_and_exit_2(bad, args):
+    status, err = holds_contract([a.format(**bad) for a in args])
+    assert status == 2, err
+    assert len(err) < 2 * MAX_SHOWN_CHARS + 400, err[:200]
+
+
+def test_a_what_if_study_is_bounded_before_it_runs(bad):
+    started = time.monotonic()
+    status, err = holds_contract(
+        ["whatif", "--plan", bad["ok"], "--topo", "dgx-h100", "--no-progress",
+         "--vary", "micro_batch=" + ",".join(map(str, range(1, 401))),
+         "--vary", "global_batch=" + ",".join(str(32 * i) for i in range(1, 401))])
+    assert status == 2 and "160,000 points" in err and "at most 100,000" in err
+    assert time.monotonic() - started < 30
+
+
+def test_a_long_value_is_cut_to_its_start_and_length():
+    err = InputError("mesh.tp", list(range(100_000)), "an integer")
+    text = str(err)
+    assert text.startswith("mesh.tp: got [0, 1, 2, ")
+    assert "characters); allowed: an integer" in text
+    assert len(text) < MAX_SHOWN_CHARS + 100
+    assert str(InputError("tp", 8, "x")) == "tp: got 8; allowed: x"   # short ones untouched
+
+
+@pytest.mark.parametrize("text, depth", [
+    ('[[1,[2]],{"a":[3]}]', 3),
+    ('["[[[", {"b":"]]]\\"[["}]', 2),          # brackets and escaped quotes in strings
+    ('{"a":"\\\\[", "b":[[]]}', 3),             # an escaped backslash ends before the [
+    ('"\\\\"', 0), ("[]", 1), ('["abc', 1),
+])
+def test_json_depth_skips_strings(text, depth):
+    assert json_depth(text) == depth
+
+
+def test_json_depth_is_linear_on_an_unterminated_string():
+    started = time.monotonic()
+    assert json_depth('["' + '\\"' * 400_000) == 1
+    assert time.monotonic() - started < 5      # the old regex took minutes
+
+
+def test_the_plan_the_flag_cases_use_is_good(bad):
+    # so that each flag case above fails on its flag, not on its plan
+    status, _ = holds_contract(["run", "--plan", bad["ok"], "--topo", "dgx-h100"])
+    assert status == 0
