@@ -1,6 +1,7 @@
 """Inputs that once escaped the bad-input contract (one line on stderr, exit status 2),
 found by an adversarial campaign over every subcommand: integers longer than the
-interpreter converts (4,300 digits), nesting that exhausts the recursion limit in TOML,
+interpreter converts (4,300 digits) or a float holds (1e400), a digit int() does not
+read (a superscript), nesting that exhausts the recursion limit in TOML,
 an unterminated JSON string that made the nesting check quadratic, a plan read around the
 strict JSON reader, a device that never ends read as a job config, a what-if study of a
 million points, a study whose token count no longer fits a float, and messages that
@@ -26,7 +27,14 @@ def bad(tmp_path):
     toml.write_text("[job]\nx = " + "[" * 5000 + "]" * 5000 + "\n")
     yaml = tmp_path / "huge.yaml"
     yaml.write_text("model:\n  num_layers: " + HUGE + "\n")
+    topo = {"gpu": {"base": "h100"}, "gpus_per_domain": 8}
     return {"huge_model": write(tmp_path, "p.json", {**TINY_PLAN, "model": model}),
+            "huge_bucket": write(tmp_path, "b.json", {**TINY_PLAN, "ddp": {"bucket_params":
+                                                                         10 ** 400}}),
+            "huge_tflops": write(tmp_path, "t1.json", {**topo, "gpu": {
+                "base": "h100", "bf16_tflops": 10 ** 400}}),
+            "superscript": write(tmp_path, "t2.json", {**topo, "measured_collectives": {
+                "all_reduce": {"\u00b2": {"latency_us": 1, "busbw_GBps": 1}}}}),
             "huge_plan": write(tmp_path, "q.json", '{"name": "x", "mesh": {"tp": ' + HUGE + "}}"),
             "unterminated": write(tmp_path, "u.json", '["' + '\\"' * 200_000),
             "nested": write(tmp_path, "n.json", '{"a":' * 3000 + "1" + "}" * 3000),
@@ -37,6 +45,9 @@ def bad(tmp_path):
 CASES = [
     ["run", "--plan", "{huge_model}", "--topo", "dgx-h100"],
     ["run", "--plan", "{huge_plan}", "--topo", "dgx-h100"],
+    ["run", "--plan", "{huge_bucket}", "--topo", "dgx-h100"],   # past a float: 1e400
+    ["topo", "{huge_tflops}"],
+    ["topo", "{superscript}"],     # '²'.isdigit() holds, int('²') fails: isdecimal
     ["run", "--plan", "{unterminated}", "--topo", "dgx-h100"],
     ["whatif", "--plan", "{nested}", "--topo", "dgx-h100", "--vary", "tp=1,2"],
     ["whatif", "--plan", "{unterminated}", "--topo", "dgx-h100", "--vary", "tp=1,2"],

@@ -98,7 +98,7 @@ def _number(fault: Fault, key: str) -> float:
 
 
 def _rank(topo: Topology, fault: Fault, raw: str) -> int:
-    if not raw.isdigit() or int(raw) >= topo.world_size:
+    if not raw.isdecimal() or len(raw) > 9 or int(raw) >= topo.world_size:
         raise TopologyError(f"fault {fault.text}: gpu", raw,
                             f"a rank 0..{topo.world_size - 1} of {topo.name}")
     return int(raw)

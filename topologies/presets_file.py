@@ -9,7 +9,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-from inputs import load_json_file
+from inputs import finite, load_json_file
 
 from .builders import FabricSpec
 from .errors import TopologyError
@@ -32,7 +32,7 @@ def _number(obj: dict, key: str, where: str, default: Any = None, minimum: float
             raise TopologyError(f"{where}.{key}", None, "a required number")
         return default
     value = obj[key]
-    ok = isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+    ok = isinstance(value, (int, float)) and not isinstance(value, bool) and finite(value)
     if ok and integer:
         ok = float(value).is_integer()
     if ok:
@@ -202,7 +202,7 @@ def _measured(raw: Any) -> tuple:
             raise TopologyError(f"measured_collectives.{op}", by_size, "an object: size -> values")
         for size, values in sorted(by_size.items()):
             where = f"measured_collectives.{op}.{size}"
-            if not str(size).isdigit() or not isinstance(values, dict):
+            if not (str(size).isdecimal() and len(str(size)) <= 9) or not isinstance(values, dict):
                 raise TopologyError(where, values, "group size -> {latency_us, busbw_GBps}")
             _known_keys(values, where, ("latency_us", "busbw_GBps", "points"))
             rows.append((op, int(size), MeasuredCollective(

@@ -166,7 +166,7 @@ def _names(field: str, value: Any, table: dict[str, str]) -> frozenset[str]:
 
 def _count(field: str, value: Any, low: int, high: int) -> int:
     """An integer in [low, high], as a JSON number or a string (environment form)."""
-    if isinstance(value, str) and value.strip().isdigit():
+    if isinstance(value, str) and value.strip().isdecimal() and len(value.strip()) <= 18:
         value = int(value.strip())
     if isinstance(value, bool) or not isinstance(value, int) or not low <= value <= high:
         raise TopologyError(field, value, f"an integer from {low} to {high}")

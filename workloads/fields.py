@@ -5,8 +5,9 @@ words whether the value came from a plan file, `whatif --vary` or `dataclasses.r
 """
 from __future__ import annotations
 
-import math
 from typing import Any
+
+from inputs import finite
 
 from .errors import WorkloadError
 
@@ -43,7 +44,7 @@ def check_choice(value: Any, field: str, allowed: tuple[str, ...]) -> None:
 def check_number(value: Any, field: str, low: float, high: float, allowed: str) -> None:
     """A finite number in [low, high]."""
     if (isinstance(value, bool) or not isinstance(value, (int, float))
-            or not math.isfinite(value) or not low <= value <= high):
+            or not finite(value) or not low <= value <= high):
         raise WorkloadError(field, value, allowed)
 
 

@@ -144,9 +144,9 @@ class Plan:
             raise WorkloadError("fsdp.version", self.fsdp_version, "1 or 2")
         check_choice(self.framework, "framework", FRAMEWORKS)
         if not (self.grad_bucket in BUCKET_MODES
-                or (is_int(self.grad_bucket) and self.grad_bucket >= 1)):
+                or (is_int(self.grad_bucket) and 1 <= self.grad_bucket <= MAX_INT)):
             raise WorkloadError("ddp.bucket_params", self.grad_bucket,
-                                '"unit", "megatron" or a number of parameters >= 1')
+                                '"unit", "megatron" or a number of parameters in [1, 2^53]')
         for name, where in (("host_step_s", "host_overhead.per_step_s"),
                             ("host_kernel_s", "host_overhead.per_kernel_s")):
             check_number(getattr(self, name), where, 0.0, MAX_HOST_OVERHEAD_S,

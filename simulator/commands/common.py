@@ -44,7 +44,7 @@ def add_limits(parser: argparse.ArgumentParser, tasks: bool = True) -> None:
 
 def positive_int(text: str) -> int:
     """argparse type: an integer >= 1 (at most 2^62)."""
-    if not text.strip().isdigit() or not 1 <= int(text) <= 1 << 62:
+    if not text.strip().isdecimal() or len(text.strip()) > 19 or not 1 <= int(text) <= 1 << 62:
         raise argparse.ArgumentTypeError(f"expected an integer >= 1, got {text!r}")
     return int(text)
 

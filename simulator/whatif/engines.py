@@ -75,7 +75,7 @@ def check_ray_address(address: str | None) -> None:
     if address is None or address in ("auto", "local"):
         return
     host, sep, port = address.split("://", 1)[-1].rpartition(":")
-    if not sep or not host or not port.isdigit() or not 0 < int(port) < 65536:
+    if not sep or not host or not port.isdecimal() or len(port) > 5 or not 0 < int(port) < 65536:
         raise UsageError("--address", address, "HOST:PORT or ray://HOST:PORT of a Ray head "
                          "node, or auto")
     try:

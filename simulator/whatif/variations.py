@@ -139,7 +139,7 @@ def _framework_value(name: str, raw: str) -> Any:
     if name == "grad_bucket":
         if raw in BUCKET_MODES:
             return raw
-        if not raw.isdigit() or len(raw) > 9 or int(raw) < 1:
+        if not raw.isdecimal() or len(raw) > 9 or int(raw) < 1:
             raise UsageError(flag, raw, ", ".join(BUCKET_MODES) + " or a number of "
                              "parameters >= 1")
         return int(raw)
@@ -175,11 +175,11 @@ def _value(name: str, raw: str) -> Any:
     if name == "dp" and raw == "auto":
         return "auto"
     if name in MESH_PARAMS + ("nodes",):   # degrees and node counts: at least 1
-        if not raw.isdigit() or len(raw) > 9 or int(raw) < 1:
+        if not raw.isdecimal() or len(raw) > 9 or int(raw) < 1:
             raise UsageError(flag, raw, "integers >= 1" + (" or auto" if name == "dp" else ""))
         return int(raw)
     if name in TRAINING_INTS + ("zero_stage",):   # range checked by the plan types
-        if not raw.lstrip("-").isdigit() or len(raw) > 19:
+        if not raw.lstrip("-").isdecimal() or len(raw) > 19:
             raise UsageError(flag, raw, "integers of at most 18 digits")
         return int(raw)
     if name in CHOICES:   # checked by the plan types, with the plan file's message
