@@ -85,6 +85,8 @@ def parse_json(text: str, field: str, error: type[InputError] = InputError,
     except json.JSONDecodeError as exc:
         raise error(field, text[:60] if len(text) < 60 else text[:57] + "...",
                     f"valid JSON (line {exc.lineno}: {exc.msg})") from None
+    except InputError:   # a hook's own error (NaN, a key given twice): as raised
+        raise
     except ValueError:   # an integer longer than the interpreter converts (sys limit)
         digits = sys.get_int_max_str_digits()
         raise error(field, f"an integer of more than {digits} digits",
