@@ -10,6 +10,8 @@ line on stderr and exit status 2.
 """
 from __future__ import annotations
 
+import reprlib
+
 
 class InputError(ValueError):
     """An input is invalid; names the field, the value and what is allowed.
@@ -19,7 +21,7 @@ class InputError(ValueError):
 
     def __init__(self, field: str, value: object, allowed: str):
         self.field, self.value, self.allowed = field, value, allowed
-        super().__init__(f"{_short(_printable(field))}: got {_short(repr(value))}; "
+        super().__init__(f"{_short(_printable(field))}: got {shown(value)}; "
                          f"allowed: {_short(_printable(allowed))}")
 
     def __reduce__(self):
@@ -31,6 +33,37 @@ class InputError(ValueError):
 # A message stays a readable line: a value echoed from a file or a flag (a list of a
 # million items, an integer of thousands of digits) is cut to its start and its length.
 MAX_SHOWN_CHARS = 300
+
+
+# A value with more parts than this (a YAML alias bomb: a few lines naming 10^9 items) is
+# shown by reprlib, which stops after a few items and levels, not by repr, which would
+# walk every part.
+MAX_SHOWN_PARTS = 1000
+_BOUNDED = reprlib.Repr()
+_BOUNDED.maxlevel, _BOUNDED.maxstring, _BOUNDED.maxother = 4, MAX_SHOWN_CHARS, MAX_SHOWN_CHARS
+_BOUNDED.maxlist = _BOUNDED.maxtuple = _BOUNDED.maxdict = _BOUNDED.maxset = 20
+
+
+def shown(value: object) -> str:
+    """repr(value) for a message: whole when it is small, else bounded (MAX_SHOWN_PARTS,
+    MAX_SHOWN_CHARS) before it is built."""
+    if _parts(value, MAX_SHOWN_PARTS) >= MAX_SHOWN_PARTS:
+        return _short(_BOUNDED.repr(value))
+    return _short(repr(value))
+
+
+def _parts(value: object, limit: int) -> int:
+    """How many containers and items `value` holds, counted up to `limit`."""
+    count, stack = 0, [value]
+    while stack and count < limit:
+        item = stack.pop()
+        count += 1
+        if isinstance(item, dict):
+            stack.extend(item.keys())
+            stack.extend(item.values())
+        elif isinstance(item, (list, tuple, set, frozenset)):
+            stack.extend(item)
+    return count
 
 
 def _short(text: str) -> str:

@@ -109,3 +109,25 @@ def test_the_plan_the_flag_cases_use_is_good(bad):
     # so that each flag case above fails on its flag, not on its plan
     status, _ = holds_contract(["run", "--plan", bad["ok"], "--topo", "dgx-h100"])
     assert status == 0
+
+
+def _alias_bomb_yaml() -> str:
+    """A Megatron-Bridge YAML whose model section holds 10^8 items in a few lines."""
+    from tests.test_jobs_megatron import BRIDGE
+    levels = "abcdefgh"
+    anchors = "".join(f"x{name}: &{name} [" + ",".join(
+        [f"*{levels[i - 1]}"] * 10 if i else ["1"] * 10) + "]\n"
+        for i, name in enumerate(levels))
+    return anchors + BRIDGE.format(extra="").replace("model:\n", "model:\n  bomb: *h\n", 1)
+
+
+@pytest.mark.parametrize("lenient", [False, True])
+def test_a_yaml_alias_bomb_is_named_without_walking_it(tmp_path, lenient):
+    path = tmp_path / "bomb.yaml"
+    path.write_text(_alias_bomb_yaml())
+    started = time.monotonic()
+    status, err = holds_contract(["import", "megatron", str(path), "-o", str(tmp_path / "p.json")]
+                                 + (["--lenient"] if lenient else []))
+    assert time.monotonic() - started < 20      # repr of the value took minutes and GBs
+    assert status == (0 if lenient else 2)
+    assert "model.bomb" in err and len(err) < 10_000

@@ -10,6 +10,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from inputs.errors import shown
+
 from ..errors import WorkloadError
 from ..fields import is_int
 
@@ -44,7 +46,7 @@ class Findings:
             raise JobConfigError(keys, values[0] if len(values) == 1 else values,
                                  f"what the simulator models for {self.framework}, not "
                                  f"({whys}); --lenient simulates without them")
-        warnings = [f"warning: not modelled, simulated without it: {k} = {v!r} ({why})"
+        warnings = [f"warning: not modelled, simulated without it: {k} = {shown(v)} ({why})"
                     for k, v, why in self.problems]
         return self.notes + warnings
 
