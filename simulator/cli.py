@@ -18,7 +18,8 @@ from typing import Callable, Sequence
 
 from inputs import InputError
 
-from .errors import EXIT_BAD_INPUT, EXIT_INTERNAL, EXIT_WRITE_FAILED, UsageError, WriteError
+from .errors import (EXIT_BAD_INPUT, EXIT_INTERNAL, EXIT_WRITE_FAILED, OutputError, UsageError,
+                     WriteError)
 from .output import output_kind
 
 
@@ -46,6 +47,8 @@ def check_outputs(args: argparse.Namespace) -> None:
     """OutputError (exit 2) for any output option naming a path that cannot be written."""
     for dest, flag in OUTPUT_OPTIONS.items():
         value = getattr(args, dest, None)
+        if value == "":   # the commands test the path's truth: "" would write nothing
+            raise OutputError(value, "it is empty", flag)
         if isinstance(value, str):
             output_kind(value, flag)
 

@@ -35,6 +35,12 @@ def bad(tmp_path):
                 "base": "h100", "bf16_tflops": 10 ** 400}}),
             "superscript": write(tmp_path, "t2.json", {**topo, "measured_collectives": {
                 "all_reduce": {"\u00b2": {"latency_us": 1, "busbw_GBps": 1}}}}),
+            "size_zero": write(tmp_path, "t3.json", {**topo, "measured_collectives": {
+                "all_reduce": {"0": {"latency_us": 1, "busbw_GBps": 1}}}}),
+            "huge_host": write(tmp_path, "h.json", {**TINY_PLAN, "host_overhead": {
+                "per_step_s": 10 ** 400}}),
+            "huge_recompute": write(tmp_path, "r.json", {**TINY_PLAN, "recompute": "full",
+                                                          "recompute_layers": 10 ** 400}),
             "huge_plan": write(tmp_path, "q.json", '{"name": "x", "mesh": {"tp": ' + HUGE + "}}"),
             "unterminated": write(tmp_path, "u.json", '["' + '\\"' * 200_000),
             "nested": write(tmp_path, "n.json", '{"a":' * 3000 + "1" + "}" * 3000),
@@ -48,6 +54,10 @@ CASES = [
     ["run", "--plan", "{huge_bucket}", "--topo", "dgx-h100"],   # past a float: 1e400
     ["topo", "{huge_tflops}"],
     ["topo", "{superscript}"],     # '²'.isdigit() holds, int('²') fails: isdecimal
+    ["topo", "{size_zero}"],
+    ["run", "--plan", "{huge_host}", "--topo", "dgx-h100"],
+    ["run", "--plan", "{huge_recompute}", "--topo", "dgx-h100"],
+    ["run", "--plan", "{ok}", "--topo", "dgx-h100", "--trace", ""],   # wrote nothing, exit 0
     ["run", "--plan", "{unterminated}", "--topo", "dgx-h100"],
     ["whatif", "--plan", "{nested}", "--topo", "dgx-h100", "--vary", "tp=1,2"],
     ["whatif", "--plan", "{unterminated}", "--topo", "dgx-h100", "--vary", "tp=1,2"],
@@ -81,11 +91,13 @@ def test_a_what_if_study_is_bounded_before_it_runs(bad):
 
 
 def test_a_long_value_is_cut_to_its_start_and_length():
-    err = InputError("mesh.tp", list(range(100_000)), "an integer")
-    text = str(err)
-    assert text.startswith("mesh.tp: got [0, 1, 2, ")
-    assert "characters); allowed: an integer" in text
+    text = str(InputError("--seq-length", "9" * 100_000, "an integer"))
+    assert text.startswith("--seq-length: got '9999")
+    assert text.endswith("... (100,002 characters); allowed: an integer")
     assert len(text) < MAX_SHOWN_CHARS + 100
+    # a container of many parts is shown a few items deep, never walked whole
+    text = str(InputError("mesh.tp", list(range(100_000)), "an integer"))
+    assert text == "mesh.tp: got [" + ", ".join(map(str, range(20))) + ", ...]; allowed: an integer"
     assert str(InputError("tp", 8, "x")) == "tp: got 8; allowed: x"   # short ones untouched
 
 
@@ -131,3 +143,29 @@ def test_a_yaml_alias_bomb_is_named_without_walking_it(tmp_path, lenient):
     assert time.monotonic() - started < 20      # repr of the value took minutes and GBs
     assert status == (0 if lenient else 2)
     assert "model.bomb" in err and len(err) < 10_000
+
+
+def test_a_bridge_yaml_key_that_is_not_a_string_is_named(tmp_path):
+    from tests.test_jobs_megatron import BRIDGE
+    path = tmp_path / "c.yaml"
+    path.write_text(BRIDGE.format(extra="").replace("model:\n", "model:\n  7: 1\n  ~: 2\n", 1))
+    status, err = holds_contract(["import", "megatron", str(path), "-o", str(tmp_path / "p.json")])
+    assert status == 2 and "model.7" in err and "model.None" in err
+
+
+def test_a_long_megatron_flag_value_list_parses_in_linear_time():
+    from workloads.jobs.megatron_args import parse_args_text
+    started = time.monotonic()
+    flags, _ = parse_args_text("--data-path " + " ".join(["x"] * 200_000), "args.txt")
+    assert len(flags["data-path"]) == 200_000
+    assert time.monotonic() - started < 5      # was 27 s: the list was rebuilt per word
+
+
+def test_a_study_model_without_a_published_choice_is_rendered():
+    from simulator.studies.adaptive_sharding import render
+    row = {"topology": "dgx-h100x2", "mesh": {"dp": 2}, "tokens_per_dp_rank": 16384,
+           "published": None, "chosen": {p: "col" for p in ("wq", "wk", "wv", "wo", "w1",
+                                                           "w3", "w2")},
+           "chosen_step_time_s": 1.5, "published_step_time_s": None,
+           "chosen_fits_in_memory": True}
+    assert "published no choice" in render({"llama3-405b": row})

@@ -202,8 +202,10 @@ def _measured(raw: Any) -> tuple:
             raise TopologyError(f"measured_collectives.{op}", by_size, "an object: size -> values")
         for size, values in sorted(by_size.items()):
             where = f"measured_collectives.{op}.{size}"
-            if not (str(size).isdecimal() and len(str(size)) <= 9) or not isinstance(values, dict):
-                raise TopologyError(where, values, "group size -> {latency_us, busbw_GBps}")
+            if not (str(size).isdecimal() and len(str(size)) <= 9 and int(size) >= 1) \
+                    or not isinstance(values, dict):
+                raise TopologyError(where, values, "group size (an integer >= 1) -> "
+                                                   "{latency_us, busbw_GBps}")
             _known_keys(values, where, ("latency_us", "busbw_GBps", "points"))
             rows.append((op, int(size), MeasuredCollective(
                 _number(values, "latency_us", where, allow_minimum=True) * 1e-6,

@@ -210,8 +210,8 @@ def _one_name(field: str, value: Any, table: dict[str, str]) -> str | None:
 def _bytes(field: str, value: Any, default: float) -> float:
     if value is None or value == -1:
         return default
-    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
-        raise TopologyError(field, value, "a byte count >= 0 (an integer) or -1")
+    if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value <= 1 << 62:
+        raise TopologyError(field, value, "a byte count in [0, 2^62] (an integer) or -1")
     return float(value)
 
 

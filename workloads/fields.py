@@ -17,6 +17,17 @@ def is_int(value: Any) -> bool:
     return isinstance(value, int) and not isinstance(value, bool)
 
 
+def int_as_float(value: Any) -> Any:
+    """A JSON integer given for a float field, as a float; one past a float's range (10^400)
+    stays an integer, which the field's check refuses as not finite."""
+    if is_int(value):
+        try:
+            return float(value)
+        except OverflowError:
+            return value
+    return value
+
+
 # Largest integer a plan field may hold: 2^53, the last of the integers a float (which the
 # cost model multiplies them as) holds exactly; past it sizes stop being exact, and past
 # about 10^308 they stop being numbers at all.

@@ -16,7 +16,7 @@ from types import MappingProxyType
 from typing import Any, Mapping
 
 from .errors import WorkloadError
-from .fields import check_choice, is_int, json_object, known_keys
+from .fields import check_choice, int_as_float, is_int, json_object, known_keys
 
 # Plan keys a profile may set (the Plan field names), with the generic default of each:
 # the simulator's behaviour before profiles, where gradients are reduced per unit as
@@ -231,6 +231,5 @@ def framework_values(raw: dict) -> dict:
         if key not in given and not tp_sp:
             values[key] = False
     for key in ("host_step_s", "host_kernel_s"):   # JSON 0 is a number of seconds too
-        if is_int(values[key]):
-            values[key] = float(values[key])
+        values[key] = int_as_float(values[key])
     return {"framework": framework, **values}

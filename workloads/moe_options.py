@@ -60,12 +60,13 @@ The scalar `load_imbalance` stays the Plan field it always was; a distribution g
 """
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 from typing import Any
 
 from .errors import WorkloadError
-from .fields import check_bool, check_choice, check_number, is_int, known_keys
+from inputs import finite
+
+from .fields import check_bool, check_choice, check_number, int_as_float, is_int, known_keys
 from .precision import TE_FRAMEWORKS
 
 DISPATCHERS = ("alltoall", "allgather", "deepep")
@@ -172,7 +173,7 @@ def _check_shares(shares: Any) -> None:
     where = "moe.load_imbalance.shares"
     if (not isinstance(shares, tuple) or not 1 <= len(shares) <= MAX_SHARES
             or any(isinstance(s, bool) or not isinstance(s, (int, float))
-                   or not math.isfinite(s) or s < 0 for s in shares)
+                   or not finite(s) or s < 0 for s in shares)
             or not sum(shares) > 0):
         raise WorkloadError(where, list(shares) if isinstance(shares, tuple) else shares,
                             f"a list of 1 to {MAX_SHARES} non-negative numbers, not all 0 "
@@ -194,11 +195,8 @@ def parse_moe(raw: dict) -> dict:
                                 "a list of each expert's share of the routed tokens")
     elif isinstance(imbalance, list):
         shares, imbalance = imbalance, 1.0
-    elif is_int(imbalance):
-        imbalance = float(imbalance)
-    capacity = raw.get("capacity_factor")
-    if is_int(capacity):
-        capacity = float(capacity)
+    imbalance = int_as_float(imbalance)
+    capacity = int_as_float(raw.get("capacity_factor"))
     options = MoEOptions(
         dispatcher=raw.get("dispatcher", "alltoall"), etp=raw.get("etp"),
         capacity_factor=capacity, pad_to_capacity=raw.get("pad_to_capacity", False),

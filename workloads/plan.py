@@ -156,9 +156,9 @@ class Plan:
         for name, allowed in (("recompute", RECOMPUTE), ("attention", ATTENTION_IMPLS),
                               ("kernels", KERNEL_MODES), ("optimizer", OPTIMIZERS)):
             check_choice(getattr(self, name), name, allowed)
-        if not is_int(self.recompute_layers) or self.recompute_layers < 0:
+        if not is_int(self.recompute_layers) or not 0 <= self.recompute_layers <= MAX_INT:
             raise WorkloadError("recompute_layers", self.recompute_layers,
-                                "an integer >= 0 (0: every layer)")
+                                "an integer in [0, 2^53] (0: every layer)")
         mods = self.recompute_modules   # names once each (a JSON list may hold anything)
         if not isinstance(mods, tuple) or not all(m in RECOMPUTE_MODULES for m in mods) or \
                 len(set(mods)) < len(mods) or (mods and self.recompute not in ("none",

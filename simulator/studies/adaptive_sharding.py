@@ -123,10 +123,14 @@ def render(out: dict[str, Any]) -> str:
             mark = "" if published == chosen else "  <- differs"
             lines.append(f"  {label:<8}{n:>8,}{m / n:>7.2f}  {words:<14}{published:<13}{chosen:<8}{mark}")
         same = r["published"] == r["chosen"]
-        lines.append(f"  step time: chosen {r['chosen_step_time_s']:.4f} s, the study's choice "
-                     f"{r['published_step_time_s']:.4f} s" + (" (same plan)" if same else
-                     f" ({100 * (r['published_step_time_s'] / r['chosen_step_time_s'] - 1):+.2f} % "
-                     "for the study's)"))
+        if r["published_step_time_s"] is None:
+            lines.append(f"  step time: chosen {r['chosen_step_time_s']:.4f} s (the study "
+                         "published no choice for this model)")
+        else:
+            lines.append(f"  step time: chosen {r['chosen_step_time_s']:.4f} s, the study's choice "
+                         f"{r['published_step_time_s']:.4f} s" + (" (same plan)" if same else
+                         f" ({100 * (r['published_step_time_s'] / r['chosen_step_time_s'] - 1):+.2f}"
+                         " % for the study's)"))
         if not r["chosen_fits_in_memory"]:
             lines.append(f"  note: at this batch the plan needs "
                          f"{r['chosen_peak_memory_bytes'] / 1e9:.0f} GB per GPU, more than an "
@@ -146,7 +150,7 @@ def plot(out: dict[str, Any], path: str) -> None:
     names = list(out)
     fig, ax = plt.subplots(figsize=(6, 3.5))
     xs = range(len(names))
-    ax.bar([x - 0.2 for x in xs], [out[n]["published_step_time_s"] for n in names], 0.4,
+    ax.bar([x - 0.2 for x in xs], [out[n]["published_step_time_s"] or 0.0 for n in names], 0.4,
            label="the study's choice")
     ax.bar([x + 0.2 for x in xs], [out[n]["chosen_step_time_s"] for n in names], 0.4,
            label="search's choice")

@@ -46,9 +46,10 @@ def parse_args_text(text: str, source: str = "args.txt") -> tuple[Flags, list[st
                                  "follow a flag)")
         elif flags[current] is True:
             flags[current] = word
+        elif isinstance(flags[current], list):
+            flags[current].append(word)      # in place: a long value list stays linear
         else:
-            prev = flags[current]
-            flags[current] = (prev if isinstance(prev, list) else [prev]) + [word]
+            flags[current] = [flags[current], word]
     return flags, notes
 
 
@@ -108,6 +109,7 @@ def _recipe_grad_fp32(recipe: Any) -> bool | None:
 
 def _section(section: str, body: dict, flags: Flags, names: dict, findings: Findings) -> None:
     for field, value in body.items():
+        field = str(field)               # YAML keys may be numbers or null
         key = f"{section}.{field}"
         flag = K.BRIDGE_KEYS.get((section, field))
         if (section, field) == ("mixed_precision", "grad_reduce_in_fp32"):
