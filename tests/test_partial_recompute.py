@@ -49,8 +49,10 @@ def test_step_time_and_memory_lie_between_none_and_full():
 
 @pytest.mark.parametrize("extra, allowed", [
     ({"recompute_layers": 2}, '0 unless recompute is "full"'),
-    ({"recompute": "full", "recompute_layers": -1}, "an integer >= 0 (0: every layer)"),
-    ({"recompute": "full", "recompute_layers": "some"}, "an integer >= 0 (0: every layer)")])
+    ({"recompute": "full", "recompute_layers": -1}, "an integer in [0, 2^53] (0: every layer)"),
+    ({"recompute": "full", "recompute_layers": 2 ** 53 + 1},
+     "an integer in [0, 2^53] (0: every layer)"),
+    ({"recompute": "full", "recompute_layers": "some"}, "an integer in [0, 2^53] (0: every layer)")])
 def test_bad_recompute_layers_name_the_field(extra, allowed):
     with pytest.raises(WorkloadError) as err:
         plan_from_dict(small_plan(**extra))
