@@ -149,9 +149,14 @@ def check_precision_aware_plan(plan) -> None:
               "fused (Transformer Engine's FusedAdam)"),
              ("training.dtype", plan.training.dtype, plan.training.dtype != "fp32",
               "a 16-bit or lower dtype (an fp32 run has no master copy)"))
+    _require(SECTION, needs)
+
+
+def _require(section: str, needs: tuple) -> None:
+    """WorkloadError naming the first (field, value, ok, allowed) that rules `section` out."""
     for field, value, ok, allowed in needs:
         if not ok:
-            raise WorkloadError(f"{SECTION} with {field}", value, allowed)
+            raise WorkloadError(f"{section} with {field}", value, allowed)
 
 
 # ------------------------------------------------------------- Apex DistributedFusedAdam
@@ -235,6 +240,4 @@ def check_optimizer_states(plan) -> None:
               ">= 1 (the optimizer state is sharded over data parallelism)"),
              ("training.dtype", plan.training.dtype, plan.training.dtype != "fp32",
               "a 16-bit or lower dtype (NeMo's megatron_amp_O2)"))
-    for field, value, ok, allowed in needs:
-        if not ok:
-            raise WorkloadError(f"{APEX_SECTION} with {field}", value, allowed)
+    _require(APEX_SECTION, needs)
