@@ -169,3 +169,16 @@ def test_a_study_model_without_a_published_choice_is_rendered():
            "chosen_step_time_s": 1.5, "published_step_time_s": None,
            "chosen_fits_in_memory": True}
     assert "published no choice" in render({"llama3-405b": row})
+
+
+def test_compare_traces_of_a_plan_with_a_long_name(tmp_path):
+    # the trace's file name took the plan's name whole: past 255 bytes the write failed
+    # after both simulations, leaving the first trace behind
+    long = write(tmp_path, "long.json", {**TINY_PLAN, "name": "n" * 300})
+    folder = tmp_path / "tr"
+    status, err = holds_contract(["compare", "--plan", write(tmp_path, "a.json", TINY_PLAN),
+                                  "--plan", long, "--topo", "dgx-h100",
+                                  "--trace-dir", str(folder)])
+    assert status == 0, err
+    names = sorted(p.name for p in folder.iterdir())
+    assert len(names) == 2 and names[1] == "01_" + "n" * 100 + ".parquet"

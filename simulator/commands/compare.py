@@ -10,6 +10,7 @@ from workloads.budget import check_work
 
 from ..api import simulate
 from ..errors import UsageError
+from ..output import output_kind
 from ..search.report import deltas, render_table
 from .common import add_common, add_limits, plan_and_topology, print_json, sim_options
 
@@ -28,7 +29,8 @@ def register(sub) -> None:
 
 
 def _trace_name(index: int, name: str) -> str:
-    return f"{index:02d}_{re.sub(r'[^A-Za-z0-9_.-]+', '_', name) or 'plan'}.parquet"
+    # a plan's name may be long: the file name stays well under the 255 bytes a name holds
+    return f"{index:02d}_{re.sub(r'[^A-Za-z0-9_.-]+', '_', name)[:100] or 'plan'}.parquet"
 
 
 def handle(args: argparse.Namespace) -> int:
@@ -46,6 +48,10 @@ def handle(args: argparse.Namespace) -> int:
         except WorkloadError as exc:
             raise UsageError("--plan", ref, f"a plan that runs on {topology.name} ({exc})") \
                 from None
+    if args.trace_dir:   # every trace path checked before any simulation or write
+        for i, (plan, _) in enumerate(loaded):
+            output_kind(Path(args.trace_dir) / _trace_name(i, plan.name), "--trace-dir",
+                        create_parents=True)
     options = sim_options(args)
     summaries, traces = [], []
     for i, (plan, topology) in enumerate(loaded):
