@@ -21,8 +21,10 @@ class InputError(ValueError):
 
     def __init__(self, field: str, value: object, allowed: str):
         self.field, self.value, self.allowed = field, value, allowed
+        # `allowed` is the program's own text, whose every choice matters: cut only far
+        # past any list of choices (a few messages quote the input there too)
         super().__init__(f"{_short(_printable(field))}: got {shown(value)}; "
-                         f"allowed: {_short(_printable(allowed))}")
+                         f"allowed: {_short(_printable(allowed), MAX_ALLOWED_CHARS)}")
 
     def __reduce__(self):
         # Pickle by the three parts (the what-if workers send errors between processes;
@@ -33,13 +35,26 @@ class InputError(ValueError):
 # A message stays a readable line: a value echoed from a file or a flag (a list of a
 # million items, an integer of thousands of digits) is cut to its start and its length.
 MAX_SHOWN_CHARS = 300
+MAX_ALLOWED_CHARS = 2000
 
 
 # A value with more parts than this (a YAML alias bomb: a few lines naming 10^9 items) is
 # shown by reprlib, which stops after a few items and levels, not by repr, which would
 # walk every part.
 MAX_SHOWN_PARTS = 1000
-_BOUNDED = reprlib.Repr()
+class _BoundedRepr(reprlib.Repr):
+    """reprlib's bounded repr, which also names an integer too long to print (a TOML or
+    YAML hex literal of thousands of digits passes the decimal limit, and then its repr
+    raises ValueError)."""
+
+    def repr_int(self, x: int, level: int) -> str:
+        try:
+            return super().repr_int(x, level)
+        except ValueError:
+            return f"<an integer of {x.bit_length():,} bits>"
+
+
+_BOUNDED = _BoundedRepr()
 _BOUNDED.maxlevel, _BOUNDED.maxstring, _BOUNDED.maxother = 4, MAX_SHOWN_CHARS, MAX_SHOWN_CHARS
 _BOUNDED.maxlist = _BOUNDED.maxtuple = _BOUNDED.maxdict = _BOUNDED.maxset = 20
 
@@ -49,7 +64,10 @@ def shown(value: object) -> str:
     MAX_SHOWN_CHARS) before it is built."""
     if _parts(value, MAX_SHOWN_PARTS) >= MAX_SHOWN_PARTS:
         return _short(_BOUNDED.repr(value))
-    return _short(repr(value))
+    try:
+        return _short(repr(value))
+    except ValueError:    # an integer past the interpreter's digit limit, somewhere inside
+        return _short(_BOUNDED.repr(value))
 
 
 def _parts(value: object, limit: int) -> int:
@@ -66,11 +84,11 @@ def _parts(value: object, limit: int) -> int:
     return count
 
 
-def _short(text: str) -> str:
-    """`text`, or its first MAX_SHOWN_CHARS characters and how long it was."""
-    if len(text) <= MAX_SHOWN_CHARS:
+def _short(text: str, limit: int = MAX_SHOWN_CHARS) -> str:
+    """`text`, or its first `limit` characters and how long it was."""
+    if len(text) <= limit:
         return text
-    return f"{text[:MAX_SHOWN_CHARS]}... ({len(text):,} characters)"
+    return f"{text[:limit]}... ({len(text):,} characters)"
 
 
 def _printable(text: str) -> str:

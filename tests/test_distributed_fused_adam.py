@@ -64,6 +64,7 @@ def test_plan_memory_holds_apex_states():
     ({"framework": "torchtitan"}, "framework"),
     ({"fsdp": {"enabled": True}, "zero_stage": 0}, "fsdp.enabled"),
     ({"zero_stage": 0}, "zero_stage"),
+    ({"optimizer": "megatron_float16"}, "optimizer"),
 ])
 def test_refused_where_nemo_has_no_such_optimizer(over, field):
     with pytest.raises(WorkloadError) as err:

@@ -13,7 +13,7 @@ import time
 import pytest
 
 from inputs import InputError
-from inputs.errors import MAX_SHOWN_CHARS
+from inputs.errors import MAX_ALLOWED_CHARS, MAX_SHOWN_CHARS
 from inputs.json_input import json_depth
 from tests.test_fuzz_inputs import TINY_PLAN, holds_contract, write
 
@@ -77,7 +77,7 @@ CASES = [
 def test_bad_input_is_one_short_line_and_exit_2(bad, args):
     status, err = holds_contract([a.format(**bad) for a in args])
     assert status == 2, err
-    assert len(err) < 2 * MAX_SHOWN_CHARS + 400, err[:200]
+    assert len(err) < 2 * MAX_SHOWN_CHARS + MAX_ALLOWED_CHARS + 400, err[:200]
 
 
 def test_a_what_if_study_is_bounded_before_it_runs(bad):
@@ -182,3 +182,29 @@ def test_compare_traces_of_a_plan_with_a_long_name(tmp_path):
     assert status == 0, err
     names = sorted(p.name for p in folder.iterdir())
     assert len(names) == 2 and names[1] == "01_" + "n" * 100 + ".parquet"
+
+
+def test_a_hex_integer_past_the_digit_limit_is_named(tmp_path):
+    # the decimal limit does not apply to base 16: TOML and YAML read 0xFFF... whole, and
+    # repr() of the value then raised ValueError while building the message
+    from tests.test_jobs_torchtitan import JOB
+    path = tmp_path / "job.toml"
+    assert "seq_len = 8192" in JOB
+    path.write_text(JOB.format(extra="").replace("seq_len = 8192", "seq_len = 0x" + "F" * 4000))
+    status, err = holds_contract(["import", "torchtitan", str(path), "--lenient",
+                                  "-o", str(tmp_path / "p.json")])
+    assert status == 2 and "<an integer of 16,000 bits>" in err
+
+
+def test_the_allowed_text_is_never_cut():
+    text = str(InputError("--vary", "bogus=1", "one of " + ", ".join(["name"] * 200)))
+    assert text.endswith(", ".join(["name"] * 200))
+
+
+def test_a_layout_repetition_is_bounded_before_it_is_built():
+    from workloads.errors import WorkloadError
+    from workloads.pipeline_layout import expand_layout
+    assert expand_layout("E|(tt|)*2tL") == ["E", "tt", "tt", "tL"]
+    for layout in ("t*999999999", "((t)*99999)*99999"):
+        with pytest.raises(WorkloadError, match="at most 1,048,576 characters"):
+            expand_layout(layout)

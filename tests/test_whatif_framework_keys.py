@@ -96,7 +96,7 @@ def test_point_raw_writes_plan_file_keys_without_touching_the_base():
     ("framework=pytorch", "generic, megatron-core, megatron-lm, torchtitan"),
     ("kernels=triton", "fused, eager"),
     ("fsdp_version=3", "1 or 2"),
-    ("grad_bucket=0", "unit, megatron or a number of parameters >= 1"),
+    ("grad_bucket=0", "unit, megatron or a number of parameters in [1, 2^53]"),
     ("cuda_graphs=sometimes", "true or false"),
     ("tp_comm_overlap=2", "true or false"),
     ("host_kernel_s=11", "a number of seconds in [0, 10]"),

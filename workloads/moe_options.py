@@ -63,9 +63,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from .errors import WorkloadError
 from inputs import finite
 
+from .errors import WorkloadError
 from .fields import check_bool, check_choice, check_number, int_as_float, is_int, known_keys
 from .precision import TE_FRAMEWORKS
 

@@ -1,4 +1,6 @@
-"""Megatron-Core's precision-aware optimizer: Adam's states kept in lower precision.
+"""Adam's states as the optimizers lay them out: Megatron-Core's precision-aware optimizer
+(states in lower precision, this docstring) and Apex's DistributedFusedAdam as NeMo 1
+configures it (below, `DistributedFusedAdam`). `Plan.optimizer_states` is the one reader.
 
 A plan says `"precision_aware_optimizer": {"exp_avg_dtype": "bf16", "exp_avg_sq_dtype":
 "bf16"}` for Megatron-LM's `--use-precision-aware-optimizer --exp-avg-dtype bf16
@@ -165,11 +167,12 @@ def _require(section: str, needs: tuple) -> None:
 # holds exp_avg and exp_avg_sq in the optimizer's `dtype`, and a copy of the parameters
 # (`store_params`, in `dtype`) or the 16 low bits of fp32 ones (`store_param_remainders`,
 # int16) or neither. NeMo chooses (nemo/collections/nlp/models/language_modeling/
-# megatron_base_model.py setup_optimization, the same at v1.23.0 and v2.0.0): fp8_params
-# -> store_params; optimizer dtype == the model's (bf16 under megatron_amp_O2) -> neither
-# (the bf16 weight is the master); fp32 optimizer with a bf16 model -> remainders; any
-# other pair -> store_params; an optim config's own store_params wins (NeMo sets these
-# only when the config does not: `if 'store_params' not in optim_config`).
+# megatron_base_model.py setup_optimization; these four branches at v1.23.0 and v2.0.0):
+# fp8_params -> store_params; optimizer dtype == the model's (bf16 under megatron_amp_O2)
+# -> neither (the bf16 weight is the master); fp32 optimizer with a bf16 model ->
+# remainders; any other pair -> store_params. From v2.0.0 an optim config's own
+# store_params wins (NeMo decides only `if 'store_params' not in optim_config`; v1.23.0
+# always decides).
 APEX_SECTION = "distributed_fused_adam"
 APEX_STATE_BYTES = {"fp32": 4, "bf16": 2, "fp16": 2}
 
@@ -238,6 +241,8 @@ def check_optimizer_states(plan) -> None:
               "state itself)"),
              ("zero_stage", plan.zero_stage, plan.zero_stage >= 1,
               ">= 1 (the optimizer state is sharded over data parallelism)"),
+             ("optimizer", plan.optimizer, plan.optimizer == "fused",
+              "fused (Apex's multi-tensor Adam kernel)"),
              ("training.dtype", plan.training.dtype, plan.training.dtype != "fp32",
               "a 16-bit or lower dtype (NeMo's megatron_amp_O2)"))
     _require(APEX_SECTION, needs)

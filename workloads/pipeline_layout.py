@@ -25,15 +25,20 @@ _GROUP = re.compile(r"\(([^()]*)\)\*(\d{1,9})")
 _REPEAT = re.compile(r"([EtmL])\*(\d{1,9})")
 
 
+# A layout names one letter per layer or chunk boundary: far more than any model has
+# layers means a repetition that asks for gigabytes, refused before it is built.
+MAX_LAYOUT_CHARS = 1 << 20
+
+
 def expand_layout(layout: str) -> list[str]:
     """The layout's chunks, each a string of E / t / m / L, repetitions expanded."""
     text = layout.replace(" ", "")
     while True:
-        expanded = _GROUP.sub(lambda g: g.group(1) * int(g.group(2)), text)
+        expanded = _GROUP.sub(lambda g: _repeat(layout, g.group(1), g.group(2)), text)
         if expanded == text:
             break
         text = expanded
-    text = _REPEAT.sub(lambda g: g.group(1) * int(g.group(2)), text)
+    text = _REPEAT.sub(lambda g: _repeat(layout, g.group(1), g.group(2)), text)
     chunks = text.split("|")
     if any(set(c) - set("EtmL") for c in chunks):
         raise WorkloadError("pipeline layout", layout,
@@ -57,3 +62,11 @@ def layout_layer_split(layout: str, chunks: int) -> tuple[int, ...]:
                             "MTP layers (m) and loss (L) after the decoder layers of the last "
                             "chunk (where the simulator places them)")
     return tuple(p.count("t") for p in parts)
+
+
+def _repeat(layout: str, text: str, times: str) -> str:
+    """`text` repeated `times` times, if that stays within MAX_LAYOUT_CHARS."""
+    if len(text) * int(times) > MAX_LAYOUT_CHARS:
+        raise WorkloadError("pipeline layout", layout, f"repetitions that expand to at most "
+                            f"{MAX_LAYOUT_CHARS:,} characters")
+    return text * int(times)

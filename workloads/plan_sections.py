@@ -110,8 +110,10 @@ TOP_KEYS = ("name", "model", "training", "mesh", "fsdp", "zero_stage", "sharding
 
 
 def extensions(raw: dict) -> dict:
-    """context_parallel.mode, the moe block (workloads/moe_options.py), tensor_parallel.depth
-    and collectives (the values are checked by Plan)."""
+    """The sections each parsed by its own module: context_parallel.mode, the moe block
+    (moe_options.py), tensor_parallel.depth, collectives, the recompute details, lora
+    (lora.py), the optimizer states (optimizer_states.py) and activation_offload
+    (activation_offload.py); Plan checks the values."""
     cp = json_object(raw.get("context_parallel"), "context_parallel")
     known_keys(cp, "context_parallel", ("mode",))
     moe = parse_moe(json_object(raw.get("moe"), "moe"))

@@ -95,7 +95,7 @@ NVLS_TWO_GPUS_FROM = (2, 28, 7)
 def parse_version(version: str | None) -> tuple[int, int, int] | None:
     """(major, minor, patch) of an NCCL version string like '2.26.2' or '2.18.5+cuda12.2';
     None when it does not parse (the newest tables apply)."""
-    match = re.match(r"\s*(\d{1,6})\.(\d{1,6})(?:\.(\d{1,6}))?", version or "")
+    match = re.match(r"\s*(\d{1,6})\.(\d{1,6})(?:\.(\d{1,6}))?(?![\d.])", version or "")
     if not match:
         return None
     return int(match.group(1)), int(match.group(2)), int(match.group(3) or 0)

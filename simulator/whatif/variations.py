@@ -37,6 +37,8 @@ Bandwidths are bounded (BANDWIDTH_FACTORS, BANDWIDTH_GBPS; see there why).
 """
 from __future__ import annotations
 
+import re
+
 import math
 from dataclasses import dataclass, replace
 from typing import Any, Mapping
@@ -139,9 +141,9 @@ def _framework_value(name: str, raw: str) -> Any:
     if name == "grad_bucket":
         if raw in BUCKET_MODES:
             return raw
-        if not raw.isdecimal() or len(raw) > 9 or int(raw) < 1:
+        if not raw.isdecimal() or len(raw) > 16 or not 1 <= int(raw) <= 1 << 53:
             raise UsageError(flag, raw, ", ".join(BUCKET_MODES) + " or a number of "
-                             "parameters >= 1")
+                             "parameters in [1, 2^53]")
         return int(raw)
     if name in HOST_SECONDS:
         try:
@@ -179,7 +181,7 @@ def _value(name: str, raw: str) -> Any:
             raise UsageError(flag, raw, "integers >= 1" + (" or auto" if name == "dp" else ""))
         return int(raw)
     if name in TRAINING_INTS + ("zero_stage",):   # range checked by the plan types
-        if not raw.lstrip("-").isdecimal() or len(raw) > 19:
+        if not re.fullmatch(r"-?[0-9]{1,18}", raw):
             raise UsageError(flag, raw, "integers of at most 18 digits")
         return int(raw)
     if name in CHOICES:   # checked by the plan types, with the plan file's message
