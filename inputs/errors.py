@@ -37,11 +37,12 @@ class InputError(ValueError):
 MAX_SHOWN_CHARS = 300
 MAX_ALLOWED_CHARS = 2000
 
-
 # A value with more parts than this (a YAML alias bomb: a few lines naming 10^9 items) is
 # shown by reprlib, which stops after a few items and levels, not by repr, which would
 # walk every part.
 MAX_SHOWN_PARTS = 1000
+
+
 class _BoundedRepr(reprlib.Repr):
     """reprlib's bounded repr, which also names an integer too long to print (a TOML or
     YAML hex literal of thousands of digits passes the decimal limit, and then its repr
