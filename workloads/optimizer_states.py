@@ -141,24 +141,26 @@ def check_precision_aware_plan(plan) -> None:
     docstring); the error names the plan setting that rules it out."""
     if plan.precision_aware_optimizer is None:
         return
-    needs = (("framework", plan.framework, plan.framework == "megatron-core",
-              "megatron-core (the flag is Megatron-Core's)"),
-             ("fsdp.enabled", plan.fsdp, not plan.fsdp, "false (Megatron-Core's distributed "
-              "optimizer, not FSDP)"),
-             ("zero_stage", plan.zero_stage, plan.zero_stage >= 1, ">= 1 (the distributed "
-              "optimizer)"),
-             ("optimizer", plan.optimizer, plan.optimizer == "fused",
-              "fused (Transformer Engine's FusedAdam)"),
-             ("training.dtype", plan.training.dtype, plan.training.dtype != "fp32",
-              "a 16-bit or lower dtype (an fp32 run has no master copy)"))
-    _require(SECTION, needs)
+    _require(plan, SECTION, (
+        "megatron-core (the flag is Megatron-Core's)",
+        "false (Megatron-Core's distributed optimizer, not FSDP)",
+        ">= 1 (the distributed optimizer)",
+        "fused (Transformer Engine's FusedAdam)",
+        "a 16-bit or lower dtype (an fp32 run has no master copy)"))
 
 
-def _require(section: str, needs: tuple) -> None:
-    """WorkloadError naming the first (field, value, ok, allowed) that rules `section` out."""
-    for field, value, ok, allowed in needs:
+def _require(plan, section: str, allowed: tuple[str, ...]) -> None:
+    """WorkloadError naming the first plan setting that rules `section` out. Both state
+    layouts belong to a sharded (distributed-optimizer) Adam of a 16-bit megatron-core run;
+    `allowed` says why for each of the five settings, in order."""
+    needs = (("framework", plan.framework, plan.framework == "megatron-core"),
+             ("fsdp.enabled", plan.fsdp, not plan.fsdp),
+             ("zero_stage", plan.zero_stage, plan.zero_stage >= 1),
+             ("optimizer", plan.optimizer, plan.optimizer == "fused"),
+             ("training.dtype", plan.training.dtype, plan.training.dtype != "fp32"))
+    for (field, value, ok), why in zip(needs, allowed):
         if not ok:
-            raise WorkloadError(f"{section} with {field}", value, allowed)
+            raise WorkloadError(f"{section} with {field}", value, why)
 
 
 # ------------------------------------------------------------- Apex DistributedFusedAdam
@@ -235,14 +237,9 @@ def check_optimizer_states(plan) -> None:
     if plan.precision_aware_optimizer is not None:
         raise WorkloadError(APEX_SECTION, "with precision_aware_optimizer",
                             "one optimizer-state section (Apex's or Megatron-Core's)")
-    needs = (("framework", plan.framework, plan.framework == "megatron-core",
-              "megatron-core (NeMo 1 trains Megatron-Core models)"),
-             ("fsdp.enabled", plan.fsdp, not plan.fsdp, "false (Apex shards the optimizer "
-              "state itself)"),
-             ("zero_stage", plan.zero_stage, plan.zero_stage >= 1,
-              ">= 1 (the optimizer state is sharded over data parallelism)"),
-             ("optimizer", plan.optimizer, plan.optimizer == "fused",
-              "fused (Apex's multi-tensor Adam kernel)"),
-             ("training.dtype", plan.training.dtype, plan.training.dtype != "fp32",
-              "a 16-bit or lower dtype (NeMo's megatron_amp_O2)"))
-    _require(APEX_SECTION, needs)
+    _require(plan, APEX_SECTION, (
+        "megatron-core (NeMo 1 trains Megatron-Core models)",
+        "false (Apex shards the optimizer state itself)",
+        ">= 1 (the optimizer state is sharded over data parallelism)",
+        "fused (Apex's multi-tensor Adam kernel)",
+        "a 16-bit or lower dtype (NeMo's megatron_amp_O2)"))
