@@ -37,6 +37,9 @@ def bad(tmp_path):
                 "all_reduce": {"\u00b2": {"latency_us": 1, "busbw_GBps": 1}}}}),
             "size_zero": write(tmp_path, "t3.json", {**topo, "measured_collectives": {
                 "all_reduce": {"0": {"latency_us": 1, "busbw_GBps": 1}}}}),
+            # a misspelt collective would be kept and never priced
+            "unknown_op": write(tmp_path, "t4.json", {**topo, "measured_collectives": {
+                "allreduce": {"8": {"latency_us": 1, "busbw_GBps": 1}}}}),
             "huge_host": write(tmp_path, "h.json", {**TINY_PLAN, "host_overhead": {
                 "per_step_s": 10 ** 400}}),
             "huge_recompute": write(tmp_path, "r.json", {**TINY_PLAN, "recompute": "full",
@@ -55,6 +58,7 @@ CASES = [
     ["topo", "{huge_tflops}"],
     ["topo", "{superscript}"],     # '²'.isdigit() holds, int('²') fails: isdecimal
     ["topo", "{size_zero}"],
+    ["topo", "{unknown_op}"],
     ["run", "--plan", "{huge_host}", "--topo", "dgx-h100"],
     ["run", "--plan", "{huge_recompute}", "--topo", "dgx-h100"],
     ["run", "--plan", "{ok}", "--topo", "dgx-h100", "--trace", ""],   # wrote nothing, exit 0

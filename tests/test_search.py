@@ -113,6 +113,15 @@ def test_cli_bad_input_exits_2_with_one_line(argv, capsys):
     assert len(err.strip().splitlines()) == 1
 
 
+@pytest.mark.parametrize("flag, value", [
+    ("--tp", "3"), ("--pp", "5,7"), ("--cp", "3"), ("--micro-batch", "9,16")])
+def test_cli_a_degree_no_plan_can_take_names_its_flag(flag, value, capsys):
+    code = main(["search", "--topo", "dgx-h100", "--model", "llama3-8b", "--global-batch", "8",
+                 "--seq-len", "4096", flag, value])
+    _, err = capsys.readouterr()
+    assert code == 2 and err.startswith(f"error: {flag}: got '{value}'"), err
+
+
 def test_cli_nothing_fits_is_bad_input(capsys):
     code = main(["search", "--topo", "dgx-h100", "--model", "llama3-70b", "--global-batch", "8",
                  "--seq-len", "8192", "--memory-budget", "1", "--tp", "8", "--pp", "1"])

@@ -17,7 +17,7 @@ from .gemm_k_loop import SHORTEST_MEASURED_K
 from .presets_spec import ClusterSpec
 from .racks import RackLayout, rack_layout
 from .specs import DeviceProfile, DeviceSpec, device
-from .topology import MeasuredCollective
+from .topology import COLLECTIVE_OPS, MeasuredCollective
 from .transport import NetTransport, host_staged_nic_Bps, parse_nccl_env, parse_tuner
 
 GB = 1e9
@@ -198,6 +198,9 @@ def _measured(raw: Any) -> tuple:
         raise TopologyError("measured_collectives", raw, "an object: op -> size -> values")
     rows = []
     for op, by_size in sorted(raw.items()):
+        if op not in COLLECTIVE_OPS:
+            raise TopologyError("measured_collectives", op,
+                                "the collectives " + ", ".join(COLLECTIVE_OPS))
         if not isinstance(by_size, dict):
             raise TopologyError(f"measured_collectives.{op}", by_size, "an object: size -> values")
         for size, values in sorted(by_size.items()):

@@ -41,6 +41,12 @@ def leaf_node(group: int, rail: int) -> str:
     return f"leaf{group}.{rail}"
 
 
+# The collectives a topology may carry measurements of and the network model prices
+# (simulator/network/collectives.py): NCCL's collectives and a point-to-point transfer.
+COLLECTIVE_OPS = ("all_reduce", "all_gather", "reduce_scatter", "all_to_all", "broadcast",
+                  "reduce", "send_recv")
+
+
 @dataclass(frozen=True)
 class MeasuredCollective:
     """A calibrated collective: time = latency_s + bytes / algbw, busbw = algbw * factor.

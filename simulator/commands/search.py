@@ -20,7 +20,7 @@ from workloads.plan import DTYPES, RECOMPUTE, STRATEGIES
 from ..errors import UsageError
 from ..search import Search, SearchSpace
 from ..search.report import describe_candidate, render_table
-from ..search.space import FRAMEWORK_SPACES, GRANULARITIES, for_framework
+from ..search.space import FRAMEWORK_SPACES, GRANULARITIES, divisors, for_framework
 from ..output import write_text_atomic
 from .common import print_json, sim_options
 
@@ -102,6 +102,21 @@ def _space(args: argparse.Namespace) -> SearchSpace:
         granularity=args.granularity)
 
 
+def _check_degrees(args: argparse.Namespace, space: SearchSpace, world_size: int) -> None:
+    """Each listed degree must divide the topology's GPUs, and a micro-batch fit in the
+    global batch: a list with none that can, refused here, would search an empty space."""
+    allowed = divisors(world_size)
+    for flag, values in (("--tp", space.tp), ("--pp", space.pp), ("--cp", space.cp)):
+        if values and not set(values) & set(allowed):
+            raise UsageError(flag, ",".join(map(str, values)),
+                             f"a degree that divides the {world_size} GPUs of {args.topo} "
+                             f"({', '.join(map(str, allowed[:24]))}"
+                             f"{', ...' if len(allowed) > 24 else ''})")
+    if space.micro_batch and min(space.micro_batch) > args.global_batch:
+        raise UsageError("--micro-batch", ",".join(map(str, space.micro_batch)),
+                         f"a size of at most --global-batch ({args.global_batch})")
+
+
 def handle(args: argparse.Namespace) -> int:
     """Run the search, print the ranking, write the best plan."""
     for flag, value in (("--global-batch", args.global_batch), ("--seq-len", args.seq_len),
@@ -116,6 +131,7 @@ def handle(args: argparse.Namespace) -> int:
     model = load_model(args.model)
     model_ref = args.model if args.model in MODEL_PRESETS else model.to_dict()
     topology = topologies.build(args.topo)
+    _check_degrees(args, space, topology.world_size)
     capacity = min(d.hbm_bytes for d in topology.devices)
     budget = min(args.memory_budget * 1e9, capacity) if args.memory_budget else capacity
     args.full = args.no_flow_sharing = False

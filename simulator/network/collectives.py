@@ -11,6 +11,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from topologies.topology import COLLECTIVE_OPS
+
 from .algorithms import (GroupShape, Template, available, build_template, group_shape,
                          nvls_heads, ring_rails)
 from .channels import (coll_channels, device_arch, nvls_active_channels, nvls_channels,
@@ -25,8 +27,7 @@ from .fluid import Flow
 from .latency import (host_floor_s, net_message_floor_s, nccl_latency_s, nvls_fill_s,
                       ring_pass_latency_s)
 
-OPS = ("all_reduce", "all_gather", "reduce_scatter", "all_to_all", "broadcast", "reduce",
-       "send_recv")
+OPS = COLLECTIVE_OPS
 ALGORITHMS = ("ring", "tree", "nvls", "nvls_tree", "collnet_direct", "collnet_chain", "pat",
               "hierarchical")
 # NVLS, NVLS_Tree and CollNet run Simple only [tuning.cc]. NCCL's p2p path
