@@ -15,12 +15,39 @@ before any route is computed, and the result is cached per (op, group, twins, al
 """
 from __future__ import annotations
 
-from collections import defaultdict
+from collections import OrderedDict, defaultdict
 
 import simpy
 
 from .collectives import CollectiveModel, CollectivePlan, CommOptions
-from .fluid import Network
+from .fluid import Network, ShapeCache
+
+# The size-independent and size-keyed work of the network model (NCCL's plans and their
+# flow templates, flow shapes and their idle-link schedules, max-min rates) depends on the
+# topology and the collective options alone, never on the program: simulations of one
+# topology share it (a search's thousands of reduced simulations, a what-if sweep, the
+# references table). Kept for the last SHARED_TOPOLOGIES topologies; a shape cache past
+# MAX_SHARED_SHAPES entries starts again (the plans' cache bounds itself).
+SHARED_TOPOLOGIES = 4
+MAX_SHARED_SHAPES = 200_000
+_shared: OrderedDict[tuple[int, CommOptions], tuple] = OrderedDict()
+
+
+def shared_models(topology, options: CommOptions) -> tuple[CollectiveModel, ShapeCache]:
+    """The CollectiveModel and ShapeCache of (topology, options), the same objects for
+    every simulation of that topology object while it is among the recent ones."""
+    key = (id(topology), options)
+    entry = _shared.get(key)
+    if entry is None or entry[0] is not topology:   # an id reused by a new object
+        entry = (topology, CollectiveModel(topology, options), ShapeCache())
+        _shared[key] = entry
+        while len(_shared) > SHARED_TOPOLOGIES:
+            _shared.popitem(last=False)
+    _shared.move_to_end(key)
+    cache = entry[2]
+    if len(cache.shapes) + len(cache.rates) > MAX_SHARED_SHAPES:
+        entry = _shared[key] = (topology, entry[1], ShapeCache())
+    return entry[1], entry[2]
 
 
 class CommModel:
@@ -31,8 +58,8 @@ class CommModel:
         self.env = env
         self.topology = topology
         self.options = options
-        self.model = CollectiveModel(topology, options)
-        self.network = Network(env, topology)
+        self.model, shapes = shared_models(topology, options)
+        self.network = Network(env, topology, shapes)
         self._twin_ratio: dict = {}
         self._twin_weights: dict = {}
 

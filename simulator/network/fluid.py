@@ -143,6 +143,22 @@ def _idle_phases(routes, mults, sizes: np.ndarray, capacity: np.ndarray):
     return phases
 
 
+class ShapeCache:
+    """What a Network computes once per topology, whatever the program: the shapes of its
+    transfers (with their schedules on idle links) and max-min rates of sets of them. Pure
+    functions of the flows and the link capacities, so simulations of one topology may
+    share one (simulator/network/comm.py shared_models)."""
+
+    def __init__(self) -> None:
+        self.shapes: dict[tuple, _Shape] = {}
+        # (id(flows), id(weights)) -> (flows, weights, shape), for immutable arguments
+        # (Network._shape); holding the objects keeps their ids from being reused.
+        self.by_id: dict[tuple[int, int], tuple] = {}
+        # Rates depend only on which flows of which shapes are running, not on bytes
+        # left: a training step repeats the same overlaps, so they are cached.
+        self.rates: dict[tuple, list[tuple[np.ndarray, np.ndarray]]] = {}
+
+
 class Network:
     """Links shared max-min fairly by concurrent flows, driven by a SimPy environment.
 
@@ -158,20 +174,16 @@ class Network:
     really overlap on links.
     """
 
-    def __init__(self, env: simpy.Environment, topology) -> None:
+    def __init__(self, env: simpy.Environment, topology,
+                 cache: "ShapeCache | None" = None) -> None:
         self.env = env
         self.capacity = np.asarray(topology.link_nccl_Bps, dtype=float)
         # link id -> how many active transfers use it (no zero entries): whether a new
         # transfer starts alone on idle links, without an array scan per transfer.
         self._link_users: dict[int, int] = {}
         self._active: dict[int, _Transfer] = {}                       # seq -> transfer
-        self._shapes: dict[tuple, _Shape] = {}
-        # (id(flows), id(weights)) -> (flows, weights, shape), for immutable arguments
-        # (see _shape); holding the objects keeps their ids from being reused.
-        self._shapes_by_id: dict[tuple[int, int], tuple] = {}
-        # Rates depend only on which flows of which shapes are running, not on bytes
-        # left: a training step repeats the same overlaps, so they are cached.
-        self._rates: dict[tuple, list[tuple[np.ndarray, np.ndarray]]] = {}
+        cache = cache or ShapeCache()
+        self._shapes, self._shapes_by_id, self._rates = cache.shapes, cache.by_id, cache.rates
         self._seq = 0
 
     @property
