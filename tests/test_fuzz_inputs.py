@@ -85,6 +85,11 @@ def files(tmp_path: Path) -> dict[str, str]:
     starts[1] = float("nan")
     nan = table.set_column(table.column_names.index("start_s"), "start_s", pa.array(starts))
     pq.write_table(nan, tmp_path / "nan_start.parquet")
+    # 2,000 streams (one lane each): a timeline too tall to draw, refused before drawing
+    many = pa.table({"rank": [0] * 2000, "stream": [f"s{i}" for i in range(2000)],
+                     "kind": ["compute"] * 2000, "start_s": [0.0] * 2000,
+                     "end_s": [1.0] * 2000}).replace_schema_metadata(table.schema.metadata)
+    pq.write_table(many, tmp_path / "many_streams.parquet")
     measured_nan = pa.table({"step": pa.array([0, 1], pa.int32()), "kind": ["step", "step"],
                              "step_time_s": [float("nan"), 1.0]}).replace_schema_metadata(
         {b"validation": json.dumps({"plan": TINY_PLAN, "nproc": 8}).encode()})
@@ -109,6 +114,7 @@ def files(tmp_path: Path) -> dict[str, str]:
         "topo_profile": topo(gpu={"base": "h100", "profile": {"gemm_efficiency": 2}}),
         "text_rank": str(tmp_path / "text_rank.parquet"),
         "nan_start": str(tmp_path / "nan_start.parquet"),
+        "many_streams": str(tmp_path / "many_streams.parquet"),
         "measured_nan": str(tmp_path / "measured_nan.parquet"),
         "measured_text": str(tmp_path / "measured_text.parquet"),
         "csv_bad_int": write(tmp_path, "a.csv", header + "s,h,8x8,llama3-8b,1,1,8,8,8192,step_time_s,40\n"),
@@ -146,6 +152,7 @@ SIM_CASES = [
      ",".join(["1K"] * 100)],
     ["trace", "summary", "{text_rank}"], ["trace", "summary", "{nan_start}"],
     ["trace", "plot", "{nan_start}", "-o", "{tmp}/x.png"],
+    ["trace", "plot", "{many_streams}", "-o", "{tmp}/x.png"],
     ["run", "--plan", "{ok_plan}", "--topo", "dgx-h100", "--trace", "{folder}"],
     ["run", "--plan", "{ok_plan}", "--topo", "dgx-h100", "--trace", "{missing}"],
     ["run", "--plan", "{ok_plan}", "--topo", "dgx-h100", "--max-tasks", "0"],
@@ -345,3 +352,16 @@ def test_nesting_of_any_depth_holds_the_contract(depth, opener):
         status, _ = holds_contract(["run", "--plan", write(Path(tmp), "p.json", text),
                                     "--topo", "dgx-h100"])
         assert status == 2
+
+
+def test_a_timeline_of_too_many_ranks_names_ranks(tmp_path):
+    ranks, streams = 150, 10      # 1,500 lanes: past trace plot's MAX_LANES
+    n = ranks * streams
+    table = pa.table({"rank": [r for r in range(ranks) for _ in range(streams)],
+                      "stream": [f"s{i}" for _ in range(ranks) for i in range(streams)],
+                      "kind": ["compute"] * n, "start_s": [0.0] * n, "end_s": [1.0] * n})
+    pq.write_table(table, tmp_path / "t.parquet")
+    status, err = holds_contract(["trace", "plot", str(tmp_path / "t.parquet"), "-o",
+                                  str(tmp_path / "x.png"), "--ranks", f"0-{ranks - 1}"])
+    assert status == 2 and err.startswith("error: --ranks: got '0-149'") and "100 ranks" in err
+    assert not (tmp_path / "x.png").exists()

@@ -156,6 +156,11 @@ def handle_summary(args: argparse.Namespace) -> int:
     return 0
 
 
+# Lanes (rank x stream) one timeline draws: 16 ranks of a simulator trace's ~10 streams
+# fit many times over.
+MAX_LANES = 1000
+
+
 def _ranks(spec: str | None, available: list[int]) -> list[int]:
     if spec is None:
         return available[:16]
@@ -189,6 +194,15 @@ def handle_plot(args: argparse.Namespace) -> int:
     phases = cols.get("phase") or [""] * table.num_rows   # optional column
     present = set(cols["stream"])
     streams = [s for s in STREAM_ORDER if s in present] + sorted(present - set(STREAM_ORDER))
+    # 0.22 inch per lane at 120 dpi: past MAX_LANES the PNG is taller than matplotlib
+    # draws in reasonable time (20,000 lanes ran for minutes); checked before drawing
+    if len(streams) > MAX_LANES:
+        raise UsageError("file", args.file, f"a trace of at most {MAX_LANES} streams "
+                                            f"(it has {len(streams):,})")
+    if len(ranks) * len(streams) > MAX_LANES:
+        raise UsageError("--ranks", args.ranks or f"(default) the first {len(ranks)}",
+                         f"at most {MAX_LANES // len(streams)} ranks: each draws one lane "
+                         f"per stream, and this trace has {len(streams)} streams")
     lane = {(r, s): i for i, (r, s) in enumerate((r, s) for r in ranks for s in streams)}
     colors = {"forward": "#4c72b0", "backward": "#55a868", "recompute": "#8172b2",
               "optimizer": "#937860"}
