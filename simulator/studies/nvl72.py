@@ -34,8 +34,10 @@ ASSUMPTIONS = (
     "BF16 dense, 186 GiB HBM3e at 8 TB/s, NVLink5 1.8 TB/s); the rack is 18 trays of 4 GPUs "
     "with one 400 Gb/s NIC per GPU (typical scale-out, verify per deployment).",
     "Collectives are checked against published nccl-tests (`python -m validation "
-    "collectives`): one NVL72 rack and two racks within about 15 %, twenty racks about 2x "
-    "too fast at large sizes (what limits traffic between many racks is not modelled).",
+    "collectives`, all-reduce of 64 MiB and up on CoreWeave's GB200 NVL72): one rack "
+    "14 % (simulated fast), two racks 4 %, twenty racks (1,440 GPUs) 7 %; the network "
+    "rate per NVLS head between racks is estimated on the two-rack run (an assumption "
+    "that command lists; its cause is not identified).",
     "Step times of GB200 runs are checked against Megatron-Bridge's published GB200 NVL72 "
     "runs; each row prints where comparable published runs landed against the simulator "
     "(the band); `none published` means no run of that GPU, framework and kind was scored.",
