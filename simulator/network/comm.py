@@ -27,7 +27,8 @@ from .fluid import Network, ShapeCache
 # topology and the collective options alone, never on the program: simulations of one
 # topology share it (a search's thousands of reduced simulations, a what-if sweep, the
 # references table). Kept for the last SHARED_TOPOLOGIES topologies; a shape cache past
-# MAX_SHARED_SHAPES entries starts again (the plans' cache bounds itself).
+# MAX_SHARED_SHAPES entries (shapes, their lookups by identity and rate sets) starts again
+# (the plans' cache bounds itself).
 SHARED_TOPOLOGIES = 4
 MAX_SHARED_SHAPES = 200_000
 _shared: OrderedDict[tuple[int, CommOptions], tuple] = OrderedDict()
@@ -45,7 +46,7 @@ def shared_models(topology, options: CommOptions) -> tuple[CollectiveModel, Shap
             _shared.popitem(last=False)
     _shared.move_to_end(key)
     cache = entry[2]
-    if len(cache.shapes) + len(cache.rates) > MAX_SHARED_SHAPES:
+    if len(cache.shapes) + len(cache.by_id) + len(cache.rates) > MAX_SHARED_SHAPES:
         entry = _shared[key] = (topology, entry[1], ShapeCache())
     return entry[1], entry[2]
 
