@@ -12,7 +12,7 @@ from simulator.network import CollectiveModel, CommOptions
 from simulator.network.algorithms import GroupShape
 from simulator.network.constants import base_latency_s, hw_latency_s
 from simulator.network.latency import nccl_latency_s
-from simulator.network.tuning_versions import linear_nvls_tree, parse_version
+from simulator.network.tuning_versions import linear_nvls_tree, modelled, parse_version
 from topologies import build
 
 US = 1e-6
@@ -90,13 +90,24 @@ def test_the_model_prices_a_plan_with_its_release():
     assert newest.latency_s - newest.fill_s == pytest.approx(v226.latency_s - v226.fill_s)
 
 
-def test_cli_refuses_a_version_it_cannot_read():
+@pytest.mark.parametrize("version", ["latest", "2.2.5", "2.17.1", "2.31.0"])
+def test_cli_refuses_a_version_it_has_no_tables_for(version):
+    # unreadable, or outside the releases the tables were read at (2.18 .. 2.30): a typo
+    # of 2.25 as 2.2.5 would otherwise be priced with the newest tables
     proc = subprocess.run([sys.executable, "-m", "simulator", "collective", "--topo",
                            "dgx-h100", "--op", "all_reduce", "--group", "8", "--sizes",
-                           "1K:1K", "--nccl-version", "latest"],
+                           "1K:1K", "--nccl-version", version],
                           capture_output=True, text=True)
     assert proc.returncode == 2
-    assert "--nccl-version" in proc.stderr and "latest" in proc.stderr
+    assert proc.stderr.startswith(f"error: --nccl-version: got '{version}'")
+    assert "2.18 to 2.30" in proc.stderr
+
+
+@pytest.mark.parametrize("version, known", [
+    ("2.18.3", True), ("2.30.7", True), ("2.26.2+cuda12.8", True), ("2.17.1", False),
+    ("2.31.0", False), ("3.0.0", False), ("unknown", False)])
+def test_the_modelled_releases_are_those_the_tables_were_read_at(version, known):
+    assert modelled(version) is known
 
 
 def test_recalibrated_nvls_tree_step_prices_the_time_not_the_choice():

@@ -7,7 +7,7 @@ import topologies
 
 from ..network import OPS, CommOptions
 from ..network.report import collective_table, group_ranks, parse_sizes
-from ..network.tuning_versions import parse_version
+from ..network.tuning_versions import MODELLED_RELEASES, modelled
 from ..errors import UsageError
 from ..network import ALGORITHMS, PROTOCOLS
 from .common import add_limits, print_json
@@ -50,8 +50,12 @@ def handle(args: argparse.Namespace) -> int:
         raise UsageError("--sizes", args.sizes, str(exc)) from None
     if not 1 <= args.gpus_per_process <= 1024:
         raise UsageError("--gpus-per-process", args.gpus_per_process, "an integer 1..1024")
-    if args.nccl_version is not None and parse_version(args.nccl_version) is None:
-        raise UsageError("--nccl-version", args.nccl_version, "an NCCL release like 2.26.2")
+    if args.nccl_version is not None and not modelled(args.nccl_version):
+        (low, high) = MODELLED_RELEASES
+        raise UsageError("--nccl-version", args.nccl_version,
+                         f"an NCCL release from {low[0]}.{low[1]} to {high[0]}.{high[1]}, like "
+                         "2.26.2 (the releases whose tuning tables the model carries; "
+                         "without the flag, the newest)")
     if args.op == "send_recv" and len(ranks) != 2:
         raise UsageError("--group", args.group, "two ranks (source, destination) for send_recv")
     rows = collective_table(topo, args.op, ranks, sizes,

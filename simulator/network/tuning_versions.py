@@ -90,6 +90,9 @@ NVLS_SM100_ONE_DOMAIN_CHANNELS_FROM = (2, 27, 0)
 NVLS_SM100_TREE_TUNING_FROM = (2, 30, 0)
 NVLS_EVEN_CHANNEL_SPLIT_FROM = (2, 20, 3)
 NVLS_TWO_GPUS_FROM = (2, 28, 7)
+# The releases whose tables the model carries, by (major, minor): the oldest era above was
+# read at the 2.18.x tags, the newest tables (constants.py) are 2.30.7's.
+MODELLED_RELEASES = ((2, 18), (2, 30))
 
 
 def parse_version(version: str | None) -> tuple[int, int, int] | None:
@@ -99,6 +102,13 @@ def parse_version(version: str | None) -> tuple[int, int, int] | None:
     if not match:
         return None
     return int(match.group(1)), int(match.group(2)), int(match.group(3) or 0)
+
+
+def modelled(version: str) -> bool:
+    """Whether `version` parses and falls in MODELLED_RELEASES (a release asked for by
+    name must be one the tables stand for; an unnamed one gets the newest)."""
+    parsed = parse_version(version)
+    return parsed is not None and MODELLED_RELEASES[0] <= parsed[:2] <= MODELLED_RELEASES[1]
 
 
 def override_us(version: str | None, table: str, link: str, algorithm: str,
