@@ -25,11 +25,12 @@ from .fluid import Network, ShapeCache
 # The size-independent and size-keyed work of the network model (NCCL's plans and their
 # flow templates, flow shapes and their idle-link schedules, max-min rates) depends on the
 # topology and the collective options alone, never on the program: simulations of one
-# topology share it (a search's thousands of reduced simulations, a what-if sweep, the
-# references table). Kept for the last SHARED_TOPOLOGIES topologies; a shape cache past
-# MAX_SHARED_SHAPES entries (shapes, their lookups by identity and rate sets) starts again
-# (the plans' cache bounds itself).
-SHARED_TOPOLOGIES = 4
+# topology share it (a search's thousands of reduced simulations, a study alternating two
+# clusters). Kept for the last SHARED_TOPOLOGIES (topology object, options) pairs: an
+# entry holds its topology, so the id stays that object's, and keeps it alive until
+# newer pairs replace it. A shape cache past MAX_SHARED_SHAPES entries (shapes, their
+# lookups by identity, rate sets) starts again; the plans' cache bounds itself.
+SHARED_TOPOLOGIES = 2
 MAX_SHARED_SHAPES = 200_000
 _shared: OrderedDict[tuple[int, CommOptions], tuple] = OrderedDict()
 
@@ -39,7 +40,7 @@ def shared_models(topology, options: CommOptions) -> tuple[CollectiveModel, Shap
     every simulation of that topology object while it is among the recent ones."""
     key = (id(topology), options)
     entry = _shared.get(key)
-    if entry is None or entry[0] is not topology:   # an id reused by a new object
+    if entry is None:
         entry = (topology, CollectiveModel(topology, options), ShapeCache())
         _shared[key] = entry
         while len(_shared) > SHARED_TOPOLOGIES:
