@@ -228,9 +228,10 @@ class Plan:
         """Micro-batches per DP rank per step (gradient accumulation x pipeline)."""
         return self.training.global_batch // (self.mesh.dp * self.training.micro_batch)
 
-    @property
+    @cached_property
     def grid_strategy(self) -> str | None:
-        """The 2D/2.5D/3D TP strategy of the plan (None: 1D tensor parallelism)."""
+        """The 2D/2.5D/3D TP strategy of the plan (None: 1D tensor parallelism); cached,
+        as the memory model asks it per layer and the plan never changes."""
         layers = [self.sharding] + [o for _, _, o in self.layer_overrides]
         used = {s for st in layers for s in st.values() if s in GRID_STRATEGIES}
         return used.pop() if len(used) == 1 else (None if not used else "mixed")

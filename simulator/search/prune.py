@@ -34,6 +34,10 @@ from ..compute import device_time_s, host_factor
 from .space import Candidate
 
 EMBED_NAMES = ("embedding",)
+# A candidate's fields but its sharding: with the replicated projections, what its peak
+# memory depends on (Checker._peak_bytes; read by name, not through dataclasses.astuple,
+# which copies every field once per candidate).
+_MEMORY_KEY_FIELDS = tuple(f.name for f in dataclasses.fields(Candidate) if f.name != "sharding")
 
 
 def candidate_plan(c: Candidate, model_ref: Any, topology: str | None = None) -> Plan:
@@ -107,7 +111,7 @@ class Checker:
         which projections are replicated (the only strategy the memory model sees: col,
         row and seq weights are all stored sharded over TP)."""
         mask = tuple(s == "replicate" for _, s in c.sharding)
-        key = dataclasses.astuple(dataclasses.replace(c, sharding=())) + (mask,)
+        key = tuple(getattr(c, name) for name in _MEMORY_KEY_FIELDS) + (mask,)
         if key not in self._memory:
             self._memory[key] = peak_memory(plan).peak_bytes
         return self._memory[key]
