@@ -6,7 +6,7 @@ may all depend on it without depending on each other.
 """
 from .errors import InputError
 from .json_input import MAX_DEPTH, load_json_file, parse_json, read_text_file
-from .numbers import finite
+from .numbers import decimal, finite
 
-__all__ = ["InputError", "MAX_DEPTH", "finite", "load_json_file", "parse_json",
+__all__ = ["InputError", "MAX_DEPTH", "decimal", "finite", "load_json_file", "parse_json",
            "read_text_file"]

@@ -12,7 +12,7 @@ import time
 
 import pytest
 
-from inputs import InputError
+from inputs import InputError, decimal
 from inputs.errors import MAX_ALLOWED_CHARS, MAX_SHOWN_CHARS
 from inputs.json_input import json_depth
 from tests.test_fuzz_inputs import TINY_PLAN, holds_contract, write
@@ -212,3 +212,12 @@ def test_a_layout_repetition_is_bounded_before_it_is_built():
     for layout in ("t*999999999", "((t)*99999)*99999"):
         with pytest.raises(WorkloadError, match="at most 1,048,576 characters"):
             expand_layout(layout)
+
+
+@pytest.mark.parametrize("text, digits, value", [
+    ("7", 9, 7), ("007", 3, 7), ("123456789", 9, 123456789), ("1234567890", 9, None),
+    ("", 9, None), (" 5", 9, None), ("-5", 9, None), ("\u00b2", 9, None), ("5.0", 9, None),
+    ("\u0665", 9, 5),            # ARABIC-INDIC FIVE: a decimal digit that int() reads
+])
+def test_decimal_reads_only_bounded_decimal_integers(text, digits, value):
+    assert decimal(text, digits) == value

@@ -27,6 +27,8 @@ from typing import Iterable
 
 import networkx as nx
 
+from inputs import decimal
+
 from .errors import TopologyError
 from .specs import DeviceSpec, device
 from .topology import Topology, gpu_node, nic_node, nvswitch_node
@@ -98,10 +100,11 @@ def _number(fault: Fault, key: str) -> float:
 
 
 def _rank(topo: Topology, fault: Fault, raw: str) -> int:
-    if not raw.isdecimal() or len(raw) > 9 or int(raw) >= topo.world_size:
+    rank = decimal(raw, 9)
+    if rank is None or rank >= topo.world_size:
         raise TopologyError(f"fault {fault.text}: gpu", raw,
                             f"a rank 0..{topo.world_size - 1} of {topo.name}")
-    return int(raw)
+    return rank
 
 
 def _with_graph(topo: Topology, graph: nx.DiGraph, devices: list[DeviceSpec] | None = None,

@@ -9,7 +9,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-from inputs import finite, load_json_file
+from inputs import decimal, finite, load_json_file
 
 from .builders import FabricSpec
 from .errors import TopologyError
@@ -205,8 +205,7 @@ def _measured(raw: Any) -> tuple:
             raise TopologyError(f"measured_collectives.{op}", by_size, "an object: size -> values")
         for size, values in sorted(by_size.items()):
             where = f"measured_collectives.{op}.{size}"
-            if not (str(size).isdecimal() and len(str(size)) <= 9 and int(size) >= 1) \
-                    or not isinstance(values, dict):
+            if (decimal(str(size), 9) or 0) < 1 or not isinstance(values, dict):
                 raise TopologyError(where, values, "group size (an integer >= 1) -> "
                                                    "{latency_us, busbw_GBps}")
             _known_keys(values, where, ("latency_us", "busbw_GBps", "points"))

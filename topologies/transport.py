@@ -32,6 +32,8 @@ import math
 from dataclasses import dataclass
 from typing import Any
 
+from inputs import decimal
+
 from .errors import TopologyError
 
 # NCCL_ALGO names (case-insensitive in NCCL) -> the simulator's algorithm names.
@@ -166,8 +168,8 @@ def _names(field: str, value: Any, table: dict[str, str]) -> frozenset[str]:
 
 def _count(field: str, value: Any, low: int, high: int) -> int:
     """An integer in [low, high], as a JSON number or a string (environment form)."""
-    if isinstance(value, str) and value.strip().isdecimal() and len(value.strip()) <= 18:
-        value = int(value.strip())
+    if isinstance(value, str) and decimal(value.strip(), 18) is not None:
+        value = decimal(value.strip(), 18)
     if isinstance(value, bool) or not isinstance(value, int) or not low <= value <= high:
         raise TopologyError(field, value, f"an integer from {low} to {high}")
     return value

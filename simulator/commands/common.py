@@ -6,6 +6,7 @@ import sys
 from pathlib import Path
 
 import topologies
+from inputs import decimal
 from topologies import Topology
 from topologies.presets import MAX_GPUS
 from workloads import Plan, load_plan
@@ -44,9 +45,10 @@ def add_limits(parser: argparse.ArgumentParser, tasks: bool = True) -> None:
 
 def positive_int(text: str) -> int:
     """argparse type: an integer >= 1 (at most 2^62)."""
-    if not text.strip().isdecimal() or len(text.strip()) > 19 or not 1 <= int(text) <= 1 << 62:
+    value = decimal(text.strip(), 19)
+    if value is None or not 1 <= value <= 1 << 62:
         raise argparse.ArgumentTypeError(f"expected an integer >= 1, got {text!r}")
-    return int(text)
+    return value
 
 
 def sim_options(args: argparse.Namespace) -> SimOptions:

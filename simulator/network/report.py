@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import re
 
+from inputs import decimal
 from workloads.mesh import ParallelDims
 
 from .collectives import CollectiveModel, CommOptions
@@ -51,9 +52,8 @@ def parse_sizes(expr: str) -> list[int]:
     if len(parts) > 3:
         raise ValueError(f"sizes {expr!r}: expected MIN:MAX or MIN:MAX:FACTOR")
     lo, hi = parse_size(parts[0]), parse_size(parts[1])
-    integral = len(parts) == 3 and parts[2].strip().isdecimal() and len(parts[2].strip()) <= 9
-    factor = int(parts[2]) if integral else 2
-    if len(parts) == 3 and not integral:
+    factor = decimal(parts[2].strip(), 9) if len(parts) == 3 else 2
+    if factor is None:
         raise ValueError(f"sizes {expr!r}: FACTOR must be an integer >= 2")
     if lo <= 0 or hi < lo or factor < 2:
         raise ValueError(f"sizes {expr!r}: need 0 < MIN <= MAX and FACTOR >= 2")
@@ -77,7 +77,7 @@ def group_ranks(topology, expr: str | int) -> tuple[int, ...]:
     world = topology.world_size
     text = str(expr).strip()
     if text.isdecimal():
-        n = int(text) if len(text) <= 20 else 0
+        n = decimal(text, 20) or 0
         if not 1 <= n <= world:
             raise ValueError(f"group {text}: expected 1..{world} ranks")
         return tuple(range(n))
@@ -85,12 +85,11 @@ def group_ranks(topology, expr: str | int) -> tuple[int, ...]:
     for part in text.split(","):
         key, _, value = part.partition("=")
         key = key.strip().lower()
-        if (key not in MESH_ORDER or key in dims or not value.strip().isdecimal()
-                or len(value.strip()) > 9
-                or not 1 <= int(value) <= world):
+        n = decimal(value.strip(), 9)
+        if key not in MESH_ORDER or key in dims or n is None or not 1 <= n <= world:
             raise ValueError(f"group {text!r}: expected a rank count or DIM=N[,DIM=N] with "
                              f"each DIM once, in {', '.join(MESH_ORDER)}, N in 1..{world}")
-        dims[key] = int(value)
+        dims[key] = n
     named = next(iter(dims))
     product = 1
     for v in dims.values():

@@ -23,6 +23,8 @@ import socket
 from pathlib import Path
 from typing import Any, Callable
 
+from inputs import decimal
+
 from ..errors import UsageError
 from .checkpoint import Checkpoint, checkpoint_path
 from .points import PointSpec, evaluate, evaluate_many, fingerprint
@@ -75,7 +77,8 @@ def check_ray_address(address: str | None) -> None:
     if address is None or address in ("auto", "local"):
         return
     host, sep, port = address.split("://", 1)[-1].rpartition(":")
-    if not sep or not host or not port.isdecimal() or len(port) > 5 or not 0 < int(port) < 65536:
+    number = decimal(port, 5)
+    if not sep or not host or number is None or not 0 < number < 65536:
         raise UsageError("--address", address, "HOST:PORT or ray://HOST:PORT of a Ray head "
                          "node, or auto")
     try:

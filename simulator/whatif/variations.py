@@ -37,12 +37,12 @@ Bandwidths are bounded (BANDWIDTH_FACTORS, BANDWIDTH_GBPS; see there why).
 """
 from __future__ import annotations
 
-import re
-
 import math
+import re
 from dataclasses import dataclass, replace
 from typing import Any, Mapping
 
+from inputs import decimal
 from topologies import ClusterSpec, device
 from workloads import Plan, plan_from_dict
 from workloads.ddp_buckets import BUCKET_MODES
@@ -141,10 +141,11 @@ def _framework_value(name: str, raw: str) -> Any:
     if name == "grad_bucket":
         if raw in BUCKET_MODES:
             return raw
-        if not raw.isdecimal() or len(raw) > 16 or not 1 <= int(raw) <= 1 << 53:
+        params = decimal(raw, 16)
+        if params is None or not 1 <= params <= 1 << 53:
             raise UsageError(flag, raw, ", ".join(BUCKET_MODES) + " or a number of "
                              "parameters in [1, 2^53]")
-        return int(raw)
+        return params
     if name in HOST_SECONDS:
         try:
             seconds = float(raw)
@@ -177,7 +178,7 @@ def _value(name: str, raw: str) -> Any:
     if name == "dp" and raw == "auto":
         return "auto"
     if name in MESH_PARAMS + ("nodes",):   # degrees and node counts: at least 1
-        if not raw.isdecimal() or len(raw) > 9 or int(raw) < 1:
+        if (decimal(raw, 9) or 0) < 1:
             raise UsageError(flag, raw, "integers >= 1" + (" or auto" if name == "dp" else ""))
         return int(raw)
     if name in TRAINING_INTS + ("zero_stage",):   # range checked by the plan types
