@@ -50,6 +50,9 @@ COLUMNS: dict[str, tuple[str, bool, object]] = {
     "fsdp": (BOOL, False, None), "reshard_after_forward": (BOOL, False, None),
     "zero_stage": (INT, False, (0, 3)), "recompute": (TEXT, False, None),
     "kernels": (TEXT, False, None), "sequence_parallel": (BOOL, False, None),
+    # loss_kernels: the cross-entropy compiled (fused) or eager when it differs from the
+    # model's kernels (torchtitan before bbb1b616e compiled the model only)
+    "loss_kernels": (TEXT, False, ("fused", "eager")),
     "notes": (TEXT, False, None),
     # the published-runs table's provenance and framework settings (reference_rows.py)
     "source_family": (TEXT, False, None), "flops_formula": (TEXT, False, FLOPS_FORMULAS),

@@ -157,6 +157,8 @@ def plan_dict(row: dict[str, str]) -> dict[str, Any]:
     for key in ("recompute", "kernels"):
         if row.get(key):
             raw[key] = row[key]
+    if row.get("loss_kernels"):
+        raw["loss"] = {"kernels": row["loss_kernels"]}
     if raw.get("recompute", "").startswith("full:"):
         # "full:N": full recompute of the first N layers of each pipeline chunk (Megatron's
         # block method, recompute_num_layers N)

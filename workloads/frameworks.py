@@ -17,6 +17,7 @@ from typing import Any, Mapping
 
 from .errors import WorkloadError
 from .fields import check_choice, int_as_float, is_int, json_object, known_keys
+from .loss_memory import TORCH_LOSS_FRAMEWORKS
 
 # Plan keys a profile may set (the Plan field names), with the generic default of each:
 # the simulator's behaviour before profiles, where gradients are reduced per unit as
@@ -179,6 +180,7 @@ FSDP_KEYS = {"enabled": "fsdp", "reshard_after_forward": "reshard_after_forward"
 HOST_KEYS = {"per_step_s": "host_step_s", "per_kernel_s": "host_kernel_s"}
 DDP_KEYS = {"bucket_params": "grad_bucket", "grad_reduce_in_fp32": "grad_reduce_fp32",
             "fp8_param_gather": "fp8_param_gather"}
+LOSS_KEYS = {"kernels": "loss_kernels"}     # workloads/loss_memory.py
 FP8_PARAM_DTYPES = ("fp8", "fp8_cs", "mxfp8")   # the dtypes with FP8 primary weights
 
 
@@ -197,7 +199,8 @@ def framework_values(raw: dict) -> dict:
     check_choice(framework, "framework", FRAMEWORKS)
     given: dict = {}
     for section, keys in (("overlap", OVERLAP_KEYS), ("fsdp", FSDP_KEYS),
-                          ("host_overhead", HOST_KEYS), ("ddp", DDP_KEYS)):
+                          ("host_overhead", HOST_KEYS), ("ddp", DDP_KEYS),
+                          ("loss", LOSS_KEYS)):
         obj = json_object(raw.get(section), section)
         known_keys(obj, section, tuple(keys))
         given.update({keys[k]: v for k, v in obj.items()})
@@ -208,7 +211,14 @@ def framework_values(raw: dict) -> dict:
     if "grad_reduce_fp32" in given and framework != "megatron-core":
         raise WorkloadError("ddp.grad_reduce_in_fp32", given["grad_reduce_fp32"],
                             'a key of framework "megatron-core" only (its DDP gradient buffer)')
+    if "loss_kernels" in given and framework not in TORCH_LOSS_FRAMEWORKS:
+        raise WorkloadError("loss.kernels", given["loss_kernels"], "a key of frameworks "
+                            f"{' and '.join(map(repr, TORCH_LOSS_FRAMEWORKS))} only (Megatron "
+                            "computes its own vocab-parallel cross-entropy)")
     values = {**framework_defaults(framework), **given}
+    # The loss runs as the model's kernels do unless the plan says otherwise: torch.compile
+    # compiles it with the model (torchtitan from bbb1b616e: workloads/loss_memory.py).
+    values.setdefault("loss_kernels", values["kernels"])
     if "fsdp" not in given and given.get("zero_stage") in (1, 2):
         values["fsdp"] = False      # the plan's ZeRO 1/2 over a profile's FSDP
     if values["fsdp"] is True and "zero_stage" not in given:

@@ -26,6 +26,8 @@ KERNEL_OF_OP = {"attention_norm": "norm", "ffn_norm": "norm", "final_norm": "nor
                 "rope": "rope", "rope_k": "rope", "swiglu": "swiglu", "shared_swiglu": "swiglu",
                 "gelu": "gelu", "shared_gelu": "gelu", "residual_add": "add",
                 "cross_entropy": "cross_entropy"}
+# The loss's ops, which run as the plan's loss.kernels says (the rest as its kernels).
+LOSS_OPS = frozenset({"cross_entropy"})
 
 # Eager (forward passes, backward passes, forward kernels, backward kernels) by activation
 # bytes (2: bf16/fp8 training, 4: fp32); each kernel also pays the device's launch overhead.

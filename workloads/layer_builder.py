@@ -19,7 +19,7 @@ from typing import Protocol
 
 from .attention_impls import BY_GPU_IMPLS, scores_on_chip
 from .errors import WorkloadError
-from .kernels import eager_cost
+from .kernels import LOSS_OPS, eager_cost
 from .precision import BF16_BYTES, FUSED_LINEAR_FRAMEWORKS, TE_FRAMEWORKS, GemmRecipe
 from .te_quant import cast_efficiency
 from .program import COMPUTE, MEMORY, Task
@@ -101,6 +101,8 @@ class BuildOptions:
     attention_impl: str = "flash"
     # How memory-bound ops run: "fused" kernels or PyTorch "eager" (workloads/kernels.py).
     kernels: str = "fused"
+    # How the cross-entropy runs (the plan's loss.kernels: workloads/loss_memory.py).
+    loss_kernels: str = "fused"
     # Selective recompute (Korthikanti et al. 2022, arXiv:2205.05198 section 5): the
     # attention core's forward runs again just before its backward.
     recompute_attention: bool = False
@@ -135,6 +137,7 @@ class BuildOptions:
         overlap = ("userbuffers" if plan.tp_comm_overlap else
                    "symm_mem" if plan.async_tp else "")
         return cls(flash_attention=flash, attention_impl=plan.attention, kernels=plan.kernels,
+                   loss_kernels=plan.loss_kernels,
                    recompute_attention=plan.recompute == "selective" and not flash,
                    tp_overlap=overlap,
                    cp_impl="torch" if plan.framework == "torchtitan" else "",
@@ -173,7 +176,8 @@ def memory_task(sink: TaskSink, ctx: dict, options: BuildOptions, act_bytes: int
     (workloads/kernels.py EAGER) costs that instead, once per tensor it runs on (`tensors`:
     eager PyTorch applies RoPE to q and k separately). `tensor_bytes` is the local tensor's
     bytes, all tensors together."""
-    eager = eager_cost(op, act_bytes, phase) if options.kernels == "eager" else None
+    mode = options.loss_kernels if op in LOSS_OPS else options.kernels
+    eager = eager_cost(op, act_bytes, phase) if mode == "eager" else None
     passes, kernels = fused if eager is None else (eager[0], eager[1] * tensors)
     return sink.add(kind=COMPUTE, stream="compute", op=op, phase=phase, deps=tuple(deps),
                     bytes=tensor_bytes * passes, op_class=MEMORY, kernels=kernels,

@@ -361,7 +361,7 @@ def memory_breakdown(plan: Plan, stage: int = 0,
         activations += (last_in_flight - 1) * logits
         activations += last_in_flight * sum(mtp_activation_bytes(plan, k)
                                             for k in range(m.mtp_layers))
-        extra_copies = fp32_logits_copies(plan.framework, tp) - 1
+        extra_copies = fp32_logits_copies(plan.framework, tp, plan.loss_kernels) - 1
         working = max(working, logits + extra_copies * fp32_logits_bytes(s * b, m.vocab_size, tp))
     activations += working
     if 0 in chunks and default_dropout(m):

@@ -91,6 +91,9 @@ class Plan:
     recompute_modules: tuple[str, ...] = ()
     attention: str = "flash"
     kernels: str = "fused"          # memory-bound ops: fused | eager (workloads/kernels.py)
+    # loss.kernels: the cross-entropy compiled (fused) or ATen's eager ops, whose time and
+    # fp32 copies differ (workloads/loss_memory.py); the parser defaults it to `kernels`
+    loss_kernels: str = "fused"
     optimizer: str = "fused"        # Adam step: fused | foreach | for_loop (workloads/kernels.py)
     pipeline: Pipeline = field(default_factory=Pipeline)
     fsdp_prefetch: bool = True
@@ -156,6 +159,7 @@ class Plan:
         for name, allowed in (("recompute", RECOMPUTE), ("attention", ATTENTION_IMPLS),
                               ("kernels", KERNEL_MODES), ("optimizer", OPTIMIZERS)):
             check_choice(getattr(self, name), name, allowed)
+        check_choice(self.loss_kernels, "loss.kernels", KERNEL_MODES)
         if not is_int(self.recompute_layers) or not 0 <= self.recompute_layers <= MAX_INT:
             raise WorkloadError("recompute_layers", self.recompute_layers,
                                 "an integer in [0, 2^53] (0: every layer)")

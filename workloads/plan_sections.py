@@ -106,7 +106,7 @@ TOP_KEYS = ("name", "model", "training", "mesh", "fsdp", "zero_stage", "sharding
             "optimizer", "pipeline", "overlap", "topology",
             "description", "framework", "cuda_graphs", "host_overhead", "ddp",
             "context_parallel", "moe", "tensor_parallel", "collectives", "lora",
-            "precision_aware_optimizer", "distributed_fused_adam", "activation_offload")
+            "precision_aware_optimizer", "distributed_fused_adam", "activation_offload", "loss")
 
 
 def extensions(raw: dict) -> dict:

@@ -22,6 +22,7 @@ REASONS = {
     "fsdp_version": "Megatron runs torch FSDP2 (--use-torch-fsdp2)",
     "reshard_after_forward": "Megatron's FSDP2 reshards after forward",
     "kernels": "Megatron runs Transformer Engine's fused kernels",
+    "loss_kernels": "Megatron computes its own fused vocab-parallel cross-entropy",
     "optimizer": "Megatron's Adam is the fused one",
     "recompute": "Megatron recomputes the attention core or whole layers",
     "pipeline": "Megatron runs 1F1B or interleaved 1F1B, with even splits or first/last "

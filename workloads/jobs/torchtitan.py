@@ -132,7 +132,8 @@ def _plan(get, spec: ModelSpec, ref, findings: Findings) -> dict[str, Any]:
         # no job-config key picks SDPA's backend: torchtitan asks for it by GPU (the
         # profile's "sdpa", workloads/attention_impls.py torchtitan_sdpa_backend)
         "attention": "sdpa",
-        "kernels": _kernels(get), "optimizer": _optimizer(get, findings),
+        "kernels": _compiled(get, "model"), "optimizer": _optimizer(get, findings),
+        "loss": {"kernels": _compiled(get, "loss")},
         "pipeline": _pipeline(get, spec.num_layers, pp, findings),
         # FSDP2 and DDP reduce gradients during the backward (the profile's
         # overlap.grad_reduce); param_gather and tp_comm are Megatron's.
@@ -156,7 +157,7 @@ def _async_tp(get, tp: int, findings: Findings) -> bool:
     if tp == 1:
         findings.ignore(key, "no tensor parallelism to overlap")
         return False
-    if _kernels(get) != "fused":
+    if _compiled(get, "model") != "fused":
         raise JobConfigError(key, True, "false unless compile.enable with \"model\" in "
                              "compile.components (torchtitan requires it for async TP)")
     return True
@@ -270,12 +271,14 @@ def _recompute(get, findings: Findings) -> str:
     return "full"
 
 
-def _kernels(get) -> str:
+def _compiled(get, component: str) -> str:
+    """"fused" when torch.compile compiles `component` ("model": the plan's kernels,
+    "loss": its loss.kernels), else "eager"."""
     enabled = need_bool(get("compile.enable"), "compile.enable")
     components = get("compile.components")
     if not isinstance(components, list) or not all(isinstance(c, str) for c in components):
         raise JobConfigError("compile.components", components, "a list of names")
-    return "fused" if enabled and "model" in components else "eager"
+    return "fused" if enabled and component in components else "eager"
 
 
 def _optimizer(get, findings: Findings) -> str:

@@ -64,7 +64,7 @@ def write_torchtitan(plan: Plan, world_size: int | None = None) -> Exported:
         "training": _training_section(plan, dp),
         "parallelism": _parallelism_section(plan, dp),
         "activation_checkpoint": _ac_section(plan.recompute),
-        "compile": {"enable": plan.kernels == "fused", "components": ["model", "loss"]},
+        "compile": _compile_section(plan),
     }
     if plan.training.dtype == "fp8_rowwise":   # torchao's row-wise Float8 recipe
         sections[K.FP8_CONVERTER] = {"recipe_name": "rowwise"}
@@ -147,6 +147,14 @@ def _model_parts(plan: Plan) -> list[list[str]] | None:
     parts[0].insert(0, "tok_embeddings")
     parts[-1] += ["norm", "output"]
     return parts
+
+
+def _compile_section(plan) -> dict[str, Any]:
+    """torch.compile over the model when kernels are fused, over the loss when its kernels
+    are (torchtitan's compile.components)."""
+    components = [name for name, mode in (("model", plan.kernels), ("loss", plan.loss_kernels))
+                  if mode == "fused"]
+    return {"enable": bool(components), "components": components or ["model", "loss"]}
 
 
 def _ac_section(recompute: str) -> dict[str, Any]:

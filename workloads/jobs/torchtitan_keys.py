@@ -54,8 +54,8 @@ MAPPED = {
     "parallelism.expert_parallel_degree": "mesh.ep",
     "activation_checkpoint.mode": "recompute",
     "activation_checkpoint.selective_ac_option": 'recompute ("op": selective_op, "1": full)',
-    "compile.enable": "kernels (true: fused, false: eager)",
-    "compile.components": 'kernels ("model" compiled: fused)',
+    "compile.enable": "kernels and loss.kernels (true: fused, false: eager)",
+    "compile.components": 'kernels ("model" compiled: fused) and loss.kernels ("loss")',
 }
 
 # Whole sections that cannot change a step's time.
