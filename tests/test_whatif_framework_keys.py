@@ -25,7 +25,8 @@ TINY = {"name": "tiny",
         "mesh": {"dp": "auto", "tp": 1}, "sharding": {"sequence_parallel": True}}
 
 # A value of each framework-level key that differs from the generic default.
-OTHER_VALUE = {"framework": "torchtitan", "kernels": "eager", "optimizer": "foreach",
+OTHER_VALUE = {"framework": "torchtitan", "kernels": "eager", "loss_kernels": "eager",
+               "optimizer": "foreach",
                "fsdp_version": 1, "grad_bucket": 1000, "async_tp": True,
                "grad_reduce_overlap": False, "param_gather_overlap": True,
                "param_gather_align": True, "tp_comm_overlap": True,

@@ -15,7 +15,7 @@ own keys override them. Names are the Plan fields (PLAN_KEYS gives each one's pl
   recompute, attention, dtype, schedule                                      choices
   fsdp, sequence_parallel, fsdp_prefetch                                     true/false
 Framework-level keys (workloads/frameworks.py):
-  framework (a profile), kernels, optimizer                                  choices
+  framework (a profile), kernels, loss_kernels (loss.kernels), optimizer   choices
   fsdp_version (1, 2), grad_bucket (unit, megatron or a parameter count)
   async_tp, grad_reduce_overlap, param_gather_overlap, param_gather_align,
   tp_comm_overlap, reshard_after_forward, cuda_graphs,
@@ -46,7 +46,8 @@ from inputs import decimal
 from topologies import ClusterSpec, device
 from workloads import Plan, plan_from_dict
 from workloads.ddp_buckets import BUCKET_MODES
-from workloads.frameworks import DDP_KEYS, FRAMEWORKS, FSDP_KEYS, HOST_KEYS, OVERLAP_KEYS
+from workloads.frameworks import (DDP_KEYS, FRAMEWORKS, FSDP_KEYS, HOST_KEYS, LOSS_KEYS,
+                                  OVERLAP_KEYS)
 from workloads.kernels import KERNEL_MODES, OPTIMIZERS
 from workloads.plan import (ATTENTION_IMPLS, DTYPES, FSDP_VERSIONS, MAX_HOST_OVERHEAD_S,
                             RECOMPUTE, SCHEDULES)
@@ -62,7 +63,7 @@ BOOLS = ("fsdp", "sequence_parallel", "fsdp_prefetch")
 # The framework-level keys (a profile sets their defaults: workloads/frameworks.py).
 # Their values are checked when parsed, against the same tuples the Plan checks.
 FRAMEWORK_CHOICES = {"framework": FRAMEWORKS, "kernels": KERNEL_MODES,
-                     "optimizer": OPTIMIZERS}
+                     "loss_kernels": KERNEL_MODES, "optimizer": OPTIMIZERS}
 FRAMEWORK_BOOLS = ("async_tp", "grad_reduce_overlap", "param_gather_overlap",
                    "param_gather_align", "tp_comm_overlap", "reshard_after_forward",
                    "cuda_graphs", "grad_reduce_fp32", "fp8_param_gather",
@@ -84,7 +85,8 @@ def _plan_keys() -> dict[str, tuple[str | None, str]]:
     keys.update(schedule=("pipeline", "schedule"),
                 sequence_parallel=("sharding", "sequence_parallel"))
     for section, fields in (("overlap", OVERLAP_KEYS), ("fsdp", FSDP_KEYS),
-                            ("host_overhead", HOST_KEYS), ("ddp", DDP_KEYS)):
+                            ("host_overhead", HOST_KEYS), ("ddp", DDP_KEYS),
+                            ("loss", LOSS_KEYS)):
         keys.update({field: (section, key) for key, field in fields.items()})
     return keys
 
