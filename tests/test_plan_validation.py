@@ -101,7 +101,7 @@ def test_unknown_framework_and_keys_are_refused():
         plan_from_dict(small_plan(framework="deepspeed"))
     with pytest.raises(WorkloadError, match=r"^overlap.bogus: "):
         plan_from_dict(small_plan(overlap={"bogus": True}))
-    with pytest.raises(WorkloadError, match=r"^fsdp.version: got 0; allowed: 1 or 2$"):
+    with pytest.raises(WorkloadError, match=r'^fsdp.version: got 0; allowed: 1, 2 or "megatron"$'):
         replace(plan_from_dict(small_plan()), fsdp_version=0)
 
 

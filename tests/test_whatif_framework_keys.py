@@ -32,10 +32,11 @@ OTHER_VALUE = {"framework": "torchtitan", "kernels": "eager", "loss_kernels": "e
                "param_gather_align": True, "tp_comm_overlap": True,
                "reshard_after_forward": False, "cuda_graphs": True,
                "host_step_s": 0.002, "host_kernel_s": 5e-6,
-               "grad_reduce_fp32": False, "fp8_param_gather": True,
+               "grad_reduce_fp32": False, "grad_accumulation_fusion": False,
+               "fp8_param_gather": True,
                "fsdp_float8_all_gather": True}
 # Keys a framework profile alone accepts: their point runs on that framework's plan.
-ONLY_UNDER = {"grad_reduce_fp32": "megatron-core"}
+ONLY_UNDER = {"grad_reduce_fp32": "megatron-core", "grad_accumulation_fusion": "megatron-core"}
 
 
 def test_every_plan_parameter_has_a_plan_file_key_and_a_plan_field():
@@ -96,7 +97,7 @@ def test_point_raw_writes_plan_file_keys_without_touching_the_base():
 @pytest.mark.parametrize("arg, allowed", [
     ("framework=pytorch", "generic, megatron-core, megatron-lm, torchtitan"),
     ("kernels=triton", "fused, eager"),
-    ("fsdp_version=3", "1 or 2"),
+    ("fsdp_version=3", "1, 2 or megatron"),
     ("grad_bucket=0", "unit, megatron or a number of parameters in [1, 2^53]"),
     ("cuda_graphs=sometimes", "true or false"),
     ("tp_comm_overlap=2", "true or false"),

@@ -53,11 +53,15 @@ COLUMNS: dict[str, tuple[str, bool, object]] = {
     # loss_kernels: the cross-entropy compiled (fused) or eager when it differs from the
     # model's kernels (torchtitan before bbb1b616e compiled the model only)
     "loss_kernels": (TEXT, False, ("fused", "eager")),
+    # grad_accumulation_fusion: Megatron-Core's gradient_accumulation_fusion where a recipe
+    # turns it off (workloads/main_grad.py); empty: on
+    "grad_accumulation_fusion": (BOOL, False, None),
     "notes": (TEXT, False, None),
     # the published-runs table's provenance and framework settings (reference_rows.py)
     "source_family": (TEXT, False, None), "flops_formula": (TEXT, False, FLOPS_FORMULAS),
     "framework": (TEXT, False, ("generic", "megatron-core", "megatron-lm", "torchtitan")),
-    "fsdp_version": (INT, False, (1, 2)), "overlap": (TEXT, False, None),
+    # fsdp_version: 1 (FSDP1), 2 (FSDP2) or megatron (Megatron-FSDP)
+    "fsdp_version": (TEXT, False, ("1", "2", "megatron")), "overlap": (TEXT, False, None),
     "cuda_graphs": (BOOL, False, None), "measured_mem_gib": (NUMBER, False, (0.0, math.inf)),
     "mem_quantity": (TEXT, False, None), "settings": (TEXT, False, None),
     # mixture of experts and Blackwell rows (reference_rows.py turns them into plan keys):

@@ -151,7 +151,8 @@ def plan_dict(row: dict[str, str]) -> dict[str, Any]:
                               ("reshard_after_forward", _flag(row, "reshard_after_forward")))
             if v is not None}
     if row.get("fsdp_version"):
-        fsdp["version"] = num("fsdp_version")
+        version = row["fsdp_version"]
+        fsdp["version"] = int(version) if version.isdecimal() else version
     if fsdp:
         raw["fsdp"] = fsdp
     for key in ("recompute", "kernels"):
@@ -185,6 +186,9 @@ def plan_dict(row: dict[str, str]) -> dict[str, Any]:
         raw["ddp"] = {"grad_reduce_in_fp32": _flag(row, "grad_reduce_fp32")}
     elif bridge_perf_script(row):
         raw["ddp"] = {"grad_reduce_in_fp32": False}
+    if _flag(row, "grad_accumulation_fusion") is not None:
+        raw.setdefault("ddp", {})["gradient_accumulation_fusion"] = _flag(
+            row, "grad_accumulation_fusion")
     if _flag(row, "fp8_param_gather") is not None and _flag(row, "fsdp"):
         # FSDP's own float8 weight all-gather (torchao's, workloads/fsdp_float8.py)
         raw.setdefault("fsdp", {})["float8_all_gather"] = _flag(row, "fp8_param_gather")

@@ -39,6 +39,12 @@ GENERIC_DEFAULTS: Mapping[str, Any] = MappingProxyType({
     # Only megatron-core reads it: the buffer's memory (workloads/memory.py,
     # grad_state_bytes) and the bytes its reduce moves (workloads/stage_lowering.py).
     "grad_reduce_fp32": True,
+    # ddp.gradient_accumulation_fusion: Megatron-Core's weight-gradient GEMMs accumulate into
+    # the main_grad buffer themselves (TransformerConfig.gradient_accumulation_fusion; on in
+    # Megatron-LM unless --no-gradient-accumulation-fusion, and in Megatron-Bridge's
+    # performance scripts unless a recipe turns it off). Only megatron-core reads it
+    # (workloads/main_grad.py).
+    "grad_accumulation_fusion": True,
     # ddp.fp8_param_gather: Megatron-Core's fp8_param_gather (TransformerConfig.fp8_param):
     # the linear layers' weights are Transformer Engine FP8 tensors (built under
     # fp8_model_init) and the distributed optimizer's parameter buffer holds their uint8
@@ -179,7 +185,8 @@ FSDP_KEYS = {"enabled": "fsdp", "reshard_after_forward": "reshard_after_forward"
              "version": "fsdp_version", "float8_all_gather": "fsdp_float8_all_gather"}
 HOST_KEYS = {"per_step_s": "host_step_s", "per_kernel_s": "host_kernel_s"}
 DDP_KEYS = {"bucket_params": "grad_bucket", "grad_reduce_in_fp32": "grad_reduce_fp32",
-            "fp8_param_gather": "fp8_param_gather"}
+            "fp8_param_gather": "fp8_param_gather",
+            "gradient_accumulation_fusion": "grad_accumulation_fusion"}
 LOSS_KEYS = {"kernels": "loss_kernels"}     # workloads/loss_memory.py
 FP8_PARAM_DTYPES = ("fp8", "fp8_cs", "mxfp8")   # the dtypes with FP8 primary weights
 
@@ -208,9 +215,11 @@ def framework_values(raw: dict) -> dict:
                 "attention"):
         if key in raw:
             given[key] = raw[key]
-    if "grad_reduce_fp32" in given and framework != "megatron-core":
-        raise WorkloadError("ddp.grad_reduce_in_fp32", given["grad_reduce_fp32"],
-                            'a key of framework "megatron-core" only (its DDP gradient buffer)')
+    for field, key in (("grad_reduce_fp32", "grad_reduce_in_fp32"),
+                       ("grad_accumulation_fusion", "gradient_accumulation_fusion")):
+        if field in given and framework != "megatron-core":
+            raise WorkloadError(f"ddp.{key}", given[field], 'a key of framework '
+                                '"megatron-core" only (its gradient buffer, main_grad)')
     if "loss_kernels" in given and framework not in TORCH_LOSS_FRAMEWORKS:
         raise WorkloadError("loss.kernels", given["loss_kernels"], "a key of frameworks "
                             f"{' and '.join(map(repr, TORCH_LOSS_FRAMEWORKS))} only (Megatron "

@@ -178,7 +178,10 @@ def grad_state_bytes(plan: Plan) -> float:
     torch.float if grad_reduce_in_fp32 else param.dtype). FSDP2 keeps its reduced sharded
     gradient in the sharded parameter's dtype, fp32 (sharded_state_bytes)."""
     prec = precision(plan.training.dtype)
-    if plan.framework == "megatron-core" and not plan.fsdp and plan.zero_stage < 3:
+    megatron_buffer = ((plan.framework == "megatron-core" and not plan.fsdp
+                        and plan.zero_stage < 3)
+                       or (plan.fsdp and plan.fsdp_version == "megatron"))
+    if megatron_buffer:   # Megatron-FSDP's main_grads_dtype too (workloads/megatron_fsdp.py)
         return max(prec.grad_state_bytes, FP32_BYTES if plan.grad_reduce_fp32 else 0)
     if plan.fsdp and plan.fsdp_version == 2:
         return max(prec.grad_state_bytes, FP32_BYTES)
@@ -376,8 +379,10 @@ def memory_breakdown(plan: Plan, stage: int = 0,
                        for unit, g, _ in units), reverse=True)
         buffers += sum(held if not plan.reshard_after_forward
                        else held[:2 if plan.fsdp_prefetch else 1])
-    if zero >= 2:
-        buffers += prec.grad_reduce_bytes * sum(unit_sizes[:2 if plan.fsdp_prefetch else 1])
+    if zero >= 2:   # the reduce-scatter's input: Megatron-FSDP's unsharded gradient bucket
+        reduce_input = (grad_state_bytes(plan) if plan.fsdp and plan.fsdp_version == "megatron"
+                        else prec.grad_reduce_bytes)
+        buffers += reduce_input * sum(unit_sizes[:2 if plan.fsdp_prefetch else 1])
     if tp > 1:
         buffers += prec.act_bytes * s * b * m.hidden_size
     if any(m.is_moe_layer(layer) for layer in own_layers):

@@ -60,7 +60,9 @@ ZERO_STAGES = (0, 1, 2, 3)   # ZeRO (Rajbhandari et al. 2020): none, optimizer, 
 # Megatron-LM's pre-FlashAttention path): the s x s scores are materialised and kept;
 # cudnn (SDPA's cuDNN backend, priced as flash); sdpa (torchtitan: the backend its SDPA
 # picks on the topology's GPU, named by the simulator).
-FSDP_VERSIONS = (1, 2)   # FSDP1 (FlatParameter per wrapped unit) | FSDP2 (fully_shard)
+# FSDP1 (FlatParameter per wrapped unit) | FSDP2 (fully_shard) | Megatron-FSDP (flat buffers
+# per unit whose views the parameters and gradients are: workloads/stage_lowering.py)
+FSDP_VERSIONS = (1, 2, "megatron")
 MAX_HOST_OVERHEAD_S = 10.0   # bound on host_overhead values: far beyond any real step
 BUNDLED_DIR = Path(__file__).parent / "plans"
 
@@ -97,13 +99,16 @@ class Plan:
     optimizer: str = "fused"        # Adam step: fused | foreach | for_loop (workloads/kernels.py)
     pipeline: Pipeline = field(default_factory=Pipeline)
     fsdp_prefetch: bool = True
-    fsdp_version: int = 2           # fsdp.version: 1 FSDP1 (flat parameters) | 2 FSDP2
+    fsdp_version: int | str = 2     # fsdp.version: 1 FSDP1 | 2 FSDP2 | "megatron" Megatron-FSDP
     fsdp_float8_all_gather: bool = False    # fsdp.float8_all_gather (workloads/fsdp_float8.py)
     # "overlap" (workloads/frameworks.py has each framework's defaults and their sources)
     async_tp: bool = False          # torch async TP: micro-pipelined AG-matmul / matmul-RS
     grad_reduce_overlap: bool = True    # gradients reduced while the backward runs
     grad_bucket: str | int = "unit"     # ddp.bucket_params: unit | megatron | a count
     grad_reduce_fp32: bool = True       # ddp.grad_reduce_in_fp32 (megatron-core): fp32 main_grad
+    # ddp.gradient_accumulation_fusion (megatron-core): weight-gradient GEMMs write main_grad
+    # themselves; false: autograd's gradient is added / copied into it (workloads/main_grad.py)
+    grad_accumulation_fusion: bool = True
     fp8_param_gather: bool = False      # ddp.fp8_param_gather: FP8 weights gathered (1 B)
     param_gather_overlap: bool = False  # distributed optimizer: param all-gather in forward
     param_gather_align: bool = False    # interleaved: chunk gathers one chunk ahead, aligned
@@ -139,12 +144,14 @@ class Plan:
                             ("param_gather_align", "overlap.param_gather_align"),
                             ("tp_comm_overlap", "overlap.tp_comm"),
                             ("grad_reduce_fp32", "ddp.grad_reduce_in_fp32"),
+                            ("grad_accumulation_fusion", "ddp.gradient_accumulation_fusion"),
                             ("fp8_param_gather", "ddp.fp8_param_gather"),
                             ("fsdp_float8_all_gather", "fsdp.float8_all_gather"),
                             ("cuda_graphs", "cuda_graphs")):
             check_bool(getattr(self, name), where)
-        if not is_int(self.fsdp_version) or self.fsdp_version not in FSDP_VERSIONS:
-            raise WorkloadError("fsdp.version", self.fsdp_version, "1 or 2")
+        if self.fsdp_version != "megatron" and not (is_int(self.fsdp_version)
+                                                    and self.fsdp_version in FSDP_VERSIONS):
+            raise WorkloadError("fsdp.version", self.fsdp_version, '1, 2 or "megatron"')
         check_choice(self.framework, "framework", FRAMEWORKS)
         if not (self.grad_bucket in BUCKET_MODES
                 or (is_int(self.grad_bucket) and 1 <= self.grad_bucket <= MAX_INT)):

@@ -154,8 +154,9 @@ def check_framework_keys(plan) -> None:
                             "each unit's gradients as its backward ends)")
     if fsdp and plan.grad_bucket != "unit":
         raise WorkloadError("ddp.bucket_params", plan.grad_bucket, '"unit" with FSDP')
-    if plan.fsdp_version == 1 and not fsdp:
-        raise WorkloadError("fsdp.version", 1, "2 (the default) unless fsdp.enabled")
+    if plan.fsdp_version != 2 and not fsdp:
+        raise WorkloadError("fsdp.version", plan.fsdp_version,
+                            "2 (the default) unless fsdp.enabled")
     if plan.cuda_graphs and plan.host_kernel_s == 0:
         raise WorkloadError("cuda_graphs", True, "false unless host_overhead.per_kernel_s > 0 "
                             "(a captured step saves the host's per-kernel issue time)")

@@ -20,6 +20,7 @@ from .host_cost import add_host_issue_time
 from .kernels import adam_step_cost
 from .layer_builder import BuildOptions, LayerBuilder, LayerShape, TaskSink
 from .layers import unit_builder
+from .main_grad import FLAT_BUFFER_FSDP, main_grad_accumulate, megatron_fsdp_grad_copy
 from .memory import grad_state_bytes, saved_layer_bytes
 from .module_recompute import module_recompute_saved, recomputes_modules
 from .offload_copies import insert_offload_copies
@@ -127,9 +128,11 @@ class StageLowering:
                 kind=COMM, stream="dp_ag", op="all_gather", phase=phase,
                 deps=deps, bytes=gathered,
                 group=dims, label=f"fsdp.gather.{unit}", **unit_context(unit, mb))
-            if self.plan.fsdp_version == 1:
+            if self.plan.fsdp_version in FLAT_BUFFER_FSDP:
                 # FSDP1 gathers straight into the padded flat parameter, whose original
-                # parameters are views (_flat_param.py, _use_unsharded_views): no copy-out.
+                # parameters are views (_flat_param.py, _use_unsharded_views); Megatron-FSDP
+                # into its unit's bucket, whose views the parameters are
+                # (workloads/megatron_fsdp.py): no copy-out.
                 tasks.append(gather)
                 continue
             # FSDP2 copies the gathered flat buffer out into the unsharded parameters on
@@ -154,6 +157,11 @@ class StageLowering:
         return every_mb or mb == self.plan.micro_batches - 1
 
     def _reduce(self, unit, deps: tuple[int, ...], mb: int, local: int) -> None:
+        if (self.plan.framework == "megatron-core" and not self.fsdp
+                and not self.plan.grad_accumulation_fusion):
+            params = sum(unit_param_groups(self.plan, unit).values())
+            deps = (main_grad_accumulate(self.sink, self.precision, params, deps, unit,
+                                         unit_context(unit, mb), grad_state_bytes(self.plan)),)
         if not self._reduces(mb):
             return
         if not self.fsdp:
@@ -168,6 +176,10 @@ class StageLowering:
             ctx = unit_context(unit, mb)
             if self.plan.fsdp_version == 1:
                 ready = (fsdp1_reduce_pre(self.sink, self.precision, params, deps, unit, ctx),)
+            elif self.plan.fsdp_version == "megatron":
+                ready = megatron_fsdp_grad_copy(self.sink, self.precision, params, deps,
+                                                unit, ctx, grad_state_bytes(self.plan),
+                                                self.plan.grad_accumulation_fusion)
             else:
                 # FSDP2 copies (and casts) the unsharded gradients into the reduce-scatter
                 # input on its reduce-scatter stream (foreach_reduce): read the gradients,
@@ -177,9 +189,12 @@ class StageLowering:
                     deps=deps, op_class=MEMORY, label=f"grad.copy_in.{unit}",
                     bytes=params * (self.precision.param_bytes + self.precision.grad_reduce_bytes),
                     **ctx),)
+            # Megatron-FSDP reduces its gradient bucket in the bucket's dtype
+            reduce_bytes = (grad_state_bytes(self.plan) if self.plan.fsdp_version == "megatron"
+                            else self.precision.grad_reduce_bytes)
             reduction = self.sink.add(
                 kind=COMM, stream="dp_rs", op="reduce_scatter", phase="backward", deps=ready,
-                bytes=params * self.precision.grad_reduce_bytes, group=dims,
+                bytes=params * reduce_bytes, group=dims,
                 label=f"grad.reduce.{unit}", **ctx)
             if self.plan.fsdp_version == 1:
                 reduction = fsdp1_reduce_post(self.sink, self.precision,

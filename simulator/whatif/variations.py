@@ -16,10 +16,11 @@ own keys override them. Names are the Plan fields (PLAN_KEYS gives each one's pl
   fsdp, sequence_parallel, fsdp_prefetch                                     true/false
 Framework-level keys (workloads/frameworks.py):
   framework (a profile), kernels, loss_kernels (loss.kernels), optimizer   choices
-  fsdp_version (1, 2), grad_bucket (unit, megatron or a parameter count)
+  fsdp_version (1, 2, megatron), grad_bucket (unit, megatron or a parameter count)
   async_tp, grad_reduce_overlap, param_gather_overlap, param_gather_align,
   tp_comm_overlap, reshard_after_forward, cuda_graphs,
   grad_reduce_fp32 (ddp.grad_reduce_in_fp32, megatron-core only)             true/false
+  grad_accumulation_fusion (ddp.gradient_accumulation_fusion, megatron-core)  true/false
   fp8_param_gather (ddp.fp8_param_gather: FP8 weights gathered at 1 byte)   true/false
   fsdp_float8_all_gather (fsdp.float8_all_gather: torchao's, under FSDP)     true/false
   host_step_s, host_kernel_s                                                 seconds
@@ -66,8 +67,8 @@ FRAMEWORK_CHOICES = {"framework": FRAMEWORKS, "kernels": KERNEL_MODES,
                      "loss_kernels": KERNEL_MODES, "optimizer": OPTIMIZERS}
 FRAMEWORK_BOOLS = ("async_tp", "grad_reduce_overlap", "param_gather_overlap",
                    "param_gather_align", "tp_comm_overlap", "reshard_after_forward",
-                   "cuda_graphs", "grad_reduce_fp32", "fp8_param_gather",
-                   "fsdp_float8_all_gather")
+                   "cuda_graphs", "grad_reduce_fp32", "grad_accumulation_fusion",
+                   "fp8_param_gather", "fsdp_float8_all_gather")
 HOST_SECONDS = tuple(HOST_KEYS.values())   # host_step_s, host_kernel_s
 FRAMEWORK_PARAMS = (tuple(FRAMEWORK_CHOICES) + ("fsdp_version", "grad_bucket")
                     + FRAMEWORK_BOOLS + HOST_SECONDS)
@@ -138,8 +139,8 @@ def _framework_value(name: str, raw: str) -> Any:
         return raw
     if name == "fsdp_version":
         if raw not in tuple(map(str, FSDP_VERSIONS)):
-            raise UsageError(flag, raw, " or ".join(map(str, FSDP_VERSIONS)))
-        return int(raw)
+            raise UsageError(flag, raw, "1, 2 or megatron")
+        return int(raw) if raw.isdecimal() else raw
     if name == "grad_bucket":
         if raw in BUCKET_MODES:
             return raw

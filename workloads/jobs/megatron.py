@@ -215,9 +215,26 @@ def _experts(get: _Getter, experts: int, ffn: int, findings: Findings) -> dict[s
             "moe_ffn_size": moe_ffn, "num_shared_experts": shared // moe_ffn}
 
 
+def _fsdp_version(get: _Getter) -> int | str | None:
+    """The FSDP the flags turn on: torch's FSDP2, Megatron-FSDP (sharding everything:
+    data-parallel-sharding-strategy optim_grads_params; the others are findings of
+    _classify), or None."""
+    torch_fsdp, megatron_fsdp = get.on("use-torch-fsdp2"), get.on("use-megatron-fsdp")
+    if torch_fsdp and megatron_fsdp:
+        raise JobConfigError(get.name("use-megatron-fsdp"), True,
+                             "false with --use-torch-fsdp2 (one FSDP at a time)")
+    strategy = get.str("data-parallel-sharding-strategy", "no_shard")
+    if megatron_fsdp and strategy != "optim_grads_params":
+        raise JobConfigError(get.name("data-parallel-sharding-strategy"), strategy,
+                             "optim_grads_params with --use-megatron-fsdp (ZeRO-3, the "
+                             "strategy the simulator models)")
+    return 2 if torch_fsdp else "megatron" if megatron_fsdp else None
+
+
 def _plan(get: _Getter, spec: ModelSpec, ref, findings: Findings) -> dict[str, Any]:
     tp, pp = get.int("tensor-model-parallel-size", 1), get.int("pipeline-model-parallel-size", 1)
-    fsdp = get.on("use-torch-fsdp2")
+    version = _fsdp_version(get)
+    fsdp = version is not None
     for flag in ("seq-length", "micro-batch-size", "global-batch-size"):
         if get.int(flag) is None:
             raise JobConfigError(f"--{flag}", None, "an integer >= 1 (required)")
@@ -230,7 +247,7 @@ def _plan(get: _Getter, spec: ModelSpec, ref, findings: Findings) -> dict[str, A
         "mesh": {"dp": "auto", "tp": tp, "pp": pp, "cp": get.int("context-parallel-size", 1),
                  "ep": get.int("expert-model-parallel-size", 1),
                  **({"order": list(TP_PP_DP_ORDER)} if get.on("use-tp-pp-dp-mapping") else {})},
-        "fsdp": {"enabled": fsdp, "reshard_after_forward": True, "version": 2},
+        "fsdp": {"enabled": fsdp, "reshard_after_forward": True, "version": version or 2},
         "zero_stage": 0 if fsdp else int(get.on("use-distributed-optimizer")),
         "sharding": {**MEGATRON, "sequence_parallel": get.on("sequence-parallel")},
         **_recompute(get, spec, pp, findings),
@@ -248,9 +265,12 @@ def _plan(get: _Getter, spec: ModelSpec, ref, findings: Findings) -> dict[str, A
         "context_parallel": {"mode": _cp_mode(get, findings)},
         "cuda_graphs": get.on("enable-cuda-graph"),
     }
-    if not fsdp:      # torch FSDP2's config takes neither (megatron/training/training.py)
+    if version != 2:  # torch FSDP2's config takes none (megatron/training/training.py)
         plan["ddp"] = {"grad_reduce_in_fp32": _grad_reduce_fp32(get),
-                       "fp8_param_gather": get.on("fp8-param-gather")}
+                       "gradient_accumulation_fusion":
+                           not get.on("no-gradient-accumulation-fusion")}
+    if not fsdp:      # Megatron-FSDP gathers and buckets its own way
+        plan["ddp"]["fp8_param_gather"] = get.on("fp8-param-gather")
         if get.int("ddp-bucket-size") is not None:
             plan["ddp"]["bucket_params"] = get.int("ddp-bucket-size")
     if (lowered := precision_aware_section(get)) is not None:

@@ -19,7 +19,8 @@ from .megatron_recompute import recompute_module_flags
 REASONS = {
     "sharding": "Megatron's TP is the column/row layout",
     "layer_overrides": "Megatron applies one TP layout to every layer",
-    "fsdp_version": "Megatron runs torch FSDP2 (--use-torch-fsdp2)",
+    "fsdp_version": "Megatron runs torch FSDP2 (--use-torch-fsdp2) or Megatron-FSDP "
+                    "(--use-megatron-fsdp), not FSDP1",
     "reshard_after_forward": "Megatron's FSDP2 reshards after forward",
     "kernels": "Megatron runs Transformer Engine's fused kernels",
     "loss_kernels": "Megatron computes its own fused vocab-parallel cross-entropy",
@@ -157,7 +158,9 @@ def _run_flags(plan: Plan) -> list[str]:
         out.append("--use-tp-pp-dp-mapping")
     out += _pipeline_flags(plan) + moe_flags(plan)
     switches = [("--sequence-parallel", plan.sequence_parallel),
-                ("--use-torch-fsdp2", plan.fsdp),
+                ("--use-torch-fsdp2", plan.fsdp and plan.fsdp_version != "megatron"),
+                ("--use-megatron-fsdp --data-parallel-sharding-strategy optim_grads_params",
+                 plan.fsdp and plan.fsdp_version == "megatron"),
                 ("--use-distributed-optimizer", plan.zero_stage == 1 and not plan.fsdp),
                 ("--overlap-grad-reduce", plan.grad_reduce_overlap and not plan.fsdp),
                 ("--overlap-param-gather", plan.param_gather_overlap),
@@ -165,7 +168,8 @@ def _run_flags(plan: Plan) -> list[str]:
                  and plan.pipeline.schedule == "interleaved"),
                 ("--tp-comm-overlap", plan.tp_comm_overlap),
                 ("--fp8-param-gather", plan.fp8_param_gather and not plan.fsdp),
-                ("--enable-cuda-graph", plan.cuda_graphs)]
+                ("--enable-cuda-graph", plan.cuda_graphs),
+                ("--no-gradient-accumulation-fusion", not plan.grad_accumulation_fusion)]
     out += [flag for flag, on in switches if on]
     out += _grad_dtype_flags(plan, "--bf16" in out) + precision_aware_flags(plan)
     if isinstance(plan.grad_bucket, int) and not plan.fsdp:

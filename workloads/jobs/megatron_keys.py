@@ -62,6 +62,7 @@ MAPPED = {
     "decoder-last-pipeline-num-layers": "pipeline.layer_split",
     "sequence-parallel": "sharding.sequence_parallel",
     "use-distributed-optimizer": "zero_stage (1)", "use-torch-fsdp2": "fsdp (version 2)",
+    "no-gradient-accumulation-fusion": "ddp.gradient_accumulation_fusion (false)",
     "overlap-grad-reduce": "overlap.grad_reduce", "overlap-param-gather": "overlap.param_gather",
     "fp8-param-gather": "ddp.fp8_param_gather",
     "no-align-param-gather": "overlap.param_gather_align (false)",
@@ -107,8 +108,11 @@ UNMODELLED = {
     # mxfp8 reads as training.dtype mxfp8; delayed and tensorwise as fp8
     "fp8-recipe": ("delayed", ("delayed", "tensorwise", "mxfp8"), "128-element block scaling"),
     "fp4-recipe": ("nvfp4", ("nvfp4",), "an FP4 recipe other than NVFP4"),
-    "use-megatron-fsdp": (False, (False,), "Megatron FSDP"),
-    "data-parallel-sharding-strategy": ("no_shard", ("no_shard",), "Megatron FSDP sharding"),
+    # Megatron-FSDP is modelled as ZeRO-3 (optim_grads_params: workloads/megatron_fsdp.py);
+    # its ZeRO-1/2 strategies (optim, optim_grads) and no_shard under it are not
+    "use-megatron-fsdp": (False, (False, True), "Megatron FSDP"),
+    "data-parallel-sharding-strategy": ("no_shard", ("no_shard", "optim_grads_params"),
+                                        "Megatron FSDP's ZeRO-1/2 sharding"),
     "moe-grouped-gemm": (False, (False,), "grouped expert GEMMs"),
     "cuda-graph-impl": ("none", ("none",), "CUDA graphs by another implementation"),
     "cpu-offloading-weights": (False, (False,), "weight offload to the host"),
@@ -177,6 +181,7 @@ BRIDGE_KEYS = {
     ("mixed_precision", "fp4"): "fp4-format",
     ("model", "fp4"): "fp4-format",
     ("ddp", "bucket_size"): "ddp-bucket-size",
+    ("model", "gradient_accumulation_fusion"): "!no-gradient-accumulation-fusion",
     ("ddp", "align_param_gather"): "!no-align-param-gather",
     ("ddp", "grad_reduce_in_fp32"): "accumulate-allreduce-grads-in-fp32",
     ("dataset", "seq_length"): "seq-length",

@@ -1,0 +1,77 @@
+"""How Megatron's weight gradients reach its main_grad buffer, under its DDP and under
+Megatron-FSDP (`"fsdp": {"version": "megatron"}`).
+
+With gradient-accumulation fusion (`ddp.gradient_accumulation_fusion`, the default) a
+Transformer Engine linear's weight-gradient GEMM accumulates into `param.main_grad` itself
+(`grad_added_to_main_grad`); without it autograd leaves the gradient in `param.grad`, and
+Megatron's hook moves it: under DDP / the distributed optimizer it adds it into the
+main_grad buffer on every micro-batch (megatron/core/distributed/
+distributed_data_parallel.py, _make_backward_post_hook: `param.main_grad.add_(
+param.grad.data)`: read both, write main_grad), under Megatron-FSDP it copies it into the
+unit's unsharded gradient bucket (below). Megatron-Bridge's performance recipes turn the
+fusion off for some Megatron-FSDP runs ("Disabled to avoid functional errors",
+scripts/performance/configs/llama/llama3_llm_pretrain.py at 22ef9ff9f and c810129341).
+
+Megatron-FSDP does less than FSDP2 (`fully_shard`, the default) around its collectives, read
+from NVIDIA/Megatron-LM@d98e8a64
+megatron/core/distributed/fsdp/src/megatron_fsdp/ (megatron_fsdp.py,
+param_and_grad_buffer.py, mixed_precision.py) and its design notes (docs/mfsdp_design.md:
+FSDP2's per-tensor sharding "leads to extra data copy so won't be used by default").
+
+- Buffers: each FSDP unit's parameters live in flat per-unit buffers, sharded over DP:
+  the model weights in the parameters' dtype, the fp32 main weights
+  (MixedPrecisionPolicy.main_params_dtype) and the main gradients in main_grads_dtype
+  (param_and_grad_buffer.py: model_weight_buffer, main_weight_buffer, main_grad_buffer):
+  ZeRO's count, 2 + 4 + 8 bytes a parameter besides the gradient's
+  (workloads/memory.py; the gradient in fp32 only with ddp.grad_reduce_in_fp32).
+- Unshard: the all-gather writes the unit's bucket, and the parameters are views into it:
+  no copy-out (FSDP2 copies the gathered buffer out into each parameter,
+  foreach_all_gather_copy_out).
+- Reduce: with gradient-accumulation fusion a linear writes its weight gradient straight
+  into `param.main_grad`, the parameter's view of the unit's unsharded gradient bucket
+  (megatron_fsdp.py `_grad_acc`: "If TransformerEngine gradient accumulation is fused,
+  then param.get_main_grad() already holds the wgrad"; with sharded gradients
+  `overwrite_main_grad` makes the GEMM overwrite it), and the bucket is reduce-scattered
+  in place: no copy-in for the layers' weights. What autograd computes is copied into the
+  bucket (`param.main_grad.copy_(param.grad)`): the embedding table (Megatron's
+  VocabParallelEmbedding) always, every weight without the fusion; the output layer is
+  Megatron's ColumnParallelLinear, fused like TE's; the norms' weights are a few vectors,
+  left out. The reduced shard is added into the sharded main gradient (params / dp
+  elements, left out like FSDP2's).
+- Gradient accumulation: every micro-batch gathers in forward and backward and
+  reduce-scatters (the strategy optim_grads_params, as FSDP2 with reshard_after_forward).
+"""
+from __future__ import annotations
+
+from .layer_builder import TaskSink
+from .precision import Precision
+from .program import COMPUTE, MEMORY
+from .schedules import EMBED
+
+# FSDP versions whose unsharded parameters are views of the gathered buffer (no copy-out).
+FLAT_BUFFER_FSDP = (1, "megatron")
+
+
+def megatron_fsdp_grad_copy(sink: TaskSink, prec: Precision, params: float, deps,
+                            unit, ctx: dict, grad_bytes: float,
+                            fused: bool) -> tuple[int, ...]:
+    """The tasks a unit's reduce-scatter waits for: the copy of its autograd gradients into
+    the bucket (read the gradient, write the bucket): the embedding's, and every unit's
+    without gradient-accumulation fusion; nothing where the linears write the bucket."""
+    if fused and unit != EMBED:
+        return tuple(deps)
+    # the post-backward hook copies on the compute stream (megatron_fsdp.py
+    # _process_post_backward_gradients -> _grad_acc), then queues the reduce-scatter on its own
+    return (sink.add(kind=COMPUTE, stream="compute", op="fsdp_copy_in", phase="backward",
+                     deps=tuple(deps), op_class=MEMORY, label=f"grad.copy_in.{unit}",
+                     bytes=params * (prec.param_bytes + grad_bytes), **ctx),)
+
+
+def main_grad_accumulate(sink: TaskSink, prec: Precision, params: float, deps, unit,
+                         ctx: dict, grad_bytes: float) -> int:
+    """Megatron DDP's hook without gradient-accumulation fusion: the unit's autograd
+    gradients added into main_grad (read main_grad and the gradient, write main_grad), on
+    the compute stream where the hook runs, every micro-batch."""
+    return sink.add(kind=COMPUTE, stream="compute", op="main_grad_add", phase="backward",
+                    deps=tuple(deps), op_class=MEMORY, label=f"grad.main_grad_add.{unit}",
+                    bytes=params * (prec.param_bytes + 2 * grad_bytes), **ctx)
