@@ -181,7 +181,7 @@ def grad_state_bytes(plan: Plan) -> float:
     megatron_buffer = ((plan.framework == "megatron-core" and not plan.fsdp
                         and plan.zero_stage < 3)
                        or (plan.fsdp and plan.fsdp_version == "megatron"))
-    if megatron_buffer:   # Megatron-FSDP's main_grads_dtype too (workloads/megatron_fsdp.py)
+    if megatron_buffer:   # Megatron-FSDP's main_grads_dtype too (workloads/main_grad.py)
         return max(prec.grad_state_bytes, FP32_BYTES if plan.grad_reduce_fp32 else 0)
     if plan.fsdp and plan.fsdp_version == 2:
         return max(prec.grad_state_bytes, FP32_BYTES)

@@ -132,7 +132,7 @@ class StageLowering:
                 # FSDP1 gathers straight into the padded flat parameter, whose original
                 # parameters are views (_flat_param.py, _use_unsharded_views); Megatron-FSDP
                 # into its unit's bucket, whose views the parameters are
-                # (workloads/megatron_fsdp.py): no copy-out.
+                # (workloads/main_grad.py): no copy-out.
                 tasks.append(gather)
                 continue
             # FSDP2 copies the gathered flat buffer out into the unsharded parameters on

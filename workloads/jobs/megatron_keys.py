@@ -108,7 +108,7 @@ UNMODELLED = {
     # mxfp8 reads as training.dtype mxfp8; delayed and tensorwise as fp8
     "fp8-recipe": ("delayed", ("delayed", "tensorwise", "mxfp8"), "128-element block scaling"),
     "fp4-recipe": ("nvfp4", ("nvfp4",), "an FP4 recipe other than NVFP4"),
-    # Megatron-FSDP is modelled as ZeRO-3 (optim_grads_params: workloads/megatron_fsdp.py);
+    # Megatron-FSDP is modelled as ZeRO-3 (optim_grads_params: workloads/main_grad.py);
     # its ZeRO-1/2 strategies (optim, optim_grads) and no_shard under it are not
     "use-megatron-fsdp": (False, (False, True), "Megatron FSDP"),
     "data-parallel-sharding-strategy": ("no_shard", ("no_shard", "optim_grads_params"),

@@ -151,7 +151,9 @@ def _overlap_refusal(get, plan: dict, spec) -> str | None:
     if spec.mtp_layers > 1:
         return "with --mtp-num-layers > 1 (Megatron-Core asserts at most one MTP layer)"
     if plan["fsdp"]["enabled"]:
-        return "with --use-torch-fsdp2 (the combined schedule is not modelled with FSDP)"
+        megatron = plan["fsdp"]["version"] == "megatron"
+        flag = "--use-megatron-fsdp" if megatron else "--use-torch-fsdp2"
+        return f"with {flag} (the combined schedule is not modelled with FSDP)"
     return None
 
 
