@@ -26,7 +26,12 @@ EXPRESSIBLE = {
     "ddp-buckets": {"ddp": {"bucket_params": 20_000_000}},
     "no-overlap": {"overlap": {"grad_reduce": False, "param_gather": False, "tp_comm": False},
                    "zero_stage": 0, "sharding": {"sequence_parallel": False}},
-    "fsdp2": {"fsdp": {"enabled": True}, "zero_stage": 0, "recompute": "full"},
+    # the parameter all-gather overlap is the distributed optimizer's (none under FSDP)
+    "fsdp2": {"fsdp": {"enabled": True}, "zero_stage": 0, "recompute": "full",
+              "overlap": {"grad_reduce": True, "param_gather": False, "tp_comm": True}},
+    "megatron-fsdp": {"fsdp": {"enabled": True, "version": "megatron"}, "zero_stage": 0,
+                      "overlap": {"grad_reduce": True, "param_gather": False, "tp_comm": True},
+                      "ddp": {"gradient_accumulation_fusion": False}},
     "interleaved": {"mesh": {"tp": 8, "pp": 4}, "pipeline": {"schedule": "interleaved",
                                                             "virtual_stages": 2},
                     "recompute": "selective"},

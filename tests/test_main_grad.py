@@ -103,3 +103,40 @@ def test_megatron_flags_read_and_write_megatron_fsdp():
     with pytest.raises(WorkloadError, match="use-megatron-fsdp"):
         read_megatron(ARGS + "--use-megatron-fsdp --use-torch-fsdp2 "
                       "--data-parallel-sharding-strategy optim_grads_params", lenient=True)
+
+
+def test_megatron_fsdp_reduces_every_micro_batch_under_pipelining():
+    # torch's FSDP under torch.distributed.pipelining reduces once per step; Megatron-FSDP
+    # reduce-scatters each micro-batch (its no_sync: "there will actually always be
+    # gradient sync" in grads-sharding mode)
+    def reduces(version):
+        raw = {"model": "llama3-8b", "framework": "megatron-core",
+               "training": {"global_batch": 16, "micro_batch": 1, "seq_len": 1024},
+               "mesh": {"dp": 4, "pp": 2}, "fsdp": {"enabled": True, "version": version}}
+        plan = resolve(plan_from_dict(raw), WORLD)
+        return sum(1 for t in lower(plan).tasks() if t.op == "reduce_scatter" and t.layer == 0)
+    assert reduces("megatron") == 4 and reduces(2) == 1
+
+
+@pytest.mark.parametrize("raw, field", [
+    ({"framework": "generic", "fsdp": {"enabled": True, "version": "megatron"}}, "fsdp.version"),
+    ({"framework": "megatron-core", "zero_stage": 3, "fsdp": {"version": "megatron"},
+      "ddp": {"bucket_params": "unit"}}, "fsdp.version"),
+    ({"framework": "megatron-core", "fsdp": {"enabled": True, "version": 2},
+      "ddp": {"gradient_accumulation_fusion": False}}, "ddp.gradient_accumulation_fusion")])
+def test_megatron_fsdp_keys_only_where_modelled(raw, field):
+    base = {"model": "llama3-8b", "training": {"global_batch": 8, "micro_batch": 1,
+                                               "seq_len": 1024}, "mesh": {"dp": WORLD}}
+    with pytest.raises(WorkloadError, match=f"^{field}: got "):
+        resolve(plan_from_dict({**base, **raw}), WORLD)
+
+
+def test_megatron_fsdp_import_keeps_a_runnable_plan():
+    job = read_megatron(ARGS + "--use-megatron-fsdp --data-parallel-sharding-strategy "
+                        "optim_grads_params --overlap-grad-reduce --overlap-param-gather "
+                        "--ddp-bucket-size 1000", lenient=True)
+    assert job.plan["overlap"]["param_gather"] is False
+    resolve(plan_from_dict(job.plan), WORLD)          # no exit 2 at run time
+    with pytest.raises(WorkloadError, match="fp8-param-gather"):
+        read_megatron(ARGS + "--use-megatron-fsdp --data-parallel-sharding-strategy "
+                      "optim_grads_params --fp8-format hybrid --fp8-param-gather")

@@ -226,8 +226,10 @@ def framework_values(raw: dict) -> dict:
                             "computes its own vocab-parallel cross-entropy)")
     values = {**framework_defaults(framework), **given}
     # The loss runs as the model's kernels do unless the plan says otherwise: torch.compile
-    # compiles it with the model (torchtitan from bbb1b616e: workloads/loss_memory.py).
-    values.setdefault("loss_kernels", values["kernels"])
+    # compiles it with the model (torchtitan from bbb1b616e: workloads/loss_memory.py);
+    # Megatron's vocab-parallel cross-entropy is its own fused kernel.
+    values.setdefault("loss_kernels", values["kernels"] if framework in TORCH_LOSS_FRAMEWORKS
+                      else "fused")
     if "fsdp" not in given and given.get("zero_stage") in (1, 2):
         values["fsdp"] = False      # the plan's ZeRO 1/2 over a profile's FSDP
     if values["fsdp"] is True and "zero_stage" not in given:

@@ -218,6 +218,14 @@ def frozen_param_bytes(plan: Plan) -> int:
     return FP8_GATHER_BYTES if plan.fp8_param_gather else BF16_BYTES
 
 
+def fsdp_no_sync(plan: Plan) -> bool:
+    """Whether FSDP accumulates unsharded gradients until the step's single reduce-scatter:
+    torch's FSDP under pipeline parallelism (torch.distributed.pipelining turns gradient
+    sync off); Megatron-FSDP reduce-scatters every micro-batch (workloads/main_grad.py)."""
+    fsdp = plan.fsdp or plan.zero_stage == 3
+    return fsdp and plan.mesh.pp > 1 and plan.fsdp_version != "megatron"
+
+
 def accumulated_grad_bytes(plan: Plan) -> float:
     """Bytes per unsharded gradient FSDP accumulates with gradient sync off (the pipeline's
     micro-batches before the last). FSDP2 upcasts each unsharded gradient to the reduce
@@ -313,11 +321,9 @@ def memory_breakdown(plan: Plan, stage: int = 0,
     prec = precision(tr.dtype)
     param_bytes, optimizer_bytes = sharded_state_bytes(plan)
     params = states(param_bytes, zero >= 3) + frozen * frozen_param_bytes(plan)
-    # Under pipeline parallelism FSDP accumulates unsharded gradients until the step's
-    # single reduce-scatter (torch.distributed.pipelining turns gradient sync off).
-    fsdp_no_sync = plan.fsdp and mesh.pp > 1
-    grads = states(accumulated_grad_bytes(plan) if fsdp_no_sync else grad_state_bytes(plan),
-                   zero >= 2 and not fsdp_no_sync)
+    no_sync = fsdp_no_sync(plan)
+    grads = states(accumulated_grad_bytes(plan) if no_sync else grad_state_bytes(plan),
+                   zero >= 2 and not no_sync)
     optimizer = states(optimizer_bytes, zero >= 1)
 
     # Activations (Korthikanti Table 2 per layer x layers x in-flight micro-batches).

@@ -21,7 +21,7 @@ from .kernels import adam_step_cost
 from .layer_builder import BuildOptions, LayerBuilder, LayerShape, TaskSink
 from .layers import unit_builder
 from .main_grad import FLAT_BUFFER_FSDP, main_grad_accumulate, megatron_fsdp_grad_copy
-from .memory import grad_state_bytes, saved_layer_bytes
+from .memory import fsdp_no_sync, grad_state_bytes, saved_layer_bytes
 from .module_recompute import module_recompute_saved, recomputes_modules
 from .offload_copies import insert_offload_copies
 from .moe.a2a_overlap import (PassPieces, add_node_host_time, combined_order,
@@ -51,8 +51,9 @@ class StageLowering:
         self.precision = precision(plan.training.dtype)
         # With pipeline parallelism, torch.distributed.pipelining runs every micro-batch's
         # backward with FSDP's gradient sync and reshard-after-backward off, then reduces
-        # once per step (stage.py: backward_maybe_with_nosync, perform_reduce_grad).
-        self.sync_last_only = self.fsdp and plan.mesh.pp > 1
+        # once per step (stage.py: backward_maybe_with_nosync, perform_reduce_grad);
+        # Megatron-FSDP reduces every micro-batch (workloads/main_grad.py).
+        self.sync_last_only = fsdp_no_sync(plan)
         self.unsharded: set = set()             # FSDP units whose parameters are gathered
         self.graphs: dict[tuple, LayerBuilder] = {}
         self.pass_ends: list[int] = []          # unit end tasks of the current pass

@@ -22,7 +22,7 @@ from .common import Imported, model_ref
 from .findings import Findings, JobConfigError, need_choice, need_int
 from .megatron_args import Flags, parse_args_text, parse_bridge_yaml
 from .megatron_moe import OP_FUSER, check_a2a_overlap_flags, moe_block
-from .megatron_optimizer import precision_aware_section
+from .megatron_optimizer import fsdp_version, megatron_fsdp_findings, precision_aware_section
 from .megatron_recompute import recompute_fields
 
 CP_COMM = {"p2p": "ring", "allgather": "all_gather", "a2a": "all_to_all"}
@@ -215,25 +215,9 @@ def _experts(get: _Getter, experts: int, ffn: int, findings: Findings) -> dict[s
             "moe_ffn_size": moe_ffn, "num_shared_experts": shared // moe_ffn}
 
 
-def _fsdp_version(get: _Getter) -> int | str | None:
-    """The FSDP the flags turn on: torch's FSDP2, Megatron-FSDP (sharding everything:
-    data-parallel-sharding-strategy optim_grads_params; the others are findings of
-    _classify), or None."""
-    torch_fsdp, megatron_fsdp = get.on("use-torch-fsdp2"), get.on("use-megatron-fsdp")
-    if torch_fsdp and megatron_fsdp:
-        raise JobConfigError(get.name("use-megatron-fsdp"), True,
-                             "false with --use-torch-fsdp2 (one FSDP at a time)")
-    strategy = get.str("data-parallel-sharding-strategy", "no_shard")
-    if megatron_fsdp and strategy != "optim_grads_params":
-        raise JobConfigError(get.name("data-parallel-sharding-strategy"), strategy,
-                             "optim_grads_params with --use-megatron-fsdp (ZeRO-3, the "
-                             "strategy the simulator models)")
-    return 2 if torch_fsdp else "megatron" if megatron_fsdp else None
-
-
 def _plan(get: _Getter, spec: ModelSpec, ref, findings: Findings) -> dict[str, Any]:
     tp, pp = get.int("tensor-model-parallel-size", 1), get.int("pipeline-model-parallel-size", 1)
-    version = _fsdp_version(get)
+    version = fsdp_version(get)
     fsdp = version is not None
     for flag in ("seq-length", "micro-batch-size", "global-batch-size"):
         if get.int(flag) is None:
@@ -259,7 +243,8 @@ def _plan(get: _Getter, spec: ModelSpec, ref, findings: Findings) -> dict[str, A
         # torch FSDP2 reduce-scatters each unit as its backward ends (always overlapped)
         "overlap": {"fsdp_prefetch": True, "async_tp": False,
                     "grad_reduce": fsdp or get.on("overlap-grad-reduce"),
-                    "param_gather": get.on("overlap-param-gather"),
+                    # Megatron-FSDP's --overlap-param-gather is its unit prefetch
+                    "param_gather": get.on("overlap-param-gather") and not fsdp,
                     "param_gather_align": not get.on("no-align-param-gather"),
                     "tp_comm": get.on("tp-comm-overlap")},
         "context_parallel": {"mode": _cp_mode(get, findings)},
@@ -269,10 +254,12 @@ def _plan(get: _Getter, spec: ModelSpec, ref, findings: Findings) -> dict[str, A
         plan["ddp"] = {"grad_reduce_in_fp32": _grad_reduce_fp32(get),
                        "gradient_accumulation_fusion":
                            not get.on("no-gradient-accumulation-fusion")}
-    if not fsdp:      # Megatron-FSDP gathers and buckets its own way
+    if not fsdp:
         plan["ddp"]["fp8_param_gather"] = get.on("fp8-param-gather")
         if get.int("ddp-bucket-size") is not None:
             plan["ddp"]["bucket_params"] = get.int("ddp-bucket-size")
+    elif version == "megatron":
+        megatron_fsdp_findings(get, findings)
     if (lowered := precision_aware_section(get)) is not None:
         plan["precision_aware_optimizer"] = lowered
     # a Bridge YAML turns it on with model.cpu_offloading; flags with the layer count alone,

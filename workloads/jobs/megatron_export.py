@@ -21,7 +21,8 @@ REASONS = {
     "layer_overrides": "Megatron applies one TP layout to every layer",
     "fsdp_version": "Megatron runs torch FSDP2 (--use-torch-fsdp2) or Megatron-FSDP "
                     "(--use-megatron-fsdp), not FSDP1",
-    "reshard_after_forward": "Megatron's FSDP2 reshards after forward",
+    "reshard_after_forward": "Megatron's FSDP2 and Megatron-FSDP (optim_grads_params) "
+                             "reshard after forward",
     "kernels": "Megatron runs Transformer Engine's fused kernels",
     "loss_kernels": "Megatron computes its own fused vocab-parallel cross-entropy",
     "optimizer": "Megatron's Adam is the fused one",

@@ -1,5 +1,5 @@
 """Megatron-LM's precision-aware optimizer flags <-> the plan's precision_aware_optimizer
-section (workloads/optimizer_states.py).
+section (workloads/optimizer_states.py), and which FSDP the flags turn on.
 
 core_v0.15.0's megatron/training/arguments.py: --use-precision-aware-optimizer turns it on;
 --exp-avg-dtype and --exp-avg-sq-dtype take fp32, fp16, bf16 or fp8 and --main-params-dtype
@@ -81,3 +81,30 @@ def precision_aware_flags(plan) -> list[str]:
         # the optimizer config's recipe, which a BF16 model does not use (_megatron_master)
         flags.append("--fp8-recipe tensorwise")
     return flags
+
+
+def fsdp_version(get) -> int | str | None:
+    """The FSDP the flags turn on: torch's FSDP2, Megatron-FSDP (sharding everything:
+    data-parallel-sharding-strategy optim_grads_params; the others are findings of
+    megatron.py's _classify), or None."""
+    torch_fsdp, megatron_fsdp = get.on("use-torch-fsdp2"), get.on("use-megatron-fsdp")
+    if torch_fsdp and megatron_fsdp:
+        raise JobConfigError(get.name("use-megatron-fsdp"), True,
+                             "false with --use-torch-fsdp2 (one FSDP at a time)")
+    strategy = get.str("data-parallel-sharding-strategy", "no_shard")
+    if megatron_fsdp and strategy != "optim_grads_params":
+        raise JobConfigError(get.name("data-parallel-sharding-strategy"), strategy,
+                             "optim_grads_params with --use-megatron-fsdp (ZeRO-3, the "
+                             "strategy the simulator models)")
+    return 2 if torch_fsdp else "megatron" if megatron_fsdp else None
+
+
+def megatron_fsdp_findings(get, findings) -> None:
+    """Flags Megatron-FSDP takes that the simulator does not price its way: FP8 weights
+    gathered at 1 byte (the plan gathers Megatron-FSDP's units in BF16) and the DDP bucket
+    size (Megatron-FSDP buckets per unit: suggested_communication_unit_size)."""
+    if get.on("fp8-param-gather"):
+        findings.problem(get.name("fp8-param-gather"), True, "FP8 weights gathered at 1 "
+                         "byte under Megatron-FSDP (simulated gathering BF16)")
+    if get.int("ddp-bucket-size") is not None:
+        findings.ignore(get.name("ddp-bucket-size"), "Megatron-FSDP buckets per FSDP unit")
