@@ -77,10 +77,12 @@ def test_unfused_ddp_adds_each_micro_batchs_gradients_into_main_grad():
 
 @pytest.mark.parametrize("framework", ["generic", "torchtitan"])
 def test_fusion_is_megatron_cores_key(framework):
-    with pytest.raises(WorkloadError, match="ddp.gradient_accumulation_fusion"):
-        plan_from_dict({"model": "llama3-8b", "framework": framework,
-                        "training": {"global_batch": 8, "micro_batch": 1, "seq_len": 1024},
-                        "mesh": {"dp": 8}, "ddp": {"gradient_accumulation_fusion": False}})
+    with pytest.raises(WorkloadError, match="^ddp.gradient_accumulation_fusion: got False"):
+        resolve(plan_from_dict({"model": "llama3-8b", "framework": framework,
+                                "training": {"global_batch": 8, "micro_batch": 1,
+                                             "seq_len": 1024},
+                                "mesh": {"dp": 8}, "fsdp": {"enabled": False},
+                                "ddp": {"gradient_accumulation_fusion": False}}), WORLD)
 
 
 ARGS = ("--num-layers 32 --hidden-size 4096 --ffn-hidden-size 14336 --num-attention-heads 32 "

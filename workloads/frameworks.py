@@ -215,11 +215,10 @@ def framework_values(raw: dict) -> dict:
                 "attention"):
         if key in raw:
             given[key] = raw[key]
-    for field, key in (("grad_reduce_fp32", "grad_reduce_in_fp32"),
-                       ("grad_accumulation_fusion", "gradient_accumulation_fusion")):
-        if field in given and framework != "megatron-core":
-            raise WorkloadError(f"ddp.{key}", given[field], 'a key of framework '
-                                '"megatron-core" only (its gradient buffer, main_grad)')
+    # (ddp.gradient_accumulation_fusion is checked with the FSDP it meets: plan_checks.py)
+    if "grad_reduce_fp32" in given and framework != "megatron-core":
+        raise WorkloadError("ddp.grad_reduce_in_fp32", given["grad_reduce_fp32"],
+                            'a key of framework "megatron-core" only (its DDP gradient buffer)')
     if "loss_kernels" in given and framework not in TORCH_LOSS_FRAMEWORKS:
         raise WorkloadError("loss.kernels", given["loss_kernels"], "a key of frameworks "
                             f"{' and '.join(map(repr, TORCH_LOSS_FRAMEWORKS))} only (Megatron "

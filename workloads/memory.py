@@ -179,8 +179,7 @@ def grad_state_bytes(plan: Plan) -> float:
     gradient in the sharded parameter's dtype, fp32 (sharded_state_bytes)."""
     prec = precision(plan.training.dtype)
     megatron_buffer = ((plan.framework == "megatron-core" and not plan.fsdp
-                        and plan.zero_stage < 3)
-                       or (plan.fsdp and plan.fsdp_version == "megatron"))
+                        and plan.zero_stage < 3) or plan.fsdp_version == "megatron")
     if megatron_buffer:   # Megatron-FSDP's main_grads_dtype too (workloads/main_grad.py)
         return max(prec.grad_state_bytes, FP32_BYTES if plan.grad_reduce_fp32 else 0)
     if plan.fsdp and plan.fsdp_version == 2:
@@ -216,6 +215,15 @@ def frozen_param_bytes(plan: Plan) -> int:
     Megatron-Core's fp8_param, as the Megatron-Bridge FP8 recipes and NeMo's fp8_params
     set)."""
     return FP8_GATHER_BYTES if plan.fp8_param_gather else BF16_BYTES
+
+
+def fsdp_reduce_bytes(plan: Plan) -> float:
+    """Bytes per parameter of an FSDP unit's reduce-scatter input: torch's FSDP reduces in
+    its reduce dtype (Precision.grad_reduce_bytes), Megatron-FSDP its gradient bucket in
+    main_grad's dtype (workloads/main_grad.py)."""
+    if plan.fsdp_version == "megatron":
+        return grad_state_bytes(plan)
+    return precision(plan.training.dtype).grad_reduce_bytes
 
 
 def fsdp_no_sync(plan: Plan) -> bool:
@@ -385,10 +393,8 @@ def memory_breakdown(plan: Plan, stage: int = 0,
                        for unit, g, _ in units), reverse=True)
         buffers += sum(held if not plan.reshard_after_forward
                        else held[:2 if plan.fsdp_prefetch else 1])
-    if zero >= 2:   # the reduce-scatter's input: Megatron-FSDP's unsharded gradient bucket
-        reduce_input = (grad_state_bytes(plan) if plan.fsdp and plan.fsdp_version == "megatron"
-                        else prec.grad_reduce_bytes)
-        buffers += reduce_input * sum(unit_sizes[:2 if plan.fsdp_prefetch else 1])
+    if zero >= 2:   # the reduce-scatter's input
+        buffers += fsdp_reduce_bytes(plan) * sum(unit_sizes[:2 if plan.fsdp_prefetch else 1])
     if tp > 1:
         buffers += prec.act_bytes * s * b * m.hidden_size
     if any(m.is_moe_layer(layer) for layer in own_layers):

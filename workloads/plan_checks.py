@@ -160,10 +160,13 @@ def check_framework_keys(plan) -> None:
     if plan.fsdp_version == "megatron" and (plan.framework != "megatron-core" or not plan.fsdp):
         raise WorkloadError("fsdp.version", "megatron", '1 or 2 unless framework '
                             '"megatron-core" with fsdp.enabled (Megatron-FSDP: its main_grad)')
-    if not plan.grad_accumulation_fusion and fsdp and plan.fsdp_version != "megatron":
-        # torch's FSDP takes autograd's gradients itself: Megatron's main_grad is not there
-        raise WorkloadError("ddp.gradient_accumulation_fusion", False, 'true unless '
-                            'Megatron DDP / the distributed optimizer or fsdp.version "megatron"')
+    if not plan.grad_accumulation_fusion and (plan.framework != "megatron-core" or (
+            fsdp and plan.fsdp_version != "megatron")):
+        # Megatron's main_grad buffer: torch's FSDP and other frameworks take autograd's
+        # gradients themselves
+        raise WorkloadError("ddp.gradient_accumulation_fusion", False, 'true unless framework '
+                            '"megatron-core" with its DDP / distributed optimizer or '
+                            'fsdp.version "megatron"')
     if plan.cuda_graphs and plan.host_kernel_s == 0:
         raise WorkloadError("cuda_graphs", True, "false unless host_overhead.per_kernel_s > 0 "
                             "(a captured step saves the host's per-kernel issue time)")

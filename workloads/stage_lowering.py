@@ -21,7 +21,7 @@ from .kernels import adam_step_cost
 from .layer_builder import BuildOptions, LayerBuilder, LayerShape, TaskSink
 from .layers import unit_builder
 from .main_grad import FLAT_BUFFER_FSDP, main_grad_accumulate, megatron_fsdp_grad_copy
-from .memory import fsdp_no_sync, grad_state_bytes, saved_layer_bytes
+from .memory import fsdp_no_sync, fsdp_reduce_bytes, grad_state_bytes, saved_layer_bytes
 from .module_recompute import module_recompute_saved, recomputes_modules
 from .offload_copies import insert_offload_copies
 from .moe.a2a_overlap import (PassPieces, add_node_host_time, combined_order,
@@ -158,8 +158,7 @@ class StageLowering:
         return every_mb or mb == self.plan.micro_batches - 1
 
     def _reduce(self, unit, deps: tuple[int, ...], mb: int, local: int) -> None:
-        if (self.plan.framework == "megatron-core" and not self.fsdp
-                and not self.plan.grad_accumulation_fusion):
+        if not self.fsdp and not self.plan.grad_accumulation_fusion:   # Megatron's DDP
             params = sum(unit_param_groups(self.plan, unit).values())
             deps = (main_grad_accumulate(self.sink, self.precision, params, deps, unit,
                                          unit_context(unit, mb), grad_state_bytes(self.plan)),)
@@ -190,12 +189,9 @@ class StageLowering:
                     deps=deps, op_class=MEMORY, label=f"grad.copy_in.{unit}",
                     bytes=params * (self.precision.param_bytes + self.precision.grad_reduce_bytes),
                     **ctx),)
-            # Megatron-FSDP reduces its gradient bucket in the bucket's dtype
-            reduce_bytes = (grad_state_bytes(self.plan) if self.plan.fsdp_version == "megatron"
-                            else self.precision.grad_reduce_bytes)
             reduction = self.sink.add(
                 kind=COMM, stream="dp_rs", op="reduce_scatter", phase="backward", deps=ready,
-                bytes=params * reduce_bytes, group=dims,
+                bytes=params * fsdp_reduce_bytes(self.plan), group=dims,
                 label=f"grad.reduce.{unit}", **ctx)
             if self.plan.fsdp_version == 1:
                 reduction = fsdp1_reduce_post(self.sink, self.precision,
