@@ -244,6 +244,14 @@ def framework_values(raw: dict) -> dict:
     if "fp8_param_gather" not in given and (values["fsdp"] is True
                                              or dtype not in FP8_PARAM_DTYPES):
         values["fp8_param_gather"] = False   # FP8 weights only with an FP8 recipe
+    if "grad_reduce_fp32" in given and values["fsdp"] is True \
+            and values["fsdp_version"] != "megatron":
+        # Megatron-Core's torch FSDP2 wrapper calls fully_shard without a
+        # MixedPrecisionPolicy (megatron/core/distributed/torch_fully_sharded_data_parallel.py
+        # at d98e8a64): there is no main_grad buffer whose dtype the key would set
+        raise WorkloadError("ddp.grad_reduce_in_fp32", given["grad_reduce_fp32"],
+                            'a key of Megatron-Core\'s DDP / distributed optimizer or of '
+                            'fsdp.version "megatron" (its torch FSDP2 takes no gradient dtype)')
     if values["fsdp"] is True and "grad_bucket" not in given:
         values["grad_bucket"] = "unit"    # FSDP reduces per unit; DDP buckets do not apply
     tp_sp = _sharding_sp(raw)
