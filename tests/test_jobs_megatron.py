@@ -43,6 +43,8 @@ EXPRESSIBLE = {
                          "pipeline": {"layer_split": [18, 22, 22, 18]}},
     "fp8-cp": {"training": {**BASE["training"], "dtype": "fp8"}, "mesh": {"tp": 4, "cp": 2},
                "context_parallel": {"mode": "all_to_all"}, "cuda_graphs": True},
+    # --fp8-recipe blockwise (Transformer Engine Float8BlockScaling)
+    "fp8-blockwise": {"training": {**BASE["training"], "dtype": "fp8_blockwise"}},
     "eager-attention-fp32": {"attention": "eager",
                              "training": {**BASE["training"], "dtype": "fp32"}},
     "moe": {"model": "mixtral-8x7b", "mesh": {"tp": 1, "ep": 8}, "sharding": {}},

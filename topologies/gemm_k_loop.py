@@ -73,6 +73,21 @@ def tile_overhead_k(peak_flops: float, sm_count: int) -> float:
     return K_TILE_OVERHEAD_B200_BF16 * per_sm / (B200_BF16_PEAK_FLOPS / B200_SM_COUNT)
 
 
+# DeepGEMM's FP8 GEMMs on H800 (the module docstring's cross-check) scale their operands
+# per block of 128 and promote the partial sums per K block on the CUDA cores; its six rows
+# at M = 4096 fit a per-tile cost of 490 K-elements (rms 3.7 %, tests/test_gemm_k_loop.py)
+# where the rule above gives 383 for H800's FP8 (the cuBLAS sweep's). A GEMM with
+# 128-element block scales (the fp8_blockwise training dtype) takes the larger cost in that
+# ratio. Assumption: cuBLAS's block-scaled FP8 kernels, which Transformer Engine's
+# Float8BlockScaling calls on Hopper, pay per K block what DeepGEMM's do.
+DEEPGEMM_H800_K0 = 490.0
+H800_FP8_PEAK_FLOPS, H800_SM_COUNT = 1979e12, 132
+BLOCKWISE_FP8_TILE_COST = DEEPGEMM_H800_K0 / (
+    K_TILE_OVERHEAD_B200_BF16 * (H800_FP8_PEAK_FLOPS / H800_SM_COUNT)
+    / (B200_BF16_PEAK_FLOPS / B200_SM_COUNT))
+BLOCKWISE_FP8_DTYPE = "fp8_blockwise"
+
+
 def k_loop_fraction(k: float, overhead_k: float) -> float:
     """Fraction of a tile's time spent in its K loop: K / (K + K0), with K held at the
     shortest measured K below it."""

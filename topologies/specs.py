@@ -84,8 +84,9 @@ class DeviceSpec:
 
 
 # The training dtypes whose GEMMs run on the FP8 tensor-core path: per-tensor (delayed or
-# current scaling), row-wise and MXFP8 (block scales applied inside the same MMA).
-FP8_GEMM_DTYPES = frozenset({"fp8", "fp8_cs", "fp8_rowwise", "mxfp8"})
+# current scaling), row-wise, 128-element blocks and MXFP8 (block scales applied inside
+# the same MMA).
+FP8_GEMM_DTYPES = frozenset({"fp8", "fp8_cs", "fp8_rowwise", "fp8_blockwise", "mxfp8"})
 
 
 def _flops(bf16: float, fp8: float | None, fp32: float,
@@ -97,6 +98,12 @@ def _flops(bf16: float, fp8: float | None, fp32: float,
         peaks["fp8"] = fp8
         peaks["fp8_rowwise"] = fp8   # row-wise scales, applied in the epilogue: same MMA
         peaks["fp8_cs"] = fp8        # current scaling: per-tensor scales, same MMA
+    if fp8 is not None and fp4 is None:
+        # FP8 with 1 x 128 / 128 x 128 FP32 block scales (Transformer Engine
+        # Float8BlockScaling): cuBLAS's block-scaled FP8 GEMMs on Hopper, the FP8 MMA with
+        # the scales applied per K block (topologies/gemm_k_loop.py BLOCKWISE_FP8_K0).
+        # Blackwell runs the recipe too, by a conversion not modelled here: refused there.
+        peaks["fp8_blockwise"] = fp8
     if fp4 is not None:
         peaks.update(mxfp8=fp8, nvfp4=fp4)
     return MappingProxyType(peaks)

@@ -42,10 +42,13 @@ COLUMNS: dict[str, tuple[str, bool, object]] = {
     "metric": (TEXT, True, METRICS),
     "value": (NUMBER, True, (0.0, math.inf)),
     # fp8: per-tensor FP8 (delayed scaling, torchao tensorwise); fp8_cs: Transformer
-    # Engine's current scaling; fp8_rowwise: torchao's row-wise FP8 recipe; mxfp8: MX FP8 (32-element blocks, E8M0
+    # Engine's current scaling; fp8_rowwise: torchao's row-wise FP8 recipe; fp8_blockwise:
+    # Transformer Engine's Float8BlockScaling (128-element blocks, FP32 scales, Hopper);
+    # mxfp8: MX FP8 (32-element blocks, E8M0
     # scales); nvfp4: NVFP4 (16-element blocks, E4M3 scales), the Transformer Engine recipes
     # of Blackwell rows (reference_rows.py maps them)
-    "dtype": (TEXT, False, ("bf16", "fp8", "fp8_cs", "fp8_rowwise", "fp32", "mxfp8", "nvfp4")),
+    "dtype": (TEXT, False, ("bf16", "fp8", "fp8_cs", "fp8_rowwise", "fp8_blockwise", "fp32",
+                             "mxfp8", "nvfp4")),
     "micro_batch": (INT, False, (1, MAX_INT)), "virtual_stages": (INT, False, (1, MAX_INT)),
     "fsdp": (BOOL, False, None), "reshard_after_forward": (BOOL, False, None),
     "zero_stage": (INT, False, (0, 3)), "recompute": (TEXT, False, None),

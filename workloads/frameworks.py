@@ -188,7 +188,7 @@ DDP_KEYS = {"bucket_params": "grad_bucket", "grad_reduce_in_fp32": "grad_reduce_
             "fp8_param_gather": "fp8_param_gather",
             "gradient_accumulation_fusion": "grad_accumulation_fusion"}
 LOSS_KEYS = {"kernels": "loss_kernels"}     # workloads/loss_memory.py
-FP8_PARAM_DTYPES = ("fp8", "fp8_cs", "mxfp8")   # the dtypes with FP8 primary weights
+FP8_PARAM_DTYPES = ("fp8", "fp8_cs", "fp8_blockwise", "mxfp8")   # FP8 primary weights
 
 
 def _sharding_sp(raw: dict) -> bool:

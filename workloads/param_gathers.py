@@ -3,7 +3,8 @@ chunk's forward (--overlap-param-gather) or after the optimizer step; the stage 
 (workloads/stage_lowering.py) calls them.
 
 Bytes per parameter: the precision's (BF16: 2), but 1 for the transformer layers' weights
-under `fp8_param_gather` with a per-tensor FP8 recipe (fp8, fp8_cs): Transformer Engine
+under `fp8_param_gather` with a per-tensor or block-wise FP8 recipe (fp8, fp8_cs,
+fp8_blockwise): Transformer Engine
 keeps those weights as FP8 tensors and Megatron-Core's parameter buffer holds their uint8
 data (megatron/core/distributed/distributed_data_parallel.py at core_v0.15.0:
 `param_dtype = torch.uint8` for a Float8Tensor), while the embedding and the output layer
@@ -22,15 +23,20 @@ from .program import COMM
 from .schedules import EMBED, HEAD, unit_context
 
 FP8_GATHER_BYTES = 1                     # a Float8Tensor's uint8 data
-PER_TENSOR_FP8_DTYPES = ("fp8", "fp8_cs")
+# Transformer Engine 2's FP8 tensors that Megatron-Core's parameter buffer holds as uint8:
+# per-tensor FP8 and Float8BlockScaling's blockwise tensors, both QuantizedTensors
+# (megatron/core/distributed/param_and_grad_buffer.py at d98e8a64,
+# _param_uses_quantized_storage; fp8_utils.is_float8tensor checks QuantizedTensor); their
+# scales (one FP32 per 128 x 128 block of a blockwise weight) are not counted.
+UINT8_GATHER_DTYPES = ("fp8", "fp8_cs", "fp8_blockwise")
 
 
 def gather_bytes(plan, bucket) -> float:
     """Bytes one all-gather of `bucket` assembles: its parameters at the precision's
-    bytes, the transformer layers' at 1 byte under fp8_param_gather with per-tensor FP8
+    bytes, the transformer layers' at 1 byte under fp8_param_gather with uint8-held FP8
     (layers' share of a bucket spanning other units taken by their parameters)."""
     wide = precision(plan.training.dtype).param_bytes
-    if not (plan.fp8_param_gather and plan.training.dtype in PER_TENSOR_FP8_DTYPES):
+    if not (plan.fp8_param_gather and plan.training.dtype in UINT8_GATHER_DTYPES):
         return bucket.params * wide
     sizes = [(u, unit_param_groups(plan, u).get(bucket.dims, 0.0)) for u in bucket.units]
     total = sum(p for _, p in sizes)

@@ -1,7 +1,7 @@
 """Bytes per element of each tensor class, by training dtype, and the low-precision GEMM
 recipes with the GEMMs each keeps in BF16 (one place).
 
-Mixed precision (bf16, fp8, fp8_cs, fp8_rowwise, mxfp8, nvfp4): activations and the weights'
+Mixed precision (bf16, fp8, fp8_cs, fp8_rowwise, fp8_blockwise, mxfp8, nvfp4): activations and the weights'
 compute copy in bf16 (also under FP8/FP4 GEMMs, as Transformer Engine keeps them), GEMM
 operands in the recipe's format. Gradients are reduced in fp32: torchtitan's default
 mixed_precision_reduce = "float32" and Megatron-LM's default main_grad accumulation in fp32.
@@ -268,6 +268,25 @@ RECIPES = {
                         scale_swizzle_kernels=1, cast_per_expert=True,
                         cast_kernel=TE_MXFP8_CAST,
                         source="OCP MX v1.0; Transformer Engine MXFP8BlockScaling"),
+    # FP8 with block scales (Transformer Engine Float8BlockScaling, Megatron-LM's
+    # `--fp8-recipe blockwise`; DeepSeek-V3's FP8 recipe, arXiv:2412.19437 section 3.3):
+    # E4M3 elements with one FP32 scale per block of 128, 1 x 128 along the reduction
+    # dimension for activations and output gradients, 128 x 128 for weights (Transformer
+    # Engine user guide, "FP8 Blockwise Scaling"). A 1-D block runs along the GEMM's
+    # reduction, so, as for MXFP8, an activation or gradient is quantised row-wise for the
+    # forward and data-gradient GEMMs and column-wise for the weight gradient: read 2 B,
+    # write 2 x (1 + 4/128) B, both usages in one kernel (assumption: Transformer Engine's
+    # block quantiser writes both usages in one pass, as its MXFP8 one does). The weights'
+    # 2-D blocks serve both layouts and are cast once per step, as the per-tensor recipes'
+    # cached FP8 weights (not priced). Grouped GEMMs quantise each expert's split with its
+    # own kernel (multi_tensor_quantize_impl: only delayed scaling with a transpose is
+    # fused). Assumptions: the quantiser writes the scales in the layout cuBLAS reads (no
+    # swizzle kernel), and a sequence-parallel all-gather moves bf16 (no quantised gather).
+    # Hopper runs it through cuBLAS's block-scaled FP8 GEMMs, whose per-tile cost is
+    # larger than the per-tensor kernels' (topologies/gemm_k_loop.py, BLOCKWISE_FP8_K0).
+    "fp8_blockwise": GemmRecipe("fp8_blockwise", 1, 128, 4, 2 + 2 * (1 + 4 / 128), 1,
+                                cast_per_expert=True,
+                                source="Transformer Engine Float8BlockScaling"),
     # NVFP4 (arXiv:2509.25149, "Pretraining Large Language Models with NVFP4", sections 2
     # and 4; Transformer Engine NVFP4BlockScaling): FP4 E2M1 elements (0.5 B), one FP8 E4M3
     # scale per 16 elements, and one FP32 scale per tensor computed from the tensor's
@@ -363,6 +382,6 @@ DTYPES = tuple(PRECISIONS)   # the training dtypes a plan may ask for
 
 
 def precision(dtype: str) -> Precision:
-    """The byte sizes of a training dtype (bf16, fp8, fp8_cs, fp8_rowwise, mxfp8, nvfp4 or
-    fp32)."""
+    """The byte sizes of a training dtype (bf16, fp8, fp8_cs, fp8_rowwise, fp8_blockwise,
+    mxfp8, nvfp4 or fp32)."""
     return PRECISIONS[dtype]

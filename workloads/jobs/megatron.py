@@ -307,8 +307,10 @@ def _dtype(get: _Getter) -> str:
         return "nvfp4"
     if get.str("fp8-format") is not None:
         need_choice(get.str("fp8-format"), get.name("fp8-format"), ("e4m3", "hybrid"))
-        # --fp8-recipe tensorwise is Transformer Engine's current scaling (fp8_cs)
-        return {"mxfp8": "mxfp8", "tensorwise": "fp8_cs"}.get(get.str("fp8-recipe"), "fp8")
+        # --fp8-recipe tensorwise is Transformer Engine's current scaling (fp8_cs),
+        # blockwise its Float8BlockScaling (fp8_blockwise)
+        return {"mxfp8": "mxfp8", "tensorwise": "fp8_cs",
+                "blockwise": "fp8_blockwise"}.get(get.str("fp8-recipe"), "fp8")
     return "bf16" if get.on("bf16") else "fp32"
 
 

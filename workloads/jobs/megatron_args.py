@@ -159,11 +159,14 @@ def _mixed_precision_recipe(name: str, flags: Flags, findings: Findings) -> None
         flags.update({"bf16": True, "fp8-format": "e4m3", "fp8-recipe": "mxfp8"})
     elif name == "bf16_with_nvfp4_mixed":
         flags.update({"bf16": True, "fp4-format": "e2m1", "fp4-recipe": "nvfp4"})
+    elif name == "bf16_with_fp8_subchannel_scaling_mixed":   # fp8 hybrid, recipe blockwise
+        flags.update({"bf16": True, "fp8-format": "hybrid", "fp8-recipe": "blockwise"})
     elif name.startswith("bf16_with_fp8_"):
         flags["bf16"] = True
         flags["fp8-format"] = "hybrid"
         if "delayed" not in name and "current" not in name:
-            findings.problem("mixed_precision", name, "an FP8 recipe other than tensor-wise")
+            findings.problem("mixed_precision", name, "an FP8 recipe other than tensor-wise "
+                             "or block-wise")
     else:
         findings.problem("mixed_precision", name, "a precision recipe other than bf16_mixed, "
                          "bf16_with_fp8_*, bf16_with_mxfp8_mixed or bf16_with_nvfp4_mixed")

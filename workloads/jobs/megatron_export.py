@@ -134,6 +134,7 @@ def _precision_flags(tr, num_layers: int) -> list[str]:
         return []
     out = {"fp8": ["--fp8-format hybrid"],
            "fp8_cs": ["--fp8-format hybrid", "--fp8-recipe tensorwise"],
+           "fp8_blockwise": ["--fp8-format e4m3", "--fp8-recipe blockwise"],
            "mxfp8": ["--fp8-format e4m3", "--fp8-recipe mxfp8"],
            "nvfp4": ["--fp4-format e2m1", "--fp4-recipe nvfp4"]}[tr.dtype]
     first, last = tr.bf16_layers or recipe.bf16_layers(num_layers)

@@ -105,8 +105,10 @@ UNMODELLED = {
     "transformer-impl": ("transformer_engine", ("transformer_engine",), "local kernels"),
     "fp16": (False, (False,), "fp16 with loss scaling"),
     "optimizer": ("adam", ("adam",), "an optimizer other than Adam"),
-    # mxfp8 reads as training.dtype mxfp8; delayed and tensorwise as fp8
-    "fp8-recipe": ("delayed", ("delayed", "tensorwise", "mxfp8"), "128-element block scaling"),
+    # mxfp8 reads as training.dtype mxfp8, blockwise as fp8_blockwise, tensorwise as fp8_cs,
+    # delayed as fp8
+    "fp8-recipe": ("delayed", ("delayed", "tensorwise", "mxfp8", "blockwise"),
+                   "an FP8 recipe other than delayed, tensorwise, mxfp8 or blockwise"),
     "fp4-recipe": ("nvfp4", ("nvfp4",), "an FP4 recipe other than NVFP4"),
     # Megatron-FSDP is modelled as ZeRO-3 (optim_grads_params: workloads/main_grad.py);
     # its ZeRO-1/2 strategies (optim, optim_grads) and no_shard under it are not
