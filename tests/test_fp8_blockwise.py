@@ -66,6 +66,14 @@ def test_block_scaled_gemms_pay_deepgemms_per_tile_cost():
         rel=1e-6)
 
 
+def test_fp8_param_gather_is_off_unless_asked():
+    """Megatron-Bridge's block-scaled recipe (bf16_with_fp8_subchannel_scaling_mixed) sets
+    fp8_param_gather false, unlike its per-tensor and MXFP8 recipes."""
+    assert _plan("fp8_blockwise").fp8_param_gather is False
+    assert _plan("fp8_cs").fp8_param_gather is True
+    assert _plan("fp8_blockwise", ddp={"fp8_param_gather": True}).fp8_param_gather is True
+
+
 def test_fp8_param_gather_moves_uint8_weights():
     """Megatron-Core keeps Float8BlockwiseQTensor weights in a uint8 parameter buffer, as
     per-tensor FP8's (a QuantizedTensor: param_and_grad_buffer.py at d98e8a64)."""

@@ -20,9 +20,11 @@ def _plan(fsdp_version=2, fusion=None, fsdp=True, micro_batches=2):
     raw = {"model": "llama3-8b", "framework": "megatron-core",
            "training": {"global_batch": WORLD * micro_batches, "micro_batch": 1,
                         "seq_len": 1024, "dtype": "bf16"},
-           "mesh": {"dp": WORLD}, "ddp": {"grad_reduce_in_fp32": False}}
+           "mesh": {"dp": WORLD}, "ddp": {}}
     if fsdp:
         raw["fsdp"] = {"enabled": True, "version": fsdp_version}
+    if not fsdp or fsdp_version == "megatron":   # torch's FSDP takes no gradient dtype
+        raw["ddp"]["grad_reduce_in_fp32"] = False
     if fusion is not None:
         raw["ddp"]["gradient_accumulation_fusion"] = fusion
     return resolve(plan_from_dict(raw), WORLD)

@@ -19,7 +19,8 @@ BF16: 191, H100 FP8: 383. (Those hosts ran B200s under a 750 W limit, an assumpt
 topologies/power_capped.py; a limit slows the clock of the MMA and of the per-tile work
 alike, so K0 in K-elements does not move with it.)
 
-Cross-check, not used for K0: DeepGEMM's dense FP8 GEMMs on H800 SXM5 (deepseek-ai/
+Cross-check, not used for K0 (but for block-scaled FP8's, below: BLOCKWISE_FP8_TILE_COST):
+DeepGEMM's dense FP8 GEMMs on H800 SXM5 (deepseek-ai/
 DeepGEMM README.md before pull request #86, the parent of commit 37aa127; NVCC 12.8), its
 six rows at M = 4096: N x K = 2112 x 7168, 24576 x 1536, 32768 x 512, 7168 x 16384,
 4096 x 7168, 7168 x 2048 at 1127, 1212, 775, 1520, 1410, 1168 TFLOP/s. With this project's
@@ -81,10 +82,11 @@ def tile_overhead_k(peak_flops: float, sm_count: int) -> float:
 # ratio. Assumption: cuBLAS's block-scaled FP8 kernels, which Transformer Engine's
 # Float8BlockScaling calls on Hopper, pay per K block what DeepGEMM's do.
 DEEPGEMM_H800_K0 = 490.0
+# H800 SXM5: the H100 SXM5's dense FP8 peak and SM count (NVIDIA H100 datasheet: 1,979
+# TFLOP/s FP8 dense, 132 SMs; the H800 differs in its NVLink and FP64 only)
 H800_FP8_PEAK_FLOPS, H800_SM_COUNT = 1979e12, 132
-BLOCKWISE_FP8_TILE_COST = DEEPGEMM_H800_K0 / (
-    K_TILE_OVERHEAD_B200_BF16 * (H800_FP8_PEAK_FLOPS / H800_SM_COUNT)
-    / (B200_BF16_PEAK_FLOPS / B200_SM_COUNT))
+BLOCKWISE_FP8_TILE_COST = DEEPGEMM_H800_K0 / tile_overhead_k(H800_FP8_PEAK_FLOPS,
+                                                             H800_SM_COUNT)
 BLOCKWISE_FP8_DTYPE = "fp8_blockwise"
 
 

@@ -16,7 +16,7 @@ from .errors import TopologyError
 from .gemm_k_loop import SHORTEST_MEASURED_K
 from .presets_spec import ClusterSpec
 from .racks import RackLayout, rack_layout
-from .specs import DeviceProfile, DeviceSpec, device
+from .specs import DeviceProfile, DeviceSpec, device, training_dtype_peaks
 from .topology import COLLECTIVE_OPS, MeasuredCollective
 from .transport import NetTransport, host_staged_nic_Bps, parse_nccl_env, parse_tuner
 
@@ -109,12 +109,16 @@ def _gpu(raw: Any) -> DeviceSpec:
     bf16 = num("bf16_tflops", base and base.peak("bf16") / tflops) * tflops
     # fp32 matmuls run on TF32 tensor cores at half the BF16 rate on NVIDIA GPUs (H100,
     # A100 datasheets), the default when neither the file nor a base GPU says.
-    peaks = {"bf16": bf16,
-             "fp32": num("fp32_tflops", base.peak("fp32") / tflops if base else bf16 / tflops / 2)
-             * tflops}
+    fp32 = num("fp32_tflops", base.peak("fp32") / tflops if base else bf16 / tflops / 2) \
+        * tflops
     fp8_default = base.peak_flops["fp8"] / tflops if base and "fp8" in base.peak_flops else None
+    fp8 = None
     if "fp8_tflops" in raw or fp8_default:   # no FP8 unless the file or the base has it
-        peaks["fp8"] = num("fp8_tflops", fp8_default) * tflops
+        fp8 = num("fp8_tflops", fp8_default) * tflops
+    # every training dtype the FP8 (and a Blackwell base's FP4) tensor cores run, as the
+    # presets have them (specs.py _flops)
+    peaks = dict(training_dtype_peaks(bf16, fp8, fp32, base.peak_flops.get("nvfp4")
+                                      if base else None))
     spec = DeviceSpec(
         name=_text(raw, "name", "gpu", base.name if base else "custom"),
         peak_flops=peaks,

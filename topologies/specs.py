@@ -101,12 +101,15 @@ def _flops(bf16: float, fp8: float | None, fp32: float,
     if fp8 is not None and fp4 is None:
         # FP8 with 1 x 128 / 128 x 128 FP32 block scales (Transformer Engine
         # Float8BlockScaling): cuBLAS's block-scaled FP8 GEMMs on Hopper, the FP8 MMA with
-        # the scales applied per K block (topologies/gemm_k_loop.py BLOCKWISE_FP8_K0).
+        # the scales applied per K block (topologies/gemm_k_loop.py BLOCKWISE_FP8_TILE_COST).
         # Blackwell runs the recipe too, by a conversion not modelled here: refused there.
         peaks["fp8_blockwise"] = fp8
     if fp4 is not None:
         peaks.update(mxfp8=fp8, nvfp4=fp4)
     return MappingProxyType(peaks)
+
+
+training_dtype_peaks = _flops   # GPU files build their peaks by the same rule (presets_file.py)
 
 
 def _blackwell_profile(mamf_efficiency: float, attention_efficiency: float,

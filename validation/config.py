@@ -11,6 +11,7 @@ from dataclasses import dataclass
 from typing import Any, Mapping
 
 from workloads import Plan, plan_from_dict, resolve
+from workloads.plan import LOW_PRECISION
 
 from .errors import ValidationError
 
@@ -158,7 +159,7 @@ def check_expressible(plan: Plan, dtype: str) -> None:
         if getattr(plan.model, name):
             raise ValidationError(f"model.{name}", getattr(plan.model, name),
                                   "unset (the harness's attention is full multi-head / GQA)")
-    if plan.training.dtype in ("fp8", "fp8_cs", "fp8_rowwise", "fp8_blockwise", "mxfp8", "nvfp4"):
+    if plan.training.dtype in LOW_PRECISION:
         raise ValidationError("training.dtype", plan.training.dtype,
                               "bf16 (fp8, mxfp8 and nvfp4 training need torchao or "
                               "Transformer Engine)")

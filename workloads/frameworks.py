@@ -189,6 +189,12 @@ DDP_KEYS = {"bucket_params": "grad_bucket", "grad_reduce_in_fp32": "grad_reduce_
             "gradient_accumulation_fusion": "grad_accumulation_fusion"}
 LOSS_KEYS = {"kernels": "loss_kernels"}     # workloads/loss_memory.py
 FP8_PARAM_DTYPES = ("fp8", "fp8_cs", "fp8_blockwise", "mxfp8")   # FP8 primary weights
+# The dtypes whose Megatron-Bridge recipes turn fp8_param_gather on (the profile's default
+# where the plan does not say): bf16_with_fp8_delayed_scaling_mixed, _current_scaling_ and
+# bf16_with_mxfp8_mixed; bf16_with_fp8_subchannel_scaling_mixed (block scales) sets it
+# false, as does Megatron-LM's --fp8-param-gather default
+# (src/megatron/bridge/training/mixed_precision.py at c810129341).
+FP8_PARAM_DEFAULT_DTYPES = ("fp8", "fp8_cs", "mxfp8")
 
 
 def _sharding_sp(raw: dict) -> bool:
@@ -242,7 +248,7 @@ def framework_values(raw: dict) -> dict:
     training = raw.get("training")
     dtype = training.get("dtype") if isinstance(training, dict) else None
     if "fp8_param_gather" not in given and (values["fsdp"] is True
-                                             or dtype not in FP8_PARAM_DTYPES):
+                                             or dtype not in FP8_PARAM_DEFAULT_DTYPES):
         values["fp8_param_gather"] = False   # FP8 weights only with an FP8 recipe
     if "grad_reduce_fp32" in given and values["fsdp"] is True \
             and values["fsdp_version"] != "megatron":

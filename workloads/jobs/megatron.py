@@ -307,10 +307,9 @@ def _dtype(get: _Getter) -> str:
         return "nvfp4"
     if get.str("fp8-format") is not None:
         need_choice(get.str("fp8-format"), get.name("fp8-format"), ("e4m3", "hybrid"))
-        # --fp8-recipe tensorwise is Transformer Engine's current scaling (fp8_cs),
-        # blockwise its Float8BlockScaling (fp8_blockwise)
-        return {"mxfp8": "mxfp8", "tensorwise": "fp8_cs",
-                "blockwise": "fp8_blockwise"}.get(get.str("fp8-recipe"), "fp8")
+        # tensorwise: TE's current scaling (fp8_cs), blockwise: its Float8BlockScaling
+        return {"mxfp8": "mxfp8", "tensorwise": "fp8_cs", "blockwise": "fp8_blockwise"
+                }.get(get.str("fp8-recipe"), "fp8")
     return "bf16" if get.on("bf16") else "fp32"
 
 
@@ -323,8 +322,9 @@ def _precision(get: _Getter, num_layers: int, findings: Findings) -> dict[str, A
     out: dict[str, Any] = {"dtype": dtype}
     if get.on(FP8_ATTENTION) and dtype in ATTENTION_FORMAT:
         out["fp8_attention"] = True
-    elif get.on(FP8_ATTENTION):   # TE's FP8 autocast is off: attention runs in BF16
-        findings.ignore(get.name(FP8_ATTENTION), f"no FP8 recipe ({dtype}): attention in BF16")
+    elif get.on(FP8_ATTENTION):   # no FP8 autocast, or Float8BlockScaling built without
+        # fp8_dpa (megatron/core/fp8_utils.py at e5ad09802d): attention runs in BF16
+        findings.ignore(get.name(FP8_ATTENTION), f"no FP8 attention under {dtype}: BF16")
     recipe = precision(dtype).recipe
     if recipe is None:
         return out
