@@ -98,3 +98,18 @@ def test_megatron_flags_read_and_write_it():
     text = write_megatron(plan).text
     assert "--fp8-recipe blockwise" in text
     assert read_megatron(text).plan["training"]["dtype"] == "fp8_blockwise"
+
+
+@pytest.mark.parametrize("base", ["h100", "b200", "a100"])
+def test_a_topology_files_gpu_runs_its_bases_training_dtypes(tmp_path, base):
+    """A GPU file builds its peaks by the presets' rule (specs.training_dtype_peaks): an
+    h100-based GPU keeps fp8_cs, fp8_rowwise and fp8_blockwise, a b200-based one mxfp8 and
+    nvfp4 (they were lost before: only bf16, fp32 and fp8 were copied)."""
+    import json
+
+    from topologies.presets_file import load_file
+    path = tmp_path / "cluster.json"
+    path.write_text(json.dumps({"name": "mine", "gpu": {"base": base}, "domains": 1,
+                                "gpus_per_domain": 8}))
+    spec = load_file(path)
+    assert sorted(spec.gpu.peak_flops) == sorted(device(base).peak_flops)

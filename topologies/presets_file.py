@@ -116,7 +116,7 @@ def _gpu(raw: Any) -> DeviceSpec:
     if "fp8_tflops" in raw or fp8_default:   # no FP8 unless the file or the base has it
         fp8 = num("fp8_tflops", fp8_default) * tflops
     # every training dtype the FP8 (and a Blackwell base's FP4) tensor cores run, as the
-    # presets have them (specs.py _flops)
+    # presets have them (specs.py training_dtype_peaks)
     peaks = dict(training_dtype_peaks(bf16, fp8, fp32, base.peak_flops.get("nvfp4")
                                       if base else None))
     spec = DeviceSpec(

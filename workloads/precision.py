@@ -1,10 +1,11 @@
 """Bytes per element of each tensor class, by training dtype, and the low-precision GEMM
 recipes with the GEMMs each keeps in BF16 (one place).
 
-Mixed precision (bf16, fp8, fp8_cs, fp8_rowwise, fp8_blockwise, mxfp8, nvfp4): activations and the weights'
-compute copy in bf16 (also under FP8/FP4 GEMMs, as Transformer Engine keeps them), GEMM
-operands in the recipe's format. Gradients are reduced in fp32: torchtitan's default
-mixed_precision_reduce = "float32" and Megatron-LM's default main_grad accumulation in fp32.
+Mixed precision (bf16, fp8, fp8_cs, fp8_rowwise, fp8_blockwise, mxfp8, nvfp4): activations
+and the weights' compute copy in bf16 (also under FP8/FP4 GEMMs, as Transformer Engine
+keeps them), GEMM operands in the recipe's format. Gradients are reduced in fp32:
+torchtitan's default mixed_precision_reduce = "float32" and Megatron-LM's default main_grad
+accumulation in fp32.
 fp32 training keeps everything in fp32 (what the CPU validation runs use).
 
 The recipes quantise the linear layers' three GEMMs (forward, data gradient, weight
