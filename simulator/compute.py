@@ -14,8 +14,7 @@ from __future__ import annotations
 import math
 
 from topologies import DeviceSpec
-from topologies.gemm_k_loop import (BLOCKWISE_FP8_DTYPE, BLOCKWISE_FP8_TILE_COST,
-                                     k_loop_fraction, rate_at_k, tile_overhead_k)
+from topologies.gemm_k_loop import TILE_COST_FACTOR, k_loop_fraction, tile_overhead_k
 from topologies.host_link import host_link_Bps
 from workloads.offload_copies import OFFLOAD_OP
 from workloads.program import ATTENTION, GEMM, HOST_COPY, MEMORY, Task
@@ -50,12 +49,10 @@ def k_loop_efficiency(k: int, device: DeviceSpec, dtype: str) -> float:
     measured = device.profile.gemm_k0_bf16
     if measured is not None:   # the GPU's own K sweep, at this dtype's MMA rate
         overhead_k *= measured / tile_overhead_k(device.peak("bf16"), device.sm_count)
-    if dtype == BLOCKWISE_FP8_DTYPE:
-        # block-scaled FP8 pays a larger per-tile cost than the per-tensor FP8 GEMMs the
-        # profile's FP8 rate was measured on, at the same MMA rate (gemm_k_loop.py)
-        return (k_loop_fraction(k, overhead_k * BLOCKWISE_FP8_TILE_COST)
-                / k_loop_fraction(reference_k, overhead_k))
-    return rate_at_k(1.0, reference_k, k, overhead_k)
+    # the profile's rate was measured on GEMMs with the plain per-tile cost; a dtype whose
+    # kernels pay more per tile (block-scaled FP8: gemm_k_loop.py) pays it at every K
+    return (k_loop_fraction(k, overhead_k * TILE_COST_FACTOR.get(dtype, 1.0))
+            / k_loop_fraction(reference_k, overhead_k))
 
 
 # Host CPUs that issue kernels more slowly than the x86 hosts the per-kernel host cost is

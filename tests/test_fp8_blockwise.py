@@ -113,3 +113,23 @@ def test_a_topology_files_gpu_runs_its_bases_training_dtypes(tmp_path, base):
                                 "gpus_per_domain": 8}))
     spec = load_file(path)
     assert sorted(spec.gpu.peak_flops) == sorted(device(base).peak_flops)
+
+
+def test_sequence_parallel_gather_moves_bf16_unlike_per_tensor_fp8():
+    """Assumption of the recipe (workloads/precision.py): the TP all-gather of a
+    sequence-parallel input stays bf16 under block scales, where Transformer Engine's
+    per-tensor FP8 quantises before it and gathers 1 byte an element."""
+    from workloads import resolve
+    from workloads.lowering import lower
+
+    def gather_bytes_of(dtype):
+        # TP communication as separate all-gathers (no userbuffers overlap)
+        plan = resolve(plan_from_dict({**BASE, "mesh": {"dp": 4, "tp": 2, "pp": 1, "cp": 1},
+                                       "sharding": {"sequence_parallel": True},
+                                       "overlap": {"tp_comm": False},
+                                       "training": {**BASE["training"], "dtype": dtype}}), 8)
+        return sorted(t.bytes for t in lower(plan).tasks() if t.op == "all_gather"
+                      and t.group == ("tp",) and t.layer == 0 and t.microbatch == 0)
+    bf16 = gather_bytes_of("bf16")
+    assert bf16 and gather_bytes_of("fp8_blockwise") == bf16
+    assert sum(gather_bytes_of("fp8_cs")) < sum(bf16)

@@ -87,7 +87,8 @@ DEEPGEMM_H800_K0 = 490.0
 H800_FP8_PEAK_FLOPS, H800_SM_COUNT = 1979e12, 132
 BLOCKWISE_FP8_TILE_COST = DEEPGEMM_H800_K0 / tile_overhead_k(H800_FP8_PEAK_FLOPS,
                                                              H800_SM_COUNT)
-BLOCKWISE_FP8_DTYPE = "fp8_blockwise"
+# Per-tile cost over the plain rule's, by training dtype (absent: 1).
+TILE_COST_FACTOR = {"fp8_blockwise": BLOCKWISE_FP8_TILE_COST}
 
 
 def k_loop_fraction(k: float, overhead_k: float) -> float:
