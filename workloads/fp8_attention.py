@@ -32,6 +32,7 @@ from __future__ import annotations
 
 from .attention_impls import stand_in_gpu
 from .interpolate import log_linear
+from .precision import RECIPES
 
 LENGTHS = (2048, 4096, 8192, 16384, 32768)
 # gpu -> shape -> recipe -> (forward ms, backward ms) at LENGTHS (module docstring).
@@ -76,8 +77,6 @@ FP8_ATTENTION_MS = {
 # and any other 10.x) takes GB200's figures.
 BY_ARCH = {10: "gb200"}
 MEASURED_WINDOW = 128   # the sliding window the measurements ran (keys)
-# The training dtypes whose attention is quantized, and the cuDNN format each runs.
-ATTENTION_FORMAT = {"fp8": "fp8", "fp8_cs": "fp8", "mxfp8": "mxfp8"}
 
 
 def measured_gpu(gpu: str) -> str:
@@ -104,6 +103,6 @@ def fp8_attention_speedup(gpu: str, dtype: str, phase: str, length: float,
         return 1.0
     table = FP8_ATTENTION_MS[measured][shape]
     step = 1 if phase == "backward" else 0
-    bf16, quantized = table["bf16"][step], table[ATTENTION_FORMAT[dtype]][step]
+    bf16, quantized = table["bf16"][step], table[RECIPES[dtype].attention_format][step]
     ratios = [b / q for b, q in zip(bf16, quantized)]
     return log_linear(LENGTHS, ratios, length)

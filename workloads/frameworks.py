@@ -188,7 +188,6 @@ DDP_KEYS = {"bucket_params": "grad_bucket", "grad_reduce_in_fp32": "grad_reduce_
             "fp8_param_gather": "fp8_param_gather",
             "gradient_accumulation_fusion": "grad_accumulation_fusion"}
 LOSS_KEYS = {"kernels": "loss_kernels"}     # workloads/loss_memory.py
-FP8_PARAM_DTYPES = ("fp8", "fp8_cs", "fp8_blockwise", "mxfp8")   # FP8 primary weights
 # The dtypes whose Megatron-Bridge recipes turn fp8_param_gather on (the profile's default
 # where the plan does not say): bf16_with_fp8_delayed_scaling_mixed, _current_scaling_ and
 # bf16_with_mxfp8_mixed; bf16_with_fp8_subchannel_scaling_mixed (block scales) sets it

@@ -67,7 +67,7 @@ from inputs import finite
 
 from .errors import WorkloadError
 from .fields import check_bool, check_choice, check_number, int_as_float, is_int, known_keys
-from .precision import TE_FRAMEWORKS
+from .precision import TE_FRAMEWORKS, recipe_dtypes
 
 DISPATCHERS = ("alltoall", "allgather", "deepep")
 # Megatron-Core's flex dispatcher backends (moe_flex_dispatcher_backend): the plan's
@@ -81,8 +81,6 @@ MOE_KEYS = ("load_imbalance", "dispatcher", "etp", "capacity_factor", "pad_to_ca
 # SMs the fused dispatcher's kernels run on by default, per backend (module docstring).
 FLEX_DEFAULT_SMS = {"deepep": 20, "hybridep": 32}
 MAX_FLEX_SMS = 1024     # beyond any GPU's SM count (GB300: 160)
-# The recipes whose operands TE's fused grouped MLP quantizes (its kernels' quantizers).
-FUSED_MLP_DTYPES = ("mxfp8", "nvfp4")
 # Bounds: a capacity factor past the number of experts keeps every token anyway (an expert
 # can receive at most all tokens); 4096 shares is beyond any published router (256 experts).
 MAX_CAPACITY_FACTOR = 1024.0
@@ -244,8 +242,9 @@ def check_fused_mlp(plan) -> None:
     """What TE's fused grouped MLP needs of the plan (module docstring, fused_mlp); the
     GPU is checked where the topology is known (simulator/api.py)."""
     why = None
-    if plan.training.dtype not in FUSED_MLP_DTYPES:
-        why = (f"false unless training.dtype is one of {', '.join(FUSED_MLP_DTYPES)} (its "
+    fused_dtypes = recipe_dtypes("fused_grouped_mlp")
+    if plan.training.dtype not in fused_dtypes:
+        why = (f"false unless training.dtype is one of {', '.join(fused_dtypes)} (its "
                "kernels take block-scaled operands)")
     elif plan.model.mlp != "swiglu":
         why = "false unless the experts are gated (mlp swiglu): it fuses a GLU"

@@ -23,20 +23,19 @@ from .program import COMM
 from .schedules import EMBED, HEAD, unit_context
 
 FP8_GATHER_BYTES = 1                     # a Float8Tensor's uint8 data
-# Transformer Engine 2's FP8 tensors that Megatron-Core's parameter buffer holds as uint8:
-# per-tensor FP8 and Float8BlockScaling's blockwise tensors, both QuantizedTensors
-# (megatron/core/distributed/param_and_grad_buffer.py at d98e8a64,
-# _param_uses_quantized_storage; fp8_utils.is_float8tensor checks QuantizedTensor); their
+# The recipes whose weights Megatron-Core's parameter buffer holds as uint8
+# (GemmRecipe.uint8_param_storage: Transformer Engine 2's QuantizedTensors, per-tensor FP8
+# and Float8BlockScaling's blocks; fp8_utils.is_float8tensor checks QuantizedTensor); their
 # scales (one FP32 per 128 x 128 block of a blockwise weight) are not counted.
-UINT8_GATHER_DTYPES = ("fp8", "fp8_cs", "fp8_blockwise")
 
 
 def gather_bytes(plan, bucket) -> float:
     """Bytes one all-gather of `bucket` assembles: its parameters at the precision's
     bytes, the transformer layers' at 1 byte under fp8_param_gather with uint8-held FP8
     (layers' share of a bucket spanning other units taken by their parameters)."""
-    wide = precision(plan.training.dtype).param_bytes
-    if not (plan.fp8_param_gather and plan.training.dtype in UINT8_GATHER_DTYPES):
+    bytes_of = precision(plan.training.dtype)
+    wide = bytes_of.param_bytes
+    if not (plan.fp8_param_gather and bytes_of.recipe and bytes_of.recipe.uint8_param_storage):
         return bucket.params * wide
     sizes = [(u, unit_param_groups(plan, u).get(bucket.dims, 0.0)) for u in bucket.units]
     total = sum(p for _, p in sizes)

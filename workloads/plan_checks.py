@@ -43,8 +43,7 @@ from .attention_impls import scores_on_chip
 from .errors import WorkloadError
 from .fp8_attention import MEASURED_WINDOW
 from .model_spec import LEARNED
-from .precision import TE_FRAMEWORKS
-from .frameworks import FP8_PARAM_DTYPES
+from .precision import TE_FRAMEWORKS, recipe_dtypes
 from .lora import check_lora
 from .module_recompute import layer_modules
 from .moe_options import check_moe_resolved
@@ -120,11 +119,12 @@ def check_framework_keys(plan) -> None:
     if plan.param_gather_overlap and (fsdp or plan.zero_stage not in (1, 2)):
         raise WorkloadError("overlap.param_gather", True, "false unless zero_stage is 1 or 2 "
                             "without FSDP (the distributed optimizer's parameter all-gather)")
-    if plan.fp8_param_gather and (fsdp or plan.training.dtype not in FP8_PARAM_DTYPES):
+    quantized_weights = recipe_dtypes("quantized_weights")
+    if plan.fp8_param_gather and (fsdp or plan.training.dtype not in quantized_weights):
         # Megatron-Core keeps FP8 primary weights only under an FP8 recipe (fp8_param_gather
         # needs --fp8-format); FSDP gathers its own way (workloads/param_gathers.py)
         raise WorkloadError("ddp.fp8_param_gather", True, "false unless training.dtype is "
-                            f"one of {', '.join(FP8_PARAM_DTYPES)} without FSDP")
+                            f"one of {', '.join(quantized_weights)} without FSDP")
     float8_gather = (plan.fsdp and plan.fsdp_version == 2 and plan.training.dtype == "fp8"
                      and plan.framework in TORCHAO_FRAMEWORKS and not plan.model.num_experts)
     if plan.fsdp_float8_all_gather and not float8_gather:

@@ -11,11 +11,10 @@ from typing import Any
 from .errors import WorkloadError
 from .activation_offload import parse_activation_offload
 from .fields import MAX_INT, check_bool, check_choice, check_int, is_int, json_object, known_keys
-from .fp8_attention import ATTENTION_FORMAT
 from .lora import parse_lora
 from .moe_options import parse_moe
 from .optimizer_states import parse_distributed_fused_adam, parse_precision_aware_optimizer
-from .precision import DTYPES, RECIPES
+from .precision import DTYPES, RECIPES, recipe_dtypes
 
 LOW_PRECISION = tuple(RECIPES)   # the training dtypes with a GEMM recipe
 SCHEDULES = ("gpipe", "1f1b", "interleaved")
@@ -45,9 +44,10 @@ class Training:
         for name in ("global_batch", "micro_batch", "seq_len"):
             check_int(getattr(self, name), f"training.{name}")
         check_bool(self.fp8_attention, "training.fp8_attention")
-        if self.fp8_attention and self.dtype not in ATTENTION_FORMAT:
+        quantized_attention = recipe_dtypes("attention_format")
+        if self.fp8_attention and self.dtype not in quantized_attention:
             raise WorkloadError("training.fp8_attention", True, "false unless training.dtype "
-                                "is one of " + ", ".join(ATTENTION_FORMAT) + " (the recipes "
+                                "is one of " + ", ".join(quantized_attention) + " (the recipes "
                                 "that quantize attention)")
         if not is_int(self.packed_segment) or not 0 <= self.packed_segment <= self.seq_len:
             raise WorkloadError("training.packed_segment", self.packed_segment,

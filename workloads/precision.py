@@ -118,6 +118,18 @@ class GemmRecipe:
     # shard is all-reduced over the TP group before that cast (a DTensor's amax).
     gathers_without_te: bool = False
     amax_all_reduce: bool = False
+    # What else Transformer Engine offers under the recipe, one home for the plan checks
+    # and the importer: weights held in the format themselves (fp8_model_init, which
+    # Megatron's --fp8-param-gather needs), by Megatron-Core's parameter buffer as uint8
+    # where the weight is a QuantizedTensor (megatron/core/distributed/
+    # param_and_grad_buffer.py at d98e8a64, _param_uses_quantized_storage; workloads/
+    # param_gathers.py), attention on quantized q, k, v in the cuDNN format named
+    # (fp8_dot_product_attention; "": none, workloads/fp8_attention.py), and the experts'
+    # fused grouped MLP, whose kernels take block-scaled operands (workloads/moe_options.py).
+    quantized_weights: bool = False
+    uint8_param_storage: bool = False
+    attention_format: str = ""
+    fused_grouped_mlp: bool = False
 
     @property
     def operand_bytes(self) -> float:
@@ -205,7 +217,8 @@ RECIPES = {
     # weight casts (workloads/torchao_recipes.py).
     "fp8": GemmRecipe("fp8", 1, 0, 0, FP8_CAST_BYTES_PER_ELEMENT, 1,
                       gathers_quantized=True, transpose_bytes=1.0,
-                      source="Transformer Engine DelayedScaling"),
+                      quantized_weights=True, uint8_param_storage=True,
+                      attention_format="fp8", source="Transformer Engine DelayedScaling"),
     # Per-tensor FP8 with current scaling (Transformer Engine Float8CurrentScaling, what
     # Megatron-LM's `--fp8-recipe tensorwise` and Megatron-Bridge's fp8_cs precision
     # configs ask for): the scale comes from the tensor being cast, so the amax cannot
@@ -224,6 +237,8 @@ RECIPES = {
                          + FP8_CAST_BYTES_PER_ELEMENT, 3, cast_per_expert=True,
                          gathers_quantized=True, transpose_bytes=1.0, amax_all_reduce=True,
                          amax_bytes=FP8_CURRENT_SCALING_AMAX_BYTES,
+                         quantized_weights=True, uint8_param_storage=True,
+                         attention_format="fp8",
                          source="Transformer Engine Float8CurrentScaling (quantizer.cpp)"),
     # Row-wise FP8 (torchao Float8LinearRecipeName.ROWWISE, as torchtitan's
     # `float8.recipe_name = "rowwise"` asks for it; torchao/float8/config.py
@@ -267,7 +282,8 @@ RECIPES = {
     # NeMo 25.11 container the Megatron-Bridge MXFP8 rows ran.
     "mxfp8": GemmRecipe("mxfp8", 1, 32, 1, 2 + 2 * (1 + 1 / 32), 1,
                         scale_swizzle_kernels=1, cast_per_expert=True,
-                        cast_kernel=TE_MXFP8_CAST,
+                        cast_kernel=TE_MXFP8_CAST, quantized_weights=True,
+                        attention_format="mxfp8", fused_grouped_mlp=True,
                         source="OCP MX v1.0; Transformer Engine MXFP8BlockScaling"),
     # FP8 with block scales (Transformer Engine Float8BlockScaling, Megatron-LM's
     # `--fp8-recipe blockwise`; DeepSeek-V3's FP8 recipe, arXiv:2412.19437 section 3.3):
@@ -286,7 +302,8 @@ RECIPES = {
     # Hopper runs it through cuBLAS's block-scaled FP8 GEMMs, whose per-tile cost is
     # larger than the per-tensor kernels' (topologies/gemm_k_loop.py, BLOCKWISE_FP8_TILE_COST).
     "fp8_blockwise": GemmRecipe("fp8_blockwise", 1, 128, 4, 2 + 2 * (1 + 4 / 128), 1,
-                                cast_per_expert=True,
+                                cast_per_expert=True, quantized_weights=True,
+                                uint8_param_storage=True,
                                 source="Transformer Engine Float8BlockScaling"),
     # NVFP4 (arXiv:2509.25149, "Pretraining Large Language Models with NVFP4", sections 2
     # and 4; Transformer Engine NVFP4BlockScaling): FP4 E2M1 elements (0.5 B), one FP8 E4M3
@@ -308,7 +325,7 @@ RECIPES = {
     # csrc/util.cpp at v2.9).
     "nvfp4": GemmRecipe("nvfp4", 0.5, 16, 1, 2 + 2 + 2 * (0.5 + 1 / 16), 2,
                         scale_swizzle_kernels=1, bf16_first_layers=2, bf16_last_layers=8,
-                        cast_per_expert=True,
+                        cast_per_expert=True, fused_grouped_mlp=True,
                         bf16_reference_layers=62,
                         source="arXiv:2509.25149; Transformer Engine NVFP4BlockScaling"),
 }
@@ -337,6 +354,12 @@ NON_TN_FP8_RECIPES = {
                       source="Transformer Engine Float8CurrentScaling, no transpose on sm100 "
                              "(quantizer.cpp)"),
 }
+
+
+def recipe_dtypes(offers: str) -> tuple[str, ...]:
+    """The training dtypes whose recipe offers `offers`, a GemmRecipe field: a flag, or
+    attention_format (any format)."""
+    return tuple(name for name, recipe in RECIPES.items() if getattr(recipe, offers))
 
 
 def non_tn_fp8_gemms(compute_capability: tuple[int, int]) -> bool:

@@ -11,11 +11,10 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from ..fp8_attention import ATTENTION_FORMAT
 from ..model_spec import LEARNED
 from ..models import ModelSpec, load_model
 from ..plan import MEGATRON
-from ..precision import precision
+from ..precision import precision, recipe_dtypes
 from ..schedules import stage_layer_ranges
 from . import megatron_keys as K
 from .common import Imported, model_ref
@@ -320,7 +319,7 @@ def _precision(get: _Getter, num_layers: int, findings: Findings) -> dict[str, A
     (then 1 and 1 by default)."""
     dtype = _dtype(get)
     out: dict[str, Any] = {"dtype": dtype}
-    if get.on(FP8_ATTENTION) and dtype in ATTENTION_FORMAT:
+    if get.on(FP8_ATTENTION) and dtype in recipe_dtypes("attention_format"):
         out["fp8_attention"] = True
     elif get.on(FP8_ATTENTION):   # no FP8 autocast, or Float8BlockScaling built without
         # fp8_dpa (megatron/core/fp8_utils.py at e5ad09802d): attention runs in BF16

@@ -17,7 +17,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from ..moe_options import FLEX_BACKENDS, FLEX_DEFAULT_SMS, FUSED_MLP_DTYPES
+from ..moe_options import FLEX_BACKENDS, FLEX_DEFAULT_SMS
+from ..precision import recipe_dtypes
 from ..plan import Plan
 from .findings import JobConfigError
 
@@ -100,7 +101,7 @@ def moe_block(get, tp: int, findings, dtype: str) -> dict[str, Any]:
         out["overlap_a2a"] = True
     if get.on(DELAY):
         out["delay_wgrad"] = True
-    if get.on(OP_FUSER) and dtype in FUSED_MLP_DTYPES:
+    if get.on(OP_FUSER) and dtype in recipe_dtypes("fused_grouped_mlp"):
         out["fused_mlp"] = True
     elif get.on(OP_FUSER):   # TE fuses the grouped MLP only for block-scaled operands
         findings.ignore(get.name(OP_FUSER), f"training dtype {dtype}: the fused grouped MLP "
