@@ -40,6 +40,19 @@ def test_delayed_scaling_with_transpose_casts_all_experts_in_one_kernel():
 
 def test_dense_linears_keep_one_cast_per_linear():
     casts = _casts("mxfp8", "b200")
-    for linear in ("wq", "wk", "wv", "wo", "router"):
+    for linear in ("wq", "wk", "wv", "wo"):
         assert casts[f"{linear}.mxfp8_cast"] == 1
         assert casts[f"grad.{linear}.mxfp8_cast"] == 1
+
+
+def test_megatron_router_gemm_is_not_quantized():
+    """Megatron-Core multiplies the router's plain weight with te_general_gemm in BF16
+    (moe_utils.py RouterGatingLinearFunction): no cast, no swizzle, a BF16 GEMM."""
+    plan = moe_plan(mesh={"ep": EP}, framework="megatron-core",
+                    training={"dtype": "mxfp8"}, moe={"dispatcher": "alltoall"})
+    tasks = [t for t in lower(plan, "b200").stages[0] if t.layer == 1 and t.microbatch == 0]
+    router = [t for t in tasks if t.label.startswith(("router.", "grad.router."))]
+    assert router and all(t.op == "router" for t in router)
+    assert {t.gemm_dtype for t in router} == {"bf16"}
+    assert [t for t in tasks if t.op == "wq"][0].gemm_dtype == ""   # the plan's (mxfp8)
+    assert not [t for t in tasks if t.op.endswith("_cast") and "router" in t.label]
