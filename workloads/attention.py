@@ -58,11 +58,19 @@ FlashAttention-2 is PyTorch SDPA's flash backend (the one torchtitan runs on H10
 attention was opt-in in the December 2024 nightlies, pytorch/pytorch#142132, and
 torchtitan's context parallelism allows only the flash and memory-efficient backends,
 torchtitan@9dec370 torchtitan/utils.py get_train_context). Transformer Engine prefers
-cuDNN's fused attention on Hopper (transformer_engine/pytorch/attention.py,
-get_attention_backend), about 1.6 x FlashAttention-2 in the same figures (causal forward
-539, backward 516 TFLOP/s at 16k); it is not modelled: the Megatron-Core runs in the
-references (NeMo 24.03 long-sequence table, NeMo 24.09 DGX Cloud tables) are matched at
-FlashAttention-2's speed and miss by 10-35 % at cuDNN's.
+cuDNN's fused attention on Hopper whenever both can run ("Select FusedAttention on sm90
+... for performance": transformer_engine/pytorch/attention.py from v1.2-v1.4, early
+2024; attention/dot_product_attention/utils.py get_attention_backend through v2.18), so
+Megatron-Core's H100 runs ran cuDNN, about 1.6 x FlashAttention-2 at every length in the
+same figures (causal forward 315 410 484 518 529 539, backward without the mask 305 408
+465 499 518 516 TFLOP/s at 512-16k). It is not modelled, a known compensating error:
+priced at that curve, the 115 Megatron-Core H100 rows of the references go from 6.1 % /
+-1.0 % to 9.0 % / -7.8 % (MAPE / bias; NeMo DGX Cloud 3.7 / +1.8 -> 4.7 / -3.5, the NeMo
+performance summary 9.3 / -4.1 -> 15.0 / -13.6, MoE 19.6 / -19.6 -> 24.4 / -24.4), while
+Megatron-Bridge's one published H100 profile (Qwen3-30B-A3B, validation/README.md) has a
+compute union of about 14.3 s that cuDNN's speed matches (15.1 s simulated; 17.2 s at
+FlashAttention-2's). So FlashAttention-2's speed stands in for a cost of about that size
+that these rows pay and the simulator does not price; it is kept until that cost is found.
 
 Packed sequences (training.packed_segment): fine-tuning packs several examples into one
 sequence and passes their boundaries as cu_seqlens with qkv_format "thd" (NeMo 2.1
