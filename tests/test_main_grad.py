@@ -16,8 +16,8 @@ from workloads.schedules import EMBED
 WORLD = 8
 
 
-def _plan(fsdp_version=2, fusion=None, fsdp=True, micro_batches=2):
-    raw = {"model": "llama3-8b", "framework": "megatron-core",
+def _plan(fsdp_version=2, fusion=None, fsdp=True, micro_batches=2, framework="megatron-core"):
+    raw = {"model": "llama3-8b", "framework": framework,
            "training": {"global_batch": WORLD * micro_batches, "micro_batch": 1,
                         "seq_len": 1024, "dtype": "bf16"},
            "mesh": {"dp": WORLD}, "ddp": {}}
@@ -37,7 +37,23 @@ def _tasks(plan, op):
 def test_megatron_fsdp_gathers_into_views_fsdp2_copies_out():
     assert _tasks(_plan(2), "fsdp_copy_out")
     assert not _tasks(_plan("megatron"), "fsdp_copy_out")
-    assert not _tasks(_plan(1), "fsdp_copy_out")
+    assert not _tasks(_plan(1, framework="generic"), "fsdp_copy_out")
+
+
+def test_megatron_core_runs_torch_fsdp_only_as_fsdp2_without_pp_or_ep():
+    """Megatron has --use-torch-fsdp2 and --use-megatron-fsdp, and asserts the first
+    without pipeline or expert parallelism (megatron/training/arguments.py at d98e8a64)."""
+    with pytest.raises(WorkloadError, match="fsdp.version"):
+        _plan(1)
+    raw = {"model": "llama3-8b", "framework": "megatron-core",
+           "training": {"global_batch": 16, "micro_batch": 1, "seq_len": 1024,
+                        "dtype": "bf16"},
+           "mesh": {"dp": 4, "pp": 2}, "fsdp": {"enabled": True}}
+    with pytest.raises(WorkloadError, match="mesh.pp"):
+        resolve(plan_from_dict(raw), 8)
+    raw["fsdp"]["version"] = "megatron"
+    raw["ddp"] = {"grad_reduce_in_fp32": False}
+    assert resolve(plan_from_dict(raw), 8).mesh.pp == 2
 
 
 def test_fused_linears_write_the_bucket_only_the_embedding_is_copied():
@@ -57,13 +73,19 @@ def test_megatron_fsdp_reduces_in_the_main_grad_dtype():
         rs = next(t for t in _tasks(plan, "reduce_scatter") if t.layer == 0)
         return rs.bytes / sum(unit_param_groups(plan, 0).values())
     assert bytes_per_param(_plan("megatron")) == pytest.approx(2.0)   # bf16 main_grad
-    assert bytes_per_param(_plan(2)) == pytest.approx(4.0)            # FSDP2's fp32 reduce
+    # torch FSDP2 under a MixedPrecisionPolicy reduces in fp32; Megatron-Core's wrapper
+    # passes none, so its bf16 model's gradients are reduced in bf16
+    assert bytes_per_param(_plan(2, framework="generic")) == pytest.approx(4.0)
+    assert bytes_per_param(_plan(2)) == pytest.approx(2.0)
 
 
 def test_megatron_fsdp_keeps_zeros_state_count():
     # a bf16 model-weight shard + fp32 main weights and Adam moments (param_and_grad_buffer.py)
     assert sharded_state_bytes(_plan("megatron")) == (2, 12)
-    assert sharded_state_bytes(_plan(2)) == (4, 8)
+    # FSDP2's fp32 sharded master under a MixedPrecisionPolicy; Megatron-Core's FSDP2 keeps
+    # the bf16 shard and its non-distributed optimizer's fp32 main copy (memory.py)
+    assert sharded_state_bytes(_plan(2, framework="generic")) == (4, 8)
+    assert sharded_state_bytes(_plan(2)) == (2, 12)
 
 
 def test_unfused_ddp_adds_each_micro_batchs_gradients_into_main_grad():
@@ -113,13 +135,13 @@ def test_megatron_fsdp_reduces_every_micro_batch_under_pipelining():
     # torch's FSDP under torch.distributed.pipelining reduces once per step; Megatron-FSDP
     # reduce-scatters each micro-batch (its no_sync: "there will actually always be
     # gradient sync" in grads-sharding mode)
-    def reduces(version):
-        raw = {"model": "llama3-8b", "framework": "megatron-core",
+    def reduces(version, framework="megatron-core"):
+        raw = {"model": "llama3-8b", "framework": framework,
                "training": {"global_batch": 16, "micro_batch": 1, "seq_len": 1024},
                "mesh": {"dp": 4, "pp": 2}, "fsdp": {"enabled": True, "version": version}}
         plan = resolve(plan_from_dict(raw), WORLD)
         return sum(1 for t in lower(plan).tasks() if t.op == "reduce_scatter" and t.layer == 0)
-    assert reduces("megatron") == 4 and reduces(2) == 1
+    assert reduces("megatron") == 4 and reduces(2, "generic") == 1
 
 
 @pytest.mark.parametrize("raw, field", [

@@ -182,7 +182,7 @@ def grad_state_bytes(plan: Plan) -> float:
                         and plan.zero_stage < 3) or plan.fsdp_version == "megatron")
     if megatron_buffer:   # Megatron-FSDP's main_grads_dtype too (workloads/main_grad.py)
         return max(prec.grad_state_bytes, FP32_BYTES if plan.grad_reduce_fp32 else 0)
-    if plan.fsdp and plan.fsdp_version == 2:
+    if plan.fsdp and plan.fsdp_version == 2 and not megatron_torch_fsdp(plan):
         return max(prec.grad_state_bytes, FP32_BYTES)
     return prec.grad_state_bytes
 
@@ -201,12 +201,24 @@ def sharded_state_bytes(plan: Plan) -> tuple[float, float]:
     """
     prec = precision(plan.training.dtype)
     mixed = prec.optimizer_state_bytes > 2 * FP32_BYTES    # an fp32 master copy besides m, v
-    if plan.fsdp and plan.fsdp_version == 2 and mixed:
+    if plan.fsdp and plan.fsdp_version == 2 and mixed and not megatron_torch_fsdp(plan):
         return FP32_BYTES, 2 * FP32_BYTES
     if plan.optimizer_states is not None:   # workloads/optimizer_states.py
         return (prec.param_state_bytes, plan.optimizer_states.state_bytes(
             plan.training.dtype, plan.fp8_param_gather))
     return prec.param_state_bytes, prec.optimizer_state_bytes
+
+
+def megatron_torch_fsdp(plan: Plan) -> bool:
+    """Whether the plan is Megatron-Core over torch's FSDP2 (--use-torch-fsdp2). Its wrapper
+    calls fully_shard without a MixedPrecisionPolicy (megatron/core/distributed/
+    torch_fully_sharded_data_parallel.py at d98e8a64) on the model Float16Module has made
+    bf16, so FSDP2 holds, gathers and reduce-scatters bf16 parameters and gradients; the
+    fp32 master and Adam's moments are the non-distributed optimizer's
+    (Float16OptimizerWithFloat16Params: Megatron asserts --use-torch-fsdp2 without
+    --use-distributed-optimizer, megatron/training/arguments.py), the ZeRO count's
+    2 + 12 bytes a parameter, sharded with the parameters."""
+    return plan.framework == "megatron-core" and plan.fsdp and plan.fsdp_version == 2
 
 
 def frozen_param_bytes(plan: Plan) -> int:
@@ -223,6 +235,8 @@ def fsdp_reduce_bytes(plan: Plan) -> float:
     main_grad's dtype (workloads/main_grad.py)."""
     if plan.fsdp_version == "megatron":
         return grad_state_bytes(plan)
+    if megatron_torch_fsdp(plan):   # no MixedPrecisionPolicy: the gradients' own dtype
+        return precision(plan.training.dtype).grad_state_bytes
     return precision(plan.training.dtype).grad_reduce_bytes
 
 

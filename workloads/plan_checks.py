@@ -157,6 +157,7 @@ def check_framework_keys(plan) -> None:
     if plan.fsdp_version != 2 and not fsdp:
         raise WorkloadError("fsdp.version", plan.fsdp_version,
                             "2 (the default) unless fsdp.enabled")
+    check_megatron_torch_fsdp(plan, fsdp)
     if plan.fsdp_version == "megatron" and (plan.framework != "megatron-core" or not plan.fsdp):
         raise WorkloadError("fsdp.version", "megatron", '1 or 2 unless framework '
                             '"megatron-core" with fsdp.enabled (Megatron-FSDP: its main_grad)')
@@ -170,6 +171,22 @@ def check_framework_keys(plan) -> None:
     if plan.cuda_graphs and plan.host_kernel_s == 0:
         raise WorkloadError("cuda_graphs", True, "false unless host_overhead.per_kernel_s > 0 "
                             "(a captured step saves the host's per-kernel issue time)")
+
+
+def check_megatron_torch_fsdp(plan, fsdp: bool) -> None:
+    """Megatron-Core runs torch's FSDP only as FSDP2 (--use-torch-fsdp2) and asserts it
+    without pipeline or expert parallelism (megatron/training/arguments.py at d98e8a64,
+    validate_args)."""
+    if plan.framework != "megatron-core" or not fsdp or plan.fsdp_version == "megatron":
+        return
+    if plan.fsdp_version != 2:
+        raise WorkloadError("fsdp.version", plan.fsdp_version, '2 or "megatron" under '
+                            'framework "megatron-core" (--use-torch-fsdp2, --use-megatron-fsdp)')
+    for dim in ("pp", "ep"):
+        if getattr(plan.mesh, dim) > 1:
+            raise WorkloadError(f"mesh.{dim}", getattr(plan.mesh, dim), '1 under framework '
+                                '"megatron-core" with torch FSDP2 (Megatron asserts it); '
+                                'fsdp.version "megatron" runs Megatron-FSDP')
 
 
 def check_context_parallel(plan) -> None:

@@ -187,7 +187,7 @@ class StageLowering:
                 ready = (self.sink.add(
                     kind=COMPUTE, stream="dp_rs", op="fsdp_copy_in", phase="backward",
                     deps=deps, op_class=MEMORY, label=f"grad.copy_in.{unit}",
-                    bytes=params * (self.precision.param_bytes + self.precision.grad_reduce_bytes),
+                    bytes=params * (self.precision.param_bytes + fsdp_reduce_bytes(self.plan)),
                     **ctx),)
             reduction = self.sink.add(
                 kind=COMM, stream="dp_rs", op="reduce_scatter", phase="backward", deps=ready,
