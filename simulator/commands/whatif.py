@@ -24,6 +24,7 @@ from ..errors import EXIT_INTERNAL
 from ..errors import UsageError
 from ..output import print_json
 from ..whatif import ENGINES, SweepInterrupted, plot, render, whatif
+from ..whatif.engines import MAX_WORKERS, check_workers
 from ..whatif.points import plan_source
 from ..whatif.variations import (CLUSTER_PARAMS, FRAMEWORK_PARAMS, PLAN_KEYS, PLAN_PARAMS,
                                  parse_all)
@@ -63,7 +64,8 @@ def register(sub) -> None:
                    help="local worker processes (default) or Ray tasks")
     p.add_argument("--address", help="Ray cluster address (default: start or join a local one)")
     p.add_argument("--workers", type=int, default=None,
-                   help="local worker processes (default: all cores)")
+                   help="local worker processes, 1 to %d; never more than the cores "
+                        "(default: all cores)" % MAX_WORKERS)
     p.add_argument("--resume", action="store_true",
                    help="skip the points already in the -o file's checkpoint")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
@@ -74,8 +76,7 @@ def register(sub) -> None:
 def handle(args: argparse.Namespace) -> int:
     """Check the flags, run the study through the library (simulator.whatif.whatif),
     plot and print the table."""
-    if args.workers is not None and args.workers < 1:
-        raise UsageError("--workers", args.workers, "an integer >= 1")
+    check_workers(args.workers)
     if args.address and args.engine != "ray":
         raise UsageError("--address", args.address, "only with --engine ray")
     if args.output and not args.output.endswith(".parquet"):

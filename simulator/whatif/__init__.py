@@ -6,8 +6,8 @@
 Modules: `variations` (what can vary and how it is applied), `points` (a point as plain
 data, and the simulation of one point in a worker), `engines` (local processes or Ray
 tasks), `pool` (the local worker processes), `signals` (stopping on SIGINT/SIGTERM),
-`checkpoint` (finished points on disk, resume), `table` (Parquet, PNG and terminal
-table).
+`checkpoint` (finished points on disk, resume), `rows` (what a checkpoint row must
+hold), `table` (Parquet, PNG and terminal table).
 """
 from __future__ import annotations
 

@@ -12,20 +12,37 @@ Reading it back: a header that is not this study's fingerprint is refused (exit 
 checkpoint of another study is never mixed in). A damaged point line (cut short by a
 kill, `[]`, a row without `point`, a point of another shape, a number that is not
 finite) is reported on stderr with its line number and skipped: that point simply runs
-again, so the resumed table is exactly the uninterrupted one.
+again, so the resumed table is exactly the uninterrupted one. A point line is damaged
+too when a result column is not what the table needs (simulator.whatif.rows: `fast`
+where a time is expected, a list, an integer past 2**63), or when it is longer than
+MAX_LINE_BYTES.
+
+The checkpoint must be a regular file (a FIFO would block its open forever, a device
+would be read without end) and at most checkpoint_bound(points) bytes long; otherwise
+the study is refused (exit 2) before anything is written.
 """
 from __future__ import annotations
 
 import json
 import os
+import stat
 import sys
+import tempfile
 from pathlib import Path
 from typing import Any
 
 from ..errors import UsageError
 from .points import PointSpec
+from .rows import row_problem
 
-STATUSES = ("ok", "invalid", "error")
+# A row is about 1.5 KB (some 40 columns); an invalid point's reason is bounded to a few
+# KB by inputs.errors. 64 KiB leaves room for many varied parameters and long internal
+# error messages; a longer line is no row this program wrote.
+MAX_LINE_BYTES = 64 << 10
+# The whole file: the header, each point once and as many damaged lines (a kill cuts at
+# most one line short, and each resume rewrites the file without them), at most 1 GiB
+# (100,000 points, the most a study has, of 10 KiB each).
+MAX_CHECKPOINT_BYTES = 1 << 30
 
 
 def checkpoint_path(output: str | Path) -> Path:
@@ -33,25 +50,43 @@ def checkpoint_path(output: str | Path) -> Path:
     return Path(f"{output}.partial.jsonl")
 
 
+def checkpoint_bound(points: int) -> int:
+    """The most bytes the checkpoint of a study of `points` points may hold."""
+    return min(MAX_CHECKPOINT_BYTES, (2 * points + 1) * MAX_LINE_BYTES)
+
+
+def _special(path: Path, flag: str) -> UsageError:
+    return UsageError(flag, str(path), "a regular file as the checkpoint (this is a FIFO, "
+                                       "device or folder): remove it or choose another -o")
+
+
+def check_regular(path: Path, flag: str) -> None:
+    """Refuse (UsageError) a checkpoint path that exists but is not a regular file: a FIFO
+    blocks its open until another process opens the other end, a device never ends."""
+    try:
+        mode = os.stat(path).st_mode   # follows a link: its target is what is opened
+    except FileNotFoundError:
+        return
+    except OSError as exc:
+        raise UsageError(flag, str(path), f"a usable checkpoint path "
+                                          f"({exc.strerror or type(exc).__name__})") from None
+    if not stat.S_ISREG(mode):
+        raise _special(path, flag)
+
+
 def _reject_constant(name: str) -> None:
     raise ValueError(f"{name} is not a finite number")
 
 
-def row_problem(row: Any, points: dict[int, PointSpec]) -> str | None:
-    """Why a checkpoint line cannot be a finished point of this study (None: it can)."""
-    if not isinstance(row, dict):
-        return f"a JSON object (got {type(row).__name__})"
-    point = row.get("point")
-    if type(point) is not int or point not in points:
-        return f"'point' an integer from 0 to {len(points) - 1} (got {point!r})"
-    if row.get("status") not in STATUSES:
-        return f"'status' one of {', '.join(STATUSES)} (got {row.get('status')!r})"
-    spec = points[point]
-    expected = {"topo": spec["topo"]["ref"], **spec["params"]}
-    for key, value in expected.items():
-        if row.get(key) != value:
-            return f"{key!r} {value!r} for point {point} (got {row.get(key)!r})"
-    return None
+def _parse(line: str, points: dict[int, PointSpec]) -> tuple[Any, str | None]:
+    """A checkpoint line's row, and why it cannot be a finished point (None: it can)."""
+    if len(line.encode()) > MAX_LINE_BYTES:
+        return None, f"a line of at most {MAX_LINE_BYTES:,} bytes"
+    try:
+        row = json.loads(line, parse_constant=_reject_constant)
+        return row, row_problem(row, points)
+    except (ValueError, RecursionError) as exc:   # JSONDecodeError is a ValueError
+        return None, f"valid JSON with finite numbers ({exc})"
 
 
 class Checkpoint:
@@ -61,6 +96,7 @@ class Checkpoint:
         self.path, self.study = path, study
         self.rows: dict[int, dict[str, Any]] = {}
         self.resumed = False
+        check_regular(path, "--resume" if resume else "--output")
         if resume and path.exists():
             self.rows = self._read({p["point"]: p for p in points})
             self.resumed = True
@@ -69,15 +105,29 @@ class Checkpoint:
         if not self.resumed:
             self._write({"study": study})
 
-    def _read(self, points: dict[int, PointSpec]) -> dict[int, dict[str, Any]]:
+    def _text(self, limit: int) -> str:
+        """The file's text, refused (exit 2) past `limit` bytes or when not a regular file
+        (O_NONBLOCK: a FIFO swapped in after check_regular cannot block the open)."""
         try:
-            lines = self.path.read_text().split("\n")
+            fd = os.open(self.path, os.O_RDONLY | os.O_NONBLOCK)
+            with open(fd, "rb") as f:
+                if not stat.S_ISREG(os.fstat(fd).st_mode):
+                    raise _special(self.path, "--resume")
+                data = f.read(limit + 1)
+            text = data.decode("utf-8")
         except (OSError, UnicodeDecodeError) as exc:
             raise UsageError("--resume", str(self.path), f"a readable checkpoint ({exc})") \
                 from None
+        if len(data) > limit:
+            raise UsageError("--resume", str(self.path), f"a checkpoint of at most {limit:,} "
+                             f"bytes for this study, or run without --resume")
+        return text
+
+    def _read(self, points: dict[int, PointSpec]) -> dict[int, dict[str, Any]]:
+        lines = self._text(checkpoint_bound(len(points))).split("\n")
         try:
             header = json.loads(lines[0])
-        except (json.JSONDecodeError, RecursionError):
+        except (ValueError, RecursionError):   # an integer past the digit limit: ValueError
             header = None
         if not isinstance(header, dict) or header.get("study") != self.study:
             raise UsageError("--resume", str(self.path),
@@ -88,11 +138,7 @@ class Checkpoint:
         for number, line in enumerate(lines[1:], start=2):
             if not line.strip():
                 continue
-            try:
-                row = json.loads(line, parse_constant=_reject_constant)
-                problem = row_problem(row, points)
-            except (ValueError, RecursionError) as exc:   # JSONDecodeError is a ValueError
-                problem = f"valid JSON with finite numbers ({exc})"
+            row, problem = _parse(line, points)
             if problem is None and row["point"] in rows:
                 problem = f"each point once (point {row['point']} is repeated)"
             if problem is not None:
@@ -106,12 +152,20 @@ class Checkpoint:
 
     def _rewrite(self, lines: list[str]) -> None:
         """Keep only the good lines, so later appends start on a clean line."""
-        tmp = self.path.with_name(self.path.name + ".tmp")
-        with open(tmp, "w") as f:
-            f.write("\n".join(lines) + "\n")
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, self.path)
+        # A fresh name (mkstemp), not a fixed one that a FIFO could already hold; the
+        # checkpoint's own permissions are kept.
+        fd, tmp = tempfile.mkstemp(prefix=self.path.name + ".", suffix=".tmp",
+                                   dir=self.path.parent)
+        try:
+            os.fchmod(fd, stat.S_IMODE(os.stat(self.path).st_mode))
+            with open(fd, "w") as f:
+                f.write("\n".join(lines) + "\n")
+                f.flush()
+                os.fsync(f.fileno())
+            os.replace(tmp, self.path)
+        except BaseException:
+            Path(tmp).unlink(missing_ok=True)
+            raise
 
     def _write(self, obj: dict) -> None:
         self._file.write(json.dumps(obj, sort_keys=True, allow_nan=False) + "\n")

@@ -36,6 +36,25 @@ ENGINES = ("local", "ray")
 # TCP connection before giving up (exit 2). Without the check ray.init retries an
 # unreachable address for minutes; a reachable head answers in milliseconds on a LAN.
 RAY_CONNECT_TIMEOUT_S = 5.0
+# The most `--workers` asked for: far more local processes than any machine's cores, or
+# Ray batches than a cluster's CPUs, would only cost memory (each worker imports the
+# simulator). Local workers are further capped at os.cpu_count().
+MAX_WORKERS = 1024
+
+
+def check_workers(workers: int | None) -> None:
+    """Refuse (UsageError, exit 2) a worker count outside 1..MAX_WORKERS (None: default)."""
+    if workers is not None and (type(workers) is not int or not 1 <= workers <= MAX_WORKERS):
+        raise UsageError("--workers", workers, f"an integer from 1 to {MAX_WORKERS} (local "
+                                               f"workers are capped at the core count)")
+
+
+def local_workers(workers: int | None, points: int) -> int:
+    """How many local processes run `points` points: the request (default: every core),
+    never more than the cores or the points."""
+    cores = os.cpu_count() or 1
+    return min(workers or cores, cores, points)
+
 
 def _progress(total: int, initial: int, enabled: bool):
     """A tqdm bar on stderr if tqdm is importable (and stderr a terminal), else a no-op."""
@@ -132,6 +151,7 @@ def run_points(points: list[PointSpec], engine: str = "local", workers: int | No
     """
     if engine not in ENGINES:
         raise UsageError("--engine", engine, ", ".join(ENGINES))
+    check_workers(workers)
     if resume and output is None:
         raise UsageError("--resume", True, "only with -o FILE.parquet (the checkpoint's place)")
     if engine == "ray" and not _import_ray().is_initialized():
@@ -153,7 +173,7 @@ def run_points(points: list[PointSpec], engine: str = "local", workers: int | No
     failed = True
     try:
         with StopSignals() as stop:
-            n = min(workers or os.cpu_count() or 1, len(todo))
+            n = local_workers(workers, len(todo))
             if engine == "ray":
                 _ray(todo, workers or 0, address, record, stop)
             elif n <= 1:
