@@ -23,15 +23,26 @@ from .transport import NetTransport, host_staged_nic_Bps, parse_nccl_env, parse_
 GB = 1e9
 
 
+# Every number of a topology file is a rate (GB/s, TFLOP/s), a time (us), a size or a
+# count in human units: past 1e12 of any of them, or a positive value below 1e-6, is no
+# hardware and would overflow or vanish once scaled to bytes and seconds (a 1e308 TFLOP/s
+# peak, a 1e-300 bandwidth times a 1e-300 efficiency).
+MAX_MAGNITUDE = 1e12
+MIN_POSITIVE = 1e-6
+
+
 def _number(obj: dict, key: str, where: str, default: Any = None, minimum: float = 0.0,
             integer: bool = False, maximum: float = math.inf, allow_minimum: bool = False) -> Any:
     """A finite number above `minimum` (or equal to it with allow_minimum), at most
-    `maximum`; an integer when asked."""
+    `maximum` and MAX_MAGNITUDE, at least MIN_POSITIVE where it must be positive; an
+    integer when asked."""
     if key not in obj:
         if default is None:
             raise TopologyError(f"{where}.{key}", None, "a required number")
         return default
-    value = obj[key]
+    value, maximum = obj[key], min(maximum, MAX_MAGNITUDE)
+    if not allow_minimum and minimum < MIN_POSITIVE:
+        minimum, allow_minimum = MIN_POSITIVE, True
     ok = isinstance(value, (int, float)) and not isinstance(value, bool) and finite(value)
     if ok and integer:
         ok = float(value).is_integer()
@@ -40,8 +51,8 @@ def _number(obj: dict, key: str, where: str, default: Any = None, minimum: float
     if not ok:
         kind = "an integer" if integer else "a finite number"
         low = ">=" if allow_minimum else ">"
-        high = f" and <= {maximum:g}" if maximum != math.inf else ""
-        raise TopologyError(f"{where}.{key}", value, f"{kind} {low} {minimum:g}{high}")
+        raise TopologyError(f"{where}.{key}", value,
+                            f"{kind} {low} {minimum:g} and <= {maximum:g}")
     return int(value) if integer else float(value)
 
 

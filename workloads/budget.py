@@ -24,6 +24,8 @@ from .schedules import stage_layers
 TASKS_PER_LAYER_MICROBATCH = 100
 # Per-step tasks of one layer (parameter gathers, gradient reductions, optimizer).
 TASKS_PER_LAYER_STEP = 20
+# Tasks of one gradient bucket: its reduction and, under ZeRO, its parameter all-gather.
+TASKS_PER_BUCKET = 2
 # Simulated tasks (tasks per rank x simulated ranks) a run may ask for unless raised by
 # --max-tasks: 25 million. Every bundled plan passes, the 16,384-GPU Llama 3 405B job
 # with 1.6e5, and `--full` on the 1,024-GPU Llama 3 70B plan (9.6 million real tasks,
@@ -49,7 +51,21 @@ def estimate_tasks(plan, simulated_ranks: int) -> WorkEstimate:
     layers = max(sum(len(r) for r in chunks[s::pp]) for s in range(pp)) + 2
     micro = plan.training.global_batch // (plan.mesh.dp * plan.training.micro_batch)
     per_rank = layers * (micro * TASKS_PER_LAYER_MICROBATCH + TASKS_PER_LAYER_STEP)
+    per_rank += TASKS_PER_BUCKET * gradient_buckets(plan, layers)
     return WorkEstimate(micro, layers, per_rank, simulated_ranks, per_rank * simulated_ranks)
+
+
+def gradient_buckets(plan, layers: int) -> int:
+    """An upper estimate of the gradient buckets of a stage under a numeric
+    ddp.bucket_params (workloads/ddp_buckets.py: ceil(P / bucket) per chunk): the stage's
+    `layers` at the model's largest layer, embedding and output layer included, per TP
+    rank, and one bucket more per layer for the cuts."""
+    bucket = plan.grad_bucket
+    if isinstance(bucket, bool) or not isinstance(bucket, int) or bucket <= 0:
+        return 0
+    m = plan.model
+    largest = max([m.layer_params(), m.embedding_params(), m.output_params()])
+    return math.ceil(layers * largest / plan.mesh.tp / bucket) + layers
 
 
 def check_work(plan, simulated_ranks: int, max_tasks: int = MAX_TASKS) -> WorkEstimate:
@@ -67,6 +83,10 @@ def check_work(plan, simulated_ranks: int, max_tasks: int = MAX_TASKS) -> WorkEs
                "rank(s); --max-tasks raises the limit)")
     if est.micro_batches * TASKS_PER_LAYER_MICROBATCH > max_tasks:
         raise WorkloadError("training.global_batch", plan.training.global_batch, allowed)
+    buckets = gradient_buckets(plan, est.layers_per_stage)
+    if buckets * TASKS_PER_BUCKET * est.simulated_ranks > max_tasks:
+        raise WorkloadError("ddp.bucket_params", plan.grad_bucket,
+                            f"{allowed[:-1]}; {buckets:,} gradient buckets a stage)")
     if est.tasks_per_rank > max_tasks:
         raise WorkloadError("model.num_hidden_layers", plan.model.num_layers, allowed)
     raise WorkloadError("simulated ranks", est.simulated_ranks, allowed)

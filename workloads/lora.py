@@ -96,7 +96,7 @@ class LoRA:
     def __post_init__(self) -> None:
         check_int(self.rank, "lora.rank", 1, MAX_RANK)
         if (not isinstance(self.targets, tuple) or not self.targets
-                or any(t not in MODULES for t in self.targets)
+                or any(not isinstance(t, str) or t not in MODULES for t in self.targets)
                 or len(set(self.targets)) != len(self.targets)):
             raise WorkloadError("lora.targets", list(self.targets) if isinstance(
                 self.targets, tuple) else self.targets,

@@ -23,6 +23,8 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, fields
 from typing import Any
 
+from inputs import finite
+
 from .errors import WorkloadError
 
 FULL, SLIDING = "full_attention", "sliding_attention"   # Hugging Face layer_types values
@@ -283,7 +285,7 @@ def _check_types(m: ModelSpec) -> None:
         if not isinstance(getattr(m, flag), bool):
             raise WorkloadError(f"model.{flag}", getattr(m, flag), "true or false")
     if (not isinstance(m.glu_clamp, (int, float)) or isinstance(m.glu_clamp, bool)
-            or not 0 <= m.glu_clamp < float("inf")):
+            or not finite(m.glu_clamp) or m.glu_clamp < 0):
         raise WorkloadError("model.glu_clamp", m.glu_clamp, "a non-negative number (0: none)")
     types = m.layer_types
     if not isinstance(types, (list, tuple)) or any(t not in (FULL, SLIDING) for t in types):

@@ -172,10 +172,10 @@ def _check_shares(shares: Any) -> None:
     if (not isinstance(shares, tuple) or not 1 <= len(shares) <= MAX_SHARES
             or any(isinstance(s, bool) or not isinstance(s, (int, float))
                    or not finite(s) or s < 0 for s in shares)
-            or not sum(shares) > 0):
+            or not (0 < sum(shares) and finite(sum(shares)))):
         raise WorkloadError(where, list(shares) if isinstance(shares, tuple) else shares,
-                            f"a list of 1 to {MAX_SHARES} non-negative numbers, not all 0 "
-                            "(each expert's share of the routed tokens)")
+                            f"a list of 1 to {MAX_SHARES} non-negative numbers, not all 0, "
+                            "with a finite sum (each expert's share of the routed tokens)")
 
 
 def parse_moe(raw: dict) -> dict:

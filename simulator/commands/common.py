@@ -73,6 +73,8 @@ def plan_and_topology(plan_ref: str, topo_ref: str | None,
                       max_gpus: int = MAX_GPUS) -> tuple[Plan, Topology]:
     """Load a plan (or job config); the topology is --topo, else the plan's default (at
     most max_gpus)."""
+    if topo_ref is not None and not topo_ref.strip():
+        raise UsageError("--topo", topo_ref, "a topology name or file (not empty)")
     plan = load_any_plan(plan_ref)
     ref = topo_ref or plan.topology
     if not ref:

@@ -16,6 +16,7 @@ import topologies
 from workloads.jobs import write_megatron, write_torchtitan
 
 from ..output import write_text_atomic
+from ..errors import UsageError
 from .common import add_limits, load_any_plan
 
 
@@ -42,6 +43,8 @@ def _world_size(ref: str, max_gpus: int) -> int:
 
 def handle(args: argparse.Namespace) -> int:
     """Export, list what could not be expressed on stderr, write the config."""
+    if args.topo is not None and not args.topo.strip():
+        raise UsageError("--topo", args.topo, "a topology name or file (not empty)")
     plan = load_any_plan(args.plan)
     ref = args.topo or plan.topology
     needed = args.framework == "torchtitan" and not plan.mesh.dp   # dp "auto"

@@ -16,7 +16,7 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from inputs import InputError, parse_json
+from inputs import InputError, finite, parse_json
 
 from ..errors import UsageError
 from ..summary import rank_breakdowns
@@ -61,9 +61,14 @@ def read_trace(path: str) -> tuple[pa.Table, dict[str, Any]]:
         except (UnicodeDecodeError, InputError):
             continue
     if not isinstance(meta.get("summary"), dict) or not all(
-            isinstance(meta["summary"].get(k), (int, float)) for k in SUMMARY_TIMES):
+            _finite_number(meta["summary"].get(k)) for k in SUMMARY_TIMES):
         meta.pop("summary", None)   # a foreign or damaged summary: the rows still tell
     return table, meta
+
+
+def _finite_number(value: Any) -> bool:
+    """A JSON number a float holds (not a bool, NaN, infinity or a 400-digit integer)."""
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and finite(value)
 
 
 # The columns the trace commands read, and their kinds (simulator/trace.py COLUMNS).

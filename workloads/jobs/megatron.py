@@ -306,9 +306,11 @@ def _dtype(get: _Getter) -> str:
         return "nvfp4"
     if get.str("fp8-format") is not None:
         need_choice(get.str("fp8-format"), get.name("fp8-format"), ("e4m3", "hybrid"))
-        # tensorwise: TE's current scaling (fp8_cs), blockwise: its Float8BlockScaling
+        # tensorwise: TE's current scaling (fp8_cs), blockwise: its Float8BlockScaling; a
+        # value not among the recipes is refused with the unmodelled flags (K.UNMODELLED)
+        recipe = get.str("fp8-recipe")
         return {"mxfp8": "mxfp8", "tensorwise": "fp8_cs", "blockwise": "fp8_blockwise"
-                }.get(get.str("fp8-recipe"), "fp8")
+                }.get(recipe, "fp8") if isinstance(recipe, str) else "fp8"
     return "bf16" if get.on("bf16") else "fp32"
 
 

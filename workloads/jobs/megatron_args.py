@@ -53,12 +53,44 @@ def parse_args_text(text: str, source: str = "args.txt") -> tuple[Flags, list[st
     return flags, notes
 
 
+MERGE_TAG = "tag:yaml.org,2002:merge"
+
+
+def _strict_loader(yaml):
+    """PyYAML's SafeLoader refusing a mapping key given twice, as a JSON input is refused
+    (safe_load keeps the last one silently). Keys that are not strings are named where
+    their section is read (_section, and the top level in parse_bridge_yaml)."""
+    class StrictLoader(yaml.SafeLoader):
+        """SafeLoader with unique mapping keys."""
+
+    def mapping(loader, node):
+        seen = set()
+        for key_node, _ in node.value:   # the mapping's own keys; merged ones may be
+            if key_node.tag == MERGE_TAG:  # overridden, as YAML's merge key allows
+                continue
+            key = loader.construct_object(key_node, deep=True)
+            try:
+                why = "a duplicate key" if key in seen else ""
+            except TypeError:   # a list or mapping as a key
+                why = "an unhashable key"
+            if why:
+                raise yaml.constructor.ConstructorError(
+                    None, None, f"{why}: {key!r}", key_node.start_mark)
+            seen.add(key)
+        loader.flatten_mapping(node)   # YAML merge keys (<<), as SafeLoader does
+        return {loader.construct_object(k, deep=True): loader.construct_object(v, deep=True)
+                for k, v in node.value}
+
+    StrictLoader.add_constructor(yaml.resolver.BaseResolver.DEFAULT_MAPPING_TAG, mapping)
+    return StrictLoader
+
+
 def parse_bridge_yaml(text: str, source: str, findings: Findings) -> tuple[Flags, dict]:
     """Flags of a Megatron-Bridge ConfigContainer YAML (v0.6.0 shape), and each flag's
     YAML key (for messages)."""
     import yaml   # PyYAML (pyproject: a dependency for this reader)
     try:
-        raw = yaml.safe_load(text)
+        raw = yaml.load(text, Loader=_strict_loader(yaml))
     except (yaml.YAMLError, ValueError, RecursionError) as exc:   # a huge integer, nesting
         reason = str(exc).replace("\n", " ")[:200]
         raise JobConfigError(source, "YAML", f"valid YAML ({reason})") from None
@@ -72,6 +104,9 @@ def parse_bridge_yaml(text: str, source: str, findings: Findings) -> tuple[Flags
     names: dict[str, str] = {}
     recipe = raw.get("mixed_precision")
     for section, body in raw.items():
+        if not isinstance(section, str):
+            raise JobConfigError(repr(section), body, "a section name of "
+                                 f"{K.BRIDGE_RELEASE}'s YAML (a string)")
         if section in K.BRIDGE_IGNORED:
             findings.ignore(section, K.BRIDGE_IGNORED[section])
         elif section == "env_vars":

@@ -1,0 +1,92 @@
+"""Inputs a second adversarial campaign (1,365 scripted cases over every subcommand) found
+escaping the bad-input contract (exit status 2, one line naming the field): a LoRA target
+that is a list, a topology number that overflows or vanishes once scaled to bytes and
+seconds, a MoE share list whose sum overflows, a 400-digit clamp, a gradient bucket of a
+few parameters that the work estimate did not count (the run hung), a Bridge YAML with a
+key given twice (the last one silently won), a section that is not a string or a list as
+its FP8 recipe, a trace whose summary holds a 400-digit number, and an empty --topo that
+fell back to the plan's topology."""
+from __future__ import annotations
+
+import pyarrow.parquet as pq
+import pytest
+
+from tests.test_fuzz_inputs import TINY_MODEL, TINY_PLAN, TOPOLOGY, holds_contract, write
+from tests.test_jobs_megatron import BRIDGE
+
+def _refused(argv, field):
+    status, err = holds_contract(argv)
+    assert status == 2 and f"error: {field}" in err, err
+
+
+def test_lora_target_that_is_a_list(tmp_path):
+    plan = write(tmp_path, "p.json", {**TINY_PLAN, "fsdp": {"enabled": False},
+                                      "lora": {"targets": [["linear_qkv"]]}})
+    _refused(["run", "--plan", plan, "--topo", "dgx-h100"], "lora.targets")
+
+
+@pytest.mark.parametrize("gpu", [{"bf16_tflops": 1e308}, {"bf16_tflops": 1e-300},
+                                 {"hbm_GBps": 1e-300}, {"nvlink_nccl_GBps": 1e308}])
+def test_topology_numbers_that_overflow_or_vanish_once_scaled(tmp_path, gpu):
+    topo = write(tmp_path, "t.json", {**TOPOLOGY, "gpu": {"base": "h100", **gpu}})
+    plan = write(tmp_path, "p.json", TINY_PLAN)
+    _refused(["run", "--plan", plan, "--topo", topo], f"gpu.{next(iter(gpu))}")
+
+
+def test_moe_shares_whose_sum_overflows():
+    from workloads import WorkloadError
+    from workloads.moe_options import parse_moe
+    with pytest.raises(WorkloadError, match="moe.load_imbalance.shares"):
+        parse_moe({"load_imbalance": {"distribution": "measured", "shares": [1e308] * 8}})
+
+
+def test_a_clamp_past_a_float_is_refused(tmp_path):
+    plan = write(tmp_path, "p.json", {**TINY_PLAN, "model": {**TINY_MODEL,
+                                                              "swiglu_limit": 10 ** 400}})
+    _refused(["run", "--plan", plan, "--topo", "dgx-h100"], "model.swiglu_limit")
+
+
+def test_a_tiny_gradient_bucket_is_bounded_before_lowering(tmp_path):
+    plan = write(tmp_path, "p.json", {**TINY_PLAN, "model": "llama3-8b",
+                                      "fsdp": {"enabled": False},
+                                      "framework": "megatron-core", "zero_stage": 1,
+                                      "ddp": {"bucket_params": 1}})
+    _refused(["run", "--plan", plan, "--topo", "dgx-h100"], "ddp.bucket_params")
+
+
+@pytest.mark.parametrize("change, field", [
+    (("model:\n", "model:\n  num_layers: 16\n"), "YAML"),            # num_layers twice
+    (("model:\n", "1: 2\nmodel:\n"), "1"),                             # a section named 1
+])
+def test_bridge_yaml_duplicates_and_odd_sections(tmp_path, change, field):
+    path = tmp_path / "c.yaml"
+    path.write_text(BRIDGE.format(extra="").replace(*change, 1))
+    status, err = holds_contract(["import", "megatron", str(path), "-o",
+                                  str(tmp_path / "p.json")])
+    assert status == 2 and (f"got '{field}'" in err if field == "YAML"
+                            else err.startswith(f"error: {field}:")), err
+
+
+def test_yaml_merge_keys_may_still_be_overridden():
+    import yaml
+    from workloads.jobs.megatron_args import _strict_loader
+    text = "base: &b\n  num_layers: 2\nmodel:\n  <<: *b\n  num_layers: 3\n"
+    assert yaml.load(text, Loader=_strict_loader(yaml))["model"] == {"num_layers": 3}
+
+
+def test_trace_summary_with_a_huge_integer_is_ignored(tmp_path):
+    from tests.test_fuzz_inputs import call
+    plan = write(tmp_path, "p.json", TINY_PLAN)
+    trace = tmp_path / "t.parquet"
+    status, _, err = call(["run", "--plan", plan, "--topo", "dgx-h100", "--trace", str(trace)])
+    assert status == 0, err
+    table = pq.read_table(trace)
+    meta = dict(table.schema.metadata)
+    meta[b"summary"] = b'{"step_time_s": ' + b"9" * 400 + b"}"
+    pq.write_table(table.replace_schema_metadata(meta), trace)
+    assert holds_contract(["trace", "summary", str(trace)])[0] == 0
+
+
+@pytest.mark.parametrize("command", [["run", "--plan"], ["export", "megatron"]])
+def test_an_empty_topo_is_refused(command):
+    _refused([*command, "fsdp", "--topo", ""], "--topo")
