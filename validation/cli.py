@@ -10,7 +10,7 @@ import argparse
 import os
 import sys
 
-from inputs import InputError
+from inputs import InputError, decimal
 from simulator.errors import EXIT_WRITE_FAILED, WriteError
 from simulator.output import output_kind
 
@@ -26,15 +26,34 @@ class _Parser(argparse.ArgumentParser):
         raise ValidationError("arguments", " ".join(sys.argv[1:]), message)
 
 
-def _positive(name: str):
+# Upper bounds of the count flags, checked while the flags are parsed (before a process is
+# spawned): a typo such as --nproc 100000 must be refused, not handed to mp.spawn.
+# --nproc: processes spawned on this one host (mp.spawn); no host has more than 1,024 GPUs
+# or CPU cores to give them (a multi-node run goes through torchrun, which sets WORLD_SIZE).
+MAX_NPROC = 1024
+# --threads: torch intra-op threads per process; past a host's core count they only contend.
+MAX_THREADS = 1024
+# --steps / --warmup: real training steps, each a row per rank in the measured file;
+# 100,000 steps of even a 10 ms toy step is over 15 minutes, far past any validation run.
+MAX_STEPS = 100_000
+# --jobs: simulation workers of `references` (CPU-bound, each an interpreter holding the
+# simulator); more than a few per CPU only queue and use memory.
+JOBS_PER_CPU = 4
+
+
+def max_jobs() -> int:
+    """The largest --jobs this host accepts (JOBS_PER_CPU per CPU)."""
+    return JOBS_PER_CPU * (os.cpu_count() or 1)
+
+
+def _count(low: int, high: int):
+    """argparse type: an integer in [low, high]; ASCII or Unicode decimal digits only
+    (inputs.decimal: no sign, '_' or '²'), at most 7 of them (every bound is below 10^7)."""
     def parse(text: str) -> int:
-        try:
-            value = int(text)
-        except ValueError:
-            value = -1
-        if value < 0 or (value == 0 and name != "--warmup"):
-            raise ValidationError(name, text, "a positive integer" if name != "--warmup"
-                                  else "an integer >= 0")
+        value = decimal(text.strip(), 7)
+        if value is None or not low <= value <= high:
+            # argparse names the flag: "argument --nproc: an integer in [1, 1,024] ..."
+            raise argparse.ArgumentTypeError(f"an integer in [{low}, {high:,}], got {text!r}")
         return value
     return parse
 
@@ -49,16 +68,19 @@ def build_parser() -> argparse.ArgumentParser:
                      help="plan file or bundled plan name; repeat it to train several plans "
                           "in the same processes, their steps in turn (-o is then a folder)")
     run.add_argument("--backend", default="gloo", help="gloo (CPU) | nccl (GPU)")
-    run.add_argument("--nproc", type=_positive("--nproc"), default=None,
-                     help="processes to spawn (default: WORLD_SIZE under torchrun, else 2)")
-    run.add_argument("--steps", type=_positive("--steps"), default=5, help="timed steps")
-    run.add_argument("--warmup", type=_positive("--warmup"), default=1, help="untimed steps")
+    run.add_argument("--nproc", type=_count(1, MAX_NPROC), default=None,
+                     help=f"processes to spawn, at most {MAX_NPROC:,} (default: WORLD_SIZE "
+                          "under torchrun, else 2)")
+    run.add_argument("--steps", type=_count(1, MAX_STEPS), default=5,
+                     help=f"timed steps, at most {MAX_STEPS:,}")
+    run.add_argument("--warmup", type=_count(0, MAX_STEPS), default=1,
+                     help=f"untimed steps, at most {MAX_STEPS:,}")
     run.add_argument("--dims", default=None,
                      help="overrides: hidden=,layers=,heads=,kv_heads=,ffn=,vocab=,seq=,batch=,"
                           "micro_batch=")
     run.add_argument("--dtype", default=None, help="fp32 (gloo default) | bf16 (nccl default)")
-    run.add_argument("--threads", type=_positive("--threads"), default=1,
-                     help="torch intra-op threads per process (CPU)")
+    run.add_argument("--threads", type=_count(1, MAX_THREADS), default=1,
+                     help=f"torch intra-op threads per process (CPU), at most {MAX_THREADS:,}")
     run.add_argument("--profile", action="store_true", help="record torch.profiler events")
     run.add_argument("-o", "--output", required=True,
                      help="measured Parquet file (with several --plan: a folder that gets "
@@ -66,8 +88,10 @@ def build_parser() -> argparse.ArgumentParser:
 
     cal = sub.add_parser("calibrate", help="micro-benchmark this host into a topology file")
     cal.add_argument("--backend", default="gloo", help="gloo | nccl")
-    cal.add_argument("--nproc", type=_positive("--nproc"), default=None)
-    cal.add_argument("--threads", type=_positive("--threads"), default=1)
+    cal.add_argument("--nproc", type=_count(1, MAX_NPROC), default=None,
+                     help=f"processes to spawn, at most {MAX_NPROC:,}")
+    cal.add_argument("--threads", type=_count(1, MAX_THREADS), default=1,
+                     help=f"torch intra-op threads per process, at most {MAX_THREADS:,}")
     cal.add_argument("--quick", action="store_true", help="fewer sizes and repetitions")
     cal.add_argument("-o", "--output", required=True, help="topology JSON to write")
 
@@ -79,8 +103,9 @@ def build_parser() -> argparse.ArgumentParser:
     ref = sub.add_parser("references", help="simulate published training runs; print MAPE")
     ref.add_argument("--csv", default=None, help="reference CSV (default: bundled)")
     ref.add_argument("--json", action="store_true", help="print one JSON object")
-    ref.add_argument("--jobs", type=_positive("--jobs"), default=None,
-                     help="worker processes (default: one per CPU)")
+    ref.add_argument("--jobs", type=_count(1, max_jobs()), default=None,
+                     help=f"worker processes, at most {JOBS_PER_CPU} per CPU "
+                          "(default: one per CPU)")
     ref.add_argument("--no-write-residuals", action="store_true",
                      help="do not update simulator/data/reference_residuals.json (the bundled "
                           "table's residuals, read by `simulator run` for its band)")
@@ -98,11 +123,17 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def _world_from_env(nproc: int | None) -> int:
+    """The world size: torchrun's WORLD_SIZE when RANK is set too, else --nproc or 2."""
     env = os.environ.get("WORLD_SIZE")
     if env is not None and "RANK" in os.environ:
-        if nproc is not None and nproc != int(env):
+        # torchrun's own value, but still text from the environment: int() of "x" would
+        # be an exit-1 ValueError
+        world = decimal(env.strip(), 7)
+        if world is None or world < 1:
+            raise ValidationError("WORLD_SIZE", env, "an integer >= 1 (set by torchrun)")
+        if nproc is not None and nproc != world:
             raise ValidationError("--nproc", nproc, f"WORLD_SIZE ({env}) under torchrun")
-        return int(env)
+        return world
     return nproc or 2
 
 

@@ -6,22 +6,29 @@ NCCL release, the release inferred from how the run was set up (`nccl_version`, 
 """
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
+from inputs import decimal, load_json_file
+
+from .csv_input import require_regular_file
 from .errors import ValidationError
 
 DEFAULT_SYSTEMS = Path(__file__).resolve().parent / "references" / "nccl_systems.json"
+# A group's rank count (or one DIM=N's N): 7 digits is past any topology's GPU count, and
+# keeps int() far from the interpreter's digit limit.
+MAX_GROUP_DIGITS = 7
+# nccl-tests -g: the GPUs one process drives, all on one host; an integer of hundreds of
+# digits would overflow the host floor's float (simulator/network/latency.py).
+MAX_GPUS_PER_PROCESS = 1024
 
 
 def load_systems(path: str | Path = DEFAULT_SYSTEMS) -> dict[str, dict]:
     """System id -> {topology, group, hardware[, inexpressible]}; topology files are
     resolved beside the JSON file."""
     path = Path(path)
-    try:
-        raw = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise ValidationError("--systems", str(path), f"a readable JSON file ({exc})") from None
+    require_regular_file(path, "--systems")   # a FIFO would block the read for ever
+    # the strict reader: bounded size and depth, no NaN, no key given twice
+    raw = load_json_file(path, "--systems", ValidationError)
     if not isinstance(raw, dict):
         raise ValidationError("--systems", str(path), "a JSON object: system -> mapping")
     systems = {}
@@ -47,18 +54,23 @@ def _check_system_fields(name: str, entry: dict) -> None:
     group = entry["group"].strip()
     parts = [part.partition("=") for part in group.split(",")]
     dims = [key.strip().lower() for key, _, _ in parts]
-    well_formed = group.isdigit() or (
-        all(sep and key in MESH_ORDER and value.strip().isdigit()
+    # inputs.decimal, not str.isdigit ('²' is a digit int() cannot read), and bounded
+    # (MAX_GROUP_DIGITS): a longer count fits no topology
+    ranks = decimal(group, MAX_GROUP_DIGITS)
+    well_formed = (ranks is not None and ranks >= 1) or (
+        all(sep and key in MESH_ORDER and decimal(value.strip(), MAX_GROUP_DIGITS) is not None
             for (_, sep, value), key in zip(parts, dims))
         and len(set(dims)) == len(dims))
-    if not well_formed or (group.isdigit() and int(group) < 1):
+    if not well_formed:
         raise ValidationError(f"systems.{name}.group", entry["group"],
                               "a rank count or DIM=N[,DIM=N] with each DIM once, in "
-                              + ", ".join(MESH_ORDER))
+                              + ", ".join(MESH_ORDER)
+                              + f" (N of at most {MAX_GROUP_DIGITS} digits)")
     per_process = entry.get("gpus_per_process", 1)
-    if isinstance(per_process, bool) or not isinstance(per_process, int) or per_process < 1:
+    if isinstance(per_process, bool) or not isinstance(per_process, int) \
+            or not 1 <= per_process <= MAX_GPUS_PER_PROCESS:
         raise ValidationError(f"systems.{name}.gpus_per_process", per_process,
-                              "an integer >= 1 (nccl-tests -g)")
+                              f"an integer in [1, {MAX_GPUS_PER_PROCESS}] (nccl-tests -g)")
     _check_system_version(name, entry)
 
 

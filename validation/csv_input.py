@@ -12,8 +12,11 @@ from __future__ import annotations
 
 import csv
 import math
+import os
+import stat
 from pathlib import Path
 
+from inputs import decimal
 from topologies.presets import FAMILIES
 
 from .errors import ValidationError
@@ -143,6 +146,7 @@ def read_typed_csv(path: str | Path, columns: dict[str, tuple[str, bool, object]
     column -> (kind, required, allowed)); a bad cell raises a ValidationError naming the
     row, the column, the value and what is allowed."""
     path = Path(path)
+    require_regular_file(path, "--csv")
     try:
         if path.stat().st_size > MAX_BYTES:
             raise ValidationError("--csv", str(path), f"a CSV of at most {MAX_BYTES >> 20} MiB")
@@ -161,6 +165,29 @@ def read_typed_csv(path: str | Path, columns: dict[str, tuple[str, bool, object]
     if not rows:
         raise ValidationError("--csv", str(path), "a CSV with at least one row")
     return rows
+
+
+# What a path that is not a regular file names, for the refusal's message.
+_NOT_REGULAR = ((stat.S_ISDIR, "a folder"), (stat.S_ISFIFO, "a FIFO"),
+                (stat.S_ISCHR, "a character device"), (stat.S_ISBLK, "a block device"),
+                (stat.S_ISSOCK, "a socket"))
+
+
+def require_regular_file(path: str | os.PathLike, field: str) -> None:
+    """ValidationError naming `field` unless `path` is a regular file (or a link to one).
+
+    Checked before the file is opened: opening a FIFO blocks until a writer comes (for
+    ever, in a script), a folder is walked as a dataset by pyarrow, and a device such as
+    /dev/zero never ends; none of them is an input file of this package.
+    """
+    try:
+        mode = os.stat(path).st_mode
+    except (OSError, ValueError) as exc:   # ValueError: a NUL byte in the path
+        reason = exc.strerror if isinstance(exc, OSError) and exc.strerror else str(exc)
+        raise ValidationError(field, str(path), f"a readable file ({reason})") from None
+    if not stat.S_ISREG(mode):
+        kind = next((name for test, name in _NOT_REGULAR if test(mode)), "not a file")
+        raise ValidationError(field, str(path), f"a regular file (it is {kind})")
 
 
 def _check_header(header: list[str], path: str, columns: dict = COLUMNS) -> None:
@@ -195,7 +222,9 @@ def _check_cell(cell: str, column: str, number: int, columns: dict = COLUMNS) ->
         return
     if kind == INT:
         low, high = allowed
-        if not cell.isdigit() or len(cell) > 20 or not low <= int(cell) <= high:
+        # decimal, not str.isdigit: '²' is a digit that int() cannot read (exit 1)
+        value = decimal(cell, 20)
+        if value is None or not low <= value <= high:
             raise ValidationError(where, cell, f"an integer in [{low}, {high:,}]")
     elif kind == NUMBER:
         low, high = allowed

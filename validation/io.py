@@ -19,6 +19,7 @@ from inputs import parse_json
 from simulator.output import atomic_write, write_text_atomic
 from simulator.table_input import FLOAT, INT, TEXT, check_columns
 
+from .csv_input import require_regular_file
 from .errors import ValidationError
 
 TRACE_COLUMNS: dict[str, pa.DataType] = {
@@ -54,6 +55,8 @@ def write_text(text: str, path: str | os.PathLike) -> None:
 
 def read_measured(path: str | os.PathLike) -> tuple[pa.Table, dict]:
     """(table, run description) of a `validation run` output; bad files exit 2."""
+    # pq.read_table walks a folder as a dataset (all of /usr) and blocks on a FIFO
+    require_regular_file(path, "--measured")
     try:
         table = pq.read_table(path)
     except (OSError, pa.ArrowInvalid) as exc:
