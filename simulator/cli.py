@@ -20,6 +20,7 @@ from inputs import InputError
 
 from .errors import (EXIT_BAD_INPUT, EXIT_INTERNAL, EXIT_WRITE_FAILED, OutputError, UsageError,
                      WriteError)
+from .commands.common import flush_notes
 from .output import output_kind
 
 
@@ -70,11 +71,13 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Run the CLI; returns the exit status."""
+    succeeded = False
     try:
         args = build_parser().parse_args(argv)
         check_outputs(args)
         status = int(args.handler(args) or 0)
         sys.stdout.flush()   # a full stdout (> /dev/full) fails here, not at exit
+        succeeded = True
         return status
     except BAD_INPUT as exc:
         print(f"error: {exc}", file=sys.stderr)
@@ -102,3 +105,5 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"internal error: {type(exc).__name__}: {exc} (rerun with --debug for the traceback)",
               file=sys.stderr)
         return EXIT_INTERNAL
+    finally:
+        flush_notes(succeeded)

@@ -90,3 +90,16 @@ def test_trace_summary_with_a_huge_integer_is_ignored(tmp_path):
 @pytest.mark.parametrize("command", [["run", "--plan"], ["export", "megatron"]])
 def test_an_empty_topo_is_refused(command):
     _refused([*command, "fsdp", "--topo", ""], "--topo")
+
+
+def test_a_job_configs_notes_wait_for_the_command_to_succeed(tmp_path):
+    """The importer's notes (keys it ignored) used to be printed before a later error,
+    three lines where the contract allows one; after a success they are still printed."""
+    from tests.test_fuzz_inputs import call
+    from tests.test_jobs_torchtitan import JOB
+    job = tmp_path / "job.toml"
+    job.write_text(JOB.format(extra=""))
+    status, err = holds_contract(["run", "--plan", str(job), "--topo", "nope"])
+    assert status == 2 and err.startswith("error: topology")
+    status, _, err = call(["run", "--plan", str(job), "--topo", "dgx-h100x4"])
+    assert status == 0 and "ignored:" in err

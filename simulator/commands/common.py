@@ -58,13 +58,27 @@ def sim_options(args: argparse.Namespace) -> SimOptions:
         flow_sharing=not args.no_flow_sharing))
 
 
+# A job config's notes (what its importer ignored), held until the command has succeeded
+# (simulator/cli.py main): a later error is then the one line on stderr.
+PENDING_NOTES: list[str] = []
+
+
+def flush_notes(succeeded: bool) -> None:
+    """Print the pending notes to stderr, one a line, after a command that succeeded;
+    drop them after one that failed."""
+    if succeeded:
+        for line in PENDING_NOTES:
+            print(line, file=sys.stderr)
+    PENDING_NOTES.clear()
+
+
 def load_any_plan(plan_ref: str) -> Plan:
     """A plan file, a bundled plan, or a framework job config (a torchtitan .toml, a
-    Megatron-Bridge .yaml, a file of Megatron flags): its notes go to stderr, one a line."""
+    Megatron-Bridge .yaml, a file of Megatron flags): its notes go to stderr, one a line,
+    once the command has succeeded (flush_notes)."""
     if job_framework(plan_ref) and Path(plan_ref).is_file():
         plan, notes = load_job(plan_ref)
-        for line in notes:
-            print(line, file=sys.stderr)
+        PENDING_NOTES.extend(notes)
         return plan
     return load_plan(plan_ref)
 
