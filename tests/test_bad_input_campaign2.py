@@ -103,3 +103,12 @@ def test_a_job_configs_notes_wait_for_the_command_to_succeed(tmp_path):
     assert status == 2 and err.startswith("error: topology")
     status, _, err = call(["run", "--plan", str(job), "--topo", "dgx-h100x4"])
     assert status == 0 and "ignored:" in err
+
+
+def test_a_search_space_is_bounded_before_it_is_enumerated():
+    """A projection-granularity search of 1,024 GPUs is 119 million candidate plans: it
+    ran past 200 s; the space is now counted by arithmetic and refused past --max-points."""
+    argv = ["search", "--topo", "dgx-h100", "--model", "llama3-8b", "--global-batch", "64",
+            "--seq-len", "4096"]
+    _refused([*argv, "--max-points", "10"], "search")
+    _refused([*argv, "--top", "101"], "--top")

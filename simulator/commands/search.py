@@ -20,11 +20,21 @@ from workloads.plan import DTYPES, RECOMPUTE, STRATEGIES
 from ..errors import UsageError
 from ..search import Search, SearchSpace
 from ..search.report import describe_candidate, render_table
-from ..search.space import FRAMEWORK_SPACES, GRANULARITIES, divisors, for_framework
+from ..search.space import FRAMEWORK_SPACES, GRANULARITIES, divisors, for_framework, space_size
 from ..output import write_text_atomic
-from .common import print_json, sim_options
+from .common import positive_int, print_json, sim_options
 
 BOTH = {"on": (True,), "off": (False,), "both": (True, False)}
+# The raw search space (meshes x micro-batches x FSDP x recompute x SP x strategy
+# assignments, search.space.space_size, counted by arithmetic before any is built) a search
+# may ask for unless --max-points raises it. README's example is 184,608 points (group
+# granularity, 32 GPUs); an exhaustive projection-granularity search of one 8-GPU node is
+# 4.7 million and took over a minute on a 2-core host; a projection search of 1,024 GPUs is
+# 119 million and ran past 200 s unfinished.
+MAX_SEARCH_POINTS = 5_000_000
+# Plans ranked by full simulation: each of the top k (and a few more) is simulated, so a
+# large --top would simulate the whole shortlist pool.
+MAX_TOP = 100
 
 
 def register(sub) -> None:
@@ -37,7 +47,11 @@ def register(sub) -> None:
     p.add_argument("--dtype", choices=DTYPES, default="bf16", help="GEMM precision")
     p.add_argument("--memory-budget", type=float, metavar="GB",
                    help="per-GPU memory budget in GB (default: the GPU's capacity)")
-    p.add_argument("--top", type=int, default=5, help="how many plans to rank (default 5)")
+    p.add_argument("--top", type=int, default=5,
+                   help=f"how many plans to rank (default 5, at most {MAX_TOP})")
+    p.add_argument("--max-points", type=positive_int, default=MAX_SEARCH_POINTS, metavar="N",
+                   help="refuse search spaces of more candidate plans "
+                        f"(default {MAX_SEARCH_POINTS:,})")
     p.add_argument("-o", "--output", metavar="BEST.json", help="write the best plan here")
     p.add_argument("--micro-batch", default="1,2,4", help="micro-batch sizes (default 1,2,4)")
     p.add_argument("--tp", help="TP degrees to try (default: every divisor)")
@@ -123,6 +137,8 @@ def handle(args: argparse.Namespace) -> int:
                         ("--top", args.top)):
         if value < 1:
             raise UsageError(flag, value, "a positive integer")
+    if args.top > MAX_TOP:
+        raise UsageError("--top", args.top, f"a positive integer of at most {MAX_TOP}")
     if args.memory_budget is not None and not 0 < args.memory_budget < math.inf:
         raise UsageError("--memory-budget", args.memory_budget, "a positive number of GB")
     if not 0 <= args.slack <= 10:
@@ -132,6 +148,11 @@ def handle(args: argparse.Namespace) -> int:
     model_ref = args.model if args.model in MODEL_PRESETS else model.to_dict()
     topology = topologies.build(args.topo)
     _check_degrees(args, space, topology.world_size)
+    points = space_size(space, model, topology.world_size)
+    if points > args.max_points:
+        raise UsageError("search", f"{points:,} candidate plans", f"at most {args.max_points:,} "
+                         "(--max-points raises it; --tp, --pp, --micro-batch, --recompute or "
+                         "--granularity group narrow the space)")
     capacity = min(d.hbm_bytes for d in topology.devices)
     budget = min(args.memory_budget * 1e9, capacity) if args.memory_budget else capacity
     args.full = args.no_flow_sharing = False
