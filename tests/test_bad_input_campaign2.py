@@ -112,3 +112,14 @@ def test_a_search_space_is_bounded_before_it_is_enumerated():
             "--seq-len", "4096"]
     _refused([*argv, "--max-points", "10"], "search")
     _refused([*argv, "--top", "101"], "--top")
+
+
+def test_a_failed_second_trace_leaves_no_first_one(tmp_path):
+    """`--trace` was written, then `--chrome-trace /dev/full` failed (exit 4) and the
+    Parquet file stayed: a failed run now leaves no output it created."""
+    from tests.test_fuzz_inputs import call
+    trace = tmp_path / "t.parquet"
+    status, _, err = call(["run", "--plan", "fsdp", "--trace", str(trace),
+                           "--chrome-trace", "/dev/full"])
+    assert status == 4 and "/dev/full" in err
+    assert not trace.exists()

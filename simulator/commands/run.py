@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 from dataclasses import replace
 
 from topologies.faults import apply_faults, parse_fault
@@ -48,10 +49,7 @@ def handle(args: argparse.Namespace) -> int:
     band = prediction_band(topology.device(0).name, plan.framework,
                            float(result.summary["step_time_s"]),
                            model_kind="moe" if plan.model.num_experts else "dense")
-    if args.trace:
-        result.write_trace(args.trace)
-    if args.chrome_trace:
-        write_text_atomic(args.chrome_trace, json.dumps(chrome_trace(result.trace)))
+    _write_traces(args, result)
     if args.json:
         print_json({**result.summary, **band})
     else:
@@ -59,6 +57,21 @@ def handle(args: argparse.Namespace) -> int:
     if args.strict_memory and not result.summary["fits_in_memory"]:
         return EXIT_DOES_NOT_FIT
     return 0
+
+
+def _write_traces(args: argparse.Namespace, result) -> None:
+    """The Parquet trace, then the Perfetto one; when the second cannot be written, a
+    Parquet file this run created is removed again, so a failed run leaves no output."""
+    created = bool(args.trace) and not os.path.lexists(args.trace)
+    if args.trace:
+        result.write_trace(args.trace)
+    try:
+        if args.chrome_trace:
+            write_text_atomic(args.chrome_trace, json.dumps(chrome_trace(result.trace)))
+    except BaseException:
+        if created and os.path.isfile(args.trace) and not os.path.islink(args.trace):
+            os.remove(args.trace)
+        raise
 
 
 def render(s: dict) -> str:
