@@ -75,3 +75,15 @@ def main_grad_accumulate(sink: TaskSink, prec: Precision, params: float, deps, u
     return sink.add(kind=COMPUTE, stream="compute", op="main_grad_add", phase="backward",
                     deps=tuple(deps), op_class=MEMORY, label=f"grad.main_grad_add.{unit}",
                     bytes=params * (prec.param_bytes + 2 * grad_bytes), **ctx)
+
+
+def megatron_torch_fsdp(plan) -> bool:
+    """Whether the plan is Megatron-Core over torch's FSDP2 (--use-torch-fsdp2). Its wrapper
+    calls fully_shard without a MixedPrecisionPolicy (megatron/core/distributed/
+    torch_fully_sharded_data_parallel.py at d98e8a64) on the model Float16Module has made
+    bf16, so FSDP2 holds, gathers and reduce-scatters bf16 parameters and gradients; the
+    fp32 master and Adam's moments are the non-distributed optimizer's
+    (Float16OptimizerWithFloat16Params: Megatron asserts --use-torch-fsdp2 without
+    --use-distributed-optimizer, megatron/training/arguments.py), the ZeRO count's
+    2 + 12 bytes a parameter, sharded with the parameters."""
+    return plan.framework == "megatron-core" and plan.fsdp and plan.fsdp_version == 2

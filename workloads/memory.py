@@ -32,6 +32,7 @@ from .attention_impls import scores_on_chip
 from .context_parallel_memory import cp_memory_bytes
 from .fsdp_float8 import gathered_bytes_per_param
 from .loss_memory import fp32_logits_bytes, fp32_logits_copies
+from .main_grad import megatron_torch_fsdp
 from .models import ModelSpec
 from .module_recompute import freed_tensors
 from .moe.memory import dispatch_buffer_bytes, expert_rows_factor, gathered_expert_input_bytes
@@ -207,18 +208,6 @@ def sharded_state_bytes(plan: Plan) -> tuple[float, float]:
         return (prec.param_state_bytes, plan.optimizer_states.state_bytes(
             plan.training.dtype, plan.fp8_param_gather))
     return prec.param_state_bytes, prec.optimizer_state_bytes
-
-
-def megatron_torch_fsdp(plan: Plan) -> bool:
-    """Whether the plan is Megatron-Core over torch's FSDP2 (--use-torch-fsdp2). Its wrapper
-    calls fully_shard without a MixedPrecisionPolicy (megatron/core/distributed/
-    torch_fully_sharded_data_parallel.py at d98e8a64) on the model Float16Module has made
-    bf16, so FSDP2 holds, gathers and reduce-scatters bf16 parameters and gradients; the
-    fp32 master and Adam's moments are the non-distributed optimizer's
-    (Float16OptimizerWithFloat16Params: Megatron asserts --use-torch-fsdp2 without
-    --use-distributed-optimizer, megatron/training/arguments.py), the ZeRO count's
-    2 + 12 bytes a parameter, sharded with the parameters."""
-    return plan.framework == "megatron-core" and plan.fsdp and plan.fsdp_version == 2
 
 
 def frozen_param_bytes(plan: Plan) -> int:
