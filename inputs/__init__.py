@@ -5,8 +5,8 @@ It imports nothing from the project, so topologies, workloads, simulator and val
 may all depend on it without depending on each other.
 """
 from .errors import InputError
-from .json_input import MAX_DEPTH, load_json_file, parse_json, read_text_file
+from .json_input import MAX_DEPTH, load_json_file, parse_json, read_text_file, require_regular_file
 from .numbers import decimal, finite
 
 __all__ = ["InputError", "MAX_DEPTH", "decimal", "finite", "load_json_file", "parse_json",
-           "read_text_file"]
+           "read_text_file", "require_regular_file"]

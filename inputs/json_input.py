@@ -17,7 +17,9 @@ naming the field, so the CLIs print one line and exit 2.
 from __future__ import annotations
 
 import json
+import os
 import re
+import stat
 import sys
 from pathlib import Path
 from typing import Any
@@ -95,12 +97,35 @@ def parse_json(text: str, field: str, error: type[InputError] = InputError,
         raise error(field, "deeply nested JSON", f"JSON nested at most {max_depth} levels") from None
 
 
+# What a path that is not a regular file names, for the refusal's message.
+_NOT_REGULAR = ((stat.S_ISDIR, "a folder"), (stat.S_ISFIFO, "a FIFO"),
+                (stat.S_ISCHR, "a character device"), (stat.S_ISBLK, "a block device"),
+                (stat.S_ISSOCK, "a socket"))
+
+
+def require_regular_file(path: str | os.PathLike, field: str,
+                         error: type[InputError] = InputError) -> None:
+    """`error` naming `field` unless `path` is a regular file (or a link to one). Checked
+    before the file is opened: opening a FIFO blocks until a writer comes (for ever, in a
+    script), a folder is walked as a dataset by pyarrow, and a device such as /dev/zero
+    never ends; none of them is an input file."""
+    try:
+        mode = os.stat(path).st_mode
+    except (OSError, ValueError) as exc:   # ValueError: a NUL byte in the path
+        reason = exc.strerror if isinstance(exc, OSError) and exc.strerror else str(exc)
+        raise error(field, str(path), f"a readable file ({reason})") from None
+    if not stat.S_ISREG(mode):
+        kind = next((name for test, name in _NOT_REGULAR if test(mode)), "not a file")
+        raise error(field, str(path), f"a regular file (it is {kind})")
+
+
 def read_text_file(path: str | Path, field: str, error: type[InputError] = InputError,
                    max_bytes: int = MAX_BYTES, kind: str = "") -> str:
-    """A UTF-8 text file's contents, at most `max_bytes` of them (a device that never
-    ends, /dev/zero, is cut there and refused); errors name `field` and the path."""
+    """A UTF-8 text file's contents, at most `max_bytes` of them; errors name `field` and
+    the path. Only a regular file is read (require_regular_file)."""
     path = Path(path)
     what = f"{kind} file" if kind else "file"
+    require_regular_file(path, field, error)
     try:
         size = path.stat().st_size
         if size > max_bytes:

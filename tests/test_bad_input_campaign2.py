@@ -123,3 +123,19 @@ def test_a_failed_second_trace_leaves_no_first_one(tmp_path):
                            "--chrome-trace", "/dev/full"])
     assert status == 4 and "/dev/full" in err
     assert not trace.exists()
+
+
+@pytest.mark.parametrize("argv", [["import", "torchtitan", "{fifo}"],
+                                  ["run", "--plan", "{fifo}", "--topo", "dgx-h100"]])
+def test_a_fifo_is_refused_by_the_shared_reader(tmp_path, argv):
+    """inputs.read_text_file opened a FIFO and blocked for ever (a job config given as
+    one); every reader built on it now refuses what is not a regular file."""
+    import os
+    import subprocess
+    import sys
+    fifo = tmp_path / "job.toml"
+    os.mkfifo(fifo)
+    done = subprocess.run([sys.executable, "-m", "simulator",
+                           *[a.format(fifo=fifo) for a in argv]],
+                          capture_output=True, text=True, timeout=60)
+    assert done.returncode == 2 and len(done.stderr.strip().splitlines()) == 1, done.stderr

@@ -13,10 +13,10 @@ from __future__ import annotations
 import csv
 import math
 import os
-import stat
 from pathlib import Path
 
 from inputs import decimal
+from inputs import require_regular_file as regular_file
 from topologies.presets import FAMILIES
 
 from .errors import ValidationError
@@ -167,27 +167,10 @@ def read_typed_csv(path: str | Path, columns: dict[str, tuple[str, bool, object]
     return rows
 
 
-# What a path that is not a regular file names, for the refusal's message.
-_NOT_REGULAR = ((stat.S_ISDIR, "a folder"), (stat.S_ISFIFO, "a FIFO"),
-                (stat.S_ISCHR, "a character device"), (stat.S_ISBLK, "a block device"),
-                (stat.S_ISSOCK, "a socket"))
-
-
 def require_regular_file(path: str | os.PathLike, field: str) -> None:
-    """ValidationError naming `field` unless `path` is a regular file (or a link to one).
-
-    Checked before the file is opened: opening a FIFO blocks until a writer comes (for
-    ever, in a script), a folder is walked as a dataset by pyarrow, and a device such as
-    /dev/zero never ends; none of them is an input file of this package.
-    """
-    try:
-        mode = os.stat(path).st_mode
-    except (OSError, ValueError) as exc:   # ValueError: a NUL byte in the path
-        reason = exc.strerror if isinstance(exc, OSError) and exc.strerror else str(exc)
-        raise ValidationError(field, str(path), f"a readable file ({reason})") from None
-    if not stat.S_ISREG(mode):
-        kind = next((name for test, name in _NOT_REGULAR if test(mode)), "not a file")
-        raise ValidationError(field, str(path), f"a regular file (it is {kind})")
+    """ValidationError naming `field` unless `path` is a regular file (inputs'
+    require_regular_file: a FIFO, folder or device is no input file)."""
+    regular_file(path, field, ValidationError)
 
 
 def _check_header(header: list[str], path: str, columns: dict = COLUMNS) -> None:

@@ -31,6 +31,8 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
+from inputs import require_regular_file
+
 from ..errors import UsageError
 from .points import PointSpec
 from .rows import row_problem
@@ -55,23 +57,11 @@ def checkpoint_bound(points: int) -> int:
     return min(MAX_CHECKPOINT_BYTES, (2 * points + 1) * MAX_LINE_BYTES)
 
 
-def _special(path: Path, flag: str) -> UsageError:
-    return UsageError(flag, str(path), "a regular file as the checkpoint (this is a FIFO, "
-                                       "device or folder): remove it or choose another -o")
-
-
 def check_regular(path: Path, flag: str) -> None:
     """Refuse (UsageError) a checkpoint path that exists but is not a regular file: a FIFO
     blocks its open until another process opens the other end, a device never ends."""
-    try:
-        mode = os.stat(path).st_mode   # follows a link: its target is what is opened
-    except FileNotFoundError:
-        return
-    except OSError as exc:
-        raise UsageError(flag, str(path), f"a usable checkpoint path "
-                                          f"({exc.strerror or type(exc).__name__})") from None
-    if not stat.S_ISREG(mode):
-        raise _special(path, flag)
+    if os.path.exists(path):   # follows a link: its target is what is opened
+        require_regular_file(path, flag, UsageError)
 
 
 def _reject_constant(name: str) -> None:
@@ -112,7 +102,8 @@ class Checkpoint:
             fd = os.open(self.path, os.O_RDONLY | os.O_NONBLOCK)
             with open(fd, "rb") as f:
                 if not stat.S_ISREG(os.fstat(fd).st_mode):
-                    raise _special(self.path, "--resume")
+                    raise UsageError("--resume", str(self.path), "a regular file as the "
+                                     "checkpoint (it was replaced while being opened)")
                 data = f.read(limit + 1)
             text = data.decode("utf-8")
         except (OSError, UnicodeDecodeError) as exc:
