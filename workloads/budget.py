@@ -61,7 +61,8 @@ def gradient_buckets(plan, layers: int) -> int:
     `layers` at the model's largest layer, embedding and output layer included, per TP
     rank, and one bucket more per layer for the cuts."""
     bucket = plan.grad_bucket
-    if isinstance(bucket, bool) or not isinstance(bucket, int) or bucket <= 0:
+    if (isinstance(bucket, bool) or not isinstance(bucket, int) or bucket <= 0
+            or not plan.grad_reduce_overlap):   # without overlap: one bucket a chunk
         return 0
     m = plan.model
     largest = max([m.layer_params(), m.embedding_params(), m.output_params()])
