@@ -139,3 +139,15 @@ def test_a_fifo_is_refused_by_the_shared_reader(tmp_path, argv):
                            *[a.format(fifo=fifo) for a in argv]],
                           capture_output=True, text=True, timeout=60)
     assert done.returncode == 2 and len(done.stderr.strip().splitlines()) == 1, done.stderr
+
+
+@pytest.mark.parametrize("where, value, field", [
+    ("layers", {"\u0661": {"w1": "col"}}, "layers"),    # ARABIC-INDIC DIGIT ONE
+    ("layers", {"0\n": {"w1": "col"}}, "layers"),
+    ("topo", "dgx-h100x\u0664", "topology")])
+def test_digits_other_than_ascii_are_not_numbers(tmp_path, where, value, field):
+    # Python's \d and int() take any Unicode decimal digit and $ a trailing newline: a
+    # layer key or a preset's GPU count written so was read as the number it looks like
+    plan = {**TINY_PLAN, "layers": value} if where == "layers" else TINY_PLAN
+    topo = value if where == "topo" else "dgx-h100"
+    _refused(["run", "--plan", write(tmp_path, "p.json", plan), "--topo", topo], field)

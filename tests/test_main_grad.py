@@ -146,8 +146,12 @@ def test_megatron_fsdp_reduces_every_micro_batch_under_pipelining():
 
 @pytest.mark.parametrize("raw, field", [
     ({"framework": "generic", "fsdp": {"enabled": True, "version": "megatron"}}, "fsdp.version"),
-    ({"framework": "megatron-core", "zero_stage": 3, "fsdp": {"version": "megatron"},
-      "ddp": {"bucket_params": "unit"}}, "fsdp.version"),
+    ({"framework": "megatron-core", "fsdp": {"version": "megatron"}}, "fsdp.version"),
+    # Megatron has no ZeRO-3 but FSDP, and the 2020-2021 Megatron-LM no FSDP: named as
+    # such, not as the profile's DDP bucket or overlap defaults that FSDP contradicts
+    ({"framework": "megatron-core", "zero_stage": 3}, "zero_stage"),
+    ({"framework": "megatron-lm", "zero_stage": 3}, "zero_stage"),
+    ({"framework": "megatron-lm", "fsdp": {"enabled": True}}, "fsdp.enabled"),
     ({"framework": "megatron-core", "fsdp": {"enabled": True, "version": 2},
       "ddp": {"gradient_accumulation_fusion": False}}, "ddp.gradient_accumulation_fusion")])
 def test_megatron_fsdp_keys_only_where_modelled(raw, field):

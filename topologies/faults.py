@@ -206,7 +206,7 @@ def degrade(topo: Topology, pattern: str, factor: float) -> Topology:
 
 def _ranks(topo: Topology, fault: Fault) -> list[int]:
     raw = fault.get("ranks")
-    m = re.fullmatch(r"(\d{1,9})(?:-(\d{1,9}))?", raw)
+    m = re.fullmatch(r"(\d{1,9})(?:-(\d{1,9}))?", raw, re.ASCII)
     if not m or int(m[2] or m[1]) >= topo.world_size or int(m[1]) > int(m[2] or m[1]):
         raise TopologyError(f"fault {fault.text}: ranks", raw,
                             f"a rank or range A-B within 0..{topo.world_size - 1}")
@@ -237,7 +237,8 @@ def apply_fault(topo: Topology, fault: Fault | str) -> Topology:
         return mixed_gpus(topo, _ranks(topo, fault), device(fault.get("type")))
     keys = dict(fault.args)
     if "nic" in keys:
-        m = re.fullmatch(r"(?:node)?(\d{1,9})[/.](\d{1,9})", keys["nic"].removeprefix("nic"))
+        m = re.fullmatch(r"(?:node)?(\d{1,9})[/.](\d{1,9})", keys["nic"].removeprefix("nic"),
+                      re.ASCII)
         if not m:
             raise TopologyError(f"fault {fault.text}: nic", keys["nic"], "nodeD/R, e.g. node1/3")
         return nic_down(topo, int(m[1]), int(m[2]))

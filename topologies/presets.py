@@ -89,7 +89,7 @@ FAMILIES: dict[str, Callable[[int], ClusterSpec]] = {
     "nvl72": _nvl72,
     "nvl72-gb300": _nvl72_gb300,
 }
-_NAME = re.compile(r"^(?P<family>[a-z0-9-]+?)(?:x(?P<n>\d{1,9}))?$")
+_NAME = re.compile(r"(?P<family>[a-z0-9-]+?)(?:x(?P<n>\d{1,9}))?", re.ASCII)
 
 
 def preset_names() -> list[str]:
@@ -109,7 +109,7 @@ def cluster_spec(name_or_path: str, max_gpus: int = MAX_GPUS) -> ClusterSpec:
                                 "a preset (" + ", ".join(preset_names()) + ") or a JSON file")
         spec = load_file(path)
     else:
-        match = _NAME.match(name_or_path.lower())
+        match = _NAME.fullmatch(name_or_path.lower())
         if not match or match["family"] not in FAMILIES:
             raise TopologyError("topology", name_or_path,
                                 ", ".join(preset_names()) + ", or a topology JSON file")

@@ -169,6 +169,7 @@ PROFILES: Mapping[str, Mapping[str, Any]] = MappingProxyType({
     "megatron-lm": MEGATRON_LM, "torchtitan": TORCHTITAN,
 })
 FRAMEWORKS = tuple(PROFILES)
+MEGATRON_PROFILES = ("megatron-core", "megatron-lm")
 
 
 def framework_defaults(name: str) -> dict[str, Any]:
@@ -202,6 +203,21 @@ def _sharding_sp(raw: dict) -> bool:
     tp = mesh.get("tp", 1) if isinstance(mesh, dict) else 1
     sp = sharding.get("sequence_parallel", False) if isinstance(sharding, dict) else False
     return is_int(tp) and tp > 1 and sp is True
+
+
+def check_megatron_sharding(framework: str, values: dict) -> None:
+    """Megatron shards parameters only as FSDP, and the Megatron-LM of 2020-2021 not at all."""
+    if framework == "megatron-lm" and values["fsdp"] is True:
+        # FSDP came to Megatron with Megatron-Core (--use-torch-fsdp2, --use-megatron-fsdp)
+        raise WorkloadError("fsdp.enabled", True, 'false under framework "megatron-lm" (the '
+                            '2020-2021 Megatron-LM it models has no FSDP; use "megatron-core")')
+    if framework in MEGATRON_PROFILES and values["zero_stage"] == 3 and values["fsdp"] is not True:
+        # Megatron has no ZeRO-3 of its own: its distributed optimizer shards the optimizer
+        # states and main weights only (megatron/core/optimizer/distrib_optimizer.py);
+        # parameters are sharded by Megatron-FSDP or torch FSDP2 (--use-megatron-fsdp,
+        # --use-torch-fsdp2: megatron/training/arguments.py), the plan's fsdp section.
+        raise WorkloadError("zero_stage", 3, f'0, 1 or 2 under framework "{framework}" (Megatron '
+                            'has no ZeRO-3; Megatron-Core shards parameters as FSDP: fsdp.enabled)')
 
 
 def framework_values(raw: dict) -> dict:
@@ -238,6 +254,7 @@ def framework_values(raw: dict) -> dict:
         values["fsdp"] = False      # the plan's ZeRO 1/2 over a profile's FSDP
     if values["fsdp"] is True and "zero_stage" not in given:
         values["zero_stage"] = 0    # FSDP is ZeRO-3 by itself (a profile's ZeRO-1 yields)
+    check_megatron_sharding(framework, values)
     # A profile's overlap default applies only where the mechanism exists: the parameter
     # all-gather of ZeRO 1/2, TP communication under sequence parallelism (Megatron asserts
     # both: arguments.py); the plan's own value is checked against them by resolve.

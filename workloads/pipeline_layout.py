@@ -21,8 +21,8 @@ import re
 
 from .errors import WorkloadError
 
-_GROUP = re.compile(r"\(([^()]*)\)\*(\d{1,9})")
-_REPEAT = re.compile(r"([EtmL])\*(\d{1,9})")
+_GROUP = re.compile(r"\(([^()]*)\)\*(\d{1,9})", re.ASCII)
+_REPEAT = re.compile(r"([EtmL])\*(\d{1,9})", re.ASCII)
 
 
 # A layout names one letter per layer or chunk boundary: far more than any model has

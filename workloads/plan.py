@@ -286,13 +286,13 @@ def _strategies(raw: dict, where: str, allow_sp: bool) -> dict[str, str]:
     return {p: raw[p] for p in PROJECTIONS if p in raw}
 
 
-_RANGE = re.compile(r"^(\d{1,9})(?:-(\d{1,9}))?$")
+_RANGE = re.compile(r"(\d{1,9})(?:-(\d{1,9}))?", re.ASCII)   # ASCII digits only
 
 
 def _layer_overrides(raw: dict, num_layers: int) -> tuple:
     out = []
     for key, value in raw.items():
-        match = _RANGE.match(str(key))
+        match = _RANGE.fullmatch(str(key))
         if not match:
             raise WorkloadError(f"layers.{key}", key, "a layer range like \"0-15\" or \"7\"")
         first, last = int(match[1]), int(match[2] or match[1])

@@ -16,7 +16,7 @@ from .collectives import CollectiveModel, CommOptions
 from .constants import bus_factor
 
 _UNITS = {"": 1, "B": 1, "K": 1 << 10, "M": 1 << 20, "G": 1 << 30, "T": 1 << 40}
-_SIZE = re.compile(r"^\s*(\d{1,19})\s*([KMGT]?)(?:I?B)?\s*$", re.IGNORECASE)
+_SIZE = re.compile(r"^\s*(\d{1,19})\s*([KMGT]?)(?:I?B)?\s*$", re.IGNORECASE | re.ASCII)
 # Mesh dimensions of a `--group` expression, outermost first. tp is innermost
 # (consecutive ranks) as in plans; unlike plans (pp outermost) dp comes first here, so
 # that "dp=4" on a 4-node cluster means one rank per node.

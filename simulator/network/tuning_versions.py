@@ -98,7 +98,8 @@ MODELLED_RELEASES = ((2, 18), (2, 30))
 def parse_version(version: str | None) -> tuple[int, int, int] | None:
     """(major, minor, patch) of an NCCL version string like '2.26.2' or '2.18.5+cuda12.2';
     None when it does not parse (the newest tables apply)."""
-    match = re.match(r"\s*(\d{1,6})\.(\d{1,6})(?:\.(\d{1,6}))?(?![\d.])", version or "")
+    match = re.match(r"\s*(\d{1,6})\.(\d{1,6})(?:\.(\d{1,6}))?(?![\d.])", version or "",
+                     re.ASCII)
     if not match:
         return None
     return int(match.group(1)), int(match.group(2)), int(match.group(3) or 0)
