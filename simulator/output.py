@@ -5,7 +5,9 @@ The rules (README, "Outputs"): an output path is checked before the work starts
 (output_kind: a folder, a missing folder, a block device, no permission: exit 2); only
 regular files are replaced by rename (a symbolic link's target is replaced; a character
 device or pipe is written in place); a failed write leaves no file behind; an OS error
-while writing (a full disk) is one line and exit status 4.
+while writing (a full disk) is one line and exit status 4. A command that writes several
+files writes them inside `staged_outputs()`: all of them land, or none, and a file the
+failed command would have replaced is left as it was.
 
 Library code (studies, what-if) and the commands both write through here, so neither
 needs the other."""
@@ -16,8 +18,10 @@ import shutil
 import stat
 import sys
 import tempfile
+from contextlib import contextmanager
+from contextvars import ContextVar
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, Iterator
 
 from .errors import OutputError, WriteError
 
@@ -32,6 +36,40 @@ def print_json(obj: Any) -> None:
     text, replaced = dumps_finite(obj, indent=2, sort_keys=True)
     warn_replaced(replaced, sys.stderr)
     sys.stdout.write(text + "\n")
+
+
+# The writes staged by the innermost staged_outputs() block: (order, move into place,
+# discard). Copies into a device or pipe go first: they are the moves that can fail (a
+# full /dev/full), where a rename within one folder does not.
+_Staged = tuple[int, Callable[[], None], Callable[[], None]]
+_STAGED: ContextVar[list[_Staged] | None] = ContextVar("staged_outputs", default=None)
+COPY_FIRST, RENAME = 0, 1
+
+
+@contextmanager
+def staged_outputs() -> Iterator[None]:
+    """Every atomic_write inside the block writes its temporary file at once but moves it
+    into place only when the block ends without an error, so a command writing several
+    files (a Parquet and a Perfetto trace) leaves all of them or none: a failure in the
+    second no longer leaves the first, nor replaces a file a previous run wrote there."""
+    staged: list[_Staged] = []
+    token = _STAGED.set(staged)
+    try:
+        yield
+    except BaseException:
+        for _, _, discard in staged:
+            discard()
+        raise
+    finally:
+        _STAGED.reset(token)
+    staged.sort(key=lambda entry: entry[0])    # stable: each kind in the order written
+    for done, (_, move, _) in enumerate(staged):
+        try:
+            move()
+        except BaseException:
+            for _, _, discard in staged[done:]:
+                discard()
+            raise
 
 
 def _umask() -> int:
@@ -101,13 +139,30 @@ def atomic_write(path: str | Path, write: Callable[[str], None]) -> None:
     except OSError as exc:
         raise OutputError(path, exc.strerror or type(exc).__name__) from None
     os.close(fd)
+
+    def discard() -> None:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
     try:
         _guarded(path, lambda: write(tmp))
         os.chmod(tmp, 0o666 & ~_umask())
-        _guarded(path, lambda: os.replace(tmp, target))
     except BaseException:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
+        discard()
+        raise
+    _commit(RENAME, lambda: _guarded(path, lambda: os.replace(tmp, target)), discard)
+
+
+def _commit(order: int, move: Callable[[], None], discard: Callable[[], None]) -> None:
+    """Move a written temporary file into place now, or when the staged_outputs() block
+    around this write ends (discarding it if the block fails)."""
+    staged = _STAGED.get()
+    if staged is not None:
+        staged.append((order, move, discard))
+        return
+    try:
+        move()
+    except BaseException:
+        discard()
         raise
 
 
@@ -117,14 +172,27 @@ def _write_through(path: str | Path, write: Callable[[str], None]) -> None:
     a pipe's). A writer never gets the device's path itself, because some remove their
     output when they fail (pyarrow.parquet.write_table deletes it on any error, which on
     /dev/full would delete the device node)."""
-    with tempfile.TemporaryDirectory(prefix="shardsim-out-") as folder:
-        tmp = os.path.join(folder, "output")
-        write(tmp)
+    folder = tempfile.mkdtemp(prefix="shardsim-out-")
+    tmp = os.path.join(folder, "output")
 
-        def copy() -> None:
-            with open(tmp, "rb") as src, open(path, "wb") as dst:
-                shutil.copyfileobj(src, dst)
-        _guarded(path, copy)
+    def discard() -> None:
+        shutil.rmtree(folder, ignore_errors=True)
+
+    def copy() -> None:
+        with open(tmp, "rb") as src, open(path, "wb") as dst:
+            shutil.copyfileobj(src, dst)
+    try:
+        write(tmp)
+    except BaseException:
+        discard()
+        raise
+
+    def move() -> None:
+        try:
+            _guarded(path, copy)
+        finally:
+            discard()
+    _commit(COPY_FIRST, move, discard)
 
 
 def _guarded(path: str | Path, action: Callable[[], None]) -> None:

@@ -114,15 +114,29 @@ def test_a_search_space_is_bounded_before_it_is_enumerated():
     _refused([*argv, "--top", "101"], "--top")
 
 
-def test_a_failed_second_trace_leaves_no_first_one(tmp_path):
+@pytest.mark.parametrize("before", [None, b"a previous run's trace"])
+def test_a_failed_second_trace_leaves_the_first_path_as_it_was(tmp_path, before):
     """`--trace` was written, then `--chrome-trace /dev/full` failed (exit 4) and the
-    Parquet file stayed: a failed run now leaves no output it created."""
+    Parquet file stayed, over any file a previous run had written there: the two traces
+    are now staged and land together (simulator/output.py staged_outputs)."""
     from tests.test_fuzz_inputs import call
     trace = tmp_path / "t.parquet"
+    if before is not None:
+        trace.write_bytes(before)
     status, _, err = call(["run", "--plan", "fsdp", "--trace", str(trace),
                            "--chrome-trace", "/dev/full"])
     assert status == 4 and "/dev/full" in err
-    assert not trace.exists()
+    assert (trace.read_bytes() if trace.exists() else None) == before
+    assert [p.name for p in tmp_path.iterdir()] == ([] if before is None else ["t.parquet"])
+
+
+def test_both_traces_land_when_both_can_be_written(tmp_path):
+    from tests.test_fuzz_inputs import call
+    trace, chrome = tmp_path / "t.parquet", tmp_path / "t.json"
+    trace.write_bytes(b"old")
+    status, _, _ = call(["run", "--plan", "fsdp", "--trace", str(trace),
+                         "--chrome-trace", str(chrome)])
+    assert status == 0 and pq.read_table(trace).num_rows > 0 and chrome.stat().st_size > 0
 
 
 @pytest.mark.parametrize("argv", [["import", "torchtitan", "{fifo}"],

@@ -256,6 +256,23 @@ def test_a_failed_write_leaves_no_file(tmp_path):
     assert list(tmp_path.iterdir()) == []
 
 
+def test_staged_writes_land_together_or_not_at_all(tmp_path):
+    from simulator.output import staged_outputs, write_text_atomic
+    first, second = tmp_path / "a.txt", tmp_path / "b.txt"
+    first.write_text("old")
+    with pytest.raises(RuntimeError):
+        with staged_outputs():
+            write_text_atomic(first, "new")
+            assert first.read_text() == "old"      # written aside, not yet in place
+            raise RuntimeError("the second output failed")
+    assert first.read_text() == "old" and sorted(tmp_path.iterdir()) == [first]
+    with staged_outputs():
+        write_text_atomic(first, "new")
+        write_text_atomic(second, "two")
+    assert (first.read_text(), second.read_text()) == ("new", "two")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["a.txt", "b.txt"]
+
+
 # ------------------------------------------------------------- hypothesis fuzz
 ODD = st.one_of(st.none(), st.booleans(), st.integers(-2**70, 2**70),
                 st.floats(allow_nan=False, allow_infinity=False), st.text(max_size=6),

@@ -3,7 +3,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 from dataclasses import replace
 
 from topologies.faults import apply_faults, parse_fault
@@ -11,7 +10,7 @@ from topologies.faults import apply_faults, parse_fault
 from ..api import simulate
 from ..band import describe_band, prediction_band
 from ..errors import EXIT_DOES_NOT_FIT
-from ..output import write_text_atomic
+from ..output import staged_outputs, write_text_atomic
 from ..trace import chrome_trace
 from .common import (add_common, add_limits, fmt_bytes, fmt_time, plan_and_topology, print_json,
                      sim_options)
@@ -60,18 +59,12 @@ def handle(args: argparse.Namespace) -> int:
 
 
 def _write_traces(args: argparse.Namespace, result) -> None:
-    """The Parquet trace, then the Perfetto one; when the second cannot be written, a
-    Parquet file this run created is removed again, so a failed run leaves no output."""
-    created = bool(args.trace) and not os.path.lexists(args.trace)
-    if args.trace:
-        result.write_trace(args.trace)
-    try:
+    """The Parquet and the Perfetto trace, both or neither (output.staged_outputs)."""
+    with staged_outputs():
+        if args.trace:
+            result.write_trace(args.trace)
         if args.chrome_trace:
             write_text_atomic(args.chrome_trace, json.dumps(chrome_trace(result.trace)))
-    except BaseException:
-        if created and os.path.isfile(args.trace) and not os.path.islink(args.trace):
-            os.remove(args.trace)
-        raise
 
 
 def render(s: dict) -> str:
