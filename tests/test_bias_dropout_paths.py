@@ -1,6 +1,6 @@
 """Linear biases and hidden dropout on every path that builds a layer (workloads/
-bias_dropout.py): the MoE layer's residual add, SwiGLU's bias gradient, and the paths
-that cannot price them (2D/2.5D/3D grid layers, eager kernels) refusing them.
+bias_dropout.py): the MoE layer's residual add, SwiGLU's bias gradient, PyTorch's own
+under eager kernels, and the 2D/2.5D/3D grid layers, which cannot price them, refusing them.
 
 Sources: NVIDIA/Megatron-LM megatron/core/fusions/fused_bias_swiglu.py
 (BiasSwiGLUFunction.backward returns one gradient for the fused fc1 output and its
@@ -68,10 +68,24 @@ def test_grid_layers_refuse_what_they_do_not_price(over, field):
     resolve(plan_from_dict({**raw, "model": _model()}), 8)    # a Llama-style grid is fine
 
 
-def test_eager_kernels_refuse_bias_and_dropout():
-    with pytest.raises(WorkloadError, match="model.linear_bias.*eager"):
-        resolve(plan_from_dict(small_plan(model=_model(**GPT_FLAGS), kernels="eager")), 8)
-    resolve(plan_from_dict(small_plan(model=_model(), kernels="eager")), 8)
+def test_eager_kernels_price_pytorchs_bias_gradients_and_dropout():
+    """Under eager kernels, per residual add (bf16: the one-byte mask is half a pass):
+    nn.Dropout's native_dropout (read, write, mask: 2.5 passes) beside the add's own 3;
+    in the backward native_dropout_backward (2.5) and one bias reduction per projection,
+    attention's wq, wk, wv and wo (widths 1, 0.5, 0.5 and 1 of h with 8 of 16 KV heads:
+    3 passes, 4 kernels) and the MLP's w2 (1 pass); fc1's bias gradient reads SwiGLU's two
+    halves (2 passes of the activation) after PyTorch's eager SwiGLU backward (9 passes in
+    3 kernels). Without biases and dropout an eager add's backward costs nothing."""
+    def per_pass(tasks, op, phase, width):
+        return sorted((round(t.bytes / (TOKENS * width * 2), 6), t.kernels) for t in tasks
+                      if t.op == op and t.phase == phase)
+    tasks = _tasks(small_plan(model=_model(**GPT_FLAGS), kernels="eager"))
+    assert per_pass(tasks, "residual_add", "forward", HIDDEN) == [(5.5, 2), (5.5, 2)]
+    assert per_pass(tasks, "residual_add", "backward", HIDDEN) == [(3.5, 2), (5.5, 5)]
+    assert per_pass(tasks, "swiglu", "backward", FFN) == [(11.0, 4)]
+    plain = _tasks(small_plan(model=_model(), kernels="eager"))
+    assert per_pass(plain, "residual_add", "backward", HIDDEN) == [(0.0, 0), (0.0, 0)]
+    assert per_pass(plain, "swiglu", "backward", FFN) == [(9.0, 3)]
     # learned positions need no kernel: fine under eager kernels
     resolve(plan_from_dict(small_plan(model=_model(position_embedding="learned_absolute"),
                                       kernels="eager")), 8)

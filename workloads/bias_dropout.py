@@ -30,6 +30,16 @@ megatron_base_model.py add_bias_linear = cfg.get('bias', True); dgxc gpt3_175b_h
 hidden_dropout 0.1, attention_dropout 0.1). Nemotron-3/4 set bias false and dropout 0.0
 (launcher nemotron_8b.yaml, nemotron_22b.yaml; dgxc nemotron4-15b-synth.yaml).
 
+Under eager kernels (plan `"kernels": "eager"`: PyTorch runs each op alone) the same pieces
+are PyTorch's own (`eager_residual_extras`, `Node.eager_extra`), read at torch 2.x:
+nn.Linear adds its bias in the GEMM (at::linear folds a contiguous input into addmm, whose
+bias is the GEMM's epilogue: no kernel of its own) and reduces its gradient in addmm's
+backward (the output gradient summed over the tokens: a kernel reading it once);
+nn.Dropout runs aten native_dropout (reads the branch, writes it and a one-byte mask) and
+native_dropout_backward (reads the gradient and the mask, writes the gradient). Unlike
+Megatron-Core's Transformer Engine projections, whose GEMMs return the bias gradient, an
+eager attention's query, key and value biases each take that reduction too.
+
 Not priced: attention dropout inside the fused attention kernel. Transformer Engine issue
 3312 (2026-08-04) measures cuDNN fused attention on an H200 in the sbhd layout Megatron-
 Core uses at 0.594 ms without and 0.614 ms with dropout 0.1 (+3 %), under 0.5 % of a GPT-3
@@ -61,6 +71,21 @@ def residual_add_costs(model: ModelSpec, act_bytes: int
     if model.linear_bias:     # without dropout the gradient passes through unchanged
         passes, kernels = passes + BIAS_GRAD_PASSES, kernels + 1
     return (2.0, 1.0 + mask), ((passes, kernels) if kernels else None)
+
+
+def eager_residual_extras(model: ModelSpec, act_bytes: int, bias_widths: tuple[float, ...]
+                          ) -> tuple[tuple[float, int], tuple[float, int]] | None:
+    """Under eager kernels, the (forward, backward) (passes, kernels) that a branch's dropout
+    and its projections' bias gradients add to the plain residual add (module docstring),
+    in passes over the residual stream's local tensor; `bias_widths`: the widths, in
+    units of the residual stream, of the projections whose bias gradients are counted
+    here, one reduction kernel each. None when the model has neither."""
+    mask = DROPOUT_MASK_BYTES / act_bytes
+    dropout = (2.0 + mask, 1) if model.hidden_dropout else (0.0, 0)
+    biases = (BIAS_GRAD_PASSES * sum(bias_widths), len(bias_widths)) if model.linear_bias \
+        else (0.0, 0)
+    backward = (dropout[0] + biases[0], dropout[1] + biases[1])
+    return (dropout, backward) if dropout[1] or backward[1] else None
 
 
 def activation_bias_grad(model: ModelSpec) -> tuple[float, int] | None:

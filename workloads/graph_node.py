@@ -41,6 +41,9 @@ class Node:
                                    # unfused backward (None: one fused kernel's)
     backward_extra: tuple[float, int] | None = None   # elementwise: (passes, kernels) added
                                    # to the fused backward (a bias gradient's reduction)
+    eager_extra: tuple[tuple[float, int], tuple[float, int]] | None = None   # elementwise,
+                                   # eager kernels: (forward, backward) (passes, kernels)
+                                   # added to the op's eager cost (workloads/bias_dropout.py)
     frozen: bool = False           # a weight that does not train (LoRA, workloads/lora.py):
                                    # linear: no weight gradient; elementwise: no backward
     own_grad: bool = False         # redistribute: a module's own gather, whose backward

@@ -170,15 +170,18 @@ class LayerBuilder(Protocol):
 
 def memory_task(sink: TaskSink, ctx: dict, options: BuildOptions, act_bytes: int, op: str,
                 phase: str, deps, tensor_bytes: float, fused: tuple[float, int],
-                label: str, tensors: int = 1) -> int:
+                label: str, tensors: int = 1, eager_extra: tuple[float, int] = (0.0, 0)) -> int:
     """A memory-bound op: `fused` is (passes over its tensor, kernel launches) as one fused
     kernel, the builder's own count; under eager kernels an op with an eager decomposition
     (workloads/kernels.py EAGER) costs that instead, once per tensor it runs on (`tensors`:
     eager PyTorch applies RoPE to q and k separately). `tensor_bytes` is the local tensor's
-    bytes, all tensors together."""
+    bytes, all tensors together. `eager_extra`: (passes, kernels) PyTorch runs beside the
+    op under eager kernels (a branch's dropout, a bias gradient: workloads/bias_dropout.py)."""
     mode = options.loss_kernels if op in LOSS_OPS else options.kernels
     eager = eager_cost(op, act_bytes, phase) if mode == "eager" else None
     passes, kernels = fused if eager is None else (eager[0], eager[1] * tensors)
+    if mode == "eager":
+        passes, kernels = passes + eager_extra[0], kernels + eager_extra[1]
     return sink.add(kind=COMPUTE, stream="compute", op=op, phase=phase, deps=tuple(deps),
                     bytes=tensor_bytes * passes, op_class=MEMORY, kernels=kernels,
                     label=label, **ctx)

@@ -93,13 +93,15 @@ class LayerGraph(TPCommMixin):
                     features: int | None = None, rw: tuple[float, float] = (1.0, 1.0),
                     rows_scale: float | None = None, passthrough: bool = False,
                     launches: int = 1, backward: tuple[float, int] | None = None,
-                    backward_extra: tuple[float, int] | None = None) -> Node:
+                    backward_extra: tuple[float, int] | None = None,
+                    eager_extra: tuple[tuple[float, int], tuple[float, int]] | None = None) -> Node:
         """A memory-bound op; all inputs are first brought to one layout. By default it
         works on as many token rows as its inputs (MoE: the dispatched expert rows).
         `passthrough`: it only moves rows (MoE permutes), so its gradient may stay a
         partial sum. `launches`: its forward's kernels (MoE: workloads/moe/dispatch.py).
         `backward`: (passes, kernels) of a backward that is not one fused kernel's;
-        `backward_extra`: (passes, kernels) run after the fused backward."""
+        `backward_extra`: (passes, kernels) run after the fused backward; `eager_extra`:
+        (forward, backward) (passes, kernels) added to its eager cost (Node.eager_extra)."""
         layout = layout or inputs[0].layout
         inputs = [self.to_layout(x, layout) for x in inputs]
         rows = max((x.rows_scale for x in inputs), default=1.0) if rows_scale is None \
@@ -107,7 +109,8 @@ class LayerGraph(TPCommMixin):
         return self._node(kind="elementwise", name=name, layout=layout,
                           features=features or inputs[0].features, inputs=inputs, rw=rw,
                           rows_scale=rows, passthrough=passthrough, launches=launches,
-                          backward=backward, backward_extra=backward_extra)
+                          backward=backward, backward_extra=backward_extra,
+                          eager_extra=eager_extra)
 
     def linear(self, name: str, x: Node, strategy: str, out_features: int,
                experts: int = 0, bf16: bool = False, efficiency: float = 1.0,
@@ -182,9 +185,11 @@ class LayerGraph(TPCommMixin):
             fused = node.backward
         elif backward == "backward" and node.backward_extra is not None:
             fused = (fused[0] + node.backward_extra[0], fused[1] + node.backward_extra[1])
+        extra = node.eager_extra[backward == "backward"] if node.eager_extra else (0.0, 0)
         return memory_task(sink, ctx, self.options, sh.act_bytes, node.name, phase, deps,
                            local * node.rows_scale, fused,
-                           f"{node.name}.{'bwd' if backward == 'backward' else 'fwd'}")
+                           f"{node.name}.{'bwd' if backward == 'backward' else 'fwd'}",
+                           eager_extra=extra)
 
     # ---- emission ---------------------------------------------------------------------
     @property

@@ -11,7 +11,7 @@ from __future__ import annotations
 from dataclasses import replace
 
 from .attention_impls import COMPUTE_CAPABILITY
-from .bias_dropout import activation_bias_grad, residual_add_costs
+from .bias_dropout import activation_bias_grad, eager_residual_extras, residual_add_costs
 from .fsdp_float8 import with_gathered_weights
 from .grid_layer import GridLayer
 from .layer_builder import BuildOptions, LayerBuilder, LayerShape
@@ -92,24 +92,33 @@ def add_layer(g: LayerGraph, plan: Plan, layer: int, x: Node) -> Node:
     y, = _adapted(g, plan, "wo", o, [g.to_layout(g.linear("wo", o, st["wo"], m.hidden_size),
                                                  resid)], resid)
     rw, add_backward = residual_add_costs(m, g.shape.act_bytes)   # bias-dropout-add
-    x = g.elementwise("residual_add", [x, y], rw=rw, backward=add_backward)
+    # eager PyTorch: the branch's dropout and its projections' bias gradients (wo and, not
+    # returned by an eager GEMM as by Transformer Engine's, wq, wk and wv)
+    d = m.hidden_size
+    x = g.elementwise("residual_add", [x, y], rw=rw, backward=add_backward,
+                      eager_extra=eager_residual_extras(m, g.shape.act_bytes, (
+                          1.0, m.q_size / d, m.kv_size / d, m.v_size / d)))
     h = g.elementwise("ffn_norm", [x])
     if m.is_moe_layer(layer):     # the MoE layer's output goes through the same add
         return g.elementwise("residual_add", [x, build_moe_mlp(g, plan, layer, h, resid)],
-                             rw=rw, backward=add_backward)
+                             rw=rw, backward=add_backward,
+                             eager_extra=eager_residual_extras(m, g.shape.act_bytes, ()))
     a = g.linear("w1", h, st["w1"], m.ffn_size)
+    fc1_bias = activation_bias_grad(m)   # fc1's bias gradient, fused or eager alike
+    eager_fc1_bias = ((0.0, 0), fc1_bias) if fc1_bias else None
     if m.mlp == "swiglu":
         b = g.linear("w3", h, st["w3"], m.ffn_size)
         a, b = _adapted(g, plan, "w1", h, [a, b], resid)
         act = g.elementwise("swiglu", [a, b], layout=_elementwise_layout(a.layout), rw=(2.0, 1.0),
-                            backward_extra=activation_bias_grad(m))
+                            backward_extra=fc1_bias, eager_extra=eager_fc1_bias)
     else:
         a, = _adapted(g, plan, "w1", h, [a], resid)
         act = g.elementwise("gelu", [a], layout=_elementwise_layout(a.layout),
-                            backward_extra=activation_bias_grad(m))
+                            backward_extra=fc1_bias, eager_extra=eager_fc1_bias)
     y, = _adapted(g, plan, "w2", act, [g.to_layout(g.linear("w2", act, st["w2"], m.hidden_size),
                                                    resid)], resid)
-    return g.elementwise("residual_add", [x, y], rw=rw, backward=add_backward)
+    return g.elementwise("residual_add", [x, y], rw=rw, backward=add_backward,
+                         eager_extra=eager_residual_extras(m, g.shape.act_bytes, (1.0,)))
 
 
 def _adapted(g: LayerGraph, plan: Plan, projection: str, x: Node, bases: list[Node],

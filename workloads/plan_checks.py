@@ -356,24 +356,20 @@ def check_fp8_attention_plan(plan) -> None:
 
 def check_gpt_layer_plan(plan) -> None:
     """GPT-style layers (linear biases, hidden dropout, learned positions, YaRN: workloads/
-    bias_dropout.py, yarn_rope.py) are priced in the 1D layer graph's fused kernels only:
-    a 2D/2.5D/3D grid layer always applies fused RoPE and plain residual adds, and under
-    eager kernels the adds and the activation take PyTorch's eager costs, which have no
-    bias gradient or dropout mask. Those combinations are refused rather than mispriced."""
+    bias_dropout.py, yarn_rope.py) are priced in the 1D layer graph, under fused or eager
+    kernels: a 2D/2.5D/3D grid layer always applies fused RoPE and plain residual adds, so
+    those combinations are refused rather than mispriced."""
+    if plan.grid_strategy is None:
+        return
     m = plan.model
     unpriced = [(f"model.{name}", getattr(m, name), "false") for name in
                 ("linear_bias", "hidden_dropout") if getattr(m, name)]
-    if plan.grid_strategy is not None:
-        # learned positions, or YaRN that Megatron-Core runs unfused (yarn_rope.py's
-        # unfused_rope; that module imports the layer graph, which imports these checks)
-        if m.position_embedding == LEARNED or (m.position_embedding == "yarn"
-                                               and plan.framework in TE_FRAMEWORKS):
-            unpriced.append(("model.position_embedding", m.position_embedding, "rope"))
-        where = f"with {plan.grid_strategy} (the grid layer prices fused RoPE and plain adds)"
-    elif plan.kernels == "eager":
-        where = "with kernels 'eager' (eager costs have no bias gradient or dropout mask)"
-    else:
-        return
+    # learned positions, or YaRN that Megatron-Core runs unfused (yarn_rope.py's
+    # unfused_rope; that module imports the layer graph, which imports these checks)
+    if m.position_embedding == LEARNED or (m.position_embedding == "yarn"
+                                           and plan.framework in TE_FRAMEWORKS):
+        unpriced.append(("model.position_embedding", m.position_embedding, "rope"))
     if unpriced:
         field, value, allowed = unpriced[0]
-        raise WorkloadError(field, value, f"{allowed} {where}")
+        raise WorkloadError(field, value, f"{allowed} with {plan.grid_strategy} (the grid "
+                            "layer prices fused RoPE and plain adds)")
