@@ -89,3 +89,16 @@ def test_eager_kernels_price_pytorchs_bias_gradients_and_dropout():
     # learned positions need no kernel: fine under eager kernels
     resolve(plan_from_dict(small_plan(model=_model(position_embedding="learned_absolute"),
                                       kernels="eager")), 8)
+
+
+def test_eager_qkv_bias_gradients_are_per_rank_under_tensor_parallelism():
+    """Without sequence parallelism a column-parallel q, k or v output holds 1/tp of its
+    width on every token, the residual stream all of it: at tp 2 the attention add's
+    bias passes are 1 (wo) + 2/2 (wq, wk, wv); with it both hold 1/tp of the elements."""
+    def attention_add(**over):
+        tasks = _tasks(small_plan(model=_model(linear_bias=True), kernels="eager",
+                                  mesh={"tp": 2}, **over))
+        adds = [t for t in tasks if t.op == "residual_add" and t.phase == "backward"]
+        return max(t.kernels for t in adds), max(t.bytes for t in adds) / (TOKENS * HIDDEN * 2)
+    assert attention_add() == (4, pytest.approx(2.0))
+    assert attention_add(sharding={"sequence_parallel": True}) == (4, pytest.approx(3.0 / 2))

@@ -93,11 +93,13 @@ def add_layer(g: LayerGraph, plan: Plan, layer: int, x: Node) -> Node:
                                                  resid)], resid)
     rw, add_backward = residual_add_costs(m, g.shape.act_bytes)   # bias-dropout-add
     # eager PyTorch: the branch's dropout and its projections' bias gradients (wo and, not
-    # returned by an eager GEMM as by Transformer Engine's, wq, wk and wv)
-    d = m.hidden_size
+    # returned by an eager GEMM as by Transformer Engine's, wq, wk and wv), in units of the
+    # residual stream's local tensor: a column-parallel output holds 1 / tp of its width on
+    # every token, the residual stream all of it (1 / tp of the tokens under SP)
+    col = 1.0 if plan.sequence_parallel or g.shape.tp == 1 else 1.0 / g.shape.tp
     x = g.elementwise("residual_add", [x, y], rw=rw, backward=add_backward,
-                      eager_extra=eager_residual_extras(m, g.shape.act_bytes, (
-                          1.0, m.q_size / d, m.kv_size / d, m.v_size / d)))
+                      eager_extra=eager_residual_extras(m, g.shape.act_bytes, (1.0, *(
+                          col * w / m.hidden_size for w in (m.q_size, m.kv_size, m.v_size)))))
     h = g.elementwise("ffn_norm", [x])
     if m.is_moe_layer(layer):     # the MoE layer's output goes through the same add
         return g.elementwise("residual_add", [x, build_moe_mlp(g, plan, layer, h, resid)],
