@@ -21,7 +21,7 @@ from inputs import InputError
 from .errors import (EXIT_BAD_INPUT, EXIT_INTERNAL, EXIT_WRITE_FAILED, OutputError, UsageError,
                      WriteError)
 from .commands.common import flush_notes
-from .output import output_kind
+from .output import STREAM, output_kind
 
 
 class OneLineParser(argparse.ArgumentParser):
@@ -45,13 +45,18 @@ WRITE_ERRNOS = frozenset({errno.ENOSPC, errno.EDQUOT, errno.EFBIG, errno.EIO})
 
 
 def check_outputs(args: argparse.Namespace) -> None:
-    """OutputError (exit 2) for any output option naming a path that cannot be written."""
+    """OutputError (exit 2) for any output option naming a path that cannot be written, or
+    the file another output option names (the second would replace the first)."""
+    files: dict[str, str] = {}
     for dest, flag in OUTPUT_OPTIONS.items():
         value = getattr(args, dest, None)
         if value == "":   # the commands test the path's truth: "" would write nothing
             raise OutputError(value, "it is empty", flag)
-        if isinstance(value, str):
-            output_kind(value, flag)
+        if isinstance(value, str) and output_kind(value, flag) != STREAM:
+            target = os.path.realpath(value)
+            if target in files:
+                raise OutputError(value, f"{files[target]} writes it too", flag)
+            files[target] = flag
 
 
 def build_parser() -> argparse.ArgumentParser:

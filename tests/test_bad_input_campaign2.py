@@ -165,3 +165,16 @@ def test_digits_other_than_ascii_are_not_numbers(tmp_path, where, value, field):
     plan = {**TINY_PLAN, "layers": value} if where == "layers" else TINY_PLAN
     topo = value if where == "topo" else "dgx-h100"
     _refused(["run", "--plan", write(tmp_path, "p.json", plan), "--topo", topo], field)
+
+
+def test_two_outputs_naming_one_file_are_refused(tmp_path):
+    # the second would replace the first: --trace's Parquet was silently lost
+    same, link = tmp_path / "t.out", tmp_path / "t.link"
+    link.symlink_to(same)
+    for chrome in (same, link):
+        _refused(["run", "--plan", "fsdp", "--trace", str(same), "--chrome-trace", str(chrome)],
+                 "--chrome-trace")
+    assert not same.exists()
+    status, _ = holds_contract(["run", "--plan", "fsdp", "--trace", "/dev/null",
+                                "--chrome-trace", "/dev/null"])
+    assert status == 0        # a device may take both
