@@ -39,6 +39,9 @@ COMMANDS: dict[str, Callable] = {}
 # (simulator/output.py output_kind), so a run never ends by refusing where to write.
 OUTPUT_OPTIONS = {"output": "--output", "trace": "--trace", "chrome_trace": "--chrome-trace",
                   "plot": "--plot"}
+# Arguments that name input files, by argparse dest (a value may be a list: repeated
+# flags), with what they hold; no output may replace one of them.
+INPUT_OPTIONS = {"plan": "plan", "topo": "topology", "config": "job config"}
 # OS errors a write meets that are not the program's fault: disk full, quota, file too
 # large, I/O error (exit status 4, one line).
 WRITE_ERRNOS = frozenset({errno.ENOSPC, errno.EDQUOT, errno.EFBIG, errno.EIO})
@@ -46,8 +49,14 @@ WRITE_ERRNOS = frozenset({errno.ENOSPC, errno.EDQUOT, errno.EFBIG, errno.EIO})
 
 def check_outputs(args: argparse.Namespace) -> None:
     """OutputError (exit 2) for any output option naming a path that cannot be written, or
-    the file another output option names (the second would replace the first)."""
+    the file another output option names (the second would replace the first) or an
+    input file of the command (the output would replace what it was made from)."""
     files: dict[str, str] = {}
+    for dest, what in INPUT_OPTIONS.items():
+        value = getattr(args, dest, None)
+        for path in (value if isinstance(value, list) else [value]):
+            if isinstance(path, str) and os.path.isfile(path):
+                files[os.path.realpath(path)] = f"it is the input {what}"
     for dest, flag in OUTPUT_OPTIONS.items():
         value = getattr(args, dest, None)
         if value == "":   # the commands test the path's truth: "" would write nothing
@@ -55,8 +64,8 @@ def check_outputs(args: argparse.Namespace) -> None:
         if isinstance(value, str) and output_kind(value, flag) != STREAM:
             target = os.path.realpath(value)
             if target in files:
-                raise OutputError(value, f"{files[target]} writes it too", flag)
-            files[target] = flag
+                raise OutputError(value, files[target], flag)
+            files[target] = f"{flag} writes it too"
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -178,3 +178,13 @@ def test_two_outputs_naming_one_file_are_refused(tmp_path):
     status, _ = holds_contract(["run", "--plan", "fsdp", "--trace", "/dev/null",
                                 "--chrome-trace", "/dev/null"])
     assert status == 0        # a device may take both
+
+
+def test_an_output_never_replaces_the_commands_input(tmp_path):
+    # the plan was read, simulated, then overwritten by the trace (or the exported args)
+    plan = write(tmp_path, "p.json", TINY_PLAN)
+    before = open(plan).read()
+    _refused(["run", "--plan", plan, "--topo", "dgx-h100", "--chrome-trace", plan],
+             "--chrome-trace")
+    _refused(["export", "megatron", plan, "-o", plan], "--output")
+    assert open(plan).read() == before
