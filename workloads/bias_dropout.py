@@ -89,8 +89,8 @@ def eager_residual_extras(model: ModelSpec, act_bytes: int, bias_widths: tuple[f
 
 
 def activation_bias_grad(model: ModelSpec) -> tuple[float, int] | None:
-    """(passes, kernels) that fc1's bias gradient adds to the fused activation's backward
-    where the model has linear biases (None: nothing), in passes of the activation's
+    """(passes, kernels) that fc1's bias gradient adds to the activation's backward, fused
+    or eager, where the model has linear biases (None: nothing), in passes of the activation's
     output. GeLU: fc1's output is as wide as it (one pass). SwiGLU: Megatron-
     Core's BiasSwiGLUFunction.backward (megatron/core/fusions/fused_bias_swiglu.py,
     core_r0.8.0 to core_v0.15.0) returns the same gradient of the fused fc1 output (both

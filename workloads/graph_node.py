@@ -40,7 +40,8 @@ class Node:
     backward: tuple[float, int] | None = None   # elementwise: (passes, kernels) of an
                                    # unfused backward (None: one fused kernel's)
     backward_extra: tuple[float, int] | None = None   # elementwise: (passes, kernels) added
-                                   # to the fused backward (a bias gradient's reduction)
+                                   # to its backward, fused or eager (a bias gradient's
+                                   # reduction)
     eager_extra: tuple[tuple[float, int], tuple[float, int]] | None = None   # elementwise,
                                    # eager kernels: (forward, backward) (passes, kernels)
                                    # added to the op's eager cost (workloads/bias_dropout.py)

@@ -100,8 +100,9 @@ class LayerGraph(TPCommMixin):
         `passthrough`: it only moves rows (MoE permutes), so its gradient may stay a
         partial sum. `launches`: its forward's kernels (MoE: workloads/moe/dispatch.py).
         `backward`: (passes, kernels) of a backward that is not one fused kernel's;
-        `backward_extra`: (passes, kernels) run after the fused backward; `eager_extra`:
-        (forward, backward) (passes, kernels) added to its eager cost (Node.eager_extra)."""
+        `backward_extra`: (passes, kernels) run after its backward, fused or eager (a bias
+        gradient's reduction); `eager_extra`: (forward, backward) (passes, kernels) added
+        to its eager cost only (Node.eager_extra)."""
         layout = layout or inputs[0].layout
         inputs = [self.to_layout(x, layout) for x in inputs]
         rows = max((x.rows_scale for x in inputs), default=1.0) if rows_scale is None \
@@ -183,9 +184,11 @@ class LayerGraph(TPCommMixin):
         fused = (passes, node.launches if backward == "forward" and kernels else kernels)
         if backward == "backward" and node.backward is not None:
             fused = node.backward
-        elif backward == "backward" and node.backward_extra is not None:
-            fused = (fused[0] + node.backward_extra[0], fused[1] + node.backward_extra[1])
         extra = node.eager_extra[backward == "backward"] if node.eager_extra else (0.0, 0)
+        if backward == "backward" and node.backward_extra is not None and node.backward is None:
+            # its own kernels after the op's backward, whether that is fused or eager
+            fused = (fused[0] + node.backward_extra[0], fused[1] + node.backward_extra[1])
+            extra = (extra[0] + node.backward_extra[0], extra[1] + node.backward_extra[1])
         return memory_task(sink, ctx, self.options, sh.act_bytes, node.name, phase, deps,
                            local * node.rows_scale, fused,
                            f"{node.name}.{'bwd' if backward == 'backward' else 'fwd'}",

@@ -107,16 +107,15 @@ def add_layer(g: LayerGraph, plan: Plan, layer: int, x: Node) -> Node:
                              eager_extra=eager_residual_extras(m, g.shape.act_bytes, ()))
     a = g.linear("w1", h, st["w1"], m.ffn_size)
     fc1_bias = activation_bias_grad(m)   # fc1's bias gradient, fused or eager alike
-    eager_fc1_bias = ((0.0, 0), fc1_bias) if fc1_bias else None
     if m.mlp == "swiglu":
         b = g.linear("w3", h, st["w3"], m.ffn_size)
         a, b = _adapted(g, plan, "w1", h, [a, b], resid)
         act = g.elementwise("swiglu", [a, b], layout=_elementwise_layout(a.layout), rw=(2.0, 1.0),
-                            backward_extra=fc1_bias, eager_extra=eager_fc1_bias)
+                            backward_extra=fc1_bias)
     else:
         a, = _adapted(g, plan, "w1", h, [a], resid)
         act = g.elementwise("gelu", [a], layout=_elementwise_layout(a.layout),
-                            backward_extra=fc1_bias, eager_extra=eager_fc1_bias)
+                            backward_extra=fc1_bias)
     y, = _adapted(g, plan, "w2", act, [g.to_layout(g.linear("w2", act, st["w2"], m.hidden_size),
                                                    resid)], resid)
     return g.elementwise("residual_add", [x, y], rw=rw, backward=add_backward,
