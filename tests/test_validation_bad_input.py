@@ -152,3 +152,34 @@ def test_a_bad_world_size_under_torchrun_exits_2(tmp_path, monkeypatch, capsys):
     monkeypatch.setenv("WORLD_SIZE", "abc")
     line = one_line(RUN, capsys)
     assert line.startswith("error: WORLD_SIZE:")
+
+
+# --- an output that would replace an input -------------------------------------------
+
+def test_a_trace_never_replaces_its_plan(tmp_path, capsys):
+    """`run -o` naming the --plan file itself (or a link to it) would write the measured
+    Parquet over the plan it ran: refused before any process starts, the plan intact."""
+    plan = tmp_path / "col.json"
+    plan.write_bytes((ROOT / "validation" / "plans" / "cpu-col.json").read_bytes())
+    before = plan.read_bytes()
+    link = tmp_path / "link.json"
+    link.symlink_to(plan)
+    for output in (plan, link):
+        line = one_line(["run", "--plan", str(plan), "-o", str(output)], capsys)
+        assert line.startswith(f"error: -o: got '{output}'") and "--plan" in line, line
+    assert plan.read_bytes() == before
+
+
+def test_several_traces_never_replace_a_plan(tmp_path, capsys):
+    """With several --plan, -o is a folder of <plan name>.parquet: a plan file that is one
+    of those names is refused too."""
+    plans = ROOT / "validation" / "plans"
+    folder = tmp_path / "out"
+    folder.mkdir()
+    name = json.loads((plans / "cpu-col.json").read_text())["name"]
+    clash = folder / f"{name}.parquet"
+    clash.write_bytes((plans / "cpu-col.json").read_bytes())
+    line = one_line(["run", "--plan", str(clash), "--plan", str(plans / "cpu-seq.json"),
+                     "-o", str(folder)], capsys)
+    assert line.startswith(f"error: -o: got '{clash}'"), line
+    assert clash.read_bytes() == (plans / "cpu-col.json").read_bytes()

@@ -153,7 +153,19 @@ def _run(args: argparse.Namespace) -> int:
 
 
 def _run_outputs(args: argparse.Namespace, names: list[str]) -> list[str]:
-    """One output path per plan: -o itself, or <folder>/<plan name>.parquet for several."""
+    """One output path per plan: -o itself, or <folder>/<plan name>.parquet for several;
+    none of them may be one of the plan files (the trace would replace its own plan)."""
+    outputs = _output_paths(args, names)
+    plans = {os.path.realpath(p) for p in args.plan if os.path.isfile(p)}
+    for out in outputs:
+        if os.path.realpath(out) in plans:
+            raise ValidationError("-o", out, "a path that is not one of the --plan files "
+                                  "(the measured trace would replace its plan)")
+    return outputs
+
+
+def _output_paths(args: argparse.Namespace, names: list[str]) -> list[str]:
+    """-o for one plan; <folder>/<plan name>.parquet for several (the folder made)."""
     if len(names) == 1:
         return [args.output]
     if args.profile:
