@@ -59,6 +59,9 @@ COLUMNS: dict[str, tuple[str, bool, object]] = {
     # loss_kernels: the cross-entropy compiled (fused) or eager when it differs from the
     # model's kernels (torchtitan before bbb1b616e compiled the model only)
     "loss_kernels": (TEXT, False, ("fused", "eager")),
+    # loss_metrics: the trainer's no-grad cross-entropies per micro-batch for its training
+    # metrics (workloads/train_metrics.py; Composer with llm-foundry's MPT: 2); empty: 0
+    "loss_metrics": (INT, False, (0, 8)),
     # grad_accumulation_fusion: Megatron-Core's gradient_accumulation_fusion where a recipe
     # turns it off (workloads/main_grad.py); empty: on
     "grad_accumulation_fusion": (BOOL, False, None),

@@ -158,8 +158,13 @@ def plan_dict(row: dict[str, str]) -> dict[str, Any]:
     for key in ("recompute", "kernels"):
         if row.get(key):
             raw[key] = row[key]
+    loss = {}
     if row.get("loss_kernels"):
-        raw["loss"] = {"kernels": row["loss_kernels"]}
+        loss["kernels"] = row["loss_kernels"]
+    if row.get("loss_metrics"):   # an integer cell (csv_input.py checked it)
+        loss["metrics"] = int(row["loss_metrics"])
+    if loss:
+        raw["loss"] = loss
     if raw.get("recompute", "").startswith("full:"):
         # "full:N": full recompute of the first N layers of each pipeline chunk (Megatron's
         # block method, recompute_num_layers N)

@@ -188,7 +188,8 @@ HOST_KEYS = {"per_step_s": "host_step_s", "per_kernel_s": "host_kernel_s"}
 DDP_KEYS = {"bucket_params": "grad_bucket", "grad_reduce_in_fp32": "grad_reduce_fp32",
             "fp8_param_gather": "fp8_param_gather",
             "gradient_accumulation_fusion": "grad_accumulation_fusion"}
-LOSS_KEYS = {"kernels": "loss_kernels"}     # workloads/loss_memory.py
+LOSS_KEYS = {"kernels": "loss_kernels",     # workloads/loss_memory.py
+             "metrics": "loss_metrics"}     # workloads/train_metrics.py
 # The dtypes whose Megatron-Bridge recipes turn fp8_param_gather on (the profile's default
 # where the plan does not say): bf16_with_fp8_delayed_scaling_mixed, _current_scaling_ and
 # bf16_with_mxfp8_mixed; bf16_with_fp8_subchannel_scaling_mixed (block scales) sets it
@@ -244,6 +245,10 @@ def framework_values(raw: dict) -> dict:
         raise WorkloadError("loss.kernels", given["loss_kernels"], "a key of frameworks "
                             f"{' and '.join(map(repr, TORCH_LOSS_FRAMEWORKS))} only (Megatron "
                             "computes its own vocab-parallel cross-entropy)")
+    if given.get("loss_metrics") and framework != "generic":
+        raise WorkloadError("loss.metrics", given["loss_metrics"], 'a key of framework '
+                            '"generic" only (Megatron-Core and torchtitan compute the loss '
+                            'alone: 0)')
     values = {**framework_defaults(framework), **given}
     # The loss runs as the model's kernels do unless the plan says otherwise: torch.compile
     # compiles it with the model (torchtitan from bbb1b616e: workloads/loss_memory.py);

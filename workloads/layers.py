@@ -24,6 +24,7 @@ from .plan import Plan
 from .precision import precision
 from .schedules import EMBED, HEAD
 from .torchao_recipes import gemm_recipe
+from .train_metrics import add_train_metrics
 from .yarn_rope import rope
 
 
@@ -153,7 +154,7 @@ def build_head(plan: Plan, shape: LayerShape, options: BuildOptions | None = Non
     resid = S if plan.sequence_parallel else R
     g = LayerGraph(shape, options or BuildOptions.from_plan(plan))
     x = g.input(resid, m.hidden_size)
-    losses = [_output_and_loss(g, x, "final_norm", m.vocab_size)]
+    losses = [_output_and_loss(g, x, "final_norm", m.vocab_size, plan.loss_metrics)]
     for depth in range(m.mtp_layers):
         x = _mtp_module(g, plan, depth, x, resid)
         losses.append(_output_and_loss(g, x, "mtp_norm", m.vocab_size))
@@ -164,13 +165,16 @@ def build_head(plan: Plan, shape: LayerShape, options: BuildOptions | None = Non
     return g
 
 
-def _output_and_loss(g: LayerGraph, x: Node, norm: str, vocab: int) -> Node:
-    """A norm, the output projection and the cross-entropy on `x`."""
+def _output_and_loss(g: LayerGraph, x: Node, norm: str, vocab: int, metrics: int = 0) -> Node:
+    """A norm, the output projection and the cross-entropy on `x`; before the loss, the
+    trainer's `metrics` cross-entropies on the logits (workloads/train_metrics.py), so that
+    the loss stays the graph's last node, where its backward starts."""
     h = g.elementwise(norm, [x])
     # The output layer stays in bf16 under FP8/FP4 training (workloads/precision.py):
     # torchtitan's float8 conversion skips it (filter_fqns ["output"]) and
     # Megatron-LM/Transformer Engine quantise only the transformer layers' linears.
     logits = g.linear("output", h, "col", vocab, bf16=True)
+    add_train_metrics(g, logits, metrics)
     # Cross-entropy on fp32 logits: read logits, write softmax (Megatron's vocab-parallel
     # cross-entropy keeps its input for backward).
     return g.elementwise("cross_entropy", [logits], rw=(2.0, 2.0))

@@ -31,6 +31,7 @@ from .module_recompute import RECOMPUTE_MODULES
 from .layouts import MEGATRON
 from .lora import LoRA
 from .optimizer_states import DistributedFusedAdam, PrecisionAwareOptimizer
+from .train_metrics import MAX_LOSS_METRICS
 from .activation_offload import ActivationOffload
 from .moe_options import MoEOptions
 from .plan_checks import check_resolved
@@ -96,6 +97,9 @@ class Plan:
     # loss.kernels: the cross-entropy compiled (fused) or ATen's eager ops, whose time and
     # fp32 copies differ (workloads/loss_memory.py); the parser defaults it to `kernels`
     loss_kernels: str = "fused"
+    # loss.metrics: cross-entropies the trainer computes again on each micro-batch's logits,
+    # without gradients, for its training metrics (workloads/train_metrics.py)
+    loss_metrics: int = 0
     optimizer: str = "fused"        # Adam step: fused | foreach | for_loop (workloads/kernels.py)
     pipeline: Pipeline = field(default_factory=Pipeline)
     fsdp_prefetch: bool = True
@@ -167,6 +171,9 @@ class Plan:
                               ("kernels", KERNEL_MODES), ("optimizer", OPTIMIZERS)):
             check_choice(getattr(self, name), name, allowed)
         check_choice(self.loss_kernels, "loss.kernels", KERNEL_MODES)
+        if not is_int(self.loss_metrics) or not 0 <= self.loss_metrics <= MAX_LOSS_METRICS:
+            raise WorkloadError("loss.metrics", self.loss_metrics,
+                                f"an integer in [0, {MAX_LOSS_METRICS}]")
         if not is_int(self.recompute_layers) or not 0 <= self.recompute_layers <= MAX_INT:
             raise WorkloadError("recompute_layers", self.recompute_layers,
                                 "an integer in [0, 2^53] (0: every layer)")

@@ -17,6 +17,7 @@ own keys override them. Names are the Plan fields (PLAN_KEYS gives each one's pl
 Framework-level keys (workloads/frameworks.py):
   framework (a profile), kernels, loss_kernels (loss.kernels), optimizer   choices
   fsdp_version (1, 2, megatron), grad_bucket (unit, megatron or a parameter count)
+  loss_metrics (loss.metrics: the trainer's no-grad cross-entropies, generic)  integer
   async_tp, grad_reduce_overlap, param_gather_overlap, param_gather_align,
   tp_comm_overlap, reshard_after_forward, cuda_graphs,
   grad_reduce_fp32 (ddp.grad_reduce_in_fp32, megatron-core only)             true/false
@@ -52,6 +53,7 @@ from workloads.frameworks import (DDP_KEYS, FRAMEWORKS, FSDP_KEYS, HOST_KEYS, LO
 from workloads.kernels import KERNEL_MODES, OPTIMIZERS
 from workloads.plan import (ATTENTION_IMPLS, DTYPES, FSDP_VERSIONS, MAX_HOST_OVERHEAD_S,
                             RECOMPUTE, SCHEDULES)
+from workloads.train_metrics import MAX_LOSS_METRICS
 
 from ..errors import UsageError
 
@@ -70,7 +72,8 @@ FRAMEWORK_BOOLS = ("async_tp", "grad_reduce_overlap", "param_gather_overlap",
                    "cuda_graphs", "grad_reduce_fp32", "grad_accumulation_fusion",
                    "fp8_param_gather", "fsdp_float8_all_gather")
 HOST_SECONDS = tuple(HOST_KEYS.values())   # host_step_s, host_kernel_s
-FRAMEWORK_PARAMS = (tuple(FRAMEWORK_CHOICES) + ("fsdp_version", "grad_bucket")
+FRAMEWORK_PARAMS = (tuple(FRAMEWORK_CHOICES) + ("fsdp_version", "grad_bucket",
+                                                 "loss_metrics")
                     + FRAMEWORK_BOOLS + HOST_SECONDS)
 PLAN_PARAMS = (MESH_PARAMS + TRAINING_INTS + ("zero_stage",) + tuple(CHOICES) + BOOLS
                + FRAMEWORK_PARAMS)
@@ -149,6 +152,10 @@ def _framework_value(name: str, raw: str) -> Any:
             raise UsageError(flag, raw, ", ".join(BUCKET_MODES) + " or a number of "
                              "parameters in [1, 2^53]")
         return params
+    if name == "loss_metrics":
+        if not re.fullmatch(r"[0-9]{1,2}", raw) or int(raw) > MAX_LOSS_METRICS:
+            raise UsageError(flag, raw, f"an integer in [0, {MAX_LOSS_METRICS}]")
+        return int(raw)
     if name in HOST_SECONDS:
         try:
             seconds = float(raw)

@@ -25,6 +25,7 @@ REASONS = {
                              "reshard after forward",
     "kernels": "Megatron runs Transformer Engine's fused kernels",
     "loss_kernels": "Megatron computes its own fused vocab-parallel cross-entropy",
+    "loss_metrics": "Megatron computes the loss alone, no metrics on the logits",
     "optimizer": "Megatron's Adam is the fused one",
     "recompute": "Megatron recomputes the attention core or whole layers",
     "pipeline": "Megatron runs 1F1B or interleaved 1F1B, with even splits or first/last "

@@ -36,6 +36,7 @@ REASONS = {
     "host_kernel_s": "host time per kernel is the torchtitan profile's (eager Python)",
     "host_step_s": "host time per step is the torchtitan profile's",
     "cuda_graphs": "torchtitan's training loop captures no CUDA graphs",
+    "loss_metrics": "torchtitan computes the loss alone, no metrics on the logits",
     "grad_reduce_overlap": "FSDP2 and DDP reduce gradients during the backward",
     "grad_bucket": "torchtitan's gradient buckets are not configurable here",
     "fsdp_version": "torchtitan shards with FSDP2", "param_gather_overlap":
