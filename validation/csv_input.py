@@ -62,6 +62,9 @@ COLUMNS: dict[str, tuple[str, bool, object]] = {
     # loss_metrics: the trainer's no-grad cross-entropies per micro-batch for its training
     # metrics (workloads/train_metrics.py; Composer with llm-foundry's MPT: 2); empty: 0
     "loss_metrics": (INT, False, (0, 8)),
+    # attention: the plan's attention implementation where it is not the framework's
+    # default (llm-foundry's MPT: flash_varlen, workloads/varlen_padding.py); empty: default
+    "attention": (TEXT, False, ("flash", "cudnn", "flash_varlen", "eager", "fused_softmax")),
     # grad_accumulation_fusion: Megatron-Core's gradient_accumulation_fusion where a recipe
     # turns it off (workloads/main_grad.py); empty: on
     "grad_accumulation_fusion": (BOOL, False, None),

@@ -95,7 +95,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from .attention_impls import FULL_SQUARE_GEMMS, score_passes
+from .attention_impls import FULL_SQUARE_GEMMS, VARLEN_IMPL, score_passes
+from .varlen_padding import padding_copies_task
 from .cudnn_attention import cudnn_causal_speed, curve_gpu
 from .fp8_attention import attention_shape, fp8_attention_speedup
 from .head_dim_attention import head_dim_speed
@@ -346,15 +347,22 @@ class LocalAttention(AttentionCore):
 
     def emit_forward(self, sink: TaskSink, ctx: dict, input_dep: tuple[int, ...],
                      phase: str = "forward", saved: frozenset[int] = frozenset()) -> int:
-        """The forward (or recomputed forward) attention task."""
+        """The forward (or recomputed forward) attention task, after the unpad copies of
+        flash_varlen (workloads/varlen_padding.py)."""
         label = "attention.recompute" if phase == "recompute" else ""
+        if self.options.attention_impl == VARLEN_IMPL:
+            input_dep = (padding_copies_task(sink, ctx, self.cost, phase, input_dep),)
         self._output = attention_task(sink, ctx, self.cost, phase, input_dep, label=label)
         return self._output
 
     def emit_backward(self, sink: TaskSink, ctx: dict, grad_dep: int) -> int:
-        """Selective recompute's forward if asked, then the backward task (dq, dk, dv)."""
+        """Selective recompute's forward if asked, then the backward task (dq, dk, dv) and
+        flash_varlen's scatter of their gradients."""
         ready = grad_dep
         if self.options.recompute_attention:
             ready = attention_task(sink, ctx, self.cost, "recompute", (ready,),
                                    label="attention.recompute")
-        return attention_task(sink, ctx, self.cost, "backward", (ready,))
+        grads = attention_task(sink, ctx, self.cost, "backward", (ready,))
+        if self.options.attention_impl == VARLEN_IMPL:
+            grads = padding_copies_task(sink, ctx, self.cost, "backward", (grads,))
+        return grads

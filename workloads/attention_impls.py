@@ -15,6 +15,10 @@
   GPU: the plan leaves it open and the simulator names it (`flash` or `cudnn`,
   torchtitan_sdpa_backend) once the topology's GPU is known (simulator/api.py resolve_on;
   workloads/lowering.py lower, given a GPU); nothing is lowered with `sdpa` unresolved;
+* `flash_varlen` (framework generic only): FlashAttention's variable-length kernel behind
+  flash-attn's unpad and pad of q, k, v and the output, as llm-foundry's MPT and Hugging
+  Face's flash_attention_2 with a padding mask run it: priced as flash plus those copies
+  and the host waits of the unpad (workloads/varlen_padding.py);
 * `eager`: PyTorch's math path (ATen's _scaled_dot_product_attention_math with is_causal);
 * `fused_softmax`: Megatron-LM's attention before FlashAttention, as its 2020-2022 code
   runs it (megatron/model/transformer.py, ParallelSelfAttention / CoreAttention, e.g.
@@ -37,7 +41,8 @@ prices them in full; `eager` keeps the causal half its model has always used.
 """
 from __future__ import annotations
 
-ATTENTION_IMPLS = ("flash", "cudnn", "sdpa", "eager", "fused_softmax")
+VARLEN_IMPL = "flash_varlen"   # workloads/varlen_padding.py
+ATTENTION_IMPLS = ("flash", "cudnn", "sdpa", VARLEN_IMPL, "eager", "fused_softmax")
 # Names whose backend the GPU decides (resolved by sdpa_backend), with the frameworks whose
 # backend choice is modelled.
 BY_GPU_IMPLS = {"sdpa": ("torchtitan",)}
@@ -45,7 +50,7 @@ BY_GPU_IMPLS = {"sdpa": ("torchtitan",)}
 # Implementations whose scores never leave the chip (fused flash-style kernels); `sdpa`
 # under torchtitan is one of them on every GPU (flash or cuDNN), so a memory estimate made
 # before the GPU is known holds.
-ON_CHIP_IMPLS = ("flash", "cudnn", "sdpa")
+ON_CHIP_IMPLS = ("flash", "cudnn", "sdpa", "flash_varlen")
 
 # The ATen operator each implementation runs as under PyTorch's dispatcher, which is what
 # a TorchDispatchMode (and so torch.utils.checkpoint's selective-checkpoint policy) sees:
@@ -57,7 +62,8 @@ ON_CHIP_IMPLS = ("flash", "cudnn", "sdpa")
 # masking ops, so no single attention operator is seen. Megatron-LM's path is not SDPA.
 SDPA_OPS = {"flash": "aten._scaled_dot_product_flash_attention",
             "cudnn": "aten._scaled_dot_product_cudnn_attention",
-            "eager": None, "fused_softmax": None}
+            "eager": None, "fused_softmax": None,
+            "flash_varlen": None}   # flash-attn's own autograd function, not SDPA
 
 # CUDA compute capability of the simulator's GPUs (NVIDIA, "CUDA GPUs - Compute
 # Capability", developer.nvidia.com/cuda-gpus: A100 8.0, H100 and H200 9.0, B200 and
@@ -104,7 +110,7 @@ SCORE_PASSES = {
 DROPOUT_MASK_BYTES = 1
 
 # Whether the implementation's GEMMs compute the masked half of the causal square.
-FULL_SQUARE_GEMMS = {"flash": False, "cudnn": False, "eager": False,
+FULL_SQUARE_GEMMS = {"flash": False, "cudnn": False, "flash_varlen": False, "eager": False,
                      "fused_softmax": True}
 
 

@@ -8,7 +8,8 @@ TELayerNormColumnParallelLinear, TEGroupedLinear: megatron/core/extensions/
 transformer_engine.py), whose Python around its GEMM costs the host more than one
 launch: the module's host time is charged once per call, on the first GEMM task of the
 call, instead of that task's first launch. The MoE layers' host synchronisation points
-are marked here too (workloads/moe/dispatch.py host_sync_label), and under Transformer
+are marked here too (workloads/moe/dispatch.py host_sync_label), as is flash_varlen's
+unpad (workloads/varlen_padding.py: torch.nonzero and .item()), and under Transformer
 Engine the host work that grows with the local experts (per-split quantisation, one
 gradient hook per expert weight, the dispatcher's Python collectives:
 workloads/moe/host_ops.py).
@@ -26,6 +27,7 @@ from .moe.host_ops import ExpertHostOps
 from .plan import Plan
 from .precision import TE_FRAMEWORKS
 from .program import COMPUTE, GEMM, Task
+from .varlen_padding import UNPAD_FWD_LABEL
 
 # Host time of one Transformer Engine Linear forward on an x86 DGX host. Measured, BF16,
 # hidden 2048, 8192 tokens (github.com/NVIDIA/TransformerEngine/issues/2053, 2025-08-11):
@@ -71,5 +73,6 @@ def add_host_issue_time(tasks: list[Task], plan: Plan) -> None:
                 task.host_s += module_s - plan.host_kernel_s
         if experts is not None:
             task.host_s += experts.extra_s(task)
-        if task.label in (sync, CLAMP_SYNC_LABEL) and task.phase in ("forward", "recompute"):
+        if task.label in (sync, CLAMP_SYNC_LABEL, UNPAD_FWD_LABEL) and \
+                task.phase in ("forward", "recompute"):
             task.host_sync = True

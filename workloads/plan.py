@@ -18,7 +18,7 @@ from typing import Any, Mapping
 
 from inputs import load_json_file
 
-from .attention_impls import ATTENTION_IMPLS, BY_GPU_IMPLS  # noqa: F401 (the plan's names)
+from .attention_impls import ATTENTION_IMPLS, BY_GPU_IMPLS, VARLEN_IMPL  # noqa: F401 (the plan's names)
 from .errors import WorkloadError
 from .ddp_buckets import BUCKET_MODES
 from .fields import (MAX_INT, check_bool, check_choice, check_int, check_number, check_optional_name,
@@ -60,7 +60,8 @@ ZERO_STAGES = (0, 1, 2, 3)   # ZeRO (Rajbhandari et al. 2020): none, optimizer, 
 # stored, recomputed inside the backward); eager and fused_softmax (PyTorch's math path,
 # Megatron-LM's pre-FlashAttention path): the s x s scores are materialised and kept;
 # cudnn (SDPA's cuDNN backend, priced as flash); sdpa (torchtitan: the backend its SDPA
-# picks on the topology's GPU, named by the simulator).
+# picks on the topology's GPU, named by the simulator); flash_varlen (flash with flash-attn's
+# unpad and pad copies around it: workloads/varlen_padding.py).
 # FSDP1 (FlatParameter per wrapped unit) | FSDP2 (fully_shard) | Megatron-FSDP (flat buffers
 # per unit whose views the parameters and gradients are: workloads/stage_lowering.py)
 FSDP_VERSIONS = (1, 2, "megatron")
@@ -193,6 +194,11 @@ class Plan:
                                 f"fused_softmax under framework {self.framework!r} ("
                                 f"{self.attention!r}: framework {', '.join(frameworks)} only, "
                                 "whose SDPA backend order per GPU is modelled)")
+        if self.attention == VARLEN_IMPL and self.framework != "generic":
+            raise WorkloadError("attention", self.attention, f"flash, cudnn, eager or "
+                                f"fused_softmax under framework {self.framework!r} "
+                                "(flash_varlen: flash-attn's unpad and pad around its "
+                                "variable-length kernel, framework generic only)")
         check_choice(self.cp_mode, "context_parallel.mode", CP_MODES)
         # Bounded: far beyond this the hottest rank would hold more tokens than the batch has.
         check_number(self.load_imbalance, "moe.load_imbalance", 1.0, MAX_LOAD_IMBALANCE,

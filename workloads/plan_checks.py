@@ -39,7 +39,7 @@ CLI prints one line and exits 2. The rules and their sources:
 """
 from __future__ import annotations
 
-from .attention_impls import scores_on_chip
+from .attention_impls import VARLEN_IMPL, scores_on_chip
 from .errors import WorkloadError
 from .fp8_attention import MEASURED_WINDOW
 from .model_spec import LEARNED
@@ -194,6 +194,10 @@ def check_context_parallel(plan) -> None:
     m, cp, tp = plan.model, plan.parallel_dims.cp, plan.parallel_dims.tp
     if cp == 1:
         return
+    if plan.attention == VARLEN_IMPL:   # the CP builders emit no unpad / pad copies
+        raise WorkloadError("attention", plan.attention, "flash with context parallelism "
+                            "(flash_varlen's unpad and pad around CP attention are not "
+                            "modelled)")
     seq = plan.training.seq_len
     if plan.cp_mode in ("ring", "all_gather") and seq % (2 * cp):
         raise WorkloadError("mesh.cp", cp, f"a value with 2*cp dividing seq_len ({seq}): "
