@@ -49,7 +49,7 @@ def test_rows_run_the_sweeps_fsdp_settings():
         # llm-foundry's flash_attn_fn unpads q, k, v and pads the output around
         # flash_attn_varlen_func; Composer updates the MPT's two train metrics per batch
         assert plan.fsdp and plan.fsdp_version == 1 and plan.attention == "flash_varlen"
-        assert plan.loss_metrics == 2
+        assert plan.loss_metrics == 2 and plan.optimizer == "for_loop"
         # SHARD_GRAD_OP for 1b and 3b keeps the gathered parameters to the backward
         assert plan.reshard_after_forward == (size not in ("1b", "3b")), row_id
         assert (plan.recompute == "full") == (size == "70b"), row_id

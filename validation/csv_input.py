@@ -18,6 +18,8 @@ from pathlib import Path
 from inputs import decimal
 from inputs import require_regular_file as regular_file
 from topologies.presets import FAMILIES
+from workloads.attention_impls import ATTENTION_IMPLS
+from workloads.kernels import OPTIMIZERS
 
 from .errors import ValidationError
 
@@ -64,7 +66,10 @@ COLUMNS: dict[str, tuple[str, bool, object]] = {
     "loss_metrics": (INT, False, (0, 8)),
     # attention: the plan's attention implementation where it is not the framework's
     # default (llm-foundry's MPT: flash_varlen, workloads/varlen_padding.py); empty: default
-    "attention": (TEXT, False, ("flash", "cudnn", "flash_varlen", "eager", "fused_softmax")),
+    "attention": (TEXT, False, ATTENTION_IMPLS),
+    # optimizer: the Adam step's implementation where it is not the framework's default
+    # (workloads/kernels.py ADAM_STEP; Composer's DecoupledAdamW: for_loop)
+    "optimizer": (TEXT, False, OPTIMIZERS),
     # grad_accumulation_fusion: Megatron-Core's gradient_accumulation_fusion where a recipe
     # turns it off (workloads/main_grad.py); empty: on
     "grad_accumulation_fusion": (BOOL, False, None),

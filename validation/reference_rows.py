@@ -155,7 +155,7 @@ def plan_dict(row: dict[str, str]) -> dict[str, Any]:
         fsdp["version"] = int(version) if version.isdecimal() else version
     if fsdp:
         raw["fsdp"] = fsdp
-    for key in ("recompute", "kernels", "attention"):
+    for key in ("recompute", "kernels", "attention", "optimizer"):
         if row.get(key):
             raw[key] = row[key]
     loss = {}

@@ -28,7 +28,7 @@ from .moe.a2a_overlap import (PassPieces, add_node_host_time, combined_order,
                                lone_node_calls, reorder)
 from .p2p_sync import P2PSync, p2p_host_sync
 from .param_gathers import FP8_GATHER_BYTES, ChunkGathers, step_gathers
-from .params import unit_param_groups
+from .params import unit_param_groups, weight_dp_dims
 from .precision import precision
 from .plan import Plan
 from .program import COMM, COMPUTE, MEMORY, Task
@@ -332,10 +332,20 @@ class StageLowering:
         self.pieces = None
 
     def _param_tensors(self) -> int:
-        """Parameter tensors of this stage: a layer's projections and two norms, the
-        embedding, the final norm and the output layer (MoE experts counted as dense)."""
+        """Parameter tensors this rank's optimizer steps: a layer's projections and two
+        norms, the embedding, the final norm and the output layer (MoE experts counted as
+        dense). Under FSDP1 a unit is one FlatParameter cut into contiguous shards, and a
+        rank steps only the original parameters its shard overlaps (use_orig_params: the
+        others get no gradient, torch/distributed/fsdp/_flat_param.py
+        _use_sharded_grad_views; without it, the one FlatParameter): over the group's
+        ranks each of the unit's k - 1 inner boundaries falls in one shard, so a rank
+        holds 1 + (k - 1) / shards tensors of the unit on average."""
         per_layer = 4 + len(self.plan.model.mlp_matrices) + 2
-        return sum(1 if u == EMBED else 2 if u == HEAD else per_layer for u in self.units)
+        counts = [1 if u == EMBED else 2 if u == HEAD else per_layer for u in self.units]
+        if self.fsdp and self.plan.fsdp_version == 1:
+            shards = self._group_size(weight_dp_dims(self.plan))
+            return math.ceil(sum(1 + (k - 1) / shards for k in counts))
+        return sum(counts)
 
     def optimizer(self) -> None:
         """Adam on this rank's parameter shard, then ZeRO-1/2's parameter all-gathers."""
