@@ -50,7 +50,7 @@ BY_GPU_IMPLS = {"sdpa": ("torchtitan",)}
 # Implementations whose scores never leave the chip (fused flash-style kernels); `sdpa`
 # under torchtitan is one of them on every GPU (flash or cuDNN), so a memory estimate made
 # before the GPU is known holds.
-ON_CHIP_IMPLS = ("flash", "cudnn", "sdpa", "flash_varlen")
+ON_CHIP_IMPLS = ("flash", "cudnn", "sdpa", VARLEN_IMPL)
 
 # The ATen operator each implementation runs as under PyTorch's dispatcher, which is what
 # a TorchDispatchMode (and so torch.utils.checkpoint's selective-checkpoint policy) sees:
@@ -63,7 +63,7 @@ ON_CHIP_IMPLS = ("flash", "cudnn", "sdpa", "flash_varlen")
 SDPA_OPS = {"flash": "aten._scaled_dot_product_flash_attention",
             "cudnn": "aten._scaled_dot_product_cudnn_attention",
             "eager": None, "fused_softmax": None,
-            "flash_varlen": None}   # flash-attn's own autograd function, not SDPA
+            VARLEN_IMPL: None}   # flash-attn's own autograd function, not SDPA
 
 # CUDA compute capability of the simulator's GPUs (NVIDIA, "CUDA GPUs - Compute
 # Capability", developer.nvidia.com/cuda-gpus: A100 8.0, H100 and H200 9.0, B200 and
@@ -110,7 +110,7 @@ SCORE_PASSES = {
 DROPOUT_MASK_BYTES = 1
 
 # Whether the implementation's GEMMs compute the masked half of the causal square.
-FULL_SQUARE_GEMMS = {"flash": False, "cudnn": False, "flash_varlen": False, "eager": False,
+FULL_SQUARE_GEMMS = {"flash": False, "cudnn": False, VARLEN_IMPL: False, "eager": False,
                      "fused_softmax": True}
 
 

@@ -18,7 +18,8 @@ from typing import Any, Mapping
 
 from inputs import load_json_file
 
-from .attention_impls import ATTENTION_IMPLS, BY_GPU_IMPLS, VARLEN_IMPL  # noqa: F401 (the plan's names)
+from .attention_impls import (ATTENTION_IMPLS, BY_GPU_IMPLS,  # noqa: F401 (the plan's names)
+                              VARLEN_IMPL)
 from .errors import WorkloadError
 from .ddp_buckets import BUCKET_MODES
 from .fields import (MAX_INT, check_bool, check_choice, check_int, check_number, check_optional_name,

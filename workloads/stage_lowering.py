@@ -333,13 +333,10 @@ class StageLowering:
 
     def _param_tensors(self) -> int:
         """Parameter tensors this rank's optimizer steps: a layer's projections and two
-        norms, the embedding, the final norm and the output layer (MoE experts counted as
-        dense). Under FSDP1 a unit is one FlatParameter cut into contiguous shards, and a
-        rank steps only the original parameters its shard overlaps (use_orig_params: the
-        others get no gradient, torch/distributed/fsdp/_flat_param.py
-        _use_sharded_grad_views; without it, the one FlatParameter): over the group's
-        ranks each of the unit's k - 1 inner boundaries falls in one shard, so a rank
-        holds 1 + (k - 1) / shards tensors of the unit on average."""
+        norms, the embedding, the final norm and the output layer (MoE experts as dense).
+        FSDP1 shards a unit's FlatParameter contiguously and steps only the parameters a
+        shard overlaps (_flat_param.py _use_sharded_grad_views): each of the unit's k - 1
+        inner boundaries falls in one shard, 1 + (k - 1) / shards tensors on average."""
         per_layer = 4 + len(self.plan.model.mlp_matrices) + 2
         counts = [1 if u == EMBED else 2 if u == HEAD else per_layer for u in self.units]
         if self.fsdp and self.plan.fsdp_version == 1:
