@@ -196,10 +196,10 @@ class Plan:
                                 f"{self.attention!r}: framework {', '.join(frameworks)} only, "
                                 "whose SDPA backend order per GPU is modelled)")
         if self.attention == VARLEN_IMPL and self.framework != "generic":
-            raise WorkloadError("attention", self.attention, f"flash, cudnn, eager or "
-                                f"fused_softmax under framework {self.framework!r} "
-                                "(flash_varlen: flash-attn's unpad and pad around its "
-                                "variable-length kernel, framework generic only)")
+            raise WorkloadError("attention", self.attention, "another implementation under "
+                                f"framework {self.framework!r} (flash_varlen: flash-attn's "
+                                "unpad and pad around its variable-length kernel, framework "
+                                "generic only)")
         check_choice(self.cp_mode, "context_parallel.mode", CP_MODES)
         # Bounded: far beyond this the hottest rank would hold more tokens than the batch has.
         check_number(self.load_imbalance, "moe.load_imbalance", 1.0, MAX_LOAD_IMBALANCE,
