@@ -188,3 +188,13 @@ def test_an_output_never_replaces_the_commands_input(tmp_path):
              "--chrome-trace")
     _refused(["export", "megatron", plan, "-o", plan], "--output")
     assert open(plan).read() == before
+
+
+@pytest.mark.parametrize("text", ["\u0661", "2_0", " 2", "2\n", "+2", "\u00b2"])
+def test_a_job_configs_integer_string_takes_ascii_digits_only(text):
+    """A flags file's integers are text; int() would read the Arabic-Indic one, the
+    underscore, the padded and the signed forms as numbers the file does not show."""
+    from workloads.jobs.findings import JobConfigError, need_int
+    with pytest.raises(JobConfigError, match="^k: got "):
+        need_int(text, "k")
+    assert need_int("12", "k") == 12 and need_int(3, "k") == 3

@@ -8,6 +8,7 @@ a warning; nothing is dropped without a line saying so.
 """
 from __future__ import annotations
 
+import re
 from typing import Any
 
 from inputs.errors import shown
@@ -52,12 +53,11 @@ class Findings:
 
 
 def need_int(value: Any, key: str, minimum: int = 1) -> int:
-    """An integer >= minimum read from a job config, or JobConfigError naming the key."""
-    if isinstance(value, str):
-        try:
-            value = int(value)
-        except ValueError:
-            pass
+    """An integer >= minimum read from a job config, or JobConfigError naming the key. A
+    string (a flags file is text) must be ASCII digits: int() would also take "١", "2_0"
+    and " 2"."""
+    if isinstance(value, str) and re.fullmatch(r"-?[0-9]{1,18}", value):
+        value = int(value)
     if not is_int(value) or value < minimum:
         raise JobConfigError(key, value, f"an integer >= {minimum}")
     return value
