@@ -9,6 +9,12 @@ rank holding a 1/dp shard in fp32 (the master weights under MixedPrecision).
   is cast into a bf16 `_mp_shard` on the unshard stream, then all-gathered straight into
   the padded unsharded flat parameter, whose original parameters are views
   (_use_unsharded_views): no copy-out, unlike FSDP2's foreach_all_gather_copy_out.
+- The unsharded flat gradient: in forward the original parameters are tensor views cut
+  from the flat parameter by torch.split (_flat_param.py _use_unsharded_views with
+  as_params=False, _get_unflat_views_unaligned), so autograd assembles the flat
+  parameter's gradient with the split's backward, a torch.cat of every view's gradient
+  (split_with_sizes_backward): a read and a write of the unit's gradient in the parameter
+  dtype, on the compute stream, every micro-batch.
 - Reduce (_runtime_utils._reduce_grad): the unsharded flat gradient is divided by the
   pre-divide factor in place (_div_if_needed: a read and a write of the whole unsharded
   gradient; the factor is > 1 for every DP size >= 2, DefaultState.
@@ -43,6 +49,15 @@ def fsdp1_gather_copy(sink: TaskSink, prec: Precision, shard_params: float, deps
     return sink.add(kind=COMPUTE, stream="dp_ag", op="fsdp1_mp_shard", phase=phase,
                     deps=tuple(deps), bytes=nbytes, op_class=MEMORY,
                     kernels=1 if nbytes else 0, label=f"fsdp1.mp_shard.{unit}", **ctx)
+
+
+def fsdp1_grad_cat(sink: TaskSink, prec: Precision, params: float, deps, unit,
+                   ctx: dict) -> int:
+    """Autograd's cat of the original parameters' gradients into the unit's unsharded
+    flat gradient (the backward of the split that made their views)."""
+    return sink.add(kind=COMPUTE, stream="compute", op="fsdp1_grad_cat", phase="backward",
+                    deps=tuple(deps), bytes=2 * params * prec.param_bytes, op_class=MEMORY,
+                    label=f"fsdp1.grad_cat.{unit}", **ctx)
 
 
 def fsdp1_reduce_pre(sink: TaskSink, prec: Precision, params: float, deps, unit,

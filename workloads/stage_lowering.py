@@ -14,7 +14,7 @@ import math
 
 from .checkpointing import op_checkpoint_saved
 from .ddp_buckets import BucketFiller, bucket_params
-from .fsdp1 import fsdp1_gather_copy, fsdp1_reduce_post, fsdp1_reduce_pre
+from .fsdp1 import fsdp1_gather_copy, fsdp1_grad_cat, fsdp1_reduce_post, fsdp1_reduce_pre
 from .fsdp_float8 import float8_group, precompute_scales, shard_cast
 from .host_cost import add_host_issue_time
 from .kernels import adam_step_cost
@@ -162,6 +162,10 @@ class StageLowering:
             params = sum(unit_param_groups(self.plan, unit).values())
             deps = (main_grad_accumulate(self.sink, self.precision, params, deps, unit,
                                          unit_context(unit, mb), grad_state_bytes(self.plan)),)
+        elif self.fsdp and self.plan.fsdp_version == 1:
+            params = sum(unit_param_groups(self.plan, unit).values())
+            deps = (fsdp1_grad_cat(self.sink, self.precision, params, deps, unit,
+                                   unit_context(unit, mb)),)
         if not self._reduces(mb):
             return
         if not self.fsdp:
