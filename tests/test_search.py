@@ -10,9 +10,10 @@ import topologies
 from simulator.cli import main
 from simulator.search import Search, SearchSpace, enumerate_space
 from simulator.search.estimate import points
-from simulator.search.prune import LowerBound, candidate_plan
+from simulator.search.prune import Checker, LowerBound, candidate_plan
 from simulator import simulate
 from workloads import load_model, resolve
+from workloads.memory import peak_memory
 
 TINY = {"name": "tiny", "hidden_size": 512, "num_hidden_layers": 2, "num_attention_heads": 8,
         "num_key_value_heads": 4, "intermediate_size": 1536, "vocab_size": 4096}
@@ -52,6 +53,24 @@ def test_search_never_returns_a_plan_over_the_budget(topo):
     assert tight.top
     for r in tight.top:
         assert r.summary["peak_memory_bytes"] <= budget
+
+
+def test_the_feasibility_check_prices_each_candidates_own_memory(topo):
+    """The memory cache shares a peak only between candidates whose strategies the memory
+    model cannot tell apart: a seq weight is whole on every TP rank, col / row split it
+    (it once keyed on 'replicated or not', admitting all-seq plans over the budget)."""
+    model = load_model(TINY)
+    space = SearchSpace(tp=(4,), pp=(1,), micro_batch=(1,), recompute=("none",),
+                        fsdp=(True, False), strategies=("col", "row", "seq", "replicate"))
+    checker = Checker(topo, float("inf"), model.to_dict())
+    peaks = set()
+    for c in enumerate_space(space, model, 8, 8, 1024).candidates:
+        found = checker.check(c)
+        if found.plan is None:
+            continue
+        assert found.peak_memory_bytes == peak_memory(found.plan).peak_bytes, c.key
+        peaks.add(found.peak_memory_bytes)
+    assert len(peaks) > 4    # strategies do change the peak
 
 
 def test_lower_bound_is_below_the_full_simulation(topo):

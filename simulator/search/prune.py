@@ -38,6 +38,8 @@ EMBED_NAMES = ("embedding",)
 # memory depends on (Checker._peak_bytes; read by name, not through dataclasses.astuple,
 # which copies every field once per candidate).
 _MEMORY_KEY_FIELDS = tuple(f.name for f in dataclasses.fields(Candidate) if f.name != "sharding")
+# col and row split a weight over TP alike; seq and replicate keep it whole (differently)
+_MEMORY_CLASS = {"col": "split", "row": "split"}
 
 
 def candidate_plan(c: Candidate, model_ref: Any, topology: str | None = None) -> Plan:
@@ -108,10 +110,11 @@ class Checker:
 
     def _peak_bytes(self, c: Candidate, plan: Plan) -> float:
         """workloads.memory's peak, cached by the candidate with its strategies reduced to
-        which projections are replicated (the only strategy the memory model sees: col,
-        row and seq weights are all stored sharded over TP)."""
-        mask = tuple(s == "replicate" for _, s in c.sharding)
-        key = tuple(getattr(c, name) for name in _MEMORY_KEY_FIELDS) + (mask,)
+        what the memory model sees of them (workloads/params.py): col and row weights are
+        split over TP, a seq weight is whole on every TP rank (its gradient reduced, and
+        under FSDP sharded, over DP and TP), a replicated one whole (over DP only)."""
+        classes = tuple(_MEMORY_CLASS.get(s, s) for _, s in c.sharding)
+        key = tuple(getattr(c, name) for name in _MEMORY_KEY_FIELDS) + (classes,)
         if key not in self._memory:
             self._memory[key] = peak_memory(plan).peak_bytes
         return self._memory[key]
