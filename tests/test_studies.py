@@ -90,3 +90,23 @@ def test_3d_budget_rests_on_the_simulated_plans(capsys):
 def test_studies_bad_input_exit_2(argv, capsys):
     assert main(argv) == 2
     assert len(capsys.readouterr()[1].strip().splitlines()) == 1
+
+
+def test_readme_adaptive_sharding_table_is_the_study_output(capsys):
+    """README's table of the study is its real output (it went stale once unnoticed)."""
+    import re
+    from pathlib import Path
+    code = main(["study", "adaptive-sharding", "--json"])
+    out, err = capsys.readouterr()
+    assert code == 0, err
+    data = json.loads(out)
+    readme = (Path(__file__).resolve().parents[1] / "README.md").read_text()
+    for model, label in (("llama3-8b", "Llama 3 8B"), ("llama3-70b", "Llama 3 70B")):
+        line = next(x for x in readme.splitlines() if x.startswith(f"| {label} |"))
+        chosen, published, pct = re.search(
+            r"([\d.]+) s / ([\d.]+) s \(\+([\d.]+) %", line).groups()
+        r = data[model]
+        assert chosen == f"{r['chosen_step_time_s']:.3f}"
+        assert published == f"{r['published_step_time_s']:.3f}"
+        ratio = 100 * (r["published_step_time_s"] / r["chosen_step_time_s"] - 1)
+        assert pct == f"{ratio:.1f}"

@@ -9,6 +9,7 @@ import json
 
 import pytest
 
+from inputs import InputError
 from simulator.cli import build_parser, main
 from simulator.errors import UsageError
 from simulator.whatif import whatif
@@ -132,6 +133,19 @@ def test_a_sweep_over_framework_and_cuda_graphs_simulates_each_point():
     # generic's (none).
     assert graphed["step_time_s"] < eager["step_time_s"]
     assert by[("generic", False)]["step_time_s"] < eager["step_time_s"]
+
+
+def test_a_key_only_a_varied_framework_takes_is_an_invalid_row_not_an_error():
+    # grad_reduce_fp32 is a Megatron key: refused on the generic base plan alone, but the
+    # study also varies the framework, so only the generic points are invalid.
+    rows = whatif(TINY, ["dgx-h100"], ["framework=generic,megatron-core",
+                                       "grad_reduce_fp32=true,false"], workers=1)
+    status = {(r["framework"], r["grad_reduce_fp32"]): r["status"] for r in rows}
+    assert status == {("generic", True): "invalid", ("generic", False): "invalid",
+                      ("megatron-core", True): "ok", ("megatron-core", False): "ok"}
+    # without the framework varied, no point could take it: exit 2 before anything runs
+    with pytest.raises(InputError, match="grad_reduce_in_fp32"):
+        whatif(TINY, ["dgx-h100"], ["grad_reduce_fp32=true"], workers=1)
 
 
 def test_vary_names_are_frozen():

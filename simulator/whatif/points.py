@@ -78,6 +78,7 @@ def check_values(plan_raw: dict, topos: list[dict], variations: list[Variation])
     topology gets; values that are bad only in combination (tp=16 on an 8-GPU node) pass
     and become invalid rows of the points where they are.
     """
+    plan_variations = [v for v in variations if v.name not in CLUSTER_PARAMS]
     for variation in variations:
         for value in variation.values:
             params = {variation.name: value}
@@ -85,7 +86,30 @@ def check_values(plan_raw: dict, topos: list[dict], variations: list[Variation])
                 for topo in topos:
                     apply_cluster(_cluster(topo), params)
             else:
-                _plan(point_raw(plan_raw, params))
+                _check_plan_value(plan_raw, params, variation, plan_variations)
+
+
+def _check_plan_value(plan_raw: dict, params: dict, variation: Variation,
+                      plan_variations: list[Variation]) -> None:
+    """A varied plan value on the base plan, or else beside one value of another varied
+    plan key: a value the base plan refuses may be one another varied value allows
+    (ddp.grad_reduce_in_fp32 is a Megatron key, so grad_reduce_fp32 needs
+    framework=megatron-core on a generic plan). The base plan's error if none takes it."""
+    try:
+        _plan(point_raw(plan_raw, params))
+        return
+    except InputError as alone:
+        error = alone
+    for other in plan_variations:
+        if other is variation:
+            continue
+        for value in other.values:
+            try:
+                _plan(point_raw(plan_raw, {**params, other.name: value}))
+                return
+            except InputError:
+                continue
+    raise error
 
 
 def study_points(plan_raw: dict, topos: list[dict], variations: list[Variation],
