@@ -35,7 +35,7 @@ from .topology import Topology, gpu_node, nic_node, nvswitch_node
 
 KINDS = ("straggler", "link-down", "degraded", "gpu")
 LINK_CLASSES = ("nvlink", "pcie", "ib")
-_SYNTAX = ("straggler:gpu=R,slowdown=F | link-down:nic=nodeD/R | link-down:link=NAME | "
+FAULT_SYNTAX = ("straggler:gpu=R,slowdown=F | link-down:nic=nodeD/R | link-down:link=NAME | "
            "degraded:link=NAME|NODE|CLASS,factor=F | gpu:ranks=A-B,type=NAME")
 
 
@@ -57,20 +57,20 @@ class Fault:
         for k, v in self.args:
             if k == key:
                 return v
-        raise TopologyError(f"fault {self.text}", None, f"a {key}= argument ({_SYNTAX})")
+        raise TopologyError(f"fault {self.text}", None, f"a {key}= argument ({FAULT_SYNTAX})")
 
 
 def parse_fault(text: str) -> Fault:
     """`kind:key=value,key=value` -> Fault (TopologyError on bad syntax)."""
     kind, _, rest = text.partition(":")
     if kind not in KINDS or not rest:
-        raise TopologyError("fault", text, _SYNTAX)
+        raise TopologyError("fault", text, FAULT_SYNTAX)
     args: list[tuple[str, str]] = []
     for part in rest.split(","):
         key, eq, value = part.partition("=")
         key, value = key.strip(), value.strip()
         if not eq or not key or not value:
-            raise TopologyError("fault", text, _SYNTAX)
+            raise TopologyError("fault", text, FAULT_SYNTAX)
         if key not in FAULT_KEYS[kind] or key in dict(args):
             raise TopologyError(f"fault {text}: {key}", value,
                                 f"each of {', '.join(FAULT_KEYS[kind])} at most once")

@@ -139,7 +139,7 @@ def residuals_document(results: list[dict[str, Any]]) -> dict[str, Any]:
     return {"format": RESIDUALS_FORMAT,
             "what": "signed step-time errors, (simulated - measured) / measured in percent, "
                     "of the published runs in validation/references/training_runs.csv; "
-                    "written by `python -m validation references --write-residuals`",
+                    "written by `python -m validation references` (unless --no-write-residuals)",
             "rows": entries}
 
 

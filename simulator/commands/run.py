@@ -5,7 +5,7 @@ import argparse
 import json
 from dataclasses import replace
 
-from topologies.faults import apply_faults, parse_fault
+from topologies.faults import FAULT_SYNTAX, apply_faults, parse_fault
 
 from ..api import simulate
 from ..band import describe_band, prediction_band
@@ -24,9 +24,7 @@ def register(sub) -> None:
     p.add_argument("--trace", metavar="FILE.parquet", help="write the Parquet trace")
     p.add_argument("--chrome-trace", metavar="FILE.json", help="write a Perfetto/Chrome trace")
     p.add_argument("--fault", action="append", default=[], metavar="SPEC",
-                   help="straggler:gpu=R,slowdown=F | link-down:nic=nodeD/R | "
-                        "degraded:link=CLASS,factor=F | gpu:ranks=A-B,type=NAME "
-                        "(repeatable; the ranks the faults touch, and those that wait on "
+                   help=FAULT_SYNTAX + " (repeatable; the ranks the faults touch, and those that wait on "
                         "them, are simulated as their own rank classes; --full: every rank)")
     p.add_argument("--strict-memory", action="store_true",
                    help=f"exit {EXIT_DOES_NOT_FIT} when the plan does not fit in memory")

@@ -47,7 +47,7 @@ from topologies.topology import SPINE, gpu_node, leaf_node, nic_node, nvswitch_n
 from .channels import MAX_NVLS_ARITY, MAX_RING_SEARCH_CHANNELS
 from .constants import COLLNET_MAX_LOCAL_RANKS, bus_factor, nvls_efficiency
 from .fluid import Flow, idle_time_s
-from .tuning_versions import NVLS_TWO_GPUS_FROM, released_before
+from .tuning_versions import NVLS_TWO_GPUS_FROM, PAT_FROM, released_before
 
 
 @dataclass(frozen=True)
@@ -290,8 +290,8 @@ def available(topology, shape: GroupShape, op: str,
     if op in ("all_gather", "reduce_scatter"):
         # NVLS AG/RS: one domain, at most NCCL_MAX_NVLS_ARITY local ranks [enqueue.cc].
         one = nvls and shape.num_domains == 1 and shape.n <= MAX_NVLS_ARITY
-        # PAT: one GPU per node only (nNodes == nRanks) [tuning.cc ncclPatEnable].
-        pat = shape.num_domains == shape.n
+        # PAT: one GPU per node only (nNodes == nRanks), from 2.23 [tuning.cc ncclPatEnable].
+        pat = shape.num_domains == shape.n and not released_before(version, PAT_FROM)
         return ("ring",) + (("nvls",) if one else ()) + (("pat",) if pat else ())
     if op != "all_reduce":
         return ("ring",)

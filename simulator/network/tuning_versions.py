@@ -90,6 +90,9 @@ NVLS_SM100_ONE_DOMAIN_CHANNELS_FROM = (2, 27, 0)
 NVLS_SM100_TREE_TUNING_FROM = (2, 30, 0)
 NVLS_EVEN_CHANNEL_SPLIT_FROM = (2, 20, 3)
 NVLS_TWO_GPUS_FROM = (2, 28, 7)
+# PAT (all-gather / reduce-scatter with one GPU per node) first appears in 2.23: tuning.cc
+# ncclPatEnable and NCCL_ALGO_PAT at v2.23.4-1, absent at v2.22.3-1.
+PAT_FROM = (2, 23, 0)
 # The releases whose tables the model carries, by (major, minor): the oldest era above was
 # read at the 2.18.x tags, the newest tables (constants.py) are 2.30.7's.
 MODELLED_RELEASES = ((2, 18), (2, 30))
