@@ -87,8 +87,11 @@ NEW, REGULAR, STREAM = "new", "regular", "stream"
 def output_kind(path: str | Path, flag: str = "output", create_parents: bool = False) -> str:
     """How `path` will be written (NEW, REGULAR or STREAM), or OutputError when it cannot
     be: a folder, a block device or socket, a missing parent folder (unless
-    `create_parents`), no write permission. A symbolic link is followed: its target is
-    what gets written, the link stays. Cheap: checked before any work starts."""
+    `create_parents`), no write permission, an empty path. A symbolic link is followed:
+    its target is what gets written, the link stays. Cheap: checked before any work
+    starts."""
+    if not str(path):   # realpath('') is the working folder: it would pass as a new file
+        raise OutputError(path, "the path is empty", flag)
     target = Path(os.path.realpath(path))
     try:
         mode = os.stat(path).st_mode   # follows links, /dev/stdout's to a pipe included

@@ -34,6 +34,7 @@ import math
 import os
 import platform
 import statistics
+import tempfile
 import time
 
 import torch
@@ -382,10 +383,16 @@ def run_calibration(backend: str, nproc: int, out_path: str, threads: int = 1,
     if nproc < 1:
         raise ValidationError("--nproc", nproc, "an integer >= 1")
     start = time.perf_counter()
-    mp.spawn(spawned, args=(_worker, nproc, backend, free_port(), out_path, threads, quick),
-             nprocs=nproc, join=True)
-    with open(out_path) as fh:
-        topo = json.load(fh)
+    # Rank 0 writes into a private folder; this process reads it back and writes -o (a
+    # regular file atomically, /dev/null or a pipe in place), so that a write failure is
+    # this process's one-line error, not a spawned worker's traceback.
+    with tempfile.TemporaryDirectory() as tmp:
+        staged = os.path.join(tmp, "topology.json")
+        mp.spawn(spawned, args=(_worker, nproc, backend, free_port(), staged, threads, quick),
+                 nprocs=nproc, join=True)
+        with open(staged) as fh:
+            topo = json.load(fh)
+    write_json(topo, out_path)
     g = topo["gpu"]
     lines = [f"wrote {out_path} in {time.perf_counter() - start:.1f} s: peak "
              f"{g['bf16_tflops'] * 1e3:.1f} GFLOP/s per process, copy {g['hbm_GBps']:.1f} GB/s, "

@@ -77,6 +77,11 @@ def check_resolved(plan) -> None:
     if plan.grid_strategy is not None:
         check_grid_layout(plan)
     dims = plan.parallel_dims
+    # frameworks pad the vocabulary to a multiple of TP, but a rank needs one row at least
+    if m.vocab_size < dims.tp:
+        raise WorkloadError("model.vocab_size", m.vocab_size,
+                            f"at least mesh.tp ({dims.tp}): each TP rank holds a slice of "
+                            "the output layer")
     if plan.grid_strategy is None:
         _divides(m.num_heads, dims.tp, "mesh.tp", "num_attention_heads")
         _divides(m.num_kv_heads, dims.tp, "mesh.tp", "num_key_value_heads")
