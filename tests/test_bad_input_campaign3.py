@@ -1,7 +1,9 @@
 """Inputs a third adversarial campaign found escaping the bad-input contract: a vocabulary
-smaller than the TP degree (a division by zero in the lowering), and `validation
-calibrate -o` at an empty path, at /dev/null (the summary re-read the file written there)
-or at a full device (a write error inside the spawned worker surfaced as its traceback)."""
+smaller than the TP degree and an expert FFN that expert TP does not divide (divisions by
+zero in the lowering), a GPT-2 config whose n_embd is no integer, `study
+adaptive-sharding` on a model no candidate plan can run, and `validation calibrate -o`
+at an empty path, at /dev/null (the summary re-read the file written there) or at a full
+device (a write error inside the spawned worker surfaced as its traceback)."""
 from __future__ import annotations
 
 import json
@@ -10,6 +12,7 @@ import pytest
 
 from tests.test_fuzz_inputs import TINY_PLAN, call, holds_contract, write
 from validation.cli import main as validation_main
+from workloads.models import PRESETS
 
 # What `validation calibrate` rank 0 writes, reduced to the keys the summary reads.
 CALIBRATED = {"name": "host", "gpu": {"bf16_tflops": 0.05, "hbm_GBps": 10.0, "profile": {}},
@@ -29,6 +32,30 @@ def test_a_vocabulary_of_tp_rows_runs(tmp_path):
     plan = write(tmp_path, "p.json", {**TINY_PLAN, "model": {**TINY_PLAN["model"],
                                                               "vocab_size": 2}})
     assert holds_contract(["run", "--plan", plan, "--topo", "dgx-h100"])[0] == 0
+
+
+@pytest.mark.parametrize("moe_ffn, tp", [(1, 2), (5, 8), (6, 4)])
+def test_an_expert_ffn_that_expert_tp_does_not_divide_is_refused(tmp_path, moe_ffn, tp):
+    model = {**PRESETS["deepseek-v3"].to_dict(), "moe_ffn_size": moe_ffn}
+    model.pop("moe_intermediate_size", None)
+    plan = write(tmp_path, "p.json", {**TINY_PLAN, "model": model, "mesh": {"tp": tp}})
+    status, err = holds_contract(["run", "--plan", plan, "--topo", "dgx-h100"])
+    assert status == 2 and err.startswith(f"error: mesh.tp: got {tp}; allowed: a divisor of "
+                                          f"moe_intermediate_size ({moe_ffn})"), err
+
+
+@pytest.mark.parametrize("n_embd", [{}, [256], "256", True])
+def test_a_gpt2_config_whose_n_embd_is_no_integer(tmp_path, n_embd):
+    model = {"model_type": "gpt2", "n_embd": n_embd, "n_layer": 2, "n_head": 8,
+             "vocab_size": 1024}
+    plan = write(tmp_path, "p.json", {**TINY_PLAN, "model": model})
+    status, err = holds_contract(["run", "--plan", plan, "--topo", "dgx-h100"])
+    assert status == 2 and err.startswith("error: model.n_embd: got "), err
+
+
+def test_adaptive_sharding_on_a_model_no_candidate_runs():
+    status, err = holds_contract(["study", "adaptive-sharding", "--models", "deepseek-v3"])
+    assert status == 2 and err.startswith("error: --models: got 'deepseek-v3'"), err
 
 
 def test_calibrate_refuses_an_empty_output_path_before_benchmarking():

@@ -121,8 +121,11 @@ def model_from_dict(raw: dict[str, Any], default_name: str = "custom") -> ModelS
                                     f"{values[target]!r}, as {written[target]} sets it")
             values[target] = value
             written[target] = key
-    if raw.get("model_type") == "gpt2" and "hidden_size" in values:
-        values.setdefault("ffn_size", 4 * values["hidden_size"])   # GPT2MLP's default
+    hidden = values.get("hidden_size")
+    if raw.get("model_type") == "gpt2" and hidden is not None:
+        if not isinstance(hidden, int) or isinstance(hidden, bool):
+            raise WorkloadError(f"model.{written['hidden_size']}", hidden, "a positive integer")
+        values.setdefault("ffn_size", 4 * hidden)   # GPT2MLP's default
     for key in REQUIRED:
         if HF_KEYS[key] not in values:
             raise WorkloadError(f"model.{key}", None, "a positive integer (required)")

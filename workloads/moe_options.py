@@ -224,6 +224,10 @@ def check_moe_resolved(plan) -> None:
                                 "no experts)")
         return
     check_etp(opt, mesh.tp)
+    etp = opt.etp_of(mesh.tp)
+    if m.moe_ffn_size % etp:   # each expert's FFN is split over expert TP, as the dense one
+        raise WorkloadError("moe.etp" if opt.etp is not None else "mesh.tp", etp,
+                            f"a divisor of moe_intermediate_size ({m.moe_ffn_size})")
     shares = opt.expert_shares
     if shares is not None and len(shares) not in (m.num_experts, mesh.ep):
         raise WorkloadError("moe.load_imbalance.shares", f"{len(shares)} shares",

@@ -84,6 +84,10 @@ def study_model(model_name: str, topo_ref: str, strategies: tuple[str, ...]) -> 
     # The study compares speed, not memory: no budget (the output says whether each fits).
     result = Search(model, model_name, topology, topo_ref, 2 * dp, 8192, space=space,
                     budget_bytes=float("inf"), top_k=3).run()
+    if result.best is None:   # e.g. a MoE model: the search does not place experts
+        reason = max(result.dropped, key=result.dropped.get, default="none")
+        raise UsageError("--models", model_name, "a model with a plan at TP 8 on "
+                         f"{topo_ref} (every candidate was dropped; most for {reason})")
     chosen = result.best.candidate.strategies
     published = PUBLISHED.get(model_name)
     published_s = published_fits = None
