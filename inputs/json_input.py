@@ -83,7 +83,7 @@ def parse_json(text: str, field: str, error: type[InputError] = InputError,
         return out
 
     try:
-        return json.loads(text, parse_constant=reject_constant, object_pairs_hook=unique_keys)
+        value = json.loads(text, parse_constant=reject_constant, object_pairs_hook=unique_keys)
     except json.JSONDecodeError as exc:
         raise error(field, text[:60] if len(text) < 60 else text[:57] + "...",
                     f"valid JSON (line {exc.lineno}: {exc.msg})") from None
@@ -95,6 +95,24 @@ def parse_json(text: str, field: str, error: type[InputError] = InputError,
                     f"integers of at most {digits} digits") from None
     except RecursionError:   # belt and braces: the depth check above should prevent it
         raise error(field, "deeply nested JSON", f"JSON nested at most {max_depth} levels") from None
+    if _SURROGATE_ESCAPE.search(text) and _has_lone_surrogate(value):
+        raise error(field, "a lone UTF-16 surrogate escape in a string",
+                    "valid Unicode text (a surrogate escape only as half of a pair)")
+    return value
+
+
+# json decodes "\ud800" alone into a lone surrogate, a str that cannot be printed or written
+# as UTF-8 (only a pair of escapes makes a character); found only through such an escape.
+_SURROGATE_ESCAPE = re.compile(r"\\u[dD][89a-fA-F][0-9a-fA-F]{2}")
+
+
+def _has_lone_surrogate(value: Any) -> bool:
+    """Whether any string in a parsed JSON value (keys included) is not valid Unicode."""
+    try:
+        json.dumps(value, ensure_ascii=False).encode("utf-8")
+    except UnicodeEncodeError:
+        return True
+    return False
 
 
 # What a path that is not a regular file names, for the refusal's message.

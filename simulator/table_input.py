@@ -18,6 +18,7 @@ import pyarrow.compute as pc
 from inputs import InputError
 
 INT, FLOAT, TEXT = "integer", "number", "text"
+_EXACT = 2 ** 53
 _KIND_CHECKS = {INT: pa.types.is_integer,
                 FLOAT: lambda t: pa.types.is_floating(t) or pa.types.is_integer(t),
                 TEXT: lambda t: pa.types.is_string(t) or pa.types.is_large_string(t)}
@@ -43,6 +44,13 @@ def check_columns(table: pa.Table, required: Mapping[str, str], optional: Mappin
         if column.null_count and name in required:   # optional columns may have gaps
             raise error(f"{field} column {name}", f"{column.null_count} null value(s) in {path}",
                         f"{kind} values in every row")
+        if pa.types.is_integer(column.type) and len(column):
+            # a float holds integers exactly up to 2^53: beyond, times and ranks are noise
+            # and pyarrow refuses to compare them with float columns (ArrowInvalid)
+            bounds = pc.min_max(column).as_py()
+            if any(v is not None and abs(v) > _EXACT for v in bounds.values()):
+                raise error(f"{field} column {name}", f"integers beyond 2^53 in {path}",
+                            f"{kind} values of at most 2^53 in magnitude")
         if pa.types.is_floating(column.type) and len(column) and name not in nan_ok:
             finite = pc.all(pc.is_finite(column)).as_py()   # nulls skipped
             if finite is False:

@@ -1,15 +1,20 @@
 """Inputs a third adversarial campaign found escaping the bad-input contract: a vocabulary
 smaller than the TP degree and an expert FFN that expert TP does not divide (divisions by
 zero in the lowering), a GPT-2 config whose n_embd is no integer, `study
-adaptive-sharding` on a model no candidate plan can run, and `validation calibrate -o`
-at an empty path, at /dev/null (the summary re-read the file written there) or at a full
-device (a write error inside the spawned worker surfaced as its traceback)."""
+adaptive-sharding` on a model no candidate plan can run, `validation calibrate -o` at an
+empty path, at /dev/null (the summary re-read the file written there) or at a full device
+(a write error inside the spawned worker surfaced as its traceback), a lone UTF-16
+surrogate escape in any JSON input (printing it failed), integer and number flags that
+int() / float() read from Arabic-Indic digits, underscores or padding, a trace time
+column of integers past 2^53, and `validation compare` dividing by a calibration
+record's flops_per_s without checking it."""
 from __future__ import annotations
 
 import json
 
 import pytest
 
+from inputs import InputError
 from tests.test_fuzz_inputs import TINY_PLAN, call, holds_contract, write
 from validation.cli import main as validation_main
 from workloads.models import PRESETS
@@ -94,3 +99,57 @@ def test_calibrate_writes_the_topology_atomically_at_the_path(fake_workers, tmp_
     assert status == 0, err
     assert json.loads(out.read_text()) == CALIBRATED
     assert [p.name for p in tmp_path.iterdir()] == ["host.json"]   # no temporary left
+
+
+def test_a_lone_surrogate_escape_in_a_plan_is_refused_where_it_is_read(tmp_path):
+    plan = tmp_path / "p.json"
+    plan.write_text(json.dumps({**TINY_PLAN, "name": "x"}).replace('"x"', '"\\ud800"'))
+    status, err = holds_contract(["run", "--plan", str(plan), "--topo", "dgx-h100"])
+    assert status == 2 and "lone UTF-16 surrogate" in err, err
+    # a pair of escapes is one character, and a plan may be named with it
+    plan.write_text(json.dumps({**TINY_PLAN, "name": "x"}).replace('"x"', '"\\ud83d\\ude00"'))
+    assert holds_contract(["run", "--plan", str(plan), "--topo", "dgx-h100"])[0] == 0
+
+
+@pytest.mark.parametrize("argv", [
+    ["run", "--plan", "col.json", "--max-gpus", " 8"],
+    ["collective", "--topo", "dgx-h100", "--op", "all_reduce", "--group", "8",
+     "--gpus-per-process", "1_6"],
+    ["search", "--topo", "dgx-h100", "--model", "llama3-8b", "--global-batch", "\u0668",
+     "--seq-len", "4096"],
+    ["search", "--topo", "dgx-h100", "--model", "llama3-8b", "--global-batch", "16",
+     "--seq-len", "4096", "--tp", "1_6"],
+    ["study", "tp-scaling", "--tokens", "\u0668"],
+    ["whatif", "--plan", "col.json", "--topo", "dgx-h100", "--vary", "tp=\u0668"],
+    ["whatif", "--plan", "col.json", "--topo", "dgx-h100", "--vary", "host_step_s=\u0668"],
+    ["whatif", "--plan", "col.json", "--topo", "dgx-h100", "--vary", "ib_bandwidth=1_0"],
+])
+def test_integer_and_number_flags_take_ascii_digits_only(argv):
+    # int() and float() read Arabic-Indic digits, underscores and padding; no flag means them
+    status, err = holds_contract(argv)
+    assert status == 2, err
+
+
+def test_a_trace_time_column_of_huge_unsigned_integers_is_refused(tmp_path):
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+    table = pa.table({"rank": pa.array([0], pa.int64()), "stream": ["compute"],
+                      "kind": ["compute"], "start_s": pa.array([2 ** 64 - 1], pa.uint64()),
+                      "end_s": pa.array([1.0], pa.float64())})
+    path = tmp_path / "t.parquet"
+    pq.write_table(table, path)
+    status, err = holds_contract(["trace", "summary", str(path)])
+    assert status == 2 and "start_s" in err and "2^53" in err, err
+
+
+def test_validation_compare_checks_the_calibration_record_it_reads(tmp_path):
+    from validation.compare import host_drift_pct
+    run = {"host_probe": {"shape_mnk": [8, 8, 8], "flops_per_s_during": [1.0]}}
+    for matmul in ([{"m": 8, "n": 8, "k": 8, "flops_per_s": 0}], [1, 2], {"a": 1},
+                   [{"m": 8, "n": 8, "k": 8}]):
+        topo = write(tmp_path, "host.json", {"calibration": {"matmul": matmul}})
+        with pytest.raises(InputError, match="calibration.matmul"):
+            host_drift_pct(run, topo)
+    topo = write(tmp_path, "host.json", {"calibration": {"matmul": [
+        {"m": 8, "n": 8, "k": 8, "flops_per_s": 2.0}]}})
+    assert host_drift_pct(run, topo) == -50.0

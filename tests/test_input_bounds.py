@@ -12,7 +12,7 @@ import time
 
 import pytest
 
-from inputs import InputError, decimal
+from inputs import InputError, ascii_float, ascii_int, decimal
 from inputs.errors import MAX_ALLOWED_CHARS, MAX_SHOWN_CHARS
 from inputs.json_input import json_depth
 from tests.test_fuzz_inputs import TINY_PLAN, holds_contract, write
@@ -217,7 +217,22 @@ def test_a_layout_repetition_is_bounded_before_it_is_built():
 @pytest.mark.parametrize("text, digits, value", [
     ("7", 9, 7), ("007", 3, 7), ("123456789", 9, 123456789), ("1234567890", 9, None),
     ("", 9, None), (" 5", 9, None), ("-5", 9, None), ("\u00b2", 9, None), ("5.0", 9, None),
-    ("\u0665", 9, 5),            # ARABIC-INDIC FIVE: a decimal digit that int() reads
+    ("\u0665", 9, None),         # ARABIC-INDIC FIVE: int() reads it, no input means it
+    ("1_0", 9, None),
 ])
 def test_decimal_reads_only_bounded_decimal_integers(text, digits, value):
     assert decimal(text, digits) == value
+
+
+@pytest.mark.parametrize("text, value", [
+    ("8", 8), ("-3", -3), ("0", 0), (" 8", None), ("8 ", None), ("+8", None), ("1_6", None),
+    ("\u0668", None), ("0x10", None), ("8.0", None), ("", None), ("1" * 19, None)])
+def test_ascii_int_reads_what_a_user_types_as_an_integer(text, value):
+    assert ascii_int(text) == value
+
+
+@pytest.mark.parametrize("text, value", [
+    ("2", 2.0), ("12.5", 12.5), (".5", 0.5), ("5.", 5.0), ("1e-3", 1e-3), ("-2E2", -200.0),
+    ("nan", None), ("inf", None), ("1_0", None), ("\u0668", None), (" 1", None), ("1e", None)])
+def test_ascii_float_reads_only_ascii_decimals(text, value):
+    assert ascii_float(text) == value

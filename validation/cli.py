@@ -47,10 +47,10 @@ def max_jobs() -> int:
 
 
 def _count(low: int, high: int):
-    """argparse type: an integer in [low, high]; ASCII or Unicode decimal digits only
-    (inputs.decimal: no sign, '_' or '²'), at most 7 of them (every bound is below 10^7)."""
+    """argparse type: an integer in [low, high]; ASCII decimal digits only (inputs.decimal:
+    no sign, '_', padding or '٨'), at most 7 of them (every bound is below 10^7)."""
     def parse(text: str) -> int:
-        value = decimal(text.strip(), 7)
+        value = decimal(text, 7)
         if value is None or not low <= value <= high:
             # argparse names the flag: "argument --nproc: an integer in [1, 1,024] ..."
             raise argparse.ArgumentTypeError(f"an integer in [{low}, {high:,}], got {text!r}")

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import copy
 import json
+import math
 import statistics
 import sys
 from typing import Any
@@ -68,13 +69,29 @@ def host_drift_pct(run: dict, topo_ref: str) -> float | None:
     except (OSError, json.JSONDecodeError, AttributeError):
         return None
     m, n, k = probe["shape_mnk"]
-    for row in calib.get("matmul", []):
+    for row in _calibrated_matmuls(calib, topo_ref):
         if (row.get("m"), row.get("n"), row.get("k")) == (m, n, k):
             samples = probe.get("flops_per_s_during")
             during = (statistics.median(samples) if samples else
                       (probe["flops_per_s_before"] + probe["flops_per_s_after"]) / 2)
             return 100.0 * (during / row["flops_per_s"] - 1.0)
     return None
+
+
+def _calibrated_matmuls(calib: dict, topo_ref: str) -> list[dict]:
+    """The calibration record's matmul entries (what `validation calibrate` wrote), each an
+    object with a positive finite flops_per_s; ValidationError naming the entry if not."""
+    rows = calib.get("matmul", [])
+    if not isinstance(rows, list):
+        raise ValidationError(f"{topo_ref}: calibration.matmul", rows,
+                              "a list of the calibrated matmul shapes")
+    for i, row in enumerate(rows):
+        rate = row.get("flops_per_s") if isinstance(row, dict) else None
+        if not isinstance(rate, (int, float)) or isinstance(rate, bool) \
+                or not math.isfinite(rate) or rate <= 0:
+            raise ValidationError(f"{topo_ref}: calibration.matmul[{i}]", row,
+                                  "an object of m, n, k and a positive flops_per_s")
+    return rows
 
 
 def simulate_run(run: dict, topo_ref: str):

@@ -4,6 +4,7 @@ from __future__ import annotations
 import argparse
 
 import topologies
+from inputs import strict_int
 
 from ..network import OPS, CommOptions
 from ..network.report import collective_table, group_ranks, parse_sizes
@@ -23,7 +24,7 @@ def register(sub) -> None:
     p.add_argument("--sizes", default="1K:8G", help="MIN:MAX bytes, doubling (nccl-tests -f 2)")
     p.add_argument("--algorithm", choices=ALGORITHMS, help="force an algorithm")
     p.add_argument("--protocol", choices=PROTOCOLS, help="force a protocol")
-    p.add_argument("--gpus-per-process", type=int, default=1, metavar="N",
+    p.add_argument("--gpus-per-process", type=strict_int, default=1, metavar="N",
                    help="GPUs one process drives (nccl-tests -g N): an iteration takes at "
                         "least N host enqueues (default 1)")
     p.add_argument("--nccl-version", metavar="X.Y.Z",

@@ -45,7 +45,7 @@ def add_limits(parser: argparse.ArgumentParser, tasks: bool = True) -> None:
 
 def positive_int(text: str) -> int:
     """argparse type: an integer >= 1 (at most 2^62)."""
-    value = decimal(text.strip(), 19)
+    value = decimal(text, 19)
     if value is None or not 1 <= value <= 1 << 62:
         raise argparse.ArgumentTypeError(f"expected an integer >= 1, got {text!r}")
     return value

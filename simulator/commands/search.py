@@ -16,6 +16,7 @@ import sys
 import topologies
 from workloads import MODEL_PRESETS, load_model
 from workloads.plan import DTYPES, RECOMPUTE, STRATEGIES
+from inputs import ascii_int, strict_int
 
 from ..errors import UsageError
 from ..search import Search, SearchSpace
@@ -42,12 +43,12 @@ def register(sub) -> None:
     p = sub.add_parser("search", help="find the best plan by simulation")
     p.add_argument("--topo", required=True, help="topology preset or file")
     p.add_argument("--model", required=True, help="model preset or model JSON file")
-    p.add_argument("--global-batch", type=int, required=True, help="sequences per step")
-    p.add_argument("--seq-len", type=int, required=True, help="tokens per sequence")
+    p.add_argument("--global-batch", type=strict_int, required=True, help="sequences per step")
+    p.add_argument("--seq-len", type=strict_int, required=True, help="tokens per sequence")
     p.add_argument("--dtype", choices=DTYPES, default="bf16", help="GEMM precision")
     p.add_argument("--memory-budget", type=float, metavar="GB",
                    help="per-GPU memory budget in GB (default: the GPU's capacity)")
-    p.add_argument("--top", type=int, default=5,
+    p.add_argument("--top", type=strict_int, default=5,
                    help=f"how many plans to rank (default 5, at most {MAX_TOP})")
     p.add_argument("--max-points", type=positive_int, default=MAX_SEARCH_POINTS, metavar="N",
                    help="refuse search spaces of more candidate plans "
@@ -81,10 +82,8 @@ def register(sub) -> None:
 def _ints(flag: str, text: str | None) -> tuple[int, ...] | None:
     if text is None:
         return None
-    try:
-        values = tuple(int(v) for v in text.split(","))
-    except ValueError:
-        values = ()
+    parsed = [ascii_int(v) for v in text.split(",")]
+    values = () if None in parsed else tuple(parsed)
     if not values or any(v < 1 for v in values):
         raise UsageError(flag, text, "comma-separated positive integers, e.g. 1,2,4")
     return values

@@ -16,7 +16,7 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from inputs import InputError, finite, parse_json
+from inputs import InputError, decimal, finite, parse_json
 
 from ..errors import UsageError
 from ..summary import rank_breakdowns
@@ -126,6 +126,14 @@ def summarize_trace(table: pa.Table, meta: dict[str, Any]) -> dict[str, Any]:
             "stream_busy_s": dict(sorted(streams.items())), "waits": waits(table)}
 
 
+def _rank(text: str) -> int:
+    """A rank of --ranks in ASCII digits (ValueError otherwise, as int() raised)."""
+    value = decimal(text, 9)
+    if value is None:
+        raise ValueError(text)
+    return value
+
+
 def handle_summary(args: argparse.Namespace) -> int:
     """Print the trace summary."""
     table, meta = read_trace(args.file)
@@ -171,11 +179,11 @@ def _ranks(spec: str | None, available: list[int]) -> list[int]:
         return available[:16]
     try:
         if "-" in spec:
-            a, b = (int(x) for x in spec.split("-"))
+            a, b = (_rank(x) for x in spec.split("-"))
             # Bounded by the trace's ranks before a range is built (a typo of 10**12).
             wanted = range(max(a, available[0]), min(b, available[-1]) + 1)
         else:
-            wanted = [int(x) for x in spec.split(",")]
+            wanted = [_rank(x) for x in spec.split(",")]
     except ValueError:
         raise UsageError("--ranks", spec, "A-B or a comma-separated list of ranks") from None
     present = set(available)

@@ -21,6 +21,7 @@ import argparse
 import sys
 
 from topologies.faults import FAULT_SYNTAX
+from inputs import strict_int
 
 from ..errors import EXIT_INTERNAL
 from ..errors import UsageError
@@ -63,7 +64,7 @@ def register(sub) -> None:
     p.add_argument("--engine", choices=ENGINES, default="local",
                    help="local worker processes (default) or Ray tasks")
     p.add_argument("--address", help="Ray cluster address (default: start or join a local one)")
-    p.add_argument("--workers", type=int, default=None,
+    p.add_argument("--workers", type=strict_int, default=None,
                    help="local worker processes, 1 to %d; never more than the cores "
                         "(default: all cores)" % MAX_WORKERS)
     p.add_argument("--resume", action="store_true",

@@ -19,6 +19,7 @@ import topologies
 from workloads.layer_builder import LayerShape
 from workloads.layer_graph import LayerGraph
 from workloads.program import COMPUTE, GEMM, Task
+from inputs import strict_int
 
 from ..compute import compute_time_s
 from ..errors import UsageError
@@ -30,9 +31,9 @@ HELP = "adaptive-sharding study: bytes read per GPU for one linear, col vs seq, 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     """Flags of the study."""
-    p.add_argument("--k", type=int, default=4096, help="input features K (default 4096)")
-    p.add_argument("--n", type=int, default=4096, help="output features N (default 4096)")
-    p.add_argument("--tp", type=int, default=8, help="TP degree T (default 8)")
+    p.add_argument("--k", type=strict_int, default=4096, help="input features K (default 4096)")
+    p.add_argument("--n", type=strict_int, default=4096, help="output features N (default 4096)")
+    p.add_argument("--tp", type=strict_int, default=8, help="TP degree T (default 8)")
     p.add_argument("--topo", default="dgx-h100", help="device for the kernel times")
 
 

@@ -16,6 +16,7 @@ from workloads import MODEL_PRESETS
 from workloads.frameworks import FRAMEWORKS
 
 from topologies import build as build_topology
+from inputs import strict_int
 
 from ..band import prediction_band
 from ..errors import UsageError
@@ -54,15 +55,15 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="model presets, comma-separated")
     parser.add_argument("--tp", default=",".join(map(str, DEFAULT_TPS)),
                         help="tensor-parallel degrees, comma-separated")
-    parser.add_argument("--racks", type=int, default=8,
+    parser.add_argument("--racks", type=strict_int, default=8,
                         help="NVL72 racks (x72 GPUs); the DGX H100 side has as many GPUs")
-    parser.add_argument("--global-batch", type=int, default=72, help="sequences per step")
-    parser.add_argument("--seq-len", type=int, default=8192)
+    parser.add_argument("--global-batch", type=strict_int, default=72, help="sequences per step")
+    parser.add_argument("--seq-len", type=strict_int, default=8192)
     parser.add_argument("--recompute", choices=("none", "selective", "full"), default="none")
     parser.add_argument("--framework", choices=FRAMEWORKS,
                         default="megatron-core",
                         help="framework profile of the plans (its published runs give the band)")
-    parser.add_argument("--workers", type=int, default=None, help="worker processes")
+    parser.add_argument("--workers", type=strict_int, default=None, help="worker processes")
 
 
 def _list(text: str, flag: str, kind=str) -> list:

@@ -31,7 +31,7 @@ from __future__ import annotations
 import argparse
 
 import topologies
-from inputs import InputError
+from inputs import InputError, strict_int
 from workloads import load_model, plan_from_dict, resolve
 from workloads.memory import peak_memory
 from workloads.plan import PROJECTIONS
@@ -56,8 +56,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     """Flags of the study."""
     p.add_argument("--topo", default="dgx-h100", help="topology; its GPU count must be a cube")
     p.add_argument("--model", default="llama3-8b", help="model preset or JSON")
-    p.add_argument("--seq-len", type=int, default=8192)
-    p.add_argument("--micro-batch", type=int, default=None,
+    p.add_argument("--seq-len", type=strict_int, default=8192)
+    p.add_argument("--micro-batch", type=strict_int, default=None,
                    help="sequences per step (default q^2 for N = q^3 GPUs, the smallest "
                         "the 3D layouts accept)")
     # selective_op is modelled for 1D only (plan_checks.check_grid), so it is not offered

@@ -28,7 +28,7 @@ import argparse
 from dataclasses import replace
 
 import topologies
-from inputs import InputError
+from inputs import InputError, ascii_int, strict_int
 from topologies import ClusterSpec
 from topologies.builders import NDR_400G
 from workloads import MODEL_PRESETS, ModelSpec
@@ -58,7 +58,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     """Flags of the study."""
     parser.add_argument("--model", default="llama3-70b", choices=sorted(MODEL_PRESETS),
                         help="model preset (default llama3-70b, the analysis's)")
-    parser.add_argument("--tokens", type=int, default=TOKENS, help="tokens (one sequence)")
+    parser.add_argument("--tokens", type=strict_int, default=TOKENS, help="tokens (one sequence)")
     parser.add_argument("--tp", default=",".join(map(str, DEFAULT_TS)),
                         help="tensor-parallel degrees, comma-separated")
     parser.add_argument("--big-domain", choices=("nvl72", "h100"), default="nvl72",
@@ -156,11 +156,8 @@ def rows(model_name: str = "llama3-70b", ts=DEFAULT_TS, tokens: int = TOKENS,
 
 
 def _parse_ts(text: str) -> list[int]:
-    try:
-        ts = [int(x) for x in text.split(",") if x.strip()]
-    except ValueError:
-        ts = []
-    if not ts or min(ts) < 1:
+    ts = [ascii_int(x.strip()) for x in text.split(",") if x.strip()]
+    if not ts or None in ts or min(ts) < 1:
         raise UsageError("--tp", text, "comma-separated integers >= 1")
     return ts
 

@@ -39,12 +39,11 @@ Bandwidths are bounded (BANDWIDTH_FACTORS, BANDWIDTH_GBPS; see there why).
 """
 from __future__ import annotations
 
-import math
 import re
 from dataclasses import dataclass, replace
 from typing import Any, Mapping
 
-from inputs import decimal
+from inputs import ascii_float, decimal
 from topologies import ClusterSpec, device
 from workloads import Plan, plan_from_dict
 from workloads.ddp_buckets import BUCKET_MODES
@@ -124,11 +123,8 @@ def bandwidth(name: str, raw: str) -> tuple[bool, float]:
     """(is a factor, number) of a bandwidth value; UsageError outside the bounds."""
     text = raw[1:] if raw.startswith("x") else raw
     low, high = BANDWIDTH_FACTORS if raw.startswith("x") else BANDWIDTH_GBPS
-    try:
-        number = float(text)
-    except ValueError:
-        number = float("nan")
-    if not low <= number <= high:   # NaN and inf fail too
+    number = ascii_float(text)
+    if number is None or not low <= number <= high:   # NaN and inf fail too
         raise UsageError(f"--vary {name}", raw, BANDWIDTH_ALLOWED)
     return raw.startswith("x"), number
 
@@ -157,11 +153,8 @@ def _framework_value(name: str, raw: str) -> Any:
             raise UsageError(flag, raw, f"an integer in [0, {MAX_LOSS_METRICS}]")
         return int(raw)
     if name in HOST_SECONDS:
-        try:
-            seconds = float(raw)
-        except ValueError:
-            seconds = math.nan
-        if not 0.0 <= seconds <= MAX_HOST_OVERHEAD_S:   # NaN and inf fail too
+        seconds = ascii_float(raw)
+        if seconds is None or not 0.0 <= seconds <= MAX_HOST_OVERHEAD_S:
             raise UsageError(flag, raw, f"a number of seconds in [0, {MAX_HOST_OVERHEAD_S:g}]")
         return seconds
     return _bool(name, raw)
