@@ -90,11 +90,15 @@ def check_dtype(plan: Plan, topology: Topology) -> None:
     """Every GPU of the topology has tensor cores for the plan's training dtype (Hopper
     has none for mxfp8/nvfp4, A100 none for fp8): TopologyError naming the dtype, the GPU
     and the dtypes it runs, before anything is built."""
+    check_dtype_runs(plan.training.dtype, topology)
+
+
+def check_dtype_runs(dtype: str, topology: Topology, field: str = "training.dtype") -> None:
+    """check_dtype for a dtype alone (a search's --dtype, before any plan exists)."""
     for spec in {d.name: d for d in topology.devices}.values():
-        if plan.training.dtype not in spec.peak_flops:
+        if dtype not in spec.peak_flops:
             runs = sorted(d for d in DTYPES if d in spec.peak_flops)
-            raise TopologyError("training.dtype", plan.training.dtype,
-                                f"{', '.join(runs)} on {spec.name} "
+            raise TopologyError(field, dtype, f"{', '.join(runs)} on {spec.name} "
                                 "(its tensor cores)")
 
 

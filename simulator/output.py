@@ -92,6 +92,8 @@ def output_kind(path: str | Path, flag: str = "output", create_parents: bool = F
     starts."""
     if not str(path):   # realpath('') is the working folder: it would pass as a new file
         raise OutputError(path, "the path is empty", flag)
+    if str(path).endswith(os.sep):   # realpath drops the slash: 'new/' would become a file
+        raise OutputError(path, "it names a folder: it ends in /", flag)
     target = Path(os.path.realpath(path))
     try:
         mode = os.stat(path).st_mode   # follows links, /dev/stdout's to a pipe included

@@ -6,8 +6,10 @@ empty path, at /dev/null (the summary re-read the file written there) or at a fu
 (a write error inside the spawned worker surfaced as its traceback), a lone UTF-16
 surrogate escape in any JSON input (printing it failed), integer and number flags that
 int() / float() read from Arabic-Indic digits, underscores or padding, a trace time
-column of integers past 2^53, and `validation compare` dividing by a calibration
-record's flops_per_s without checking it."""
+column of integers past 2^53, `validation compare` dividing by a calibration record's
+flops_per_s without checking it, a whatif checkpoint row whose true, text or negative
+value changed the resumed table, an output path ending in '/' written as a file, and
+`search --dtype` on a GPU without it refused only after minutes of screening."""
 from __future__ import annotations
 
 import json
@@ -153,3 +155,37 @@ def test_validation_compare_checks_the_calibration_record_it_reads(tmp_path):
     topo = write(tmp_path, "host.json", {"calibration": {"matmul": [
         {"m": 8, "n": 8, "k": 8, "flops_per_s": 2.0}]}})
     assert host_drift_pct(run, topo) == -50.0
+
+
+SPEC = {"point": 0, "topo": {"ref": "dgx-h100"}, "faults": [], "params": {"tp": 1}}
+OK_ROW = {"point": 0, "status": "ok", "error": None, "topo": "dgx-h100", "fault": None,
+          "tp": 1, "step_time_s": 1.0, "compute_s": 0.9, "exposed_comm_s": 0.1,
+          "bubble_s": 0.0, "mfu": 0.4, "peak_memory_bytes": 1e9, "fits_in_memory": True,
+          "events": 1593, "mesh_dp": 8, "plan": "p", "model": "m"}
+
+
+@pytest.mark.parametrize("change, expected", [
+    ({}, None),
+    ({"events": True}, "'events' an integer"),
+    ({"mesh_dp": "8"}, "'mesh_dp' an integer"),
+    ({"step_time_s": -1.0}, "'step_time_s' a number >= 0"),
+    ({"memory_grads_bytes": -5}, "'memory_grads_bytes' a number >= 0"),
+    ({"plan": False}, "'plan' a number or text, not true/false"),
+])
+def test_a_checkpoint_row_whose_columns_would_change_the_table_is_damaged(change, expected):
+    # "events": true turned the whole Parquet column into text; a negative time passed
+    from simulator.whatif.rows import row_problem
+    problem = row_problem({**OK_ROW, **change}, {0: SPEC})
+    assert problem == expected if expected is None else expected in problem, problem
+
+
+def test_an_output_path_ending_in_a_slash_names_a_folder(tmp_path):
+    status, err = holds_contract(["run", "--plan", "col.json", "--trace", f"{tmp_path}/new/"])
+    assert status == 2 and "it ends in /" in err, err
+    assert not (tmp_path / "new").exists()
+
+
+def test_search_refuses_a_dtype_the_gpu_lacks_before_searching():
+    status, err = holds_contract(["search", "--topo", "dgx-a100", "--model", "llama3-8b",
+                                  "--global-batch", "8", "--seq-len", "4096", "--dtype", "fp8"])
+    assert status == 2 and err.startswith("error: --dtype: got 'fp8'"), err

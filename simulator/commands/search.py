@@ -18,6 +18,7 @@ from workloads import MODEL_PRESETS, load_model
 from workloads.plan import DTYPES, RECOMPUTE, STRATEGIES
 from inputs import ascii_int, strict_int
 
+from ..api import check_dtype_runs
 from ..errors import UsageError
 from ..search import Search, SearchSpace
 from ..search.report import describe_candidate, render_table
@@ -146,6 +147,7 @@ def handle(args: argparse.Namespace) -> int:
     model = load_model(args.model)
     model_ref = args.model if args.model in MODEL_PRESETS else model.to_dict()
     topology = topologies.build(args.topo)
+    check_dtype_runs(args.dtype, topology, "--dtype")   # before minutes of screening
     _check_degrees(args, space, topology.world_size)
     points = space_size(space, model, topology.world_size)
     if points > args.max_points:

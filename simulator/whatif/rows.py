@@ -24,6 +24,9 @@ RENDERED_FLAGS = ("fits_in_memory",)
 # Every other summary column named so is a number (or null: a ratio over a zero time),
 # so a string there would turn the whole Parquet column into strings.
 NUMBER_SUFFIXES = ("_s", "_bytes")
+# Counts the summary gives as integers (a true there would turn the column into text).
+COUNT_COLUMNS = ("events", "simulated_ranks", "world_size", "micro_batches", "critical_rank")
+COUNT_PREFIXES = ("mesh_",)
 # Parquet's integers are 64-bit: a larger JSON integer cannot be written.
 INT64 = 1 << 63
 
@@ -52,8 +55,9 @@ def _lead_problem(row: dict[str, Any], spec: PointSpec) -> str | None:
     return None
 
 
-def _result_problem(row: dict[str, Any]) -> str | None:
-    """The columns the simulation produced: what the table, plot and Parquet need."""
+def _result_problem(row: dict[str, Any], params: set[str]) -> str | None:
+    """The columns the simulation produced: what the table, plot and Parquet need (a
+    time or size not negative, a count an integer, true/false only in a flag)."""
     ok = row["status"] == "ok"
     error = row.get("error", "absent")
     if ok and error is not None or not ok and not isinstance(error, str):
@@ -63,8 +67,14 @@ def _result_problem(row: dict[str, Any]) -> str | None:
         if not _scalar(value):
             return f"{shown(key)} null, true/false, a string or a finite number below " \
                    f"2**63 (got {shown(value)})"
-        if key.endswith(NUMBER_SUFFIXES) and value is not None and not is_number(value):
-            return f"{shown(key)} a number (got {shown(value)})"
+        if key.endswith(NUMBER_SUFFIXES) and value is not None and \
+                (not is_number(value) or value < 0):
+            return f"{shown(key)} a number >= 0 (got {shown(value)})"
+        if (key in COUNT_COLUMNS or key.startswith(COUNT_PREFIXES)) and key not in params \
+                and value is not None and (not is_number(value) or type(value) is not int):
+            return f"{shown(key)} an integer (got {shown(value)})"
+        if isinstance(value, bool) and key not in RENDERED_FLAGS and key not in params:
+            return f"{shown(key)} a number or text, not true/false (got {shown(value)})"
     if not ok:
         return None
     for key in RENDERED_NUMBERS:
@@ -85,4 +95,4 @@ def row_problem(row: Any, points: dict[int, PointSpec]) -> str | None:
         return f"'point' an integer from 0 to {len(points) - 1} (got {shown(point)})"
     if row.get("status") not in STATUSES:
         return f"'status' one of {', '.join(STATUSES)} (got {shown(row.get('status'))})"
-    return _lead_problem(row, points[point]) or _result_problem(row)
+    return _lead_problem(row, points[point]) or _result_problem(row, set(points[point]["params"]))
