@@ -189,3 +189,15 @@ def test_search_refuses_a_dtype_the_gpu_lacks_before_searching():
     status, err = holds_contract(["search", "--topo", "dgx-a100", "--model", "llama3-8b",
                                   "--global-batch", "8", "--seq-len", "4096", "--dtype", "fp8"])
     assert status == 2 and err.startswith("error: --dtype: got 'fp8'"), err
+
+
+def test_a_gradient_bucket_of_a_parameter_is_refused_before_building(tmp_path):
+    # 2.95 million one-parameter buckets passed the task limit (5.9 million tasks) and
+    # then took minutes and gigabytes (exit 1 under 4 and 8 GB)
+    plan = write(tmp_path, "p.json", {**TINY_PLAN, "framework": "megatron-core",
+                                      "fsdp": {"enabled": False}, "zero_stage": 1,
+                                      "ddp": {"bucket_params": 1}})
+    status, err = holds_contract(["run", "--plan", plan, "--topo", "dgx-h100"])
+    assert status == 2 and err.startswith("error: ddp.bucket_params: got 1; allowed: at "
+                                          "least about "), err
+    assert "at most 100,000 gradient buckets a stage" in err

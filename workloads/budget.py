@@ -31,6 +31,14 @@ TASKS_PER_BUCKET = 2
 # with 1.6e5, and `--full` on the 1,024-GPU Llama 3 70B plan (9.6 million real tasks,
 # 1.8e7 estimated; 6 GB and 2 min, benchmarks/README.md) too.
 MAX_TASKS = 25_000_000
+# Gradient buckets a stage may have: each is a collective of its own, which costs the
+# engine about twice a layer task's time and memory (a ZeRO-1 plan of 264,075 tasks, most
+# of them 147,594 buckets of 20 parameters: 12 s and 0.52 GB on the shared 2-core host,
+# against 1.2 s and 0.2 GB for the 45,697 tasks of col.json); Megatron's default bucket
+# holds 40 million parameters (distributed_data_parallel_config.py bucket_size), so even a
+# trillion-parameter model has some 25,000. Assumption: 100,000 a stage bounds every
+# real configuration and keeps such a run near a minute.
+MAX_GRADIENT_BUCKETS = 100_000
 
 
 @dataclass(frozen=True)
@@ -70,12 +78,20 @@ def gradient_buckets(plan, layers: int) -> int:
 
 
 def check_work(plan, simulated_ranks: int, max_tasks: int = MAX_TASKS) -> WorkEstimate:
-    """The estimate, or a WorkloadError when it passes `max_tasks`.
+    """The estimate, or a WorkloadError when it passes `max_tasks` (or makes more than
+    MAX_GRADIENT_BUCKETS gradient buckets a stage).
 
     The error names what makes the work large: the global batch when the micro-batches
     alone exceed the limit, else the model's layers, else the simulated ranks (--full).
     """
     est = estimate_tasks(plan, simulated_ranks)
+    buckets = gradient_buckets(plan, est.layers_per_stage)
+    if buckets > MAX_GRADIENT_BUCKETS:
+        smallest = math.ceil(plan.grad_bucket * buckets / MAX_GRADIENT_BUCKETS)
+        raise WorkloadError("ddp.bucket_params", plan.grad_bucket,
+                            f"at least about {smallest:,} parameters for this plan (at most "
+                            f"{MAX_GRADIENT_BUCKETS:,} gradient buckets a stage; it makes "
+                            f"{buckets:,}), or unit / megatron")
     if est.simulated_tasks <= max_tasks:
         return est
     allowed = (f"a plan of at most {max_tasks:,} simulated tasks (estimated "
