@@ -8,5 +8,6 @@ from .errors import InputError
 from .json_input import MAX_DEPTH, load_json_file, parse_json, read_text_file, require_regular_file
 from .numbers import ascii_float, ascii_int, decimal, finite, strict_int
 
-__all__ = ["InputError", "MAX_DEPTH", "ascii_float", "ascii_int", "decimal", "finite", "load_json_file", "parse_json",
-           "read_text_file", "require_regular_file", "strict_int"]
+__all__ = ["InputError", "MAX_DEPTH", "ascii_float", "ascii_int", "decimal", "finite",
+           "load_json_file", "parse_json", "read_text_file", "require_regular_file",
+           "strict_int"]

@@ -24,8 +24,9 @@ def register(sub) -> None:
     p.add_argument("--trace", metavar="FILE.parquet", help="write the Parquet trace")
     p.add_argument("--chrome-trace", metavar="FILE.json", help="write a Perfetto/Chrome trace")
     p.add_argument("--fault", action="append", default=[], metavar="SPEC",
-                   help=FAULT_SYNTAX + " (repeatable; the ranks the faults touch, and those that wait on "
-                        "them, are simulated as their own rank classes; --full: every rank)")
+                   help=FAULT_SYNTAX + " (repeatable; the ranks the faults touch, and those "
+                        "that wait on them, are simulated as their own rank classes; --full: "
+                        "every rank)")
     p.add_argument("--strict-memory", action="store_true",
                    help=f"exit {EXIT_DOES_NOT_FIT} when the plan does not fit in memory")
     add_common(p)

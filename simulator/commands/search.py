@@ -14,9 +14,9 @@ import math
 import sys
 
 import topologies
+from inputs import ascii_int, strict_int
 from workloads import MODEL_PRESETS, load_model
 from workloads.plan import DTYPES, RECOMPUTE, STRATEGIES
-from inputs import ascii_int, strict_int
 
 from ..api import check_dtype_runs
 from ..errors import UsageError

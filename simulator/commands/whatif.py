@@ -20,8 +20,8 @@ from __future__ import annotations
 import argparse
 import sys
 
-from topologies.faults import FAULT_SYNTAX
 from inputs import strict_int
+from topologies.faults import FAULT_SYNTAX
 
 from ..errors import EXIT_INTERNAL
 from ..errors import UsageError
@@ -56,7 +56,8 @@ def register(sub) -> None:
                         "`framework` profile's defaults follow each point): "
                         + ", ".join(map(_named, FRAMEWORK_PARAMS)))
     p.add_argument("--fault", action="append", default=[], metavar="FAULT",
-                   help=FAULT_SYNTAX + " (repeatable; the rank classes split around it, --full: every rank)")
+                   help=FAULT_SYNTAX + " (repeatable; the rank classes split around it, "
+                                       "--full: every rank)")
     p.add_argument("-o", "--output", metavar="FILE.parquet",
                    help="write one row per point (checkpoint FILE.parquet.partial.jsonl "
                         "while running)")
