@@ -34,9 +34,10 @@ MAX_TASKS = 25_000_000
 # Gradient buckets a stage may have: each is a collective of its own, which costs the
 # engine about twice a layer task's time and memory (a ZeRO-1 plan of 264,075 tasks, most
 # of them 147,594 buckets of 20 parameters: 12 s and 0.52 GB on the shared 2-core host,
-# against 1.2 s and 0.2 GB for the 45,697 tasks of col.json); Megatron's default bucket
-# holds 40 million parameters (distributed_data_parallel_config.py bucket_size), so even a
-# trillion-parameter model has some 25,000. Assumption: 100,000 a stage bounds every
+# against 1.2 s and 0.2 GB for the 45,697 tasks of col.json); Megatron-Core's default
+# bucket holds max(40 million, 1 million x DP) parameters (NVIDIA/Megatron-LM
+# megatron/core/distributed/distributed_data_parallel.py), so even a trillion-parameter
+# model has some 25,000. Assumption: 100,000 a stage bounds every
 # real configuration and keeps such a run near a minute.
 MAX_GRADIENT_BUCKETS = 100_000
 
