@@ -32,9 +32,11 @@ TASKS_PER_BUCKET = 2
 # 1.8e7 estimated; 6 GB and 2 min, benchmarks/README.md) too.
 MAX_TASKS = 25_000_000
 # Gradient buckets a stage may have: each is a collective of its own, which costs the
-# engine about twice a layer task's time and memory (a ZeRO-1 plan of 264,075 tasks, most
-# of them 147,594 buckets of 20 parameters: 12 s and 0.52 GB on the shared 2-core host,
-# against 1.2 s and 0.2 GB for the 45,697 tasks of col.json); Megatron-Core's default
+# engine about twice a layer task's time and memory (`/usr/bin/time -v python -m simulator
+# run --topo dgx-h100` of a megatron-core ZeRO-1 plan at TP 2, an 8-layer, hidden-256 Llama,
+# global batch 16 x 512 tokens, ddp.bucket_params 20: 264,075 tasks, 147,594 of them
+# buckets, 12 s and 0.52 GB on the shared 2-core host, against 1.2 s and 0.2 GB for the
+# 45,697 tasks of col.json, benchmarks/README.md); Megatron-Core's default
 # bucket holds max(40 million, 1 million x DP) parameters (NVIDIA/Megatron-LM
 # megatron/core/distributed/distributed_data_parallel.py), so even a trillion-parameter
 # model has some 25,000. Assumption: 100,000 a stage bounds every

@@ -8,9 +8,9 @@ a warning; nothing is dropped without a line saying so.
 """
 from __future__ import annotations
 
-import re
 from typing import Any
 
+from inputs import ascii_int
 from inputs.errors import shown
 
 from ..errors import WorkloadError
@@ -56,8 +56,8 @@ def need_int(value: Any, key: str, minimum: int = 1) -> int:
     """An integer >= minimum read from a job config, or JobConfigError naming the key. A
     string (a flags file is text) must be ASCII digits: int() would also take "١", "2_0"
     and " 2"."""
-    if isinstance(value, str) and re.fullmatch(r"-?[0-9]{1,18}", value):
-        value = int(value)
+    if isinstance(value, str) and ascii_int(value) is not None:
+        value = ascii_int(value)
     if not is_int(value) or value < minimum:
         raise JobConfigError(key, value, f"an integer >= {minimum}")
     return value
