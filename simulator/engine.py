@@ -28,7 +28,7 @@ from .host_timeline import HostTimeline
 from .network import CommModel, CommOptions
 from .rank_classes import RankClasses, rank_classes
 from .rank_groups import RankGroups
-from .sm_share import SmShare
+from .sm_share import NCCL, NVLS, STATED, SmShare
 from .trace import TraceRecorder
 from .trace_spill import SpillRecorder
 
@@ -293,18 +293,21 @@ class Engine:
 
         An NCCL kernel occupies its SMs from launch, also while it waits for the
         other members, so the count starts at arrival. A kernel with its own SM count
-        (Task.sm_count) holds that many instead of NCCL's share.
+        (Task.sm_count) holds that many instead of one SM per NCCL channel.
         """
         plan = self.comm.plan(op, ranks, size)
-        self._hold(rank, sm_count, plan.uses_sms, True)
+        kind = STATED if sm_count else NCCL if plan.uses_sms else NVLS
+        held = sm_count or plan.channels
+        self._hold(rank, held, kind, True)
         yield event
-        self._hold(rank, sm_count, plan.uses_sms, False)
+        self._hold(rank, held, kind, False)
         return plan.algorithm
 
-    def _hold(self, rank: int, sm_count: int, uses_sms: bool, start: bool) -> None:
-        """Count a communication kernel in (start) or out of this rank's SMs."""
+    def _hold(self, rank: int, sms: int, kind: str, start: bool) -> None:
+        """Count a communication kernel (sm_share: NCCL, NVLS or STATED) holding `sms` SMs
+        in (start) or out of this rank's SMs."""
         before = self._speed(rank)
-        self.sms.hold(rank, sm_count, uses_sms, start)
+        self.sms.hold(rank, sms, kind, start)
         self._note_speed_change(rank, before)
 
     def _arrive(self, task: Task, ranks: tuple[int, ...]) -> simpy.Event:
@@ -380,7 +383,8 @@ class Engine:
         began = self.env.now
         twins = () if self.full else self.groups.twins(rank, (dim,), peer=task.peer)
         event = self.comm.collective("send_recv", (rank, peer), task.bytes, twins)
-        algorithm = yield from self._track(rank, "send_recv", (rank, peer), task.bytes, event)
+        algorithm = yield from self._track(rank, "send_recv", (rank, peer), task.bytes, event,
+                                           task.sm_count)
         receiver = peer if self.full else self._receiver(rank, dim, task.peer, peer)
         if receiver is not None:
             self._p2p_event(task.tag, receiver).succeed(began)

@@ -55,11 +55,19 @@ def test_compute_keeps_the_sms_the_dispatcher_leaves(node, sms):
     assert end == pytest.approx(long_s + overlap_s * (1 - speed), rel=1e-9)
 
 
-def test_more_dispatcher_sms_slow_compute_more_than_nccls_share(node):
-    nccl_end, _ = long_kernel_end(node, 0)
+def test_more_dispatcher_sms_slow_compute_more(node):
     ends = [long_kernel_end(node, sms)[0] for sms in (20, 32, 64)]
-    # NCCL's share (overlap_compute_factor 0.9: about 13 of 132 SMs) is below DeepEP's 20
-    assert nccl_end < ends[0] < ends[1] < ends[2]
+    assert ends[0] < ends[1] < ends[2]
+
+
+def test_nccls_all_to_all_holds_one_sm_per_channel(node):
+    # NCCL's kernel (sm_count 0) slows compute as a kernel stating its channels does
+    engine = Engine(beside_dispatch(0), node, SimOptions())
+    channels = engine.comm.plan("all_to_all", tuple(range(8)), 64 * MB).channels
+    assert 0 < channels < node.device(0).sm_count
+    nccl_end, overlap_s = long_kernel_end(node, 0)
+    assert nccl_end == pytest.approx(long_kernel_end(node, channels)[0], rel=1e-12)
+    assert nccl_end > kernel_s(node, 3000 * MB)
 
 
 def test_a_kernel_on_every_sm_leaves_compute_one_sm_and_no_stall(node):

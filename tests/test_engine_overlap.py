@@ -5,7 +5,8 @@ pipeline send beside a kernel, and a serial (CPU-like) device whose collectives 
 the compute stream.
 
 The speed changes are driven the way Engine._track drives them (Engine._hold: count,
-then _note_speed_change), so the expected ends follow from the profile's factors alone.
+then _note_speed_change), so the expected ends follow from the SMs each kernel holds:
+compute keeps (SMs - held) / SMs (simulator/sm_share.py).
 """
 from __future__ import annotations
 
@@ -15,6 +16,7 @@ import pytest
 
 import topologies
 from simulator.engine import Engine, SimOptions
+from simulator.sm_share import NCCL, NVLS
 from workloads.program import COMM, Program, Task
 
 from test_engine import MB, Tasks, kernel_s, plan_on
@@ -32,16 +34,23 @@ def bare_engine(node, full: bool = False) -> Engine:
                   SimOptions(full=full))
 
 
+# The SMs an NCCL ring on one H100 node and an NVLS collective hold in these tests (one
+# per channel: 32 and 16, as the network model plans them on dgx-h100).
+RING_SMS, NVLS_SMS = 32, 16
+
+
 def changes(engine: Engine, rank: int, steps, late: bool = False):
     """Each (at_s, busy, delta): at absolute time at_s, a collective on the rank's SMs
-    ("sm") or NVLS ("nvls") begins (+1) or ends (-1). `late`: each wait is created after
-    the kernel's own timeout of that instant (a timeout(0) first)."""
+    ("sm": RING_SMS of them) or NVLS ("nvls": NVLS_SMS) begins (+1) or ends (-1). `late`:
+    each wait is created after the kernel's own timeout of that instant (a timeout(0)
+    first)."""
     env = engine.env
     for at_s, busy, delta in steps:
         if late:
             yield env.timeout(0)
         yield env.timeout(at_s - env.now)
-        engine._hold(rank, 0, busy == "sm", delta > 0)
+        sms, kind = (RING_SMS, NCCL) if busy == "sm" else (NVLS_SMS, NVLS)
+        engine._hold(rank, sms, kind, delta > 0)
 
 
 def kernel(engine: Engine, rank: int, work_s: float, ends: list):
@@ -50,8 +59,15 @@ def kernel(engine: Engine, rank: int, work_s: float, ends: list):
 
 
 def factors(node) -> tuple[float, float]:
-    profile = node.device(0).profile
-    return profile.overlap_compute_factor, profile.overlap_compute_factor_nvls
+    """Compute's speed beside the "sm" and the "nvls" collective of `changes`."""
+    sms = node.device(0).sm_count
+    return (sms - RING_SMS) / sms, (sms - NVLS_SMS) / sms
+
+
+def planned_speed(engine: Engine, op: str, ranks, size: float) -> float:
+    """Compute's speed beside this collective: one SM per channel of its plan."""
+    sms = engine.topology.device(ranks[0]).sm_count
+    return (sms - engine.comm.plan(op, tuple(ranks), size).channels) / sms
 
 
 @pytest.mark.parametrize("late", [False, True])
@@ -65,7 +81,7 @@ def test_a_collective_ending_on_the_instant_the_kernel_ends(node, late):
     engine.env.process(changes(engine, 0, [(0.5, "sm", 1), (end_s, "sm", -1)], late))
     engine.env.run()
     assert ends == [pytest.approx(end_s, rel=1e-12)]
-    assert engine._computing[0] == {} and engine.sms.nccl[0] == 0
+    assert engine._computing[0] == {} and engine.sms.running(0) == 0
 
 
 @pytest.mark.parametrize("nvls_first", [False, True])
@@ -117,8 +133,7 @@ def test_a_collective_begun_before_the_kernel_slows_only_the_overlap(node):
     cols = engine.trace.table().to_pydict()
     t = {label: (s, e) for label, s, e in zip(cols["label"], cols["start_s"], cols["end_s"])}
     ranks = engine.groups.group(0, ("dp",))
-    f_sm, f_nvls = factors(node)
-    f = f_sm if engine.comm.plan("reduce_scatter", ranks, 64 * MB).uses_sms else f_nvls
+    f = planned_speed(engine, "reduce_scatter", ranks, 64 * MB)
     began, ended = t["dp_rs"]
     pre_end = t["pre"][1]
     assert began == 0.0 and pre_end == pytest.approx(kernel_s(node, 10 * MB) / f, rel=1e-9)
@@ -149,8 +164,8 @@ def test_a_pipeline_send_slows_the_kernel_beside_it(node, full):
     cols = engine.trace.table().to_pydict()
     t = {label: (s, e) for r, label, s, e in
          zip(cols["rank"], cols["label"], cols["start_s"], cols["end_s"]) if r == 0}
-    f_sm, f_nvls = factors(node)
-    f = f_sm if engine.comm.plan("send_recv", (0, 4), 256 * MB).uses_sms else f_nvls
+    f = planned_speed(engine, "send_recv", (0, 4), 256 * MB)
+    assert f < 1.0
     began, ended = t["send"]
     long_s = kernel_s(node, 3000 * MB)
     assert began == 0.0 and 0.0 < ended < long_s

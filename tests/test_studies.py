@@ -110,3 +110,9 @@ def test_readme_adaptive_sharding_table_is_the_study_output(capsys):
         assert published == f"{r['published_step_time_s']:.3f}"
         ratio = 100 * (r["published_step_time_s"] / r["chosen_step_time_s"] - 1)
         assert pct == f"{ratio:.1f}"
+        # the choice columns: (wq/wk/wv, wo, w1/w3, w2), the simulator's "seq everywhere"
+        cells = [c.strip() for c in line.split("|")[2:4]]
+        pub = r["published"]
+        assert cells[0] == ", ".join(pub[p] for p in ("wq", "wo", "w1", "w2"))
+        assert {pub["wq"], pub["wk"], pub["wv"]} == {pub["wq"]} and pub["w1"] == pub["w3"]
+        assert set(r["chosen"].values()) == {"seq"} and cells[1] == "seq everywhere"

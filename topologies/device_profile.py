@@ -77,11 +77,12 @@ class DeviceProfile:
     # matmul rate is published. Memory-bound kernels keep theirs (the HBM clock is not the
     # one a power limit lowers). A calibrated host's rates are its sustained ones: 1.
     sustained_tensor_ratio: float = round(1237 / ((1425 + 1450) / 2), 3)
-    # Fraction of compute speed kept while a collective that runs on SMs overlaps it
-    # (NCCL kernels occupy channels x 1 block of 132 SMs; 16-32 channels ~ 12-24 % of
-    # SMs). Assumption: 0.9. NVLS offloads reduction to the switch and uses fewer SMs.
-    overlap_compute_factor: float = 0.9
-    overlap_compute_factor_nvls: float = 0.96
+    # Fraction of compute speed kept while an NCCL collective overlaps it (on SMs; NVLS).
+    # None: by the SMs the collective's kernel holds, one per channel (simulator/
+    # sm_share.py); a number: a measured host's factor (validation calibrate) or a
+    # user's, which overrides that for NCCL kernels.
+    overlap_compute_factor: float | None = None
+    overlap_compute_factor_nvls: float | None = None
     # Whether collectives run beside compute. GPUs: NCCL kernels run on their own CUDA
     # streams. CPU processes (the gloo validation host): torch's CPU device has no streams
     # (torch.cpu.Stream is a stub), so FSDP2 issues its all-gathers and reduce-scatters

@@ -15,7 +15,7 @@ from .graph_node import Node, wgrad_shape
 from .layer_builder import TaskSink, fp8_cast_task
 from .layouts import STRATEGY_LAYOUTS, collective, collective_bytes, grad_layout_needed
 from .program import COMM, COMPUTE, MEMORY, RELAYOUT
-from .tp_overlap import USERBUFFERS, chunked_gemm, gemm_reduce_scatter, ring_gather
+from .tp_overlap import UB_SMS, USERBUFFERS, chunked_gemm, gemm_reduce_scatter, ring_gather
 
 
 class TPCommMixin:
@@ -49,9 +49,11 @@ class TPCommMixin:
             deps = (sink.add(kind=COMPUTE, stream="compute", op=RELAYOUT, phase=phase,
                              deps=deps, bytes=copy, op_class=MEMORY, label=f"{label}.relayout",
                              **ctx),)
+        # under userbuffers a TP collective outside the ring exchange is TE's bulk method,
+        # on its own SMs (tp_overlap.UB_SMS); otherwise NCCL's kernel
         task = sink.add(kind=COMM, stream="tp", op=op, phase=phase, deps=deps,
                         bytes=collective_bytes(op, full, sh.tp), group=("tp",),
-                        label=label, **ctx)
+                        label=label, sm_count=UB_SMS if self.userbuffers else 0, **ctx)
         if copy and op != "reduce_scatter":   # the gathered chunks are concatenated after
             task = sink.add(kind=COMPUTE, stream="compute", op=RELAYOUT, phase=phase,
                             deps=(task,), bytes=copy, op_class=MEMORY,

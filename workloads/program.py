@@ -74,8 +74,8 @@ class Task:
                                     # ep_nvlink.py); it lasts at least bytes / kernel_Bps
     sm_count: int = 0               # comm: SMs its kernel holds while it runs (the fused
                                     # MoE dispatcher's num_sms: workloads/moe_options.py);
-                                    # 0: an NCCL collective (DeviceProfile
-                                    # .overlap_compute_factor)
+                                    # 0: an NCCL kernel, one SM per channel
+                                    # (simulator/sm_share.py)
 
 
 @dataclass

@@ -25,9 +25,8 @@ Two implementations, the same chunking:
   writes one, on the compute stream. The pass matches a reduce-scatter fed by one matmul,
   so the backward's reduce-scatter of summed dgrads (q, k, v or w1, w3) stays blocking.
 
-Assumption: the transfers are point-to-point messages priced by the network model, whose
-SM-sharing slowdown then applies to the GEMMs they overlap (both libraries can move the
-data with the copy engine, which takes no SMs: an upper bound on that interference).
+Assumption: the transfers are point-to-point messages priced by the network model; the
+SMs each holds (UB_SMS, RING_EXCHANGE_SMS) slow the GEMMs they overlap.
 """
 from __future__ import annotations
 
@@ -36,10 +35,16 @@ from .program import COMM, COMPUTE, GEMM, MEMORY
 
 USERBUFFERS, SYMM_MEM = "userbuffers", "symm_mem"
 SEND, RECV = "tp_ring_send", "tp_ring_recv"
-# Transformer Engine's initialize_ub defaults for the "pipeline" method (proj_fprop,
-# fc2_fprop): num_splits 4, on 16 SMs (the SMs appear here as the engine's SM-sharing
-# slowdown of the overlapped GEMMs).
+# Transformer Engine's initialize_ub defaults (transformer_engine/pytorch/module/base.py
+# at d0067d0da, initialize_ub's default config): "pipeline" (proj_fprop, fc2_fprop)
+# num_splits 4, and "bulk" (the dgrads' reduce-scatter), on num_sm 16 SMs;
+# "ring_exchange" on num_sm 1 with use_ce (the copy engine moves the chunks).
+# The SMs a transfer holds slow the GEMMs it overlaps (simulator/sm_share.py). PyTorch's
+# async TP copies the peers' shards out of symmetric memory with the copy engine too
+# (assumption: one SM's worth of its synchronisation, as TE's ring exchange).
 UB_PIPELINE_SPLITS = 4
+UB_SMS = 16
+RING_EXCHANGE_SMS = 1
 
 
 def _transfer(sink: TaskSink, ctx: dict, tag: tuple, size: float, deps, phase: str,
@@ -47,9 +52,10 @@ def _transfer(sink: TaskSink, ctx: dict, tag: tuple, size: float, deps, phase: s
     """One ring step: send a chunk to the next TP rank, receive one from the previous."""
     sink.add(kind=COMM, stream=SEND, op="send_recv", phase=phase,
              deps=tuple(d for d in deps if d >= 0), bytes=size, group=("tp",), peer=+1,
-             tag=tag, label=f"{label}.send", **ctx)
+             tag=tag, label=f"{label}.send", sm_count=RING_EXCHANGE_SMS, **ctx)
     return sink.add(kind=COMM, stream=RECV, op="send_recv", phase=phase, deps=(), bytes=size,
-                    group=("tp",), peer=-1, tag=tag, label=f"{label}.recv", **ctx)
+                    group=("tp",), peer=-1, tag=tag, label=f"{label}.recv",
+                    sm_count=RING_EXCHANGE_SMS, **ctx)
 
 
 def _tag(ctx: dict, phase: str, label: str, step: int) -> tuple:
@@ -153,5 +159,5 @@ def _pipelined_reduce_scatter(sink: TaskSink, ctx: dict, deps, flops: float,
                         **fields, **ctx)
         last = sink.add(kind=COMM, stream="tp", op="reduce_scatter", phase=phase, deps=(gemm,),
                         bytes=partial_bytes / splits, group=("tp",),
-                        label=f"{label}.rs{i}", **ctx)
+                        label=f"{label}.rs{i}", sm_count=UB_SMS, **ctx)
     return last

@@ -1,0 +1,111 @@
+"""SMs a communication kernel holds and the compute speed they leave (simulator/
+sm_share.py): one SM per NCCL channel, Transformer Engine userbuffers' stated SMs, a
+profile's stated factor over both, and the published slowdown it is checked against."""
+from __future__ import annotations
+
+import json
+
+import pytest
+
+import topologies
+from simulator.network.collectives import CollectiveModel
+from simulator.sm_share import NCCL, NVLS, STATED, SmShare
+from workloads import plan_from_dict, resolve
+from workloads.lowering import lower
+from workloads.tp_overlap import RING_EXCHANGE_SMS, UB_SMS
+
+from conftest import small_plan
+
+MB = 1024 * 1024
+
+
+@pytest.fixture(scope="module")
+def two_nodes():
+    return topologies.build("dgx-h100x2")
+
+
+def speed_beside(topology, kind: str, sms: int) -> float:
+    share = SmShare([0], topology)
+    share.hold(0, sms, kind, True)
+    return share.speed(0)
+
+
+def test_compute_keeps_the_sms_a_collective_leaves(two_nodes):
+    model, sms = CollectiveModel(two_nodes), two_nodes.device(0).sm_count
+    one_node = model.plan("all_gather", tuple(range(8)), 256 * MB)
+    across = model.plan("all_gather", tuple(range(16)), 256 * MB)
+    # NCCL plans more channels on one node's NVLink than across the network (32 vs 16 on
+    # H100), so the same-sized gather slows the compute beside it more
+    assert one_node.channels > across.channels > 0
+    for plan in (one_node, across):
+        assert speed_beside(two_nodes, NCCL, plan.channels) == pytest.approx(
+            (sms - plan.channels) / sms)
+    assert speed_beside(two_nodes, NCCL, one_node.channels) < \
+        speed_beside(two_nodes, NCCL, across.channels) < 1.0
+
+
+def test_the_kernel_holding_most_sets_the_speed_and_releases_restore_it(two_nodes):
+    share, sms = SmShare([0, 1], two_nodes), two_nodes.device(0).sm_count
+    share.hold(0, 16, NVLS, True)
+    share.hold(0, 32, NCCL, True)
+    assert share.speed(0) == pytest.approx((sms - 32) / sms) and share.speed(1) == 1.0
+    share.hold(0, 32, NCCL, False)
+    assert share.speed(0) == pytest.approx((sms - 16) / sms)
+    share.hold(0, 16, NVLS, False)
+    assert share.speed(0) == 1.0 and share.running(0) == 0
+    # a kernel that asks for every SM leaves one SM's worth, never a stall
+    assert speed_beside(two_nodes, STATED, 10_000) == pytest.approx(1 / sms)
+
+
+def test_pytorch_measured_nccl_slowdown_of_overlapped_matmuls():
+    # pytorch/pytorch pull request 179937 (2026): "NCCL collectives use SMs, which makes
+    # matmuls that are overlapped by them 30-40% slower" (Llama 3 8B, FSDP on 8 x H100
+    # NVLink). A Llama 3 8B layer's BF16 weights gathered over one node's 8 H100s:
+    node = topologies.build("dgx-h100")
+    layer_bytes = 2 * 218_112_000
+    plan = CollectiveModel(node).plan("all_gather", tuple(range(8)), layer_bytes)
+    slowdown = 1.0 / speed_beside(node, NCCL, plan.channels)
+    assert 1.30 <= slowdown <= 1.40
+
+
+def _file(tmp_path, profile: dict, **gpu) -> topologies.Topology:
+    path = tmp_path / "t.json"
+    path.write_text(json.dumps({"name": "t", "domains": 1, "gpus_per_domain": 8,
+                                "gpu": {**gpu, "profile": profile}}))
+    return topologies.build(str(path))
+
+
+def test_a_stated_profile_factor_overrides_nccls_channels(tmp_path):
+    topo = _file(tmp_path, {"overlap_compute_factor": 0.5,
+                            "overlap_compute_factor_nvls": 0.8}, base="h100")
+    sms = topo.device(0).sm_count
+    assert speed_beside(topo, NCCL, 32) == 0.5
+    assert speed_beside(topo, NVLS, 16) == 0.8
+    # a kernel on its own stated SMs (a fused dispatcher, userbuffers) is not NCCL's
+    assert speed_beside(topo, STATED, 20) == pytest.approx((sms - 20) / sms)
+
+
+def test_a_gpu_without_an_sm_count_is_not_slowed(tmp_path):
+    topo = _file(tmp_path, {}, bf16_tflops=100, hbm_gb=80, hbm_GBps=2000, nvlink_GBps=300)
+    assert topo.device(0).sm_count == 1
+    assert speed_beside(topo, NCCL, 32) == 1.0
+
+
+def _tp_program(**overlap):
+    raw = small_plan(training={"global_batch": 16}, mesh={"tp": 4},
+                     sharding={"sequence_parallel": True}, overlap=overlap)
+    return lower(resolve(plan_from_dict(raw), 8), "h100")
+
+
+def test_userbuffers_kernels_state_te_sms_nccls_do_not():
+    tasks = _tp_program(tp_comm=True).stages[0]
+    ring = [t for t in tasks if t.stream in ("tp_ring_send", "tp_ring_recv")]
+    pipelined = [t for t in tasks if ".rs" in t.label and t.op == "reduce_scatter"]
+    bulk = [t for t in tasks if t.op == "reduce_scatter" and t.phase == "backward"
+            and t.group == ("tp",)]
+    assert ring and pipelined and bulk
+    # TE initialize_ub defaults: ring exchange on 1 SM (copy engine), pipeline and bulk 16
+    assert {t.sm_count for t in ring} == {RING_EXCHANGE_SMS} == {1}
+    assert {t.sm_count for t in pipelined + bulk} == {UB_SMS} == {16}
+    blocking = [t for t in _tp_program().stages[0] if t.group == ("tp",)]
+    assert blocking and {t.sm_count for t in blocking} == {0}      # NCCL's channels
