@@ -24,16 +24,36 @@ from workloads.program import ATTENTION, GEMM, HOST_COPY, MEMORY, Task
 SPLIT_K_MIN = 1024
 
 
+def gemm_tiles(m: int, n: int, k: int, sms: int, tile: int, groups: int = 1) -> int:
+    """Output tiles (thread blocks' work items) of `groups` m x n outputs in one launch,
+    split along K (k the reduction) when there are fewer tiles than SMs."""
+    tiles = math.ceil(m / tile) * math.ceil(n / tile) * max(1, groups)
+    if tiles < sms:
+        tiles *= max(1, min(sms // tiles, k // SPLIT_K_MIN))
+    return tiles
+
+
 def wave_efficiency(m: int, n: int, k: int, sms: int, tile: int, groups: int = 1) -> float:
     """Fraction of SM-time doing useful tiles for `groups` m x n outputs (k the reduction)
     computed by one launch."""
     if m <= 0 or n <= 0:
         return 1.0
-    tiles = math.ceil(m / tile) * math.ceil(n / tile) * max(1, groups)
-    if tiles < sms:
-        tiles *= max(1, min(sms // tiles, k // SPLIT_K_MIN))
+    tiles = gemm_tiles(m, n, k, sms, tile, groups)
     waves = math.ceil(tiles / sms)
     return tiles / (waves * sms)
+
+
+def persistent_grid(task: Task, device: DeviceSpec) -> int:
+    """Thread blocks a GEMM task's persistent kernel launches, min(tiles, SMs), on a device
+    whose GEMMs are persistent (DeviceProfile.persistent_gemm_blocks); 0 otherwise."""
+    if task.op_class != GEMM or not device.profile.persistent_gemm_blocks \
+            or device.sm_count <= 1 or not task.gemm_mnk:
+        return 0
+    m, n, k = task.gemm_mnk
+    if m <= 0 or n <= 0:
+        return 0
+    tiles = gemm_tiles(m, n, k, device.sm_count, device.profile.gemm_tile, task.gemm_groups)
+    return min(tiles, device.sm_count)
 
 
 def k_loop_efficiency(k: int, device: DeviceSpec, dtype: str) -> float:

@@ -21,9 +21,9 @@ from typing import Iterator
 import simpy
 
 from topologies import Topology
-from workloads.program import COMPUTE, HOST_COPY, Program, Task, gc_paused
+from workloads.program import COMPUTE, COPY_ENGINE, HOST_COPY, Program, Task, gc_paused
 
-from .compute import device_time_s, host_factor
+from .compute import device_time_s, host_factor, persistent_grid
 from .host_timeline import HostTimeline
 from .network import CommModel, CommOptions
 from .rank_classes import RankClasses, rank_classes
@@ -119,12 +119,12 @@ class Engine:
             device = self.topology.device(rank)
             streams, watched = self._stage_streams(
                 stage, serial=not device.profile.concurrent_collectives)
-            durations = self._durations(stage, device)
+            durations, grids = self._durations(stage, device)
             host = self._host(stage, device)
             state = _RankState(len(self.program.stages[stage]), watched)
             for name in sorted(streams):
                 self.env.process(self._stream(rank, stage, streams[name], state, durations,
-                                              host))
+                                              grids, host))
         self.env.run()
         stuck = [k for k, e in self._p2p.items() if not e.triggered]
         if stuck or self._rendezvous:
@@ -157,13 +157,16 @@ class Engine:
             self._streams[key] = (streams, frozenset(watched))
         return self._streams[key]
 
-    def _durations(self, stage: int, device) -> list[float]:
-        """Interference-free duration of every task of a stage on a device (cached)."""
+    def _durations(self, stage: int, device) -> tuple[list[float], list[int]]:
+        """Interference-free duration of every task of a stage on a device, and each
+        persistent GEMM's thread blocks (compute.persistent_grid; 0 for others) (cached)."""
         key = (stage, id(device))  # DeviceSpec holds a mapping: not hashable
         if key not in self._duration_cache:
-            self._duration_cache[key] = [
-                device_time_s(t, device, self.dtype) if t.kind == COMPUTE else 0.0
-                for t in self.program.stages[stage]]
+            tasks = self.program.stages[stage]
+            self._duration_cache[key] = (
+                [device_time_s(t, device, self.dtype) if t.kind == COMPUTE else 0.0
+                 for t in tasks],
+                [persistent_grid(t, device) for t in tasks])
         return self._duration_cache[key]
 
     def _host(self, stage: int, device) -> HostTimeline | None:
@@ -176,7 +179,8 @@ class Engine:
         return self._host_cache[key]
 
     def _stream(self, rank: int, stage: int, tasks: list, state: "_RankState",
-                durations: list[float], host: HostTimeline | None = None) -> Iterator:
+                durations: list[float], grids: list[int],
+                host: HostTimeline | None = None) -> Iterator:
         # The hot loop, once per task of the step: look-ups hoisted, and the wait until
         # the rank's host has issued the task (HostTimeline) inline, same events in the
         # same order as a helper generator would create.
@@ -202,7 +206,7 @@ class Engine:
                 duration = durations[task_id]
                 if duration:
                     if interference and task.op_class != HOST_COPY:
-                        yield from compute(rank, duration)
+                        yield from compute(rank, duration, grids[task_id])
                     else:
                         yield timeout(duration)
                 record(rank, stage, task_id, start, env.now, "", "")
@@ -217,12 +221,13 @@ class Engine:
                 waiters.pop(task_id).succeed()
             self.events += 1
 
-    def _speed(self, rank: int) -> float:
-        """The fraction of its interference-free speed this rank's compute runs at now
-        (sm_share.py: lower while communication kernels hold some of its SMs)."""
-        return self.sms.speed(rank)
+    def _speed(self, rank: int, grid: int = 0) -> float:
+        """The fraction of its interference-free speed a compute kernel of this rank runs
+        at now (sm_share.py: lower while communication kernels hold some of its SMs;
+        `grid`: a persistent GEMM's thread blocks, 0 for other kernels)."""
+        return self.sms.speed(rank, grid)
 
-    def _compute(self, rank: int, duration: float) -> Iterator:
+    def _compute(self, rank: int, duration: float, grid: int = 0) -> Iterator:
         """Run `duration` seconds of interference-free work at the rank's changing speed.
 
         Only the part of a kernel that runs beside a collective is slowed: NCCL's blocks
@@ -235,7 +240,7 @@ class Engine:
         env, computing = self.env, self._computing[rank]
         process, work_s = env.active_process, duration
         while True:
-            speed, began = self._speed(rank), env.now
+            speed, began = self._speed(rank, grid), env.now
             computing[process] = None
             try:
                 yield env.timeout(work_s / speed)
@@ -246,14 +251,14 @@ class Engine:
                 del computing[process]
                 return
 
-    def _note_speed_change(self, rank: int, before: float) -> None:
+    def _note_speed_change(self, rank: int, before: tuple) -> None:
         """Interrupt this rank's running compute tasks when its speed has changed; each
         is unlisted here and lists itself again at its new speed. Two changes in one
         process step (a stream ending one collective and starting the next) interrupt it
         once, and it reads the state after both; changes from two streams at one instant
         may interrupt it twice, the second with nothing done in between."""
         computing = self._computing[rank]
-        if computing and self._speed(rank) != before:
+        if computing and self.sms.state(rank) != before:
             interrupted = list(computing)
             computing.clear()
             for process in interrupted:
@@ -296,6 +301,9 @@ class Engine:
         (Task.sm_count) holds that many instead of one SM per NCCL channel.
         """
         plan = self.comm.plan(op, ranks, size)
+        if sm_count == COPY_ENGINE:     # a copy-engine transfer holds no SM
+            yield event
+            return plan.algorithm
         kind = STATED if sm_count else NCCL if plan.uses_sms else NVLS
         held = sm_count or plan.channels
         self._hold(rank, held, kind, True)
@@ -306,7 +314,7 @@ class Engine:
     def _hold(self, rank: int, sms: int, kind: str, start: bool) -> None:
         """Count a communication kernel (sm_share: NCCL, NVLS or STATED) holding `sms` SMs
         in (start) or out of this rank's SMs."""
-        before = self._speed(rank)
+        before = self.sms.state(rank)
         self.sms.hold(rank, sms, kind, start)
         self._note_speed_change(rank, before)
 

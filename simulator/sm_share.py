@@ -13,10 +13,20 @@ Transformer Engine userbuffers' num_sm) holds that many. Compute keeps (SMs - he
 Assumptions: an SM that runs a communication block runs no compute block beside it (a
 Hopper GEMM block's 200+ KB of shared memory and its registers fill the SM); with several
 kernels running, the one that holds the most sets the speed (their SMs are not added up);
-a GPU whose file gives no SM count (1) is not slowed. Not modelled: wave quantisation at
-the reduced SM count and the HBM bandwidth the collective's copies take (a GEMM 1.76 x
-slower beside an all-gather on A100, attributed by NCCL's maintainer to memory
-bandwidth: NVIDIA/nccl issue 1428), so this is the least slowdown of the mechanism.
+a GPU whose file gives no SM count (1) is not slowed.
+
+Persistent GEMMs (DeviceProfile.persistent_gemm_blocks: Hopper's cuBLAS) launch
+min(tiles, SMs) blocks that each loop over their share of the tiles; the blocks that find
+no free SM wait for one, so beside a kernel holding n SMs such a GEMM takes
+ceil(blocks / (SMs - n)) waves of its blocks: 2 x as long for a GEMM of 132+ tiles beside
+NCCL on an H100, as measured (pytorch/pytorch issue 143988: "the matmuls take 2x as long
+to complete when they are overlapped with a NCCL kernel", FSDP on H100), no slower for
+one of at most SMs - n tiles. Approximation: the engine applies it as a speed over the
+overlapped part, as for other kernels, so a GEMM overlapped for a fraction f of its time
+takes 1 + f (not the 1 + 2f of blocks waiting for a whole wave). Not modelled: the HBM
+bandwidth the collective's copies take (a GEMM 1.76 x slower beside an all-gather on
+A100, attributed by NCCL's maintainer to memory bandwidth: NVIDIA/nccl issue 1428), and a
+persistent GEMM's blocks keeping a later NCCL kernel off their SMs.
 
 Cross-check, not fitted: PyTorch's measurement that NCCL collectives make the matmuls
 they overlap 30-40 % slower (Llama 3 8B FSDP on 8 x H100 NVLink: pytorch/pytorch pull
@@ -32,6 +42,8 @@ longer, the reverse of this model (validation/README.md, "Where the time goes, a
 published profile"). Not changed: one A/B cannot calibrate the replacement.
 """
 from __future__ import annotations
+
+import math
 
 from topologies import Topology
 
@@ -50,17 +62,38 @@ class SmShare:
         """How many communication kernels (of `kind`, or any) run on the rank now."""
         return sum(1 for k, _ in self.held[rank] if kind in (None, k))
 
-    def speed(self, rank: int) -> float:
-        """The fraction of its interference-free speed the rank's compute runs at now."""
-        device = self.topology.device(rank)
-        profile, sms = device.profile, device.sm_count
-        speed = 1.0
+    def state(self, rank: int) -> tuple[int, int, float]:
+        """(the most SMs a running kernel holds, the most an NCCL or NVLS kernel holds,
+        the least stated factor): every compute kernel's speed on the rank follows."""
+        profile = self.topology.device(rank).profile
+        most = nccl = 0
+        stated = 1.0
         for kind, held in self.held[rank]:
-            stated = (profile.overlap_compute_factor if kind == NCCL else
+            factor = (profile.overlap_compute_factor if kind == NCCL else
                       profile.overlap_compute_factor_nvls if kind == NVLS else None)
-            # a kernel that asks for every SM leaves compute one SM's worth (no stall)
-            speed = min(speed, stated if stated is not None else max(1, sms - held) / sms)
-        return speed
+            if factor is not None:
+                stated = min(stated, factor)
+                continue
+            most = max(most, held)
+            if kind != STATED:
+                nccl = max(nccl, held)
+        return most, nccl, stated
+
+    def speed(self, rank: int, grid: int = 0) -> float:
+        """The fraction of its interference-free speed a compute kernel of the rank runs
+        at now; `grid`: the thread blocks of a persistent GEMM (compute.persistent_grid),
+        0 for any other kernel. Such a GEMM's blocks beyond the SMs an NCCL kernel leaves
+        run as further waves; beside a kernel that states its SMs (a fused dispatcher,
+        userbuffers, whose frameworks launch the GEMMs with that SM margin) it keeps the
+        free SMs' share like any kernel."""
+        most, nccl, stated = self.state(rank)
+        if not most:
+            return stated
+        sms = self.topology.device(rank).sm_count
+        # a kernel that asks for every SM leaves compute one SM's worth (no stall)
+        free = max(1, sms - most)
+        share = 1.0 / math.ceil(grid / free) if grid and nccl else free / sms
+        return min(stated, share)
 
     def hold(self, rank: int, sms: int, kind: str, start: bool) -> None:
         """Count a communication kernel of `kind` holding `sms` SMs in (`start`) or out."""

@@ -7,7 +7,7 @@ import math
 import pytest
 
 import topologies
-from simulator import simulate
+from simulator import SimOptions, simulate
 from workloads import plan_from_dict, resolve
 from workloads.lowering import lower
 from workloads.schedules import EMBED, HEAD
@@ -58,8 +58,16 @@ def test_grad_reduce_off_reduces_after_the_whole_backward_and_is_slower():
     # with buckets, the first reduction waits only for the output layer's gradients
     first = _labels(on_prog, "grad.reduce.bucket")[0]
     assert max(first.deps) < last_backward
-    assert off["step_time_s"] > on["step_time_s"]
     assert off["exposed_comm_s"] > on["exposed_comm_s"]
+    # The overlap's schedule alone is faster; with SM sharing (simulator/sm_share.py) this
+    # small model's compute slowed beside the buckets' reduce-scatters costs about what
+    # the overlap hides, so the step is compared without it.
+    node, quiet = topologies.build("dgx-h100"), SimOptions(overlap_slowdown=False)
+    on_q, off_q = (simulate(plan_from_dict(small_plan(training={"global_batch": 16}, **over)),
+                            node, quiet).summary
+                   for over in (dict(zero_stage=1, ddp={"bucket_params": 10_000_000}),
+                                dict(zero_stage=1, overlap={"grad_reduce": False})))
+    assert off_q["step_time_s"] > on_q["step_time_s"]
 
 
 def test_generic_unit_buckets_are_the_per_unit_reductions():

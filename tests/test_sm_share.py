@@ -1,20 +1,26 @@
 """SMs a communication kernel holds and the compute speed they leave (simulator/
-sm_share.py): one SM per NCCL channel, Transformer Engine userbuffers' stated SMs, a
-profile's stated factor over both, and the published slowdown it is checked against."""
+sm_share.py): one SM per NCCL channel, Transformer Engine userbuffers' stated SMs and
+copy-engine ring exchange, Hopper's persistent GEMMs in waves on the SMs left, a profile's
+stated factor over both, and the published slowdowns they are checked against."""
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 
 import pytest
 
 import topologies
+from simulator.compute import persistent_grid
+from simulator.engine import Engine, SimOptions
 from simulator.network.collectives import CollectiveModel
 from simulator.sm_share import NCCL, NVLS, STATED, SmShare
 from workloads import plan_from_dict, resolve
 from workloads.lowering import lower
+from workloads.program import COMPUTE, COPY_ENGINE, GEMM, Program, Task
 from workloads.tp_overlap import RING_EXCHANGE_SMS, UB_SMS
 
 from conftest import small_plan
+from test_engine import Tasks, plan_on
 
 MB = 1024 * 1024
 
@@ -24,10 +30,10 @@ def two_nodes():
     return topologies.build("dgx-h100x2")
 
 
-def speed_beside(topology, kind: str, sms: int) -> float:
+def speed_beside(topology, kind: str, sms: int, grid: int = 0) -> float:
     share = SmShare([0], topology)
     share.hold(0, sms, kind, True)
-    return share.speed(0)
+    return share.speed(0, grid)
 
 
 def test_compute_keeps_the_sms_a_collective_leaves(two_nodes):
@@ -55,6 +61,10 @@ def test_the_kernel_holding_most_sets_the_speed_and_releases_restore_it(two_node
     assert share.speed(0) == 1.0 and share.running(0) == 0
     # a kernel that asks for every SM leaves one SM's worth, never a stall
     assert speed_beside(two_nodes, STATED, 10_000) == pytest.approx(1 / sms)
+    share.hold(0, 32, NCCL, True)
+    before = share.state(0)
+    share.hold(0, 16, NVLS, True)       # a smaller kernel beside it changes no speed
+    assert share.state(0) == before
 
 
 def test_pytorch_measured_nccl_slowdown_of_overlapped_matmuls():
@@ -104,8 +114,80 @@ def test_userbuffers_kernels_state_te_sms_nccls_do_not():
     bulk = [t for t in tasks if t.op == "reduce_scatter" and t.phase == "backward"
             and t.group == ("tp",)]
     assert ring and pipelined and bulk
-    # TE initialize_ub defaults: ring exchange on 1 SM (copy engine), pipeline and bulk 16
-    assert {t.sm_count for t in ring} == {RING_EXCHANGE_SMS} == {1}
+    # TE initialize_ub defaults: ring exchange on the copy engine, pipeline and bulk 16
+    assert {t.sm_count for t in ring} == {RING_EXCHANGE_SMS} == {COPY_ENGINE}
     assert {t.sm_count for t in pipelined + bulk} == {UB_SMS} == {16}
     blocking = [t for t in _tp_program().stages[0] if t.group == ("tp",)]
     assert blocking and {t.sm_count for t in blocking} == {0}      # NCCL's channels
+
+
+def gemm(m: int, n: int, k: int, task_id: int = 0) -> Task:
+    return Task(id=task_id, kind=COMPUTE, stream="compute", op="w", phase="forward",
+                layer=0, microbatch=0, flops=2.0 * m * n * k,
+                bytes=2.0 * (m * k + k * n + m * n), op_class=GEMM, gemm_mnk=(m, n, k),
+                label="gemm")
+
+
+def test_hopper_persistent_gemms_take_a_second_wave_beside_nccl():
+    # pytorch/pytorch issue 143988 (FSDP on H100): cuBLAS's persistent matmuls launch as
+    # many blocks as SMs (132) and "take 2x as long to complete when they are overlapped
+    # with a NCCL kernel"
+    node = topologies.build("dgx-h100")
+    h100 = node.device(0)
+    big = gemm(8192, 8192, 8192)
+    assert persistent_grid(big, h100) == h100.sm_count == 132
+    ring = CollectiveModel(node).plan("all_gather", tuple(range(8)), 256 * MB).channels
+    assert speed_beside(node, NCCL, ring, persistent_grid(big, h100)) == 0.5
+    # a GEMM of no more blocks than the SMs left runs in one wave, unslowed
+    small = gemm(1024, 1024, 512)        # 8 x 8 tiles of 128
+    assert persistent_grid(small, h100) <= h100.sm_count - ring
+    assert speed_beside(node, NCCL, ring, persistent_grid(small, h100)) == 1.0
+    # beside a kernel that states its SMs (its framework launches the GEMM with that
+    # margin) and for non-GEMM kernels: the free SMs' share
+    assert speed_beside(node, STATED, 16, 132) == pytest.approx(116 / 132)
+    assert speed_beside(node, NCCL, ring) == pytest.approx((132 - ring) / 132)
+
+
+def test_blackwell_and_ampere_gemms_keep_the_free_sms_share():
+    for name in ("dgx-b200", "dgx-a100"):
+        device = topologies.build(name).device(0)
+        assert not device.profile.persistent_gemm_blocks
+        assert persistent_grid(gemm(8192, 8192, 8192), device) == 0
+
+
+def test_a_persistent_gemm_is_slowed_over_its_overlap_in_the_engine():
+    node = topologies.build("dgx-h100")
+    stage = Tasks()
+    stage.collective("ag", "all_gather", ("dp",), 256 * MB, stream="dp_ag")
+    stage.tasks.append(gemm(16384, 16384, 16384, task_id=1))
+    program = Program(plan_on(8), [stage.tasks], model_flops=0.0)
+
+    def times(overlap: bool) -> dict:
+        engine = Engine(program, node, SimOptions(overlap_slowdown=overlap))
+        engine.run()
+        cols = engine.trace.table().to_pydict()
+        return {label: (s0, e) for r, label, s0, e in zip(
+            cols["rank"], cols["label"], cols["start_s"], cols["end_s"]) if r == 0}
+
+    alone, beside = times(False), times(True)
+    ag_s = beside["ag"][1] - beside["ag"][0]
+    gemm_s = alone["gemm"][1] - alone["gemm"][0]
+    assert beside["ag"][0] == beside["gemm"][0] == 0.0 and ag_s < gemm_s
+    # half speed while the all-gather holds its SMs, full speed after it
+    assert beside["gemm"][1] == pytest.approx(gemm_s + 0.5 * ag_s, rel=1e-9)
+
+
+def test_a_copy_engine_transfer_slows_no_compute(two_nodes):
+    stage = Tasks()
+    stage.collective("ring", "all_gather", ("dp",), 256 * MB, stream="x")
+    stage.tasks[-1] = replace(stage.tasks[-1], sm_count=COPY_ENGINE)
+    stage.kernel("long", 3000 * MB)
+    program = Program(plan_on(8), [stage.tasks], model_flops=0.0)
+    node = topologies.build("dgx-h100")
+    ends = []
+    for overlap in (True, False):
+        engine = Engine(program, node, SimOptions(overlap_slowdown=overlap))
+        engine.run()
+        cols = engine.trace.table().to_pydict()
+        ends.append(dict(zip(cols["label"], cols["end_s"]))["long"])
+    assert ends[0] == ends[1]

@@ -83,6 +83,16 @@ class DeviceProfile:
     # user's, which overrides that for NCCL kernels.
     overlap_compute_factor: float | None = None
     overlap_compute_factor_nvls: float | None = None
+    # Whether the device's GEMMs run as persistent kernels: min(tiles, SMs) thread blocks,
+    # each looping over its share of the tiles, so that blocks finding no free SM beside a
+    # communication kernel run as a second wave (simulator/sm_share.py). True on Hopper:
+    # "all the matmuls look like they are using persistent kernels ... they launch as many
+    # CUDA blocks as there are SMs" and take 2x as long beside an NCCL kernel (H100, FSDP;
+    # pytorch/pytorch issue 143988, and pull request 144974's sm_carveout for it). False
+    # elsewhere: Ampere's cuBLAS kernels launch a block per tile; Blackwell's persistent
+    # kernels hand unlaunched blocks' tiles to running ones (assumption: no measurement of
+    # either beside NCCL), so compute keeps the free SMs' share.
+    persistent_gemm_blocks: bool = False
     # Whether collectives run beside compute. GPUs: NCCL kernels run on their own CUDA
     # streams. CPU processes (the gloo validation host): torch's CPU device has no streams
     # (torch.cpu.Stream is a stub), so FSDP2 issues its all-gathers and reduce-scatters

@@ -69,7 +69,7 @@ _PROFILE_RANGES = {
     "gemm_k0_bf16": (0.0, 2.0 ** 31, False, True),
     "sustained_tensor_ratio": (0.0, 1.0, False, False),
 }
-_PROFILE_FLAGS = frozenset({"concurrent_collectives"})
+_PROFILE_FLAGS = frozenset({"concurrent_collectives", "persistent_gemm_blocks"})
 
 
 def _known_keys(raw: dict, where: str, allowed: tuple[str, ...]) -> None:

@@ -224,6 +224,7 @@ H100_500W_CLOCK_RATIO = H100_500W_GEMM_FLOPS / rate_at_k(
     DeviceProfile().gemm_efficiency * 989 * TB, DeviceProfile.gemm_reference_k,
     H100_500W_GEMM_REFERENCE_K, tile_overhead_k(989 * TB, 132))
 POWER_CAPPED_500W_PROFILE = DeviceProfile(
+    persistent_gemm_blocks=True,   # Hopper (topologies/device_profile.py)
     gemm_efficiency=round(H100_500W_GEMM_FLOPS / H100_500W_PEAK_FLOPS, 3),
     gemm_reference_k=H100_500W_GEMM_REFERENCE_K,
     fp8_gemm_ratio=1.0,   # FBGEMM's FP8 row-wise layer GEMMs: the BF16 fraction (above)
@@ -269,7 +270,8 @@ DEVICES: dict[str, DeviceSpec] = {
     # 80 GB (GiB) HBM3 at 3.35 TB/s; NVLink4 18 links, 900 GB/s bidir = 450/dir; 700 W.
     # NCCL topo.h SM90 NVLink = 20.6 GB/s per link; NVSwitch gen3 has NVLS.
     "h100": DeviceSpec("h100", _flops(989 * TB, 1979 * TB, 494 * TB), 80 * GiB, 3.35 * TB,
-                       450 * GB, 18, 20.6 * GB, nvls=True, tdp_w=700),
+                       450 * GB, 18, 20.6 * GB, nvls=True, tdp_w=700,
+                       profile=DeviceProfile(persistent_gemm_blocks=True)),
     # H100 SXM with 96 GB HBM2e at 2.4 TB/s and a 500 W limit, Meta's Grand Teton variant
     # [torchtitan benchmarks/llama3_h100_202412_torchtitan.md, hardware section]. Its peak
     # is unpublished: "between SXM and NVL, and we don't know its exact value" (same page,
@@ -287,7 +289,8 @@ DEVICES: dict[str, DeviceSpec] = {
     "h200": DeviceSpec("h200", _flops(989 * TB, 1979 * TB, 494 * TB), 141 * GiB, 4.8 * TB,
                        450 * GB, 18, 20.6 * GB, nvls=True, tdp_w=700,
                        profile=DeviceProfile(fp8_gemm_ratio=round((1453.4 / 1979)
-                                                                  / (794.5 / 989), 3))),
+                                                                  / (794.5 / 989), 3),
+                                             persistent_gemm_blocks=True)),
     # B200 in HGX/DGX B200 at 1000 W [NV-BW HGX B200 column; GK-B200 HGX table; STAS]:
     # 2250 TFLOP/s BF16 dense (4.5 PF sparse), 4500 FP8 and MXFP8 (9 PF sparse), 9000 FP4
     # and NVFP4 (18 PF sparse), 1100 TF32 (2.2 PF sparse); 180 GB (GiB) HBM3e at 7.7 TB/s

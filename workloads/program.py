@@ -24,6 +24,9 @@ RELAYOUT = "relayout"
 # A copy engine's transfer to or from pinned host memory: no SMs, the host link's rate
 # (activation offloading: workloads/offload_copies.py).
 HOST_COPY = "host_copy"
+# Task.sm_count of a transfer the copy engine makes (cudaMemcpyAsync between peers): it
+# holds no SM, so it slows no compute.
+COPY_ENGINE = -1
 
 
 @dataclass(slots=True)
@@ -75,7 +78,7 @@ class Task:
     sm_count: int = 0               # comm: SMs its kernel holds while it runs (the fused
                                     # MoE dispatcher's num_sms: workloads/moe_options.py);
                                     # 0: an NCCL kernel, one SM per channel
-                                    # (simulator/sm_share.py)
+                                    # (simulator/sm_share.py); COPY_ENGINE: none
 
 
 @dataclass

@@ -31,20 +31,21 @@ SMs each holds (UB_SMS, RING_EXCHANGE_SMS) slow the GEMMs they overlap.
 from __future__ import annotations
 
 from .layer_builder import TaskSink
-from .program import COMM, COMPUTE, GEMM, MEMORY
+from .program import COMM, COMPUTE, COPY_ENGINE, GEMM, MEMORY
 
 USERBUFFERS, SYMM_MEM = "userbuffers", "symm_mem"
 SEND, RECV = "tp_ring_send", "tp_ring_recv"
 # Transformer Engine's initialize_ub defaults (transformer_engine/pytorch/module/base.py
 # at d0067d0da, initialize_ub's default config): "pipeline" (proj_fprop, fc2_fprop)
-# num_splits 4, and "bulk" (the dgrads' reduce-scatter), on num_sm 16 SMs;
-# "ring_exchange" on num_sm 1 with use_ce (the copy engine moves the chunks).
-# The SMs a transfer holds slow the GEMMs it overlaps (simulator/sm_share.py). PyTorch's
-# async TP copies the peers' shards out of symmetric memory with the copy engine too
-# (assumption: one SM's worth of its synchronisation, as TE's ring exchange).
+# num_splits 4, and "bulk" (the dgrads' reduce-scatter), on num_sm 16 SMs with
+# set_sm_margin (the GEMM beside them is launched on the other SMs); "ring_exchange" with
+# use_ce: the copy engine moves the chunks (its num_sm 1 is for signalling: assumption,
+# no SM held). The SMs a transfer holds slow the GEMMs it overlaps (simulator/
+# sm_share.py). PyTorch's async TP copies the peers' shards out of symmetric memory with
+# the copy engine too.
 UB_PIPELINE_SPLITS = 4
 UB_SMS = 16
-RING_EXCHANGE_SMS = 1
+RING_EXCHANGE_SMS = COPY_ENGINE
 
 
 def _transfer(sink: TaskSink, ctx: dict, tag: tuple, size: float, deps, phase: str,
