@@ -20,8 +20,9 @@ min(tiles, SMs) blocks that each loop over their share of the tiles; the blocks 
 no free SM wait for one, so beside a kernel holding n SMs such a GEMM takes
 ceil(blocks / (SMs - n)) waves of its blocks: 2 x as long for a GEMM of 132+ tiles beside
 NCCL on an H100, as measured (pytorch/pytorch issue 143988: "the matmuls take 2x as long
-to complete when they are overlapped with a NCCL kernel", FSDP on H100), no slower for
-one of at most SMs - n tiles. Approximation: the engine applies it as a speed over the
+to complete when they are overlapped with a NCCL kernel", FSDP on H100; CUTLASS's
+"Blackwell Cluster Launch Control" page draws the static schedule's imbalance), no slower
+for one of at most SMs - n tiles. Approximation: the engine applies it as a speed over the
 overlapped part, as for other kernels, so a GEMM overlapped for a fraction f of its time
 takes 1 + f (not the 1 + 2f of blocks waiting for a whole wave). Not modelled: the HBM
 bandwidth the collective's copies take (a GEMM 1.76 x slower beside an all-gather on

@@ -88,10 +88,13 @@ class DeviceProfile:
     # communication kernel run as a second wave (simulator/sm_share.py). True on Hopper:
     # "all the matmuls look like they are using persistent kernels ... they launch as many
     # CUDA blocks as there are SMs" and take 2x as long beside an NCCL kernel (H100, FSDP;
-    # pytorch/pytorch issue 143988, and pull request 144974's sm_carveout for it). False
-    # elsewhere: Ampere's cuBLAS kernels launch a block per tile; Blackwell's persistent
-    # kernels hand unlaunched blocks' tiles to running ones (assumption: no measurement of
-    # either beside NCCL), so compute keeps the free SMs' share.
+    # pytorch/pytorch issue 143988, and pull request 144974's sm_carveout for it; CUTLASS's
+    # "Blackwell Cluster Launch Control" page describes the same imbalance of a static
+    # persistent schedule when another kernel holds some SMs). False elsewhere: on
+    # Blackwell, cluster launch control lets running blocks take the tiles of blocks not
+    # yet launched (the same CUTLASS page), and Ampere's cuBLAS kernels launch a block per
+    # tile, so compute keeps the free SMs' share (assumption: cuBLAS's kernels do so; no
+    # measurement of either beside NCCL).
     persistent_gemm_blocks: bool = False
     # Whether collectives run beside compute. GPUs: NCCL kernels run on their own CUDA
     # streams. CPU processes (the gloo validation host): torch's CPU device has no streams
