@@ -23,8 +23,9 @@ NCCL on an H100, as measured (pytorch/pytorch issue 143988: "the matmuls take 2x
 to complete when they are overlapped with a NCCL kernel", FSDP on H100; CUTLASS's
 "Blackwell Cluster Launch Control" page draws the static schedule's imbalance), no slower
 for one of at most SMs - n tiles. Approximation: the engine applies it as a speed over the
-overlapped part, as for other kernels, so a GEMM overlapped for a fraction f of its time
-takes 1 + f (not the 1 + 2f of blocks waiting for a whole wave). Not modelled: the HBM
+overlapped part, as for other kernels, so a GEMM of T seconds alone whose first d seconds
+overlap an NCCL kernel takes T + d / 2, where blocks waiting for the kernel's SMs would
+make it T + min(d, T) (the same 2T when the kernel outlasts it). Not modelled: the HBM
 bandwidth the collective's copies take (a GEMM 1.76 x slower beside an all-gather on
 A100, attributed by NCCL's maintainer to memory bandwidth: NVIDIA/nccl issue 1428), and a
 persistent GEMM's blocks keeping a later NCCL kernel off their SMs.
