@@ -191,3 +191,15 @@ def test_a_copy_engine_transfer_slows_no_compute(two_nodes):
         cols = engine.trace.table().to_pydict()
         ends.append(dict(zip(cols["label"], cols["end_s"]))["long"])
     assert ends[0] == ends[1]
+
+
+def test_a_topology_file_sets_persistent_gemms_as_a_json_boolean(tmp_path):
+    on = _file(tmp_path, {"persistent_gemm_blocks": True}, base="b200")
+    assert on.device(0).profile.persistent_gemm_blocks
+    assert persistent_grid(gemm(8192, 8192, 8192), on.device(0)) == 148
+    # the base GPU's value is kept unless the file says otherwise
+    assert _file(tmp_path, {}, base="h100").device(0).profile.persistent_gemm_blocks
+    with pytest.raises(topologies.TopologyError) as err:
+        _file(tmp_path, {"persistent_gemm_blocks": "yes"}, base="h100")
+    assert "gpu.profile.persistent_gemm_blocks" in str(err.value)
+    assert "true or false" in str(err.value)
