@@ -99,7 +99,7 @@ class Engine:
         # a speed change interrupts them in a deterministic order)
         self._computing: dict[int, dict[simpy.Process, None]] = {r: {} for r in self.ranks}
         self._streams: dict[int, tuple] = {}
-        self._duration_cache: dict[tuple, list[float]] = {}
+        self._duration_cache: dict[tuple, tuple[list[float], list[int]]] = {}
         self._host_cache: dict[tuple, HostTimeline | None] = {}
         # Every rank: the trace is spilled to disk as it is recorded (trace_spill.py).
         self.trace = (recorder if recorder is not None else
@@ -221,12 +221,6 @@ class Engine:
                 waiters.pop(task_id).succeed()
             self.events += 1
 
-    def _speed(self, rank: int, grid: int = 0) -> float:
-        """The fraction of its interference-free speed a compute kernel of this rank runs
-        at now (sm_share.py: lower while communication kernels hold some of its SMs;
-        `grid`: a persistent GEMM's thread blocks, 0 for other kernels)."""
-        return self.sms.speed(rank, grid)
-
     def _compute(self, rank: int, duration: float, grid: int = 0) -> Iterator:
         """Run `duration` seconds of interference-free work at the rank's changing speed.
 
@@ -240,7 +234,7 @@ class Engine:
         env, computing = self.env, self._computing[rank]
         process, work_s = env.active_process, duration
         while True:
-            speed, began = self._speed(rank, grid), env.now
+            speed, began = self.sms.speed(rank, grid), env.now
             computing[process] = None
             try:
                 yield env.timeout(work_s / speed)
@@ -252,8 +246,9 @@ class Engine:
                 return
 
     def _note_speed_change(self, rank: int, before: tuple) -> None:
-        """Interrupt this rank's running compute tasks when its speed has changed; each
-        is unlisted here and lists itself again at its new speed. Two changes in one
+        """Interrupt this rank's running compute tasks when the state that sets their
+        speeds (SmShare.state, `before` the change) has changed; each is unlisted here
+        and lists itself again at its new speed. Two changes in one
         process step (a stream ending one collective and starting the next) interrupt it
         once, and it reads the state after both; changes from two streams at one instant
         may interrupt it twice, the second with nothing done in between."""
@@ -301,14 +296,13 @@ class Engine:
         (Task.sm_count) holds that many instead of one SM per NCCL channel.
         """
         plan = self.comm.plan(op, ranks, size)
-        if sm_count == COPY_ENGINE:     # a copy-engine transfer holds no SM
-            yield event
-            return plan.algorithm
         kind = STATED if sm_count else NCCL if plan.uses_sms else NVLS
-        held = sm_count or plan.channels
-        self._hold(rank, held, kind, True)
+        held = [(sm_count or plan.channels, kind)] if sm_count != COPY_ENGINE else []
+        for sms, kind in held:      # a copy-engine transfer holds no SM
+            self._hold(rank, sms, kind, True)
         yield event
-        self._hold(rank, held, kind, False)
+        for sms, kind in held:
+            self._hold(rank, sms, kind, False)
         return plan.algorithm
 
     def _hold(self, rank: int, sms: int, kind: str, start: bool) -> None:

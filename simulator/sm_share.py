@@ -25,14 +25,17 @@ to complete when they are overlapped with a NCCL kernel", FSDP on H100; CUTLASS'
 for one of at most SMs - n tiles. Approximation: the engine applies it as a speed over the
 overlapped part, as for other kernels, so a GEMM of T seconds alone whose first d seconds
 overlap an NCCL kernel takes T + d / 2, where blocks waiting for the kernel's SMs would
-make it T + min(d, T) (the same 2T when the kernel outlasts it). Not modelled: the HBM
+make it T + min(d, T) (the same 2T when the kernel outlasts it); a GEMM already running
+when an NCCL kernel starts is slowed from then on, standing in for that kernel's wait for
+the SMs the GEMM's resident blocks hold (not modelled). Not modelled either: the HBM
 bandwidth the collective's copies take (a GEMM 1.76 x slower beside an all-gather on
-A100, attributed by NCCL's maintainer to memory bandwidth: NVIDIA/nccl issue 1428), and a
-persistent GEMM's blocks keeping a later NCCL kernel off their SMs.
+A100, attributed by NCCL's maintainer to memory bandwidth: NVIDIA/nccl issue 1428).
 
 Cross-check, not fitted: PyTorch's measurement that NCCL collectives make the matmuls
 they overlap 30-40 % slower (Llama 3 8B FSDP on 8 x H100 NVLink: pytorch/pytorch pull
-request 179937, 2026) is what 32 of 132 SMs gives, 1.32 x.
+request 179937, 2026) is what 32 of 132 SMs gives, 1.32 x, for a kernel outside the
+persistent waves above; H100's persistent GEMMs take 2 x, as issue 143988 measured: the
+two published H100 figures disagree, and this follows the one that names its mechanism.
 
 A device profile that states `overlap_compute_factor` (and `_nvls`) overrides this for
 NCCL kernels: a measured host's factor (`validation calibrate`) or a user's.

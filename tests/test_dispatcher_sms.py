@@ -1,6 +1,6 @@
 """SMs held by the fused MoE dispatcher's kernels (moe.flex_num_sms, Task.sm_count): compute
-beside them keeps the other SMs, not NCCL's share; the plan key's defaults, checks and
-Megatron flags."""
+beside them keeps the other SMs, as beside NCCL's one SM per channel; the plan key's
+defaults, checks and Megatron flags."""
 from __future__ import annotations
 
 from dataclasses import replace
@@ -65,7 +65,7 @@ def test_nccls_all_to_all_holds_one_sm_per_channel(node):
     engine = Engine(beside_dispatch(0), node, SimOptions())
     channels = engine.comm.plan("all_to_all", tuple(range(8)), 64 * MB).channels
     assert 0 < channels < node.device(0).sm_count
-    nccl_end, overlap_s = long_kernel_end(node, 0)
+    nccl_end, _ = long_kernel_end(node, 0)
     assert nccl_end == pytest.approx(long_kernel_end(node, channels)[0], rel=1e-12)
     assert nccl_end > kernel_s(node, 3000 * MB)
 

@@ -67,15 +67,22 @@ def test_the_kernel_holding_most_sets_the_speed_and_releases_restore_it(two_node
     assert share.state(0) == before
 
 
-def test_pytorch_measured_nccl_slowdown_of_overlapped_matmuls():
+def test_the_sm_share_against_pytorchs_30_to_40_percent():
     # pytorch/pytorch pull request 179937 (2026): "NCCL collectives use SMs, which makes
     # matmuls that are overlapped by them 30-40% slower" (Llama 3 8B, FSDP on 8 x H100
-    # NVLink). A Llama 3 8B layer's BF16 weights gathered over one node's 8 H100s:
+    # NVLink). The SMs a gather of a Llama 3 8B layer's BF16 weights over one node leaves
+    # give that for a kernel outside persistent waves (Blackwell and Ampere GEMMs, any
+    # non-GEMM kernel); H100's persistent GEMMs take 2 x (the next test, issue 143988):
+    # the two published H100 figures disagree, and the model follows the one that names
+    # its mechanism (validation/README.md).
     node = topologies.build("dgx-h100")
     layer_bytes = 2 * 218_112_000
     plan = CollectiveModel(node).plan("all_gather", tuple(range(8)), layer_bytes)
     slowdown = 1.0 / speed_beside(node, NCCL, plan.channels)
     assert 1.30 <= slowdown <= 1.40
+    llama_gemm = gemm(8192, 14336, 4096)          # one micro-batch's w1 (8192 tokens)
+    assert 1.0 / speed_beside(node, NCCL, plan.channels,
+                              persistent_grid(llama_gemm, node.device(0))) == 2.0
 
 
 def _file(tmp_path, profile: dict, **gpu) -> topologies.Topology:
@@ -86,11 +93,13 @@ def _file(tmp_path, profile: dict, **gpu) -> topologies.Topology:
 
 
 def test_a_stated_profile_factor_overrides_nccls_channels(tmp_path):
-    topo = _file(tmp_path, {"overlap_compute_factor": 0.5,
-                            "overlap_compute_factor_nvls": 0.8}, base="h100")
+    # factors above the channels' share, so that a min() of the two would show
+    topo = _file(tmp_path, {"overlap_compute_factor": 0.95,
+                            "overlap_compute_factor_nvls": 0.97}, base="h100")
     sms = topo.device(0).sm_count
-    assert speed_beside(topo, NCCL, 32) == 0.5
-    assert speed_beside(topo, NVLS, 16) == 0.8
+    assert speed_beside(topo, NCCL, 32) == 0.95
+    assert speed_beside(topo, NVLS, 16) == 0.97
+    assert speed_beside(topo, NCCL, 32, 132) == 0.95     # and over persistent waves
     # a kernel on its own stated SMs (a fused dispatcher, userbuffers) is not NCCL's
     assert speed_beside(topo, STATED, 20) == pytest.approx((sms - 20) / sms)
 
@@ -146,6 +155,14 @@ def test_hopper_persistent_gemms_take_a_second_wave_beside_nccl():
     # margin) and for non-GEMM kernels: the free SMs' share
     assert speed_beside(node, STATED, 16, 132) == pytest.approx(116 / 132)
     assert speed_beside(node, NCCL, ring) == pytest.approx((132 - ring) / 132)
+    # a dispatcher on 40 SMs, then a small NCCL kernel joins: the waves count the blocks
+    # against the SMs all of them leave, and the join changes the state that interrupts
+    share = SmShare([0], node)
+    share.hold(0, 40, STATED, True)
+    alone = share.state(0)
+    assert share.speed(0, 100) == pytest.approx(92 / 132)
+    share.hold(0, 16, NCCL, True)
+    assert share.state(0) != alone and share.speed(0, 100) == 0.5    # ceil(100 / 92)
 
 
 def test_blackwell_and_ampere_gemms_keep_the_free_sms_share():
@@ -177,7 +194,7 @@ def test_a_persistent_gemm_is_slowed_over_its_overlap_in_the_engine():
     assert beside["gemm"][1] == pytest.approx(gemm_s + 0.5 * ag_s, rel=1e-9)
 
 
-def test_a_copy_engine_transfer_slows_no_compute(two_nodes):
+def test_a_copy_engine_transfer_slows_no_compute():
     stage = Tasks()
     stage.collective("ring", "all_gather", ("dp",), 256 * MB, stream="x")
     stage.tasks[-1] = replace(stage.tasks[-1], sm_count=COPY_ENGINE)
@@ -203,3 +220,18 @@ def test_a_topology_file_sets_persistent_gemms_as_a_json_boolean(tmp_path):
         _file(tmp_path, {"persistent_gemm_blocks": "yes"}, base="h100")
     assert "gpu.profile.persistent_gemm_blocks" in str(err.value)
     assert "true or false" in str(err.value)
+
+
+def test_a_measured_collective_holds_the_rings_channels(tmp_path):
+    # a topology file's measured_collectives time the collective; its kernel still runs
+    # on NCCL's ring channels, so it slows compute as a modelled one does
+    path = tmp_path / "m.json"
+    path.write_text(json.dumps({"name": "m", "domains": 1, "gpus_per_domain": 8,
+                                "gpu": "h100", "measured_collectives": {"all_gather": {
+                                    "8": {"latency_us": 20.0, "busbw_GBps": 300.0}}}}))
+    measured = CollectiveModel(topologies.build(str(path))).plan(
+        "all_gather", tuple(range(8)), 256 * MB)
+    modelled = CollectiveModel(topologies.build("dgx-h100")).plan(
+        "all_gather", tuple(range(8)), 256 * MB)
+    assert measured.algorithm == "measured" and modelled.algorithm == "ring"
+    assert measured.channels == modelled.channels == 32

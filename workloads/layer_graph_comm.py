@@ -49,11 +49,12 @@ class TPCommMixin:
             deps = (sink.add(kind=COMPUTE, stream="compute", op=RELAYOUT, phase=phase,
                              deps=deps, bytes=copy, op_class=MEMORY, label=f"{label}.relayout",
                              **ctx),)
-        # under userbuffers a TP collective outside the ring exchange is TE's bulk method,
-        # on its own SMs (tp_overlap.UB_SMS); otherwise NCCL's kernel
+        # under userbuffers a sequence-parallel gather or reduce-scatter outside the ring
+        # exchange is TE's bulk method, on its own SMs (tp_overlap.UB_SMS); else NCCL's
+        bulk = self.userbuffers and op in ("all_gather", "reduce_scatter")
         task = sink.add(kind=COMM, stream="tp", op=op, phase=phase, deps=deps,
                         bytes=collective_bytes(op, full, sh.tp), group=("tp",),
-                        label=label, sm_count=UB_SMS if self.userbuffers else 0, **ctx)
+                        label=label, sm_count=UB_SMS if bulk else 0, **ctx)
         if copy and op != "reduce_scatter":   # the gathered chunks are concatenated after
             task = sink.add(kind=COMPUTE, stream="compute", op=RELAYOUT, phase=phase,
                             deps=(task,), bytes=copy, op_class=MEMORY,

@@ -151,11 +151,13 @@ class CollectiveModel:
         if n <= 1 or size <= 0:
             return CollectivePlan(op, "none", "none", 0.0, (), 0.0, False, False)
         measured = self.topology.measured.get(op, {}).get(n)
+        shape = self.shape(ranks)
         if measured is not None:
+            # timed by the measurement; the SMs its kernel holds are the ring's channels
             algbw = measured.busbw_Bps / bus_factor(op, n)
             return CollectivePlan(op, "measured", "measured", measured.latency_s, (),
-                                  measured.time_s(size, algbw), True, False)
-        shape = self.shape(ranks)
+                                  measured.time_s(size, algbw), True, False,
+                                  self._channels(shape, "ring", "Simple", size))
         best = None
         rule = self._tuner_rule(op, shape, size)
         for algo in self.algorithms(op, ranks):
