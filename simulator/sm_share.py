@@ -88,9 +88,11 @@ class SmShare:
         """The fraction of its interference-free speed a compute kernel of the rank runs
         at now; `grid`: the thread blocks of a persistent GEMM (compute.persistent_grid),
         0 for any other kernel. Such a GEMM's blocks beyond the SMs an NCCL kernel leaves
-        run as further waves; beside a kernel that states its SMs (a fused dispatcher,
-        userbuffers, whose frameworks launch the GEMMs with that SM margin) it keeps the
-        free SMs' share like any kernel."""
+        run as further waves, beside any NCCL kernel however few SMs it holds (one is
+        enough to halve a 132-block GEMM on an H100); beside a kernel that states its SMs
+        it keeps the free SMs' share like any kernel (TE's userbuffers launch their GEMMs
+        with that SM margin, set_sm_margin; the fused dispatchers' GEMMs are assumed
+        alike, which the one HybridEP profile in validation/README.md supports)."""
         most, nccl, stated = self.state(rank)
         if not most:
             return stated
