@@ -47,7 +47,7 @@ def persistent_grid(task: Task, device: DeviceSpec) -> int:
     """Thread blocks a GEMM task's persistent kernel launches, min(tiles, SMs), on a device
     whose GEMMs are persistent (DeviceProfile.persistent_gemm_blocks); 0 otherwise."""
     if task.op_class != GEMM or not device.profile.persistent_gemm_blocks \
-            or device.sm_count <= 1 or not task.gemm_mnk:
+            or device.sm_count <= 1:
         return 0
     m, n, k = task.gemm_mnk
     if m <= 0 or n <= 0:

@@ -30,13 +30,19 @@ def _names(topo, src, dst):
 def test_straggler_slows_the_step_as_the_critical_path_predicts():
     plan = plan_from_dict(DP8)
     topo = topologies.build("dgx-h100")
-    # Without the SM-sharing slowdown: a straggler's collectives overlap less of its own
-    # compute (the others have arrived and wait for it), so its compute would be slowed
-    # less than the base rank's and the prediction below would not be exact.
+    # With SM sharing (the default), a straggler's collectives overlap less of its own
+    # compute (the others have arrived and wait for it), so its compute is slowed less
+    # than the base rank's: the prediction below bounds the step from above.
+    fault = ["straggler:gpu=5,slowdown=1.2"]
+    base = simulate(plan, topo, SimOptions(full=True)).summary
+    slow = simulate(plan, apply_faults(topo, fault), SimOptions(full=True)).summary
+    assert slow["critical_rank"] == 5
+    assert 1.15 < slow["step_time_s"] / base["step_time_s"] < 1.21
+    assert slow["step_time_s"] <= 1.2 * base["compute_s"] + base["exposed_comm_s"]
+    # Without it, the prediction is exact.
     options = SimOptions(full=True, overlap_slowdown=False)
     base = simulate(plan, topo, options).summary
-    slow = simulate(plan, apply_faults(topo, ["straggler:gpu=5,slowdown=1.2"]),
-                    options).summary
+    slow = simulate(plan, apply_faults(topo, fault), options).summary
     # Critical path: rank 5's compute, 1.2 x longer, plus the communication it cannot
     # hide, unchanged (the others wait for it inside the collectives).
     predicted = 1.2 * base["compute_s"] + base["exposed_comm_s"]
