@@ -13,7 +13,8 @@ import pyarrow.parquet as pq
 import pytest
 
 import topologies
-from validation.calibrate import fit_collective, fit_gemm, host_topology
+from validation.calibrate import fit_gemm, host_topology
+from validation.collective_bench import fit_collective
 from validation.cli import main
 from validation.config import block_layouts, build_run, effective_plan_dict, parse_dims
 from validation.errors import ValidationError
@@ -214,6 +215,50 @@ def test_host_topology_loads_with_topologies_build(tmp_path):
     # a gloo (CPU) host has no streams: its collectives block the training thread
     assert dev.profile.concurrent_collectives is False
     assert dev.profile.collective_skew_s == pytest.approx(7e-4)
+
+
+def test_collective_skew_is_the_mean_wait_for_the_last_rank():
+    import torch
+
+    from validation.host_overheads import mean_wait_s
+
+    # round 0: rank 1 enters 4 ms after rank 0, which waits 4 ms; round 1: both together
+    entries = torch.tensor([[10.000, 20.0], [10.004, 20.0]], dtype=torch.float64)
+    assert mean_wait_s(entries) == pytest.approx(0.004 / 4)
+    # three ranks: the first waits 6 ms for the last, the second 2 ms
+    assert mean_wait_s(torch.tensor([[0.0], [0.004], [0.006]])) == pytest.approx(0.008 / 3)
+
+
+def test_calibrated_attention_rate_prices_the_calibrated_call_once(tmp_path):
+    """The profile states the measured rate at the kernel-speed curve's reference, so a
+    plan's attention of the calibration's shape (4 x 512 tokens, 8 heads of 64) is priced
+    at the measured rate, not slowed by the curve's 512-key speed a second time (~2x)."""
+    from simulator import simulate
+    from validation.calibrate import attention_curve_speed
+    from workloads.attention import AttentionCost
+
+    measured_flops_per_s = 20e9
+    attn = AttentionCost(queries=4 * 512, keys=512, heads=8, kv_heads=8, head_dim=64,
+                         act_bytes=4, flash=True)
+    speed = attention_curve_speed(attn)
+    assert 0.4 < speed < 0.7   # FlashAttention-2's curve at 512 causal keys
+    matmul = [{"m": 512, "n": 512, "k": 512, "flops_per_s": 50e9}]
+    coll = {op: {"latency_s": 300e-6, "algbw_Bps": 1e9, "busbw_Bps": 0.5e9, "points": []}
+            for op in ("all_reduce", "all_gather", "reduce_scatter", "all_to_all")}
+    topo = host_topology("gloo", 1, 1, matmul, 8e9, measured_flops_per_s, 0.0, 1.0, coll,
+                         "float32", attn_speed=speed)
+    path = tmp_path / "host.json"
+    path.write_text(json.dumps(topo))
+    plan = resolve(plan_from_dict({
+        "name": "attn", "model": {"name": "m", "hidden_size": 512, "num_hidden_layers": 1,
+                                  "num_attention_heads": 8, "num_key_value_heads": 8,
+                                  "intermediate_size": 1024, "vocab_size": 512},
+        "training": {"global_batch": 4, "micro_batch": 4, "seq_len": 512, "dtype": "fp32"},
+        "mesh": {"dp": 1, "tp": 1}}), 1)
+    rows = simulate(plan, topologies.build(str(path))).trace.to_pylist()
+    attention_s = sum(r["end_s"] - r["start_s"] for r in rows if r["op"].endswith("attention"))
+    expected_s = (attn.flops("forward") + attn.flops("backward")) / measured_flops_per_s
+    assert attention_s == pytest.approx(expected_s, rel=0.02)
 
 
 # ------------------------------------------------------------------ references

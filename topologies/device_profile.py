@@ -102,9 +102,11 @@ class DeviceProfile:
     # synchronously and the training thread waits for each collective.
     concurrent_collectives: bool = True
     # Host time a DTensor redistribution adds to its collective and copies (placement
-    # planning, wrapping, the functional collective's bookkeeping), paid before each
-    # tensor-parallel collective. Assumption: 0 on GPUs, where this host work runs ahead of
-    # the GPU's queue; `validation calibrate` measures it on a CPU host.
+    # planning, the autograd nodes of the redistribution and of to_local / from_local, the
+    # functional collective's wrapping and wait), paid before each tensor-parallel
+    # collective. Assumption: 0 on GPUs, where this host work runs ahead of the GPU's
+    # queue; `validation calibrate` measures it on a CPU host, forward and backward under
+    # autograd as training runs it (validation/host_overheads.py).
     redistribute_overhead_s: float = 0.0
     # Time each member of a collective waits, on average, for the others to arrive: the
     # ranks' compute between two synchronisation points differs by host jitter (a shared

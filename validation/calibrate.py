@@ -12,12 +12,18 @@ cores the same way), each with `threads` intra-op threads:
   copy bandwidth set memory_efficiency (memory-bound ops of a training step are those);
 * attention: causal SDPA forward + backward, FLOPs counted as the simulator does
   (workloads/attention.py AttentionCost, flash): forward 4 B H S^2 hd / 2, backward 2.5 x
-  forward;
+  forward. The profile states attention_efficiency at the kernel-speed curve's reference
+  (16k causal keys, workloads/attention.py kernel_speed), as the simulator reads it: the
+  rate measured at 512 keys over the curve's speed there, so that a call of 512 keys is
+  priced at the measured rate (the curve would otherwise slow it a second time, ~2x).
+  Other lengths follow FlashAttention-2's GPU curve: an assumption, no CPU sweep;
 * launch overhead: a tiny matmul's wall time;
 * overlap: matmul throughput while an all-gather runs in the background, over alone;
 * on CPU, the host overhead of a DTensor redistribution beyond its collective and copy
-  (GPUs hide it behind their queue);
-* collectives all_reduce / all_gather / reduce_scatter / all_to_all against size, fitted by
+  (GPUs hide it behind their queue), and the ranks' wait for each other at a collective
+  (validation/host_overheads.py);
+* collectives all_reduce / all_gather / reduce_scatter / all_to_all against size (each
+  call allocating its output, as training's do), fitted by
   least squares (relative error) to t = latency + S / algbw; busbw = algbw x nccl-tests
   factor (2(n-1)/n for all_reduce, (n-1)/n otherwise); S is the nccl-tests size (the
   all-reduce buffer, the all-gather output, the reduce-scatter input, the all-to-all buffer).
@@ -41,6 +47,7 @@ import torch
 
 from workloads.attention import AttentionCost
 
+from .collective_bench import COLL_SIZES, QUICK_SIZES, bench_collectives
 from .errors import ValidationError
 from .host_overheads import collective_skew, redistribute_overhead
 from .io import write_json
@@ -50,10 +57,6 @@ MATMUL_SHAPES = [(1024, 1536, 512), (256, 256, 256), (512, 512, 512), (1024, 102
                  (2048, 512, 512), (2048, 1536, 512), (2048, 512, 1536), (4096, 512, 512),
                  (2048, 256, 512), (2048, 512, 128), (2048, 512, 64), (128, 512, 512),
                  (64, 512, 512), (2048, 2048, 512)]
-COLL_SIZES = [1 << 12, 1 << 15, 1 << 18, 1 << 20, 1 << 21, 1 << 22, 1 << 23, 1 << 24,
-              1 << 25]
-QUICK_SIZES = [1 << 12, 1 << 16, 1 << 20, 1 << 22, 1 << 24]
-OPS = ("all_reduce", "all_gather", "reduce_scatter", "all_to_all")
 
 
 def _bench_matmul(device, dtype, quick: bool, sync, barrier) -> list[dict]:
@@ -83,82 +86,6 @@ def fit_gemm(rows: list[dict], peak: float) -> float:
     """gemm_efficiency: geometric mean over the measured shapes of throughput / peak."""
     logs = [math.log(r["flops_per_s"] / peak) for r in rows]
     return min(1.0, math.exp(sum(logs) / len(logs)))
-
-
-def fit_collective(sizes: list[int], times: list[float]) -> tuple[float, float]:
-    """(latency_s, algbw_Bps) of t = a + S / algbw, least squares on relative error."""
-    # minimise sum ((a + b S - t) / t)^2: linear in (a, b) with rows (1/t, S/t) -> 1
-    s11 = sum(1 / t ** 2 for t in times)
-    s12 = sum(s / t ** 2 for s, t in zip(sizes, times))
-    s22 = sum((s / t) ** 2 for s, t in zip(sizes, times))
-    r1 = sum(1 / t for t in times)
-    r2 = sum(s / t for s, t in zip(sizes, times))
-    det = s11 * s22 - s12 * s12
-    a = (r1 * s22 - r2 * s12) / det
-    b = (s11 * r2 - s12 * r1) / det
-    if b <= 0:  # degenerate: bandwidth from the largest size alone
-        b = times[-1] / sizes[-1]
-    if a <= 0:
-        a = max(min(times) * 0.5, 1e-7)
-    return a, 1.0 / b
-
-
-def _collective_call(op: str, world: int, numel: int, device, dtype):
-    """A zero-argument call of `op` on buffers of `numel` elements (the nccl-tests size)."""
-    import torch.distributed as dist
-
-    if op == "all_reduce":
-        buf = torch.ones(numel, device=device, dtype=dtype)
-        return lambda: dist.all_reduce(buf)
-    if op == "all_gather":
-        out = torch.empty(numel, device=device, dtype=dtype)
-        inp = torch.ones(numel // world, device=device, dtype=dtype)
-        return lambda: dist.all_gather_into_tensor(out, inp)
-    if op == "reduce_scatter":
-        inp = torch.ones(numel, device=device, dtype=dtype)
-        out = torch.empty(numel // world, device=device, dtype=dtype)
-        return lambda: dist.reduce_scatter_tensor(out, inp)
-    inp = torch.ones(numel, device=device, dtype=dtype)
-    out = torch.empty(numel, device=device, dtype=dtype)
-    return lambda: dist.all_to_all_single(out, inp)
-
-
-def _bench_collectives(world: int, device, dtype, sizes, sync, rounds: int = 5) -> dict:
-    """Median time of every (op, size), the cases visited round-robin so that a shared
-    host's drift over the seconds this takes falls on all sizes alike (measured one after
-    the other, a slow patch bends the curve at whichever sizes it hits)."""
-    import torch.distributed as dist
-
-    elem = torch.tensor([], dtype=dtype).element_size()
-    cases = []
-    for op in OPS:
-        for size in sizes:
-            numel = max(world, size // elem // world * world)
-            fn = _collective_call(op, world, numel, device, dtype)
-            dist.barrier()
-            reps = max(1, int(0.03 / max(min(timed(fn, 0.0, 1, sync, collective=True)), 1e-7)))
-            agreed = torch.tensor([reps])
-            dist.all_reduce(agreed, op=dist.ReduceOp.MAX)  # every rank calls it equally often
-            cases.append((op, numel * elem, fn, int(agreed), []))
-    for _ in range(rounds):
-        for _, _, fn, reps, samples in cases:
-            dist.barrier()
-            t = time.perf_counter()
-            for _ in range(reps):
-                fn()
-            sync()
-            samples.append((time.perf_counter() - t) / reps)
-    medians = torch.tensor([statistics.median(c[4]) for c in cases], dtype=torch.float64)
-    dist.all_reduce(medians, op=dist.ReduceOp.MAX)  # the slowest rank sets the pace
-    result = {}
-    for op in OPS:
-        points = [(nbytes, float(t)) for (o, nbytes, _, _, _), t in zip(cases, medians)
-                  if o == op]
-        lat, algbw = fit_collective([p[0] for p in points], [p[1] for p in points])
-        factor = (2 if op == "all_reduce" else 1) * (world - 1) / world
-        result[op] = {"latency_s": lat, "algbw_Bps": algbw, "busbw_Bps": algbw * factor,
-                      "points": [{"bytes": s, "time_s": t} for s, t in points]}
-    return result
 
 
 def _bench_elementwise(device, dtype, sync, barrier) -> float:
@@ -252,6 +179,7 @@ def _worker(rank: int, world: int, backend: str, port: int, out_path: str, threa
     attn = AttentionCost(queries=batch * seq, keys=seq, heads=heads, kv_heads=heads,
                          head_dim=head_dim, act_bytes=dtype.itemsize, flash=True)
     attn_flops = attn.flops("forward") + attn.flops("backward")
+    attn_speed = attention_curve_speed(attn)
     tiny = torch.randn(8, 8, device=device, dtype=dtype)
     launch_s = statistics.median(timed(lambda: tiny @ tiny, 0.02, 5, sync))
     marks.append(("copy_attention_launch", time.perf_counter()))
@@ -259,7 +187,7 @@ def _worker(rank: int, world: int, backend: str, port: int, out_path: str, threa
     overlap = _overlap_factor(device, dtype, world, sync) if world > 1 else 1.0
     marks.append(("overlap", time.perf_counter()))
     _sample_probe(probe, probed, barrier)
-    coll = _bench_collectives(world, device, dtype, QUICK_SIZES if quick else COLL_SIZES,
+    coll = bench_collectives(world, device, dtype, QUICK_SIZES if quick else COLL_SIZES,
                               sync) if world > 1 else {}
     marks.append(("collectives", time.perf_counter()))
     _sample_probe(probe, probed, barrier)
@@ -278,6 +206,7 @@ def _worker(rank: int, world: int, backend: str, port: int, out_path: str, threa
     if rank == 0:
         topo = host_topology(backend, world, threads, matmul, float(mem[0]), float(scalars[0]),
                              float(scalars[1]), float(scalars[2]), coll, str(dtype).split(".")[-1],
+                             attn_speed=attn_speed,
                              eltwise_Bps=float(mem[1]), redistribute_s=float(scalars[3]),
                              skew_s=float(scalars[4]))
         topo["calibration"]["section_s"] = {name: round(t - prev, 3) for (_, prev), (name, t)
@@ -286,6 +215,14 @@ def _worker(rank: int, world: int, backend: str, port: int, out_path: str, threa
         write_json(topo, out_path)
     dist.barrier()
     dist.destroy_process_group()
+
+
+def attention_curve_speed(attn: AttentionCost) -> float:
+    """The kernel-speed curve's speed at the calibration's attention call (forward and
+    backward, weighted by their time at the reference speed) relative to its reference."""
+    phases = ("forward", "backward")
+    at_reference = sum(attn.flops(phase) / attn.speed(phase) for phase in phases)
+    return sum(attn.flops(phase) for phase in phases) / at_reference
 
 
 def _sample_probe(probe, probed: list, barrier) -> None:
@@ -331,8 +268,11 @@ def _profile(gemm_eff: float, attn_eff: float, launch_s: float, overlap: float,
 def host_topology(backend: str, world: int, threads: int, matmul: list[dict], mem_Bps: float,
                   attn_flops_per_s: float, launch_s: float, overlap: float, coll: dict,
                   dtype: str, eltwise_Bps: float | None = None,
-                  redistribute_s: float = 0.0, skew_s: float = 0.0) -> dict:
-    """The topology JSON (topologies/presets_file.py load_file format) for measured numbers."""
+                  redistribute_s: float = 0.0, skew_s: float = 0.0,
+                  attn_speed: float = 1.0) -> dict:
+    """The topology JSON (topologies/presets_file.py load_file format) for measured numbers;
+    `attn_speed` is the kernel-speed curve's at the measured attention call
+    (attention_curve_speed), which the profile's efficiency is divided by."""
     peak = max(r["flops_per_s"] for r in matmul)
     eff = fit_gemm(matmul, peak)
     gb = 1e9
@@ -353,7 +293,7 @@ def host_topology(backend: str, world: int, threads: int, matmul: list[dict], me
                 "fp32_tflops": peak / 1e12, "hbm_gb": ram / world / gb,
                 "hbm_GBps": mem_Bps / gb, "nvlink_GBps": link / gb, "nvlink_nccl_GBps": link / gb,
                 "nvlink_links": 1, "nvls": False,
-                "profile": _profile(eff, attn_flops_per_s / peak, launch_s, overlap,
+                "profile": _profile(eff, attn_flops_per_s / peak / attn_speed, launch_s, overlap,
                                     (eltwise_Bps or mem_Bps) / mem_Bps, backend == "gloo",
                                     redistribute_s, skew_s)},
         "domains": 1,
@@ -364,6 +304,7 @@ def host_topology(backend: str, world: int, threads: int, matmul: list[dict], me
                         "matmul": matmul, "copy_GBps": mem_Bps / gb,
                         "elementwise_GBps": (eltwise_Bps or mem_Bps) / gb,
                         "attention_flops_per_s": attn_flops_per_s,
+                        "attention_curve_speed": attn_speed,
                         "collectives": {op: {k: v for k, v in c.items()}
                                         for op, c in coll.items()}},
     }
