@@ -270,8 +270,9 @@ class Engine:
         profile = self.topology.device(rank).profile
         # a DTensor redistribution's host work before its collective, and the wait for
         # the other members' jittered arrival (both measured on CPU hosts, 0 on GPUs)
+        redistributes = task.stream == "tp" and not task.direct_collective
         wait_s = profile.collective_skew_s + (
-            profile.redistribute_overhead_s if task.stream == "tp" else 0.0)
+            profile.redistribute_overhead_s if redistributes else 0.0)
         if wait_s:
             yield self.env.timeout(wait_s)
         began = self.env.now

@@ -59,7 +59,11 @@ def test_each_layer_gather_waits_for_its_shard_cast_and_the_step_precomputes_sca
     gathers = [t for t in tasks if t.op == "all_gather" and t.layer >= 0]
     assert gathers
     for gather in gathers:
-        cast = [by_id[d] for d in gather.deps if by_id[d].op == "fsdp_float8_cast"]
+        # FSDP2's copy-in (torch.ops.fsdp.all_gather_copy_in) of the float8 shard into the
+        # all-gather output: read and write one byte a parameter, after the cast
+        copy_in = [by_id[d] for d in gather.deps if by_id[d].op == "fsdp_gather_copy_in"]
+        assert len(copy_in) == 1 and copy_in[0].bytes == pytest.approx(2 * LAYER_PARAMS / 8)
+        cast = [by_id[d] for d in copy_in[0].deps if by_id[d].op == "fsdp_float8_cast"]
         # the fp32 shard (1/8 of the layer) read and written in float8, one kernel a weight
         assert len(cast) == 1 and cast[0].bytes == pytest.approx(5 * LAYER_PARAMS / 8)
         assert cast[0].kernels == 7

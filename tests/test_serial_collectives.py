@@ -83,10 +83,13 @@ def test_redistribution_overhead_is_paid_per_tensor_parallel_collective(tmp_path
     base = simulate(plan, _serial_host(tmp_path, redistribute_overhead_s=0.0))
     slow = simulate(plan, _serial_host(tmp_path, redistribute_overhead_s=1e-3))
     t = base.trace.to_pandas()
-    tp_collectives = int(((t["rank"] == 0) & (t["stream"] == "tp")).sum())
-    assert tp_collectives > 0
+    tp = t[(t["rank"] == 0) & (t["stream"] == "tp")]
+    # the loss's all-reduces are the framework's own calls, not DTensor redistributions
+    # (workloads/vocab_parallel_loss.py): they pay no redistribution overhead
+    loss = tp["label"].str.startswith("loss.")
+    assert loss.sum() == 3 and (~loss).sum() > 0
     extra = slow.summary["step_time_s"] - base.summary["step_time_s"]
-    assert extra == pytest.approx(tp_collectives * 1e-3, rel=1e-6)
+    assert extra == pytest.approx(int((~loss).sum()) * 1e-3, rel=1e-6)
 
 
 def test_collective_skew_is_paid_before_every_collective(tmp_path):

@@ -5,7 +5,7 @@ Plans (validation/plans): pure FSDP over 2 ranks, Megatron column/row TP 2 with 
 parallelism, and every projection sequence-parallel over TP 2 in two micro-batches. The
 model (hidden 512, 4 layers, GQA 8/4 heads, SwiGLU 1536, vocab 2048, 4 x 512 tokens per
 step) makes each step ~1 s of fp32 work per process on this host, so Python
-overhead is a few percent. The simulator puts the three plans 5-10 % and 36-42 % apart
+overhead is a few percent. The simulator puts the three plans 4-10 % and 36-42 % apart
 (cpu-fsdp < cpu-col < cpu-seq; measured: 10-15 % and 37-44 %), by calibration: a ranking
 check between plans that the model cannot tell apart would be a coin toss, so cpu-seq
 takes two micro-batches (FSDP gathers its weights once per micro-batch). Until December 2026

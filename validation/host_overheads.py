@@ -12,11 +12,15 @@ import time
 
 import torch
 
+from .timing import once_s
 
 # Rounds of the skew measurement: the waits are heavy-tailed (most under 0.3 ms, one in ten
 # a scheduler time slice of ~4 ms on this 2-core host), so 48 rounds gave means of 0.2-1 ms
 # from one calibration to the next; 192 rounds (~3 s) bring their standard error to ~0.1 ms.
 SKEW_ROUNDS = 192
+# Paired rounds of the redistribution measurement: with 21 its median ranged over
+# 0.65-1.6 ms from one calibration of this host to the next; 63 (~2.8 s) cut the median's
+# standard error by sqrt(3) (0.9-1.5 ms over three calibrations).
 REDISTRIBUTE_ROUNDS = 63
 
 
@@ -60,28 +64,22 @@ def redistribute_overhead(world: int, device, dtype, sync, eltwise_Bps: float) -
             mesh, [Replicate()]).to_local(grad_placements=[Partial()])
         scattered = DTensor.from_local(partial_in, mesh, [Partial()]).redistribute(
             mesh, [Shard(1)]).to_local()
-        torch.autograd.backward([gathered, scattered], [grad_full, grad_local])
+        # autograd.grad, not backward: the inputs stand for activations, whose gradients
+        # flow on; accumulating into leaves' .grad would add a pass training never runs
+        torch.autograd.grad([gathered, scattered], [sharded_in, partial_in],
+                            [grad_full, grad_local])
 
     copy_s = 2 * full.numel() * full.element_size() / eltwise_Bps
     # paired rounds, the median of their differences: a shared host's drift falls on both
     # halves of a pair alike (two medians taken apart moved the result by 0.7 ms)
     through_dtensor(), raw()   # warm-up: sharding propagation caches, autograd nodes
     extra_s = []
-    for _ in range(REDISTRIBUTE_ROUNDS):
-        plain_s, dtensor_s = (_once_s(fn, sync) for fn in (raw, through_dtensor))
-        extra_s.append(dtensor_s - plain_s)
+    for turn in range(REDISTRIBUTE_ROUNDS):
+        # each half first in every other round, so that neither finds the caches warmer
+        first, second = (raw, through_dtensor) if turn % 2 else (through_dtensor, raw)
+        times = {fn: once_s(fn, sync) for fn in (first, second)}
+        extra_s.append(times[through_dtensor] - times[raw])
     return max(0.0, statistics.median(extra_s) / 4 - copy_s)
-
-
-def _once_s(fn, sync) -> float:
-    """Seconds of one call of a collective `fn`, every rank starting together."""
-    import torch.distributed as dist
-
-    dist.barrier()
-    start = time.perf_counter()
-    fn()
-    sync()
-    return time.perf_counter() - start
 
 
 def collective_skew(device, dtype, sync) -> float:

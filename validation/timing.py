@@ -29,3 +29,15 @@ def timed(fn, min_s: float, samples: int, sync, collective: bool = False) -> lis
         sync()
         out.append((time.perf_counter() - t) / reps)
     return out
+
+
+def once_s(fn, sync) -> float:
+    """Seconds of one call of a collective `fn`, every rank starting together (a
+    barrier first, so each rank must call it equally often)."""
+    import torch.distributed as dist
+
+    dist.barrier()
+    start = time.perf_counter()
+    fn()
+    sync()
+    return time.perf_counter() - start

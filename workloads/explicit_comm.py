@@ -31,13 +31,16 @@ class ExplicitComm:
     kernel_Bps: float = 0.0
     bwd_kernel_Bps: float = 0.0
     sm_count: int = 0
+    label: str = "moe"      # the tasks' label prefix (the trace's name for the module)
+    direct: bool = False    # called by the framework itself, not a DTensor redistribution
+                            # (Task.direct_collective)
 
     def emit(self, sink: TaskSink, ctx: dict, name: str, deps, phase: str,
              backward: bool) -> int:
         """The collective's task in forward (or recompute) or backward."""
         op, size, rate = ((self.bwd_op, self.bwd_nbytes, self.bwd_kernel_Bps) if backward
                           else (self.op, self.nbytes, self.kernel_Bps))
-        label = f"grad.moe.{name}" if backward else f"moe.{name}"
+        label = f"grad.{self.label}.{name}" if backward else f"{self.label}.{name}"
         return sink.add(kind=COMM, stream=self.stream, op=op, phase=phase, deps=tuple(deps),
                         bytes=size, group=self.group, label=label, kernel_Bps=rate,
-                        sm_count=self.sm_count, **ctx)
+                        sm_count=self.sm_count, direct_collective=self.direct, **ctx)

@@ -22,6 +22,7 @@ from .errors import WorkloadError
 from .kernels import LOSS_OPS, eager_cost
 from .precision import BF16_BYTES, FUSED_LINEAR_FRAMEWORKS, TE_FRAMEWORKS, GemmRecipe
 from .te_quant import cast_efficiency
+from .vocab_parallel_loss import UNFUSED_ALL_REDUCE_BYTES, loss_all_reduce_bytes
 from .program import COMPUTE, MEMORY, Task
 
 
@@ -103,6 +104,9 @@ class BuildOptions:
     kernels: str = "fused"
     # How the cross-entropy runs (the plan's loss.kernels: workloads/loss_memory.py).
     loss_kernels: str = "fused"
+    # The vocabulary-parallel cross-entropy's all-reduces under TP, bytes per token of
+    # each (workloads/vocab_parallel_loss.py).
+    loss_all_reduce_bytes: tuple[float, ...] = UNFUSED_ALL_REDUCE_BYTES
     # Selective recompute (Korthikanti et al. 2022, arXiv:2205.05198 section 5): the
     # attention core's forward runs again just before its backward.
     recompute_attention: bool = False
@@ -138,6 +142,7 @@ class BuildOptions:
                    "symm_mem" if plan.async_tp else "")
         return cls(flash_attention=flash, attention_impl=plan.attention, kernels=plan.kernels,
                    loss_kernels=plan.loss_kernels,
+                   loss_all_reduce_bytes=loss_all_reduce_bytes(plan.framework),
                    recompute_attention=plan.recompute == "selective" and not flash,
                    tp_overlap=overlap,
                    cp_impl="torch" if plan.framework == "torchtitan" else "",

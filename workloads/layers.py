@@ -11,6 +11,7 @@ from __future__ import annotations
 from dataclasses import replace
 
 from .attention_impls import COMPUTE_CAPABILITY
+from .explicit_comm import ExplicitComm
 from .bias_dropout import activation_bias_grad, eager_residual_extras, residual_add_costs
 from .fsdp_float8 import with_gathered_weights
 from .grid_layer import GridLayer
@@ -176,8 +177,18 @@ def _output_and_loss(g: LayerGraph, x: Node, norm: str, vocab: int, metrics: int
     logits = g.linear("output", h, "col", vocab, bf16=True)
     add_train_metrics(g, logits, metrics)
     # Cross-entropy on fp32 logits: read logits, write softmax (Megatron's vocab-parallel
-    # cross-entropy keeps its input for backward).
-    return g.elementwise("cross_entropy", [logits], rw=(2.0, 2.0))
+    # cross-entropy keeps its input for backward). Under TP it first all-reduces its
+    # per-token statistics (workloads/vocab_parallel_loss.py), one after the other.
+    inputs = [logits]
+    if g.shape.tp > 1:
+        # no gradient flows back through them: the backward uses the saved statistics
+        stats = logits
+        for call, per_token in enumerate(g.options.loss_all_reduce_bytes):
+            comm = ExplicitComm("all_reduce", ("tp",), g.shape.tokens * per_token, None,
+                                stream="tp", label="loss", direct=True)
+            stats = g.explicit_comm(f"{norm}_stats{call}", stats, comm, features=1)
+        inputs.append(stats)
+    return g.elementwise("cross_entropy", inputs, rw=(2.0, 2.0))
 
 
 def _mtp_module(g: LayerGraph, plan: Plan, depth: int, x: Node, resid: str) -> Node:

@@ -75,6 +75,10 @@ class Task:
     kernel_Bps: float = 0.0         # comm: the measured rate of the kernel that runs it
                                     # (HybridEP's in an NVLink domain: workloads/moe/
                                     # ep_nvlink.py); it lasts at least bytes / kernel_Bps
+    direct_collective: bool = False  # comm on the tp stream: a collective the framework
+                                    # calls itself, not a DTensor redistribution (the
+                                    # loss's all-reduces: workloads/vocab_parallel_loss.py),
+                                    # so no redistribution host overhead on a CPU host
     sm_count: int = 0               # comm: SMs its kernel holds while it runs (the fused
                                     # MoE dispatcher's num_sms: workloads/moe_options.py);
                                     # 0: an NCCL kernel, one SM per channel

@@ -14,8 +14,9 @@ import math
 
 from .checkpointing import op_checkpoint_saved
 from .ddp_buckets import BucketFiller, bucket_params
-from .fsdp1 import fsdp1_gather_copy, fsdp1_grad_cat, fsdp1_reduce_post, fsdp1_reduce_pre
-from .fsdp_float8 import float8_group, precompute_scales, shard_cast
+from .fsdp1 import fsdp1_grad_cat, fsdp1_reduce_post, fsdp1_reduce_pre
+from .fsdp_float8 import float8_group, precompute_scales
+from .fsdp_gather_input import gather_input
 from .host_cost import add_host_issue_time
 from .kernels import adam_step_cost
 from .layer_builder import BuildOptions, LayerBuilder, LayerShape, TaskSink
@@ -118,13 +119,10 @@ class StageLowering:
                 continue
             float8 = float8_group(self.plan, unit, groups, dims)
             gathered = params * (FP8_GATHER_BYTES if float8 else self.precision.param_bytes)
-            deps = (gate,) if gate is not None else ()
-            if float8:   # the shard cast to float8 first
-                deps = (shard_cast(self.sink, self.plan, params / self._group_size(dims),
-                                   deps, phase, unit, unit_context(unit, mb)),)
-            if self.plan.fsdp_version == 1:
-                deps = (fsdp1_gather_copy(self.sink, self.precision, params / self._group_size(dims),
-                                          deps, phase, unit, unit_context(unit, mb)),)
+            deps = gather_input(self.sink, self.plan, self.precision,
+                                params / self._group_size(dims), float8,
+                                (gate,) if gate is not None else (), phase, unit,
+                                unit_context(unit, mb))
             gather = self.sink.add(
                 kind=COMM, stream="dp_ag", op="all_gather", phase=phase,
                 deps=deps, bytes=gathered,
