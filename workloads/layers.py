@@ -11,8 +11,8 @@ from __future__ import annotations
 from dataclasses import replace
 
 from .attention_impls import COMPUTE_CAPABILITY
-from .explicit_comm import ExplicitComm
 from .bias_dropout import activation_bias_grad, eager_residual_extras, residual_add_costs
+from .explicit_comm import ExplicitComm
 from .fsdp_float8 import with_gathered_weights
 from .grid_layer import GridLayer
 from .layer_builder import BuildOptions, LayerBuilder, LayerShape
