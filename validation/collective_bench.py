@@ -34,7 +34,7 @@ def fit_collective(sizes: list[int], times: list[float]) -> tuple[float, float]:
     return a, 1.0 / b
 
 
-def _collective_call(op: str, world: int, numel: int, device, dtype):
+def collective_call(op: str, world: int, numel: int, device, dtype):
     """A zero-argument call of `op` on buffers of `numel` elements (the nccl-tests size).
     Each call allocates its output, as FSDP2's all-gathers and reduce-scatters and
     DTensor's functional collectives do in training: on a CPU host a fresh output costs
@@ -65,7 +65,7 @@ def bench_collectives(world: int, device, dtype, sizes, sync, rounds: int = 5) -
     for op in OPS:
         for size in sizes:
             numel = max(world, size // elem // world * world)
-            fn = _collective_call(op, world, numel, device, dtype)
+            fn = collective_call(op, world, numel, device, dtype)
             dist.barrier()
             reps = max(1, int(0.03 / max(min(timed(fn, 0.0, 1, sync, collective=True)), 1e-7)))
             agreed = torch.tensor([reps])

@@ -12,6 +12,7 @@ import time
 
 import torch
 
+from .collective_bench import collective_call
 from .timing import once_s
 
 # Rounds of the skew measurement: the waits are heavy-tailed (most under 0.3 ms, one in ten
@@ -43,7 +44,6 @@ def redistribute_overhead(world: int, device, dtype, sync, eltwise_Bps: float) -
     0.06-0.17 ms; in autograd it reads ~1 ms, as the training runs' profiles show
     (Redistribute and RedistributeBackward at ~0.5 ms of their own time each).
     """
-    import torch.distributed as dist
     from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.tensor import DTensor, Partial, Replicate, Shard
 
@@ -54,10 +54,14 @@ def redistribute_overhead(world: int, device, dtype, sync, eltwise_Bps: float) -
     sharded_in = local.clone().requires_grad_(True)
     partial_in = full.clone().requires_grad_(True)
 
+    # the same four collectives through c10d, each output allocated per call
+    gather, scatter = (collective_call(op, world, full.numel(), device, dtype)
+                       for op in ("all_gather", "reduce_scatter"))
+
     def raw() -> None:
-        for shard, whole in ((local, full), (grad_local, grad_full)):
-            dist.all_gather_into_tensor(torch.empty_like(whole).reshape(-1), shard.reshape(-1))
-            dist.reduce_scatter_tensor(torch.empty_like(shard).reshape(-1), whole.reshape(-1))
+        for _ in range(2):      # forward's pair, backward's pair
+            gather()
+            scatter()
 
     def through_dtensor() -> None:
         gathered = DTensor.from_local(sharded_in, mesh, [Shard(1)]).redistribute(

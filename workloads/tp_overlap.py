@@ -26,7 +26,9 @@ Two implementations, the same chunking:
   so the backward's reduce-scatter of summed dgrads (q, k, v or w1, w3) stays blocking.
 
 Assumption: the transfers are point-to-point messages priced by the network model; the
-SMs each holds (UB_SMS, RING_EXCHANGE_SMS) slow the GEMMs they overlap.
+SMs each holds slow the GEMMs they overlap: UB_SMS for userbuffers' pipelined and bulk
+reduce-scatters, none for the ring exchange's and async TP's copy-engine transfers
+(RING_EXCHANGE_SMS = COPY_ENGINE).
 """
 from __future__ import annotations
 
