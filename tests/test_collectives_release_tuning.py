@@ -86,3 +86,47 @@ def test_8xh100_ring_ll_under_2_18_is_capped_lower():
                                                                         size).transfer_s
              for v in ("2.18.5", "2.26.2")}
     assert times["2.18.5"] > times["2.26.2"]
+
+
+def _two_nodes_one_gpu_each():
+    """Two DGX H100 nodes, one GPU of each: ranks 0 and 8 (one GPU per node)."""
+    return build("dgx-h100x2"), (0, 8)
+
+
+def test_one_gpu_per_node_takes_tree_net_latency_from_2_23():
+    # tuning.cc v2.23.4-1: "With ppn=1 latencies are fully exposed, use the Tree network
+    # latency"; v2.22.3-1 and older price each algorithm's own NET latency.
+    from simulator.network.constants import hw_latency_s
+    topo, ranks = _two_nodes_one_gpu_each()
+
+    def latency(version):
+        options = CommOptions(algorithm="ring", protocol="LL", nccl_version=version)
+        return CollectiveModel(topo, options).plan("all_gather", ranks, 1024).latency_s
+
+    tree_net = hw_latency_s("net", "tree", "LL", "2.23.4")
+    ring_net = hw_latency_s("net", "ring", "LL", "2.22.3")
+    assert tree_net != ring_net
+    assert latency("2.23.4") - latency("2.22.3") == pytest.approx(tree_net - ring_net,
+                                                                  abs=1e-9)
+
+
+def test_one_gpu_per_node_ring_ll128_is_discounted_before_2_23():
+    # tuning.cc v2.18.5-1 .. v2.22.3-1: ring LL128 at ppn < 2 rates 0.7 of busBw, not
+    # 0.92 (120/128); v2.23.4-1 drops the discount. The transfer part carries it.
+    topo, ranks = _two_nodes_one_gpu_each()
+
+    def transfer(version, protocol="LL128"):
+        options = CommOptions(algorithm="ring", protocol=protocol, nccl_version=version)
+        return CollectiveModel(topo, options).plan("all_gather", ranks, 64 * MIB).transfer_s
+
+    # Simple carries the payload at 1.0: LL128's transfer over it is 1 / its fraction
+    assert transfer("2.22.3") / transfer("2.22.3", "Simple") == pytest.approx(1 / 0.7,
+                                                                               rel=1e-6)
+    assert transfer("2.23.4") < transfer("2.22.3")   # 0.92, or Hopper's per-channel cap
+    # eight GPUs per node keep 0.92 in every release
+    eight = CommOptions(algorithm="ring", protocol="LL128", nccl_version="2.22.3")
+    new = CommOptions(algorithm="ring", protocol="LL128", nccl_version="2.23.4")
+    group = tuple(range(16))
+    assert (CollectiveModel(topo, eight).plan("all_gather", group, 64 * MIB).transfer_s
+            == pytest.approx(CollectiveModel(topo, new).plan("all_gather", group,
+                                                             64 * MIB).transfer_s))

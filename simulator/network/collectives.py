@@ -26,6 +26,8 @@ from .constants import (COLLNET_DIRECT_SM90_EFFICIENCY, NVLS_TREE_HEAD_NET_BPS,
 from .fluid import Flow
 from .latency import (host_floor_s, net_message_floor_s, nccl_latency_s, nvls_fill_s,
                       ring_pass_latency_s)
+from .tuning_versions import (PPN1_RING_LL128_DISCOUNT_BEFORE, RING_LL128_PPN1_EFFICIENCY,
+                              released_before)
 
 OPS = COLLECTIVE_OPS
 ALGORITHMS = ("ring", "tree", "nvls", "nvls_tree", "collnet_direct", "collnet_chain", "pat",
@@ -372,6 +374,9 @@ class CollectiveModel:
             eff = RING_EFFICIENCY[proto]
             if proto == "LL" and algo == "ring":   # the release's rating [constants]
                 eff = ring_ll_efficiency(op, shape.num_domains, self.options.nccl_version)
+            if proto == "LL128" and shape.ppn < 2 and released_before(
+                    self.options.nccl_version, PPN1_RING_LL128_DISCOUNT_BEFORE):
+                eff = RING_LL128_PPN1_EFFICIENCY   # the release's discount [tuning_versions]
             link_busbw = bus_factor(op, shape.n) / template.unit_time_s
         if proto == "LL" and algo != "p2p" and template.unit_time_s > 0:
             # Tree's size correction multiplies the capped bandwidth too: NCCL caps busBw

@@ -23,11 +23,19 @@ from .channels import nvls_chunk_bytes, nvls_tree_max_chunk
 from .constants import (COLLNET_ARITY_LAT_S, HOST_ENQUEUE_S, LATENCY_INTER_S,
                         NET_OVERHEAD_S, NVLS_STAGES, PAT_NET_DIVISOR, PAT_PER_RANK_LAT_S,
                         RING_PLATEAU_FACTOR, base_latency_s, hw_latency_s)
-from .tuning_versions import linear_nvls_tree
+from .tuning_versions import PPN1_TREE_NET_LATENCY_FROM, linear_nvls_tree, released_before
 
 
 def _log2i(x: int) -> int:
     return max(int(x).bit_length() - 1, 0)
+
+
+def _net_latency_algo(algo: str, ppn: int, version: str | None) -> str:
+    """Whose NET latency a network step of `algo` costs: with one GPU per node, Tree's
+    from NCCL 2.23 on (tuning_versions.PPN1_TREE_NET_LATENCY_FROM), else its own."""
+    if ppn == 1 and not released_before(version, PPN1_TREE_NET_LATENCY_FROM):
+        return "tree"
+    return algo
 
 
 def nccl_latency_s(shape: GroupShape, op: str, algo: str, proto: str, size: float,
@@ -43,9 +51,8 @@ def nccl_latency_s(shape: GroupShape, op: str, algo: str, proto: str, size: floa
     lat_algo = "ring" if algo in ("p2p", "hierarchical") else algo
     base = base_latency_s(lat_algo, proto, version)
     intra = hw_latency_s("nvlink", lat_algo, proto, version)
-    # NCCL: with one GPU per node the network step costs Tree's NET latency.
-    inter = hw_latency_s("net", "tree" if ppn == 1 and lat_algo in ("ring", "pat")
-                         else lat_algo, proto, version, timing)
+    inter = hw_latency_s("net", _net_latency_algo(lat_algo, ppn, version), proto,
+                         version, timing)
     inter += latency_inter_s * (2 if proto == "Simple" else 1)
     net_oh = NET_OVERHEAD_S * (3 if proto == "Simple" else 1) if multi else 0.0
     step = max(intra, net_oh)
@@ -93,7 +100,8 @@ def ring_pass_latency_s(shape: GroupShape, op: str, proto: str,
     """
     n, nodes = shape.n, shape.num_domains
     intra = hw_latency_s("nvlink", "ring", proto, version)
-    inter = hw_latency_s("net", "tree" if shape.ppn == 1 else "ring", proto, version)
+    inter = hw_latency_s("net", _net_latency_algo("ring", shape.ppn, version), proto,
+                         version)
     inter += latency_inter_s * (2 if proto == "Simple" else 1)
     step = max(intra, NET_OVERHEAD_S * (3 if proto == "Simple" else 1) if nodes > 1 else 0.0)
     if op == "all_reduce":
