@@ -72,6 +72,21 @@ def test_b200_row_prices_clamp_and_per_expert_bias():
     assert by_op[("forward", "w2")].id in bias_f.deps
 
 
+def test_flex_dispatcher_hands_the_bias_fp32_probabilities():
+    """mb-gptoss120b-b200-bf16-64-hybridep: Megatron's flex dispatcher upcasts the routing
+    probabilities to fp32 (_HybridEPManager.dispatch, core_v0.16.0-core_v0.17.0), so
+    _apply_bias's b * p, sum and cat are fp32 and .to(bf16) casts back: 14 forward and 20
+    backward passes over the bf16 [rows, H] output instead of 6 and 8."""
+    plan, by_op, _ = _layer_tasks("mb-gptoss120b-b200-bf16-64-hybridep", "b200")
+    assert plan.moe.dispatcher == "deepep" and plan.moe.flex_backend == "hybridep"
+    local = plan.model.num_experts // plan.mesh.ep
+    one_pass = by_op[("forward", "swiglu")].bytes / 3
+    bias_f, bias_b = by_op[("forward", "expert_bias")], by_op[("backward", "expert_bias")]
+    assert bias_f.bytes == pytest.approx(14 * one_pass, rel=1e-6)
+    assert bias_b.bytes == pytest.approx(20 * one_pass, rel=1e-6)
+    assert bias_f.kernels == 2 * local + 2 and bias_b.kernels == 6 * local + 3
+
+
 def test_graphed_and_other_models_get_nothing():
     """A CUDA-graphed GPT-OSS step runs Transformer Engine's fused ops (op fuser); Qwen3
     has neither clamp nor expert bias."""

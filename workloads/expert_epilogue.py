@@ -36,11 +36,24 @@ core_v0.17.0: megatron/core/transformer/moe/experts.py, the versions of the NeMo
    over rows for the bias (2 + 1), grad * b and its sum over H for the probability
    (2 + 1), 4 kernels per expert; the split's backward cats the row gradients (2 passes,
    1 kernel) and the probabilities' (negligible, 1 kernel): 8 passes, 4 E + 2 kernels.
-   The routing probabilities are bf16: the GPT-OSS configs leave moe_router_dtype unset,
-   so TopKRouter.gating computes the logits in the activations' dtype and the unfused
-   top-k casts the softmax back to it (router.py, moe_utils.py type_as(logits)).
-   Assumption: the dispatchers pass them on in that dtype (fp32 ones would make b * p
-   and the sum fp32 tensors: more bytes, so this is the lower bound).
+   Under the alltoall dispatcher the routing probabilities are bf16: the GPT-OSS configs
+   leave moe_router_dtype unset, so TopKRouter.gating computes the logits in the
+   activations' dtype and the unfused top-k casts the softmax back to it (router.py,
+   moe_utils.py type_as(logits)), and the dispatcher permutes them as they are.
+   Megatron's flex dispatcher makes them fp32 whatever the router gave: both of its
+   backends upcast them before dispatching ("HybridEP only supports float32 probs",
+   _HybridEPManager.dispatch, core_v0.16.0 and core_v0.17.0; "DeepEP only supports
+   float32 probs", _DeepepManager.dispatch, core_v0.15.0 to core_v0.17.0:
+   self.token_probs.float()), and TEGroupedMLP.forward passes the permuted fp32
+   probabilities to _apply_bias unchanged. Type promotion then makes b * p and t + b * p
+   fp32 [rows_e, H] tensors, the cat an fp32 one, and .to(bf16) a cast kernel (a no-op
+   under bf16 probabilities). In bf16-pass units over [rows, H]: per expert b * p writes
+   2, t + y reads 1 + 2 and writes 2 (7), the cat reads and writes 2 + 2, the cast reads
+   2 and writes 1: 14 passes, 2 E + 2 kernels. Backward: the cast's gradient to fp32
+   (1 + 2), per expert the add's gradient cast back to t's bf16 (2 + 1), grad * p and its
+   sum over rows (2 + 2 + 2), grad * b and its sum over H (2 + 2 + 2), then the cat of
+   the row gradients (2): 20 passes; 6 kernels per expert (the two products, two sums,
+   the cast of the add's gradient and the bias gradient's cast to bf16) + 3.
 
 Only Megatron-Core (Transformer Engine frameworks) runs these, and only eagerly: a
 CUDA-graphed step cannot capture _apply_bias's tokens_per_expert.tolist() nor the blocking
@@ -66,11 +79,15 @@ CLAMP_FORWARD_LAUNCHES = 3 + 1
 CLAMP_BACKWARD = (15.0, 9)
 # The forward task after which the host waits for the device (the linear offset's copy).
 CLAMP_SYNC_LABEL = "glu_clamp.fwd"
-# Expert bias (item 3): passes over the [rows, H] output, and kernels per local expert.
-BIAS_FORWARD_PASSES = 6.0
-BIAS_BACKWARD_PASSES = 8.0
-BIAS_FORWARD_KERNELS_PER_EXPERT = 2
-BIAS_BACKWARD_KERNELS_PER_EXPERT = 4
+# Expert bias (item 3), by the routing probabilities' dtype: passes over the [rows, H]
+# output, and (kernels per local expert, kernels once) of the forward and the backward.
+BIAS_FORWARD_PASSES = {"bf16": 6.0, "fp32": 14.0}
+BIAS_BACKWARD_PASSES = {"bf16": 8.0, "fp32": 20.0}
+BIAS_FORWARD_KERNELS = {"bf16": (2, 1), "fp32": (2, 2)}
+BIAS_BACKWARD_KERNELS = {"bf16": (4, 2), "fp32": (6, 3)}
+# Megatron's flex dispatcher (plan dispatcher "deepep", either backend) hands the experts
+# fp32 probabilities (item 3).
+FP32_PROBS_DISPATCHERS = ("deepep",)
 
 
 def _runs_eager_epilogue(plan) -> bool:
@@ -94,7 +111,10 @@ def expert_bias(g: "LayerGraph", plan, out: "Node", local_experts: int) -> "Node
     bias added (module docstring, 3); `out` itself when the model has no expert bias."""
     if not (plan.model.expert_bias and _runs_eager_epilogue(plan)):
         return out
+    probs = "fp32" if plan.moe.dispatcher in FP32_PROBS_DISPATCHERS else "bf16"
+    per_expert, once = BIAS_FORWARD_KERNELS[probs]
+    back_per_expert, back_once = BIAS_BACKWARD_KERNELS[probs]
     return g.elementwise(
-        "expert_bias", [out], rw=(BIAS_FORWARD_PASSES / 2,) * 2,
-        launches=BIAS_FORWARD_KERNELS_PER_EXPERT * local_experts + 1,
-        backward=(BIAS_BACKWARD_PASSES, BIAS_BACKWARD_KERNELS_PER_EXPERT * local_experts + 2))
+        "expert_bias", [out], rw=(BIAS_FORWARD_PASSES[probs] / 2,) * 2,
+        launches=per_expert * local_experts + once,
+        backward=(BIAS_BACKWARD_PASSES[probs], back_per_expert * local_experts + back_once))
