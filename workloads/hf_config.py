@@ -24,6 +24,8 @@ HF_KEYS = {"hidden_size": "hidden_size", "num_hidden_layers": "num_layers",
            "n_routed_experts": "num_experts", "num_experts_per_tok": "experts_per_token",
            "n_shared_experts": "num_shared_experts", "moe_intermediate_size": "moe_ffn_size",
            "first_k_dense_replace": "first_dense_layers",
+           # group-limited routing (DeepseekV3Config; workloads/moe/group_routing.py)
+           "n_group": "expert_groups", "topk_group": "expert_groups_per_token",
            # multi-head latent attention (DeepseekV3Config)
            "q_lora_rank": "q_lora_rank", "kv_lora_rank": "kv_lora_rank",
            "qk_nope_head_dim": "qk_nope_head_dim", "qk_rope_head_dim": "qk_rope_head_dim",
@@ -79,7 +81,7 @@ _IGNORED_BY_REASON = {
     "router losses, scoring and scaling: the same GEMMs, top-k and dispatch": (
         "output_router_logits", "router_aux_loss_coef", "router_jitter_noise",
         "aux_loss_alpha", "seq_aux", "norm_topk_prob", "scoring_func", "topk_method",
-        "topk_group", "n_group", "routed_scaling_factor", "ep_size"),
+        "routed_scaling_factor", "ep_size"),
     "the checkpoint's multi-token-prediction modules: training with MTP is the model key "
     "mtp_layers (Megatron-LM's --mtp-num-layers is likewise a training option)": (
         "num_nextn_predict_layers",),

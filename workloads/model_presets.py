@@ -14,10 +14,12 @@ from .model_spec import FULL, SLIDING, ModelSpec
 # k and 128 for v; the first 3 layers dense (FFN 18432), then 1 shared + 256 routed
 # experts of FFN 2048 (SwiGLU), top-8; vocab 129280. 671B parameters, 37B activated
 # per token (report, abstract). MTP depth 1 in training (section 4.2): off in
-# "deepseek-v3", on in "deepseek-v3-mtp".
+# "deepseek-v3", on in "deepseek-v3-mtp". Node-limited routing (section 2.1.2): 8 expert
+# groups, a token's experts from 4 of them (config.json n_group 8, topk_group 4).
 _DEEPSEEK_V3 = dict(hidden_size=7168, num_layers=61, num_heads=128, num_kv_heads=128,
                     ffn_size=18432, vocab_size=129280, num_experts=256, experts_per_token=8,
                     num_shared_experts=1, moe_ffn_size=2048, first_dense_layers=3,
+                    expert_groups=8, expert_groups_per_token=4,
                     q_lora_rank=1536, kv_lora_rank=512, qk_nope_head_dim=128,
                     qk_rope_head_dim=64, v_head_dim=128)
 

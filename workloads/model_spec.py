@@ -51,6 +51,12 @@ class ModelSpec:
     num_shared_experts: int = 0
     moe_ffn_size: int = 0
     first_dense_layers: int = 0       # leading dense layers before the MoE ones
+    # Group-limited routing (DeepSeek's n_group / topk_group; Megatron-Core's
+    # moe_router_num_groups / moe_router_group_topk): the experts form expert_groups equal
+    # groups and a token's experts come from expert_groups_per_token of them (0: off;
+    # workloads/moe/group_routing.py).
+    expert_groups: int = 0
+    expert_groups_per_token: int = 0
     # Multi-head latent attention (on when kv_lora_rank > 0); q_lora_rank 0: wq directly.
     q_lora_rank: int = 0
     kv_lora_rank: int = 0
@@ -317,6 +323,7 @@ def _validate(m: ModelSpec) -> None:
                             f"between 1 and the number of experts ({m.num_experts})")
     if m.num_experts and m.moe_ffn_size <= 0:
         raise WorkloadError("model.moe_intermediate_size", m.moe_ffn_size, "a positive integer")
+    _validate_groups(m)
     if m.first_dense_layers > m.num_layers:
         raise WorkloadError("model.first_k_dense_replace", m.first_dense_layers,
                             f"at most num_hidden_layers ({m.num_layers})")
@@ -331,3 +338,18 @@ def _validate(m: ModelSpec) -> None:
     if m.layer_types and SLIDING in m.layer_types and not m.sliding_window:
         raise WorkloadError("model.sliding_window", m.sliding_window,
                             "a positive window for the sliding_attention layers")
+
+
+def _validate_groups(m: ModelSpec) -> None:
+    """Expert groups: both counts or neither, groups dividing the experts, a token's groups
+    at most all of them and at most its experts."""
+    groups, picked = m.expert_groups, m.expert_groups_per_token
+    if not groups and not picked:
+        return
+    if not m.num_experts or not groups or m.num_experts % groups:
+        raise WorkloadError("model.n_group", groups,
+                            f"a divisor of the routed experts ({m.num_experts}), with topk_group")
+    if not 1 <= picked <= min(groups, m.experts_per_token):
+        raise WorkloadError("model.topk_group", picked,
+                            f"between 1 and min(n_group, num_experts_per_tok) "
+                            f"({min(groups, m.experts_per_token)})")

@@ -36,7 +36,6 @@ deepep (Megatron's flex dispatcher with the DeepEP backend, _DeepepManager): one
 """
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -44,6 +43,7 @@ from ..explicit_comm import ExplicitComm
 from ..layouts import R, S
 from .ep_nvlink import nvlink_kernel_Bps
 from .ep_rdma import MNNVL_GPUS, rdma_slowdown
+from .group_routing import block_hit
 
 if TYPE_CHECKING:  # pragma: no cover
     from ..layer_graph import LayerGraph, Node
@@ -136,6 +136,8 @@ class Geometry:
     gpu: str = ""        # the device lowered for (ep_rdma.py: NVL72 GPUs have no RDMA stage)
     flex_backend: str = "deepep"   # the deepep dispatcher's kernels: deepep | hybridep
     flex_sms: int = 0    # SMs those kernels hold (MoEOptions.dispatcher_sms)
+    expert_groups: int = 0        # group-limited routing: groups, and a token's groups
+    groups_per_token: int = 0     # (ModelSpec.expert_groups; moe/group_routing.py)
 
     @property
     def local_experts(self) -> int:
@@ -306,12 +308,11 @@ def _deepep_comm(geo: Geometry, grad: str, combine: bool) -> ExplicitComm:
                         sm_count=geo.flex_sms)
 
 
-def _hit(experts: int, held: int, k: int) -> float:
-    """Probability that k distinct experts drawn uniformly from `experts` include one of
-    `held` given ones: 1 - C(experts - held, k) / C(experts, k)."""
-    if k > experts - held:
-        return 1.0
-    return 1.0 - math.comb(experts - held, k) / math.comb(experts, k)
+def _hit(geo: Geometry, blocks: int) -> float:
+    """Probability that a token reaches a block of the experts split into `blocks` equal
+    contiguous blocks (EP ranks, or nodes of them), under the model's routing."""
+    return block_hit(geo.num_experts, blocks, geo.top_k, geo.expert_groups,
+                     geo.groups_per_token)
 
 
 def _nodes(geo: Geometry) -> int:
@@ -332,13 +333,14 @@ def deepep_bytes(geo: Geometry) -> float:
     rows, the rows HybridEP's benchmark counts (ep_nvlink.py). Across n nodes it crosses
     RDMA once per other node holding one of its experts: T (n - 1) P(node hit) rows, and a flat
     all-to-all puts (g - p) / g of its buffer on other nodes (p group ranks per node), so
-    the buffer is that over (g - p) / g. Routing uniform over experts (an expert's ETP
-    ranks all receive the token), times the hottest rank's imbalance r / top_k.
+    the buffer is that over (g - p) / g. Routing uniform over experts, or over the groups a
+    group-limited router allows (DeepSeek-V3: group_routing.py), an expert's ETP ranks all
+    receiving the token, times the hottest rank's imbalance r / top_k.
     """
     ranks, k = geo.group_ranks, geo.top_k
     g, n = len(ranks), _nodes(geo)
     row = geo.tokens * geo.hidden * geo.act_bytes * geo.rows / k
     if n == 1:
-        return row * geo.ep * _hit(geo.num_experts, geo.local_experts, k) * geo.etp
+        return row * geo.ep * _hit(geo, geo.ep) * geo.etp
     per_node = g // n
-    return row * (n - 1) * _hit(geo.num_experts, geo.num_experts // n, k) * g / (g - per_node)
+    return row * (n - 1) * _hit(geo, n) * g / (g - per_node)

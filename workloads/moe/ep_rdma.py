@@ -37,7 +37,13 @@ DeepEP's legacy normal kernels (the deepep backend) on H800 with CX7 400 Gb/s
 top-8, FP8 dispatch, BF16 combine, 8 ranks per node, the same counting) print 43 / 43
 GB/s at EP16, 58 / 57 at EP32 and 51 / 50 at EP64: 21.5 / 21.5, 43.5 / 42.8 and
 44.6 / 43.8 GB/s across RDMA per GPU. (The dispatch figure counts FP8 bytes; Megatron's
-flex dispatcher sends BF16: the FP8 byte rate is taken for it.)
+flex dispatcher sends BF16: the FP8 byte rate is taken for it.) DeepEP's maintainers put
+the EP16 figure down to H800's reduced NVLink ("when the RDMA bandwidth reaches 43 GB/s,
+the NVLink bandwidth will exceed 140 GB/s, making NVLink the bottleneck",
+deepseek-ai/DeepEP issue 285), but the same test on two H200 nodes with CX7 400 Gb/s, whose
+NVLink is not reduced, measures about as much (best BF16 dispatch 40.89, combine 44.37
+GB/s counted the same way, issue 493): the two-node figures stand for Hopper's full NVLink
+too.
 
 Only where the dispatch group's nodes talk over a scale-out network: on GB200 / GB300
 NVL72 racks HybridEP runs over multi-node NVLink (its MNNVL mode), with no RDMA stage.

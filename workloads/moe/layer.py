@@ -80,7 +80,8 @@ def geometry(g: "LayerGraph", plan, x: "Node") -> Geometry:
                     num_experts=m.num_experts, act_bytes=g.shape.act_bytes, tp=mesh.tp,
                     etp=etp, ep=mesh.ep, group=group,
                     group_ranks=plan.parallel_dims.group_ranks(0, group), gpu=g.shape.gpu,
-                    flex_backend=opt.flex_backend, flex_sms=opt.dispatcher_sms)
+                    flex_backend=opt.flex_backend, flex_sms=opt.dispatcher_sms,
+                    expert_groups=m.expert_groups, groups_per_token=m.expert_groups_per_token)
 
 
 def build_moe_mlp(g: "LayerGraph", plan, layer: int, h: "Node", resid: str) -> "Node":
