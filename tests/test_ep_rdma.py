@@ -16,7 +16,7 @@ from workloads.layer_graph import LayerGraph
 from workloads.layers import layer_shape
 from workloads.lowering import lower
 from workloads.moe.dispatch import deepep_bytes
-from workloads.moe.ep_rdma import achieved_rdma_Bps, rdma_slowdown
+from workloads.moe.ep_rdma import achieved_rdma_Bps, rdma_kernel_Bps
 from workloads.moe.layer import geometry
 
 from conftest import small_plan
@@ -28,7 +28,7 @@ def test_hybridep_two_nodes_moves_half_its_counted_bytes_over_rdma():
     dispatch, combine = achieved_rdma_Bps("hybridep", 2)
     assert dispatch == pytest.approx(71.71e9 / 2)
     assert combine == pytest.approx(62.95e9 / 2)
-    assert rdma_slowdown("hybridep", 2, "h100") == pytest.approx((50 / 35.855, 50 / 31.475))
+    assert rdma_kernel_Bps("hybridep", 2, "h100") == pytest.approx((35.855e9, 31.475e9))
 
 
 def test_deepep_legacy_rates_by_node_count():
@@ -40,9 +40,9 @@ def test_deepep_legacy_rates_by_node_count():
     assert achieved_rdma_Bps("hybridep", 6) == achieved_rdma_Bps("hybridep", 4)
 
 
-def test_no_slowdown_on_one_node_or_inside_an_nvl72_domain():
-    assert rdma_slowdown("hybridep", 1, "h100") == (1.0, 1.0)
-    assert rdma_slowdown("hybridep", 4, "GB200") == (1.0, 1.0)
+def test_no_rdma_rate_on_one_node_or_inside_an_nvl72_domain():
+    assert rdma_kernel_Bps("hybridep", 1, "h100") == (0.0, 0.0)
+    assert rdma_kernel_Bps("hybridep", 4, "GB200") == (0.0, 0.0)
 
 
 def _ep16(backend):
@@ -56,18 +56,30 @@ def _sizes(plan, gpu):
     return {t.label: t.bytes for t in tasks if t.op == "all_to_all"}
 
 
+def _rates(plan, gpu):
+    tasks = [t for t in lower(plan, gpu).tasks() if t.layer == 1 and t.microbatch == 0]
+    return {t.label: t.kernel_Bps for t in tasks if t.op == "all_to_all"}
+
+
 @pytest.mark.parametrize("backend", ["hybridep", "deepep"])
-def test_dispatch_and_combine_sized_at_their_kernels_rates(backend):
+def test_dispatch_and_combine_last_their_kernels_rdma_time(backend):
+    """The links carry the kernels' bytes; each lasts at least its inter-node bytes at its
+    kernel's measured RDMA rate (Task.kernel_Bps on the flat buffer, half of which crosses
+    between the 2 nodes), so a transfer beside it finds the NIC as busy as the kernel
+    keeps it."""
     plan = _ep16(backend)
     graph = LayerGraph(layer_shape(plan))
     flat = deepep_bytes(geometry(graph, plan, graph.input("R", D)))
-    dispatch, combine = rdma_slowdown(backend, 2, "h100")
-    sizes = _sizes(plan, "h100")
+    assert list(_sizes(plan, "h100").values()) == pytest.approx([flat] * 4)
+    dispatch, combine = achieved_rdma_Bps(backend, 2)
+    rates = _rates(plan, "h100")
     # the dispatch's backward is a combine, the combine's a dispatch
-    assert sizes["moe.dispatch"] == pytest.approx(flat * dispatch)
-    assert sizes["grad.moe.dispatch"] == pytest.approx(flat * combine)
-    assert sizes["moe.combine"] == pytest.approx(flat * combine)
-    assert sizes["grad.moe.combine"] == pytest.approx(flat * dispatch)
+    assert rates["moe.dispatch"] == pytest.approx(dispatch * 2)
+    assert rates["grad.moe.dispatch"] == pytest.approx(combine * 2)
+    assert rates["moe.combine"] == pytest.approx(combine * 2)
+    assert rates["grad.moe.combine"] == pytest.approx(dispatch * 2)
+    # on an idle network the floor, not the links, times them
+    assert flat / rates["moe.dispatch"] > flat / 2 / 50e9
     # an NVL72 rack: no RDMA stage; HybridEP sends each token once to every rank it needs
     # (one NVLink domain), DeepEP keeps its 8-peer blocks
     rack_graph = LayerGraph(layer_shape(plan, "gb200"))

@@ -27,9 +27,10 @@ deepep (Megatron's flex dispatcher with the DeepEP backend, _DeepepManager): one
   LEGACY_NUM_MAX_NVL_PEERS). The engine prices a flat all-to-all, so the dispatch is one of
   the per-rank size that puts DeepEP's RDMA bytes on the inter-node links (deepep_bytes).
   Across nodes the kernels move their inter-node bytes slower than the NIC's line rate:
-  the flat all-to-all grows by the factor their own benchmarks give (ep_rdma.py: HybridEP
-  on H100 and DeepEP's legacy kernels, 21-45 GB/s of a 50 GB/s NIC); the dispatch's
-  backward is a combine and the combine's a dispatch, each with its own factor. HybridEP
+  the flat all-to-all lasts at least those bytes at the rate their own benchmarks give
+  (ep_rdma.py: HybridEP on H100 and DeepEP's legacy kernels, 21-45 GB/s of a 50 GB/s NIC),
+  while its links carry only the bytes; the dispatch's backward is a combine and the
+  combine's a dispatch, each at its own rate. HybridEP
   on an NVL72 rack (its MNNVL path) holds the whole group in one NVLink domain: a token
   goes once to each rank holding one of its experts, and inside one domain the kernels
   run no faster than their own benchmark (ep_nvlink.py).
@@ -42,7 +43,7 @@ from typing import TYPE_CHECKING
 from ..explicit_comm import ExplicitComm
 from ..layouts import R, S
 from .ep_nvlink import nvlink_kernel_Bps
-from .ep_rdma import MNNVL_GPUS, rdma_slowdown
+from .ep_rdma import MNNVL_GPUS, rdma_kernel_Bps
 from .group_routing import block_hit
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -293,17 +294,19 @@ def _deepep_combine(g, geo: Geometry, y, probs, out_layout):
 
 def _deepep_comm(geo: Geometry, grad: str, combine: bool) -> ExplicitComm:
     """The fused dispatch's (or combine's) all-to-all, forward and backward: the backward
-    of a dispatch is a combine and that of a combine a dispatch, each at the size that
-    takes its kernel's measured time across nodes (ep_rdma.py), and inside one NVLink
-    domain no faster than the kernel is measured there (ep_nvlink.py)."""
+    of a dispatch is a combine and that of a combine a dispatch, each no faster than its
+    kernel is measured: across nodes its inter-node bytes (the (g - p) / g of the flat
+    buffer that leaves the node) at the kernel's RDMA rate (ep_rdma.py), inside one NVLink
+    domain the buffer at the kernel's rate there (ep_nvlink.py)."""
     nbytes = deepep_bytes(geo)
     nodes = _nodes(geo)
-    dispatch, comb = rdma_slowdown(geo.flex_backend, nodes, geo.gpu)
-    fwd, bwd = (comb, dispatch) if combine else (dispatch, comb)
-    rates = (nvlink_kernel_Bps(geo.flex_backend, geo.gpu, geo.group_size)
-             if nodes == 1 else None) or (0.0, 0.0)
+    if nodes == 1:
+        rates = nvlink_kernel_Bps(geo.flex_backend, geo.gpu, geo.group_size) or (0.0, 0.0)
+    else:
+        remote = (geo.group_size - geo.group_size // nodes) / geo.group_size
+        rates = tuple(r / remote for r in rdma_kernel_Bps(geo.flex_backend, nodes, geo.gpu))
     fwd_Bps, bwd_Bps = (rates[1], rates[0]) if combine else rates
-    return ExplicitComm("all_to_all", geo.group, nbytes * fwd, "all_to_all", nbytes * bwd,
+    return ExplicitComm("all_to_all", geo.group, nbytes, "all_to_all", nbytes,
                         grad, "ep", kernel_Bps=fwd_Bps, bwd_kernel_Bps=bwd_Bps,
                         sm_count=geo.flex_sms)
 

@@ -26,9 +26,13 @@ ep_nvlink.py), BF16:
 A token routed uniformly reaches each node with the same probability, so of those bytes
 (n - 1) / n crossed the network: the bytes that really cross RDMA per GPU move at
 35.9 / 31.5 GB/s (2 nodes), 43.3 / 43.1 (4) and 43.7 / 43.5 (8) of the NIC's 50 GB/s.
-The kernel's time is that of its inter-node bytes at this rate; the engine's links carry
-them at the NIC's line rate, so the flat all-to-all's size grows by line / achieved
-(`rdma_slowdown`). Larger node counts take the 8-node figures (the largest measured).
+The kernel's time is that of its inter-node bytes at this rate. The engine's links carry
+the kernel's bytes (the flat all-to-all of dispatch.py), and the task lasts at least its
+inter-node bytes at the measured rate (`rdma_kernel_Bps`, a floor on the task: Task.
+kernel_Bps), so the NIC is left as free as the kernel leaves it: a pipeline send or a
+data-parallel collective beside it shares only the bytes the kernel really moves (an
+all-to-all grown to take the kernel's time would hold the NIC for all of it). Larger node
+counts take the 8-node figures (the largest measured).
 The benchmark's node holds 8 ranks of the group; a group with fewer per node (EP strided
 by TP) is taken at its node count.
 
@@ -49,10 +53,6 @@ Only where the dispatch group's nodes talk over a scale-out network: on GB200 / 
 NVL72 racks HybridEP runs over multi-node NVLink (its MNNVL mode), with no RDMA stage.
 """
 from __future__ import annotations
-
-# The benchmark's NIC: ConnectX-7 InfiniBand at 400 Gb/s, 50 GB/s per GPU
-# (docs/README_Hybrid-EP.md and docs/legacy.md test setups).
-BENCH_NIC_Bps = 50e9
 
 # HybridEP H100 "IB bandwidth", kernel only, BF16, 16 SMs, by nodes in the group (8 ranks
 # each): (dispatch, combine), own node counted (deepseek-ai/DeepEP 5fbafce2,
@@ -89,11 +89,10 @@ def achieved_rdma_Bps(backend: str, nodes: int) -> tuple[float, float]:
     return dispatch * remote, combine * remote
 
 
-def rdma_slowdown(backend: str, nodes: int, gpu: str) -> tuple[float, float]:
-    """Factors (dispatch, combine) by which a flat all-to-all carrying the kernels'
-    inter-node bytes at the NIC's line rate must grow to take the kernels' measured time
-    (1.0 on one node, or where the group sits in one NVLink domain)."""
+def rdma_kernel_Bps(backend: str, nodes: int, gpu: str) -> tuple[float, float]:
+    """(dispatch, combine) bytes per second that really cross RDMA per GPU in the
+    backend's kernels, as its benchmark measured them; (0, 0) on one node or where the
+    group sits in one NVLink domain (no RDMA stage)."""
     if nodes < 2 or gpu.lower() in MNNVL_GPUS:
-        return 1.0, 1.0
-    dispatch, combine = achieved_rdma_Bps(backend, nodes)
-    return BENCH_NIC_Bps / dispatch, BENCH_NIC_Bps / combine
+        return 0.0, 0.0
+    return achieved_rdma_Bps(backend, nodes)
