@@ -17,12 +17,14 @@ from workloads.errors import WorkloadError
 from workloads.layer_graph import LayerGraph
 from workloads.model_presets import PRESETS
 from workloads.model_spec import ModelSpec
+from workloads.models import model_from_dict
 from workloads.moe.dispatch import deepep_bytes
 from workloads.moe.group_routing import block_hit
 from workloads.layers import layer_shape
 from workloads.moe.layer import geometry
 
 from moe_small import D, MOE, T, moe_plan as _plan
+from test_models_moe_presets import DEEPSEEK_V3_CONFIG
 
 
 def _monte_carlo_hit(experts: int, blocks: int, k: int, groups: int, picked: int,
@@ -63,20 +65,48 @@ def test_one_group_per_block_is_hit_when_its_group_is_picked():
     assert block_hit(256, 4, 8, 8, 4) == pytest.approx(1 - 15 / 70)
 
 
+def test_uneven_split_matches_megatrons_router():
+    # top-8 from 3 of 8 groups: two picked groups give 3 experts, one gives 2
+    assert block_hit(64, 16, 8, 8, 3) == pytest.approx(_monte_carlo_hit(64, 16, 8, 8, 3),
+                                                       rel=0.04)
+
+
 def test_deepseek_v3_preset_and_config_carry_the_groups():
     m = PRESETS["deepseek-v3"]
     assert (m.expert_groups, m.expert_groups_per_token) == (8, 4)
     assert PRESETS["qwen3-30b-a3b"].expert_groups == 0
+    parsed = model_from_dict({**DEEPSEEK_V3_CONFIG, "name": "x"})
+    assert (parsed.expert_groups, parsed.expert_groups_per_token) == (8, 4)
+    # DeepSeek-V2-Lite's greedy router is a plain top-k: its groups are dropped
+    greedy = model_from_dict({**DEEPSEEK_V3_CONFIG, "topk_method": "greedy"})
+    assert (greedy.expert_groups, greedy.expert_groups_per_token) == (0, 0)
 
 
 @pytest.mark.parametrize("groups,picked,field", [
     (7, 4, "model.n_group"),      # 7 does not divide 64 experts
-    (8, 0, "model.topk_group"), (8, 9, "model.topk_group"), (0, 2, "model.n_group")])
+    (8, 0, "model.topk_group"), (8, 9, "model.topk_group"), (0, 2, "model.n_group"),
+    (32, 1, "model.topk_group")])   # 8 experts from one group of 2
 def test_bad_groups_name_the_config_key(groups, picked, field):
     with pytest.raises(WorkloadError) as err:
         ModelSpec("x", 512, 2, 8, 8, 1024, 1000, num_experts=64, experts_per_token=8,
                   moe_ffn_size=256, expert_groups=groups, expert_groups_per_token=picked)
     assert err.value.field == field
+
+
+def test_grouped_routing_cuts_the_ranks_a_token_reaches_in_one_node():
+    # 32 experts on 8 ranks (4 each), top-4 from 2 of 8 groups of 4: a rank holds one
+    # group and is reached when its group is picked, 2 / 8 (uniform: 1 - C(28,4)/C(32,4))
+    flat = {**MOE, "num_local_experts": 32, "num_experts_per_tok": 4}
+
+    def nbytes(model):
+        plan = _plan(world=8, model=model, mesh={"ep": 8}, training={"global_batch": 8},
+                     moe={"dispatcher": "deepep"})
+        graph = LayerGraph(layer_shape(plan))
+        return deepep_bytes(geometry(graph, plan, graph.input("R", D)))
+
+    uniform = 1 - math.comb(28, 4) / math.comb(32, 4)
+    assert nbytes(flat) == pytest.approx(T * D * 2 * 8 * uniform)
+    assert nbytes({**flat, "n_group": 8, "topk_group": 2}) == pytest.approx(T * D * 2 * 8 * 2 / 8)
 
 
 def test_grouped_routing_cuts_deepep_rdma_bytes():

@@ -54,6 +54,9 @@ INTERPRETED_KEYS = {
     "decoder_sparse_step": "1 (Qwen3 MoE: every layer MoE)",
     "mlp_only_layers": "[] (Qwen3 MoE: no dense layers among the MoE ones)",
     "moe_layer_freq": "1 (DeepSeek: every layer after first_k_dense_replace is MoE)",
+    "topk_method": "greedy drops n_group / topk_group (a plain top-k that ignores them: "
+                   "DeepSeek-V2-Lite's, the MoEGate of deepseek-ai's modeling_deepseek.py); "
+                   "group_limited_greedy and noaux_tc keep them",
     "resid_pdrop": "gpt2: > 0 (GPT2Config's default 0.1) sets hidden_dropout, the dropout "
                    "before each residual add",
 }
@@ -80,7 +83,7 @@ _IGNORED_BY_REASON = {
         "attention_bias", "mlp_bias"),
     "router losses, scoring and scaling: the same GEMMs, top-k and dispatch": (
         "output_router_logits", "router_aux_loss_coef", "router_jitter_noise",
-        "aux_loss_alpha", "seq_aux", "norm_topk_prob", "scoring_func", "topk_method",
+        "aux_loss_alpha", "seq_aux", "norm_topk_prob", "scoring_func",
         "routed_scaling_factor", "ep_size"),
     "the checkpoint's multi-token-prediction modules: training with MTP is the model key "
     "mtp_layers (Megatron-LM's --mtp-num-layers is likewise a training option)": (
@@ -175,6 +178,9 @@ def _apply_rules(raw: dict[str, Any], values: dict[str, Any]) -> None:
             and values["head_dim"] == values.get("qk_rope_head_dim")):
         # transformers' DeepseekV3Config writes head_dim = qk_rope_head_dim (the RoPE part)
         values.pop("head_dim")
+    if raw.get("topk_method") == "greedy":
+        values.pop("expert_groups", None)
+        values.pop("expert_groups_per_token", None)
     use_window = raw.get("use_sliding_window")
     if use_window is False:
         values.pop("sliding_window", None)

@@ -342,7 +342,7 @@ def _validate(m: ModelSpec) -> None:
 
 def _validate_groups(m: ModelSpec) -> None:
     """Expert groups: both counts or neither, groups dividing the experts, a token's groups
-    at most all of them and at most its experts."""
+    at most all of them and at most its experts, and enough of them to hold its experts."""
     groups, picked = m.expert_groups, m.expert_groups_per_token
     if not groups and not picked:
         return
@@ -353,3 +353,10 @@ def _validate_groups(m: ModelSpec) -> None:
         raise WorkloadError("model.topk_group", picked,
                             f"between 1 and min(n_group, num_experts_per_tok) "
                             f"({min(groups, m.experts_per_token)})")
+    per_group = m.num_experts // groups
+    if -(-m.experts_per_token // picked) > per_group:
+        # Megatron-Core's group_limited_topk needs k / topk_group experts of each group
+        raise WorkloadError("model.topk_group", picked,
+                            f"at least num_experts_per_tok / (n_routed_experts / n_group) "
+                            f"({-(-m.experts_per_token // per_group)}): "
+                            f"a group holds {per_group} experts")

@@ -73,8 +73,9 @@ class Task:
                                     # issues the next one (a device-to-host copy the
                                     # framework reads, e.g. the MoE tokens per expert)
     kernel_Bps: float = 0.0         # comm: the measured rate of the kernel that runs it
-                                    # (HybridEP's in an NVLink domain: workloads/moe/
-                                    # ep_nvlink.py); it lasts at least bytes / kernel_Bps
+                                    # (HybridEP's in an NVLink domain, the fused EP
+                                    # kernels' across nodes: workloads/moe/ep_nvlink.py,
+                                    # ep_rdma.py); it lasts at least bytes / kernel_Bps
     direct_collective: bool = False  # comm on the tp stream: a collective the framework
                                     # calls itself, not a DTensor redistribution (the
                                     # loss's all-reduces: workloads/vocab_parallel_loss.py),

@@ -21,13 +21,15 @@ performance tables' force-balanced runs route this way.
 
 With scores independent across experts the picked groups are a uniform tg-subset. A picked
 group was picked for its top k / tg scores, so it gives the token about k / tg experts.
-Assumption: exactly k / tg, uniform within the group (a seeded Monte Carlo of
+Assumption: exactly k / tg (where tg does not divide k, k mod tg of the picked groups,
+any of them alike, give one more), uniform within the group (a seeded Monte Carlo of
 group_limited_topk on normal logits, 8 groups of 32 experts, top 4 groups, top-8, gives
 0.984 / 0.782 / 0.496 / 0.214 for blocks of 128 / 64 / 32 / 8 experts; this rule gives
 0.986 / 0.786 / 0.500 / 0.222). Then a block meeting group g in o_g experts (e = E / G
 experts a group) is missed by g's picks with probability a_g = C(e - o_g, k / tg) /
 C(e, k / tg), and over the uniform subsets S, P(miss) = sum_S prod_{g in S} a_g / C(G, tg)
-= e_tg(a) / C(G, tg), the elementary symmetric polynomial of degree tg of the a_g.
+= e_tg(a) / C(G, tg), the elementary symmetric polynomial of degree tg of the a_g (with an
+uneven split, in the two kinds of factors a_g(k // tg) and a_g(k // tg + 1)).
 """
 from __future__ import annotations
 
@@ -41,26 +43,40 @@ def _uniform_hit(experts: int, block: int, k: int) -> float:
     return 1.0 - math.comb(experts - block, k) / math.comb(experts, k)
 
 
-def _elementary_symmetric(values: list[float], degree: int) -> float:
-    """e_degree(values): the sum over all degree-subsets of their products."""
-    e = [1.0] + [0.0] * degree
-    for v in values:
-        for d in range(degree, 0, -1):
-            e[d] += e[d - 1] * v
-    return e[degree]
+def _subset_products(misses: list[tuple[float, float]], light: int, heavy: int) -> float:
+    """Sum, over the ways of picking `light` + `heavy` distinct groups, `light` of them
+    taking their first miss probability and `heavy` their second, of the products (the
+    elementary symmetric polynomial in two kinds of factors)."""
+    e = [[0.0] * (heavy + 1) for _ in range(light + 1)]
+    e[0][0] = 1.0
+    for low, high in misses:
+        for i in range(light, -1, -1):
+            for j in range(heavy, -1, -1):
+                if i:
+                    e[i][j] += e[i - 1][j] * low
+                if j:
+                    e[i][j] += e[i][j - 1] * high
+    return e[light][heavy]
+
+
+def _miss(per_group: int, overlap: int, picks: int) -> float:
+    """P(`picks` experts drawn uniformly from a group of `per_group` avoid its `overlap`)."""
+    if picks > per_group - overlap:
+        return 0.0
+    return math.comb(per_group - overlap, picks) / math.comb(per_group, picks)
 
 
 def _grouped_hit(experts: int, start: int, stop: int, k: int, groups: int,
                  picked: int) -> float:
     """P(a token reaches one of experts [start, stop)) under group-limited routing."""
     per_group = experts // groups
-    per_pick = max(k // picked, 1)
+    base, extra = divmod(k, picked)    # `extra` of the picked groups give one expert more
     misses = []
     for g in range(groups):
         overlap = max(0, min(stop, (g + 1) * per_group) - max(start, g * per_group))
-        misses.append(math.comb(per_group - overlap, per_pick) / math.comb(per_group, per_pick)
-                      if per_pick <= per_group - overlap else 0.0)
-    return 1.0 - _elementary_symmetric(misses, picked) / math.comb(groups, picked)
+        misses.append((_miss(per_group, overlap, base), _miss(per_group, overlap, base + 1)))
+    ways = math.comb(groups, picked) * math.comb(picked, extra)
+    return 1.0 - _subset_products(misses, picked - extra, extra) / ways
 
 
 def block_hit(experts: int, blocks: int, k: int, groups: int = 0, picked: int = 0) -> float:
