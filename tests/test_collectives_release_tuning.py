@@ -11,7 +11,7 @@ import pytest
 
 from simulator.network import CollectiveModel, CommOptions
 from simulator.network.channels import coll_channels, one_node_search_channels
-from simulator.network.constants import ll_max_bw_Bps, ring_ll_efficiency
+from simulator.network.constants import ll_max_bw_Bps, ring_efficiency, ring_ll_efficiency
 from topologies import build
 
 MIB = 1 << 20
@@ -130,3 +130,11 @@ def test_one_gpu_per_node_ring_ll128_is_discounted_before_2_23():
     assert (CollectiveModel(topo, eight).plan("all_gather", group, 64 * MIB).transfer_s
             == pytest.approx(CollectiveModel(topo, new).plan("all_gather", group,
                                                              64 * MIB).transfer_s))
+
+
+@pytest.mark.parametrize("version,ppn,expected", [
+    ("2.22.3", 1, 0.7), ("2.18.5", 1, 0.7), ("2.23.4", 1, 0.92), ("2.22.3", 8, 0.92),
+    (None, 1, 0.92)])
+def test_ring_ll128_rating_by_release_and_gpus_per_node(version, ppn, expected):
+    assert ring_efficiency("all_gather", "LL128", 2, ppn, version) == pytest.approx(expected)
+    assert ring_efficiency("all_gather", "Simple", 2, ppn, version) == 1.0

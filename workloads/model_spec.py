@@ -20,6 +20,8 @@ sequential modules; each has two RMSNorms, a 2d -> d projection and one transfor
 """
 from __future__ import annotations
 
+import math
+
 from dataclasses import asdict, dataclass, fields
 from typing import Any
 
@@ -54,7 +56,9 @@ class ModelSpec:
     # Group-limited routing (DeepSeek's n_group / topk_group; Megatron-Core's
     # moe_router_num_groups / moe_router_group_topk): the experts form expert_groups equal
     # groups and a token's experts come from expert_groups_per_token of them (0: off;
-    # workloads/moe/group_routing.py).
+    # workloads/moe/group_routing.py). It changes what the deepep dispatcher sends, once
+    # per rank or node a token reaches; an all-to-all or all-gather dispatcher moves the
+    # same rows whatever the groups.
     expert_groups: int = 0
     expert_groups_per_token: int = 0
     # Multi-head latent attention (on when kv_lora_rank > 0); q_lora_rank 0: wq directly.
@@ -354,9 +358,9 @@ def _validate_groups(m: ModelSpec) -> None:
                             f"between 1 and min(n_group, num_experts_per_tok) "
                             f"({min(groups, m.experts_per_token)})")
     per_group = m.num_experts // groups
-    if -(-m.experts_per_token // picked) > per_group:
+    if math.ceil(m.experts_per_token / picked) > per_group:
         # Megatron-Core's group_limited_topk needs k / topk_group experts of each group
         raise WorkloadError("model.topk_group", picked,
                             f"at least num_experts_per_tok / (n_routed_experts / n_group) "
-                            f"({-(-m.experts_per_token // per_group)}): "
+                            f"({math.ceil(m.experts_per_token / per_group)}): "
                             f"a group holds {per_group} experts")

@@ -21,13 +21,11 @@ from .channels import (coll_channels, device_arch, nvls_active_channels, nvls_ch
 from .constants import (COLLNET_DIRECT_SM90_EFFICIENCY, NVLS_TREE_HEAD_NET_BPS,
                         PAT_EFFICIENCY, RING_EFFICIENCY, TREE_EFFICIENCY,
                         TREE_LL128_ONE_NODE_EFFICIENCY, bus_factor, ll_max_bw_Bps,
-                        nvls_efficiency, per_channel_cap_Bps, ring_ll_efficiency,
+                        nvls_efficiency, per_channel_cap_Bps, ring_efficiency,
                         tree_correction)
 from .fluid import Flow
 from .latency import (host_floor_s, net_message_floor_s, nccl_latency_s, nvls_fill_s,
                       ring_pass_latency_s)
-from .tuning_versions import (PPN1_RING_LL128_DISCOUNT_BEFORE, RING_LL128_PPN1_EFFICIENCY,
-                              released_before)
 
 OPS = COLLECTIVE_OPS
 ALGORITHMS = ("ring", "tree", "nvls", "nvls_tree", "collnet_direct", "collnet_chain", "pat",
@@ -371,12 +369,9 @@ class CollectiveModel:
             eff *= tree_correction(proto, size)
             link_busbw = 2.0 / template.unit_time_s   # Tree: busBw = 2 x algBw (NCCL)
         else:
-            eff = RING_EFFICIENCY[proto]
-            if proto == "LL" and algo == "ring":   # the release's rating [constants]
-                eff = ring_ll_efficiency(op, shape.num_domains, self.options.nccl_version)
-            if proto == "LL128" and shape.ppn < 2 and released_before(
-                    self.options.nccl_version, PPN1_RING_LL128_DISCOUNT_BEFORE):
-                eff = RING_LL128_PPN1_EFFICIENCY   # the release's discount [tuning_versions]
+            eff = (ring_efficiency(op, proto, shape.num_domains, shape.ppn,
+                                   self.options.nccl_version)   # the release's rating
+                   if algo == "ring" else RING_EFFICIENCY[proto])
             link_busbw = bus_factor(op, shape.n) / template.unit_time_s
         if proto == "LL" and algo != "p2p" and template.unit_time_s > 0:
             # Tree's size correction multiplies the capped bandwidth too: NCCL caps busBw

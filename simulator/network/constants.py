@@ -66,6 +66,27 @@ def base_latency_s(algorithm: str, protocol: str, version: str | None = None) ->
     return (_BASE_LAT_US[algorithm][_P[protocol]] if value is None else value) * US
 
 
+# Ring LL128 with one GPU per node: before 2.23 NCCL rates it at 0.7 of the ring's bus
+# bandwidth instead of 120/128 ("if ppn < 2 ... apply some bw discount", tuning.cc
+# v2.18.5-1 .. v2.22.3-1); 2.23 drops the discount (v2.23.4-1).
+RING_LL128_PPN1_EFFICIENCY = 0.7
+RING_LL128_PPN1_DISCOUNT_BEFORE = (2, 23, 0)
+
+
+def ring_efficiency(op: str, protocol: str, nodes: int, ppn: int,
+                    version: str | None = None) -> float:
+    """Ring's payload fraction for `protocol` as NCCL `version` rates it: LL's rating by
+    release (ring_ll_efficiency), LL128's discount with one GPU per node before 2.23,
+    else RING_EFFICIENCY [tuning.cc]."""
+    if protocol == "LL":
+        return ring_ll_efficiency(op, nodes, version)
+    parsed = parse_version(version)
+    if (protocol == "LL128" and ppn < 2 and parsed is not None
+            and parsed < RING_LL128_PPN1_DISCOUNT_BEFORE):
+        return RING_LL128_PPN1_EFFICIENCY
+    return RING_EFFICIENCY[protocol]
+
+
 def ring_ll_efficiency(op: str, nodes: int, version: str | None = None) -> float:
     """Ring LL's payload fraction as NCCL `version` rates it (None or unparsable: the
     newest, 0.5) [tuning.cc; RING_LL_EFFICIENCY_BEFORE_2_21]."""

@@ -94,11 +94,6 @@ NVLS_TWO_GPUS_FROM = (2, 28, 7)
 # ("With ppn=1 latencies are fully exposed, use the Tree network latency", tuning.cc
 # v2.23.4-1); before, each algorithm its own (v2.18.5-1 .. v2.22.3-1 interLat).
 PPN1_TREE_NET_LATENCY_FROM = (2, 23, 0)
-# Ring LL128 under one GPU per node: before 2.23 NCCL rates it at 0.7 of the ring's bus
-# bandwidth instead of 120/128 ("if ppn < 2 ... apply some bw discount", tuning.cc
-# v2.18.5-1 .. v2.22.3-1); 2.23 drops the discount (v2.23.4-1).
-PPN1_RING_LL128_DISCOUNT_BEFORE = (2, 23, 0)
-RING_LL128_PPN1_EFFICIENCY = 0.7
 # PAT (all-gather / reduce-scatter with one GPU per node) first appears in 2.23: tuning.cc
 # ncclPatEnable and NCCL_ALGO_PAT at v2.23.4-1, absent at v2.22.3-1.
 PAT_FROM = (2, 23, 0)

@@ -302,13 +302,20 @@ def _deepep_comm(geo: Geometry, grad: str, combine: bool) -> ExplicitComm:
     nodes = _nodes(geo)
     if nodes == 1:
         rates = nvlink_kernel_Bps(geo.flex_backend, geo.gpu, geo.group_size) or (0.0, 0.0)
-    else:
-        remote = (geo.group_size - geo.group_size // nodes) / geo.group_size
-        rates = tuple(r / remote for r in rdma_kernel_Bps(geo.flex_backend, nodes, geo.gpu))
+    else:   # the buffer's rate that puts its inter-node bytes at the kernel's RDMA rate
+        rates = tuple(r / _remote_fraction(geo, nodes)
+                      for r in rdma_kernel_Bps(geo.flex_backend, nodes, geo.gpu))
     fwd_Bps, bwd_Bps = (rates[1], rates[0]) if combine else rates
     return ExplicitComm("all_to_all", geo.group, nbytes, "all_to_all", nbytes,
                         grad, "ep", kernel_Bps=fwd_Bps, bwd_kernel_Bps=bwd_Bps,
                         sm_count=geo.flex_sms)
+
+
+def _remote_fraction(geo: Geometry, nodes: int) -> float:
+    """The share of a flat all-to-all's buffer that leaves the node, (g - p) / g with p
+    the group's ranks per node."""
+    g = geo.group_size
+    return (g - g // nodes) / g
 
 
 def _hit(geo: Geometry, blocks: int) -> float:
@@ -340,10 +347,8 @@ def deepep_bytes(geo: Geometry) -> float:
     group-limited router allows (DeepSeek-V3: group_routing.py), an expert's ETP ranks all
     receiving the token, times the hottest rank's imbalance r / top_k.
     """
-    ranks, k = geo.group_ranks, geo.top_k
-    g, n = len(ranks), _nodes(geo)
-    row = geo.tokens * geo.hidden * geo.act_bytes * geo.rows / k
+    n = _nodes(geo)
+    row = geo.tokens * geo.hidden * geo.act_bytes * geo.rows / geo.top_k
     if n == 1:
         return row * geo.ep * _hit(geo, geo.ep) * geo.etp
-    per_node = g // n
-    return row * (n - 1) * _hit(geo, n) * g / (g - per_node)
+    return row * (n - 1) * _hit(geo, n) / _remote_fraction(geo, n)
