@@ -24,9 +24,9 @@ backward_dw) and of the attention and shared experts (pre_dispatch backward_dw) 
 the dgrads of their callable, so the dispatch backward and the next layer's combine
 backward start after the dgrads alone. A chunk runs (ModelChunkSchedulePlan.run): the
 forward's receive and embedding, the backward's receive and output layer, the paired
-layers, the backward's remaining layers, the forward's remaining layers, both sends, the
-forward's output layer (and MTP, which this model keeps in the output unit), the
-backward's embedding.
+layers (the MTP layers are the last chunk's last layers: workloads/moe/mtp_overlap.py),
+the backward's remaining layers, the forward's remaining layers, both sends, the
+forward's output layer, the backward's embedding.
 
 The lowering builds the forward and the backward as usual (their tasks and dependencies
 are unchanged); `combined_order` gives the order in which Megatron-Core issues them, and
@@ -39,10 +39,13 @@ on top of the kernels and Transformer Engine module calls the tasks already carr
 """
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from ..graph_node import FUSED_INTO
 from ..program import COMM, Task
+from ..schedules import EMBED, HEAD
+from .mtp_overlap import LayerSpan, decoder_spans, split_backward, split_forward
 
 COMM_STREAM = "ep"          # Megatron-Core's a2a communication stream
 COMPUTE_STREAM = "compute"
@@ -90,12 +93,8 @@ class PassPieces:
         """The transformer layers' ranges, in pass order."""
         return [r for unit, r in self.units if isinstance(unit, int)]
 
-    def others(self) -> list[range]:
-        """The embedding / output unit ranges, in pass order."""
-        return [r for unit, r in self.units if not isinstance(unit, int)]
 
-
-def forward_segments(tasks: list[Task], ids: range) -> tuple[list[int], ...]:
+def forward_segments(tasks: list[Task], ids: Sequence[int]) -> tuple[list[int], ...]:
     """A forward layer's tasks as (pre_dispatch, dispatch, mlp, combine), by data flow:
     combine is the combine all-to-all and what follows from it (unpermute, the shared
     experts' add, the residual add), mlp what follows from the dispatch, pre_dispatch the
@@ -137,7 +136,7 @@ def _pull(tasks: list[Task], segments: list[list[int]], k: int,
     segments[k].sort()
 
 
-def backward_segments(tasks: list[Task], ids: range, delay_wgrad: bool
+def backward_segments(tasks: list[Task], ids: Sequence[int], delay_wgrad: bool
                       ) -> tuple[list[int], ...]:
     """A backward layer's tasks as (combine_bwd, mlp_bwd, mlp_dw, dispatch_bwd,
     pre_dispatch_bwd, pre_dispatch_dw, after): after holds the gradient reductions the
@@ -173,13 +172,14 @@ def backward_segments(tasks: list[Task], ids: range, delay_wgrad: bool
     return tuple(segments)
 
 
-def _waits_of(tasks: list[Task], ids: range, label: str) -> set[int]:
+def _waits_of(tasks: list[Task], ids: Sequence[int], label: str) -> set[int]:
     """The tasks of `ids` that the task labelled `label` waits for, directly or not."""
     out: set[int] = set()
+    members = set(ids)
     todo = [i for i in ids if tasks[i].label == label]
     while todo:
         for d in tasks[todo.pop()].deps:
-            if d in ids and d not in out:
+            if d in members and d not in out:
                 out.add(d)
                 todo.append(d)
     return out
@@ -235,10 +235,12 @@ def lone_node_calls(tasks: list[Task], pieces: PassPieces, forward: bool,
     (schedules.py forward_backward_helper_wrapper and combined_1f1b_schedule_for_
     no_pipelining call combined_forward_backward_step with one side None; core_v0.15.0)."""
     out: list[tuple[Task, int]] = []
-    for r in pieces.layers():
-        fp = forward_segments(tasks, r) if forward else ([], [], [], [])
-        bp = backward_segments(tasks, r, delay_wgrad) if not forward else ([],) * 7
+    for span in _spans(tasks, pieces, forward)[0]:
+        fp = forward_segments(tasks, span.ids) if forward else ([], [], [], [])
+        bp = backward_segments(tasks, span.ids, delay_wgrad) if not forward else ([],) * 7
         out += node_calls(tasks, fp, bp)
+        if span.post:
+            out.append((tasks[span.post[0]], NODE_OPS if forward else BACKWARD_NODE_OPS))
     return out
 
 
@@ -252,45 +254,67 @@ def add_node_host_time(calls: list[tuple[Task, int]], plan) -> None:
         task.host_s += ops * plan.host_kernel_s
 
 
-def layer_pair(tasks: list[Task], f: range | None, b: range | None, delay_wgrad: bool,
-               deferred: list[int] | None = None,
+def layer_pair(tasks: list[Task], f: LayerSpan | None, b: LayerSpan | None,
+               delay_wgrad: bool, deferred: list[int] | None = None,
                calls: list[tuple[Task, int]] | None = None) -> list[int]:
     """Issue order of forward layer `f` with backward layer `b` (either may be None), and
     the streams Megatron-Core runs each callable on (set on the tasks). `deferred`: where
     the backward's pre_dispatch weight gradients go instead (the chunk's last backward
     layer: Megatron-Core runs them after the pipeline sends). `calls`: where the node
-    calls' host operators go (node_calls)."""
-    fp = forward_segments(tasks, f) if f is not None else ([], [], [], [])
-    bp = (backward_segments(tasks, b, delay_wgrad) if b is not None
+    calls' host operators go (node_calls). An MTP layer's post-process runs on the
+    computation stream, first in the backward and after the partner's pre_dispatch
+    backward in the forward (workloads/moe/mtp_overlap.py)."""
+    fp = forward_segments(tasks, f.ids) if f is not None else ([], [], [], [])
+    bp = (backward_segments(tasks, b.ids, delay_wgrad) if b is not None
           else ([], [], [], [], [], [], []))
+    f_post = f.post if f is not None else []
+    b_post = b.post if b is not None else []
     if calls is not None:
         calls += node_calls(tasks, fp, bp)
+        calls += [(tasks[post[0]], ops) for post, ops in
+                  ((f_post, NODE_OPS), (b_post, BACKWARD_NODE_OPS)) if post]
     pre, disp, mlp, comb = fp
     b_comb, b_mlp, b_mlp_dw, b_disp, b_pre, b_pre_dw, after = bp
     if deferred is not None:   # the reductions wait for those gradients: after them
         deferred += b_pre_dw + after
         b_pre_dw, after = [], []
-    return (_on(tasks, b_comb, COMM_STREAM) + _off_comm(tasks, pre) + _off_comm(tasks, b_mlp)
+    return (_off_comm(tasks, b_post) + _on(tasks, b_comb, COMM_STREAM)
+            + _off_comm(tasks, pre) + _off_comm(tasks, b_mlp)
             + _on(tasks, disp, COMM_STREAM) + b_mlp_dw + _on(tasks, b_disp, COMM_STREAM)
             + _off_comm(tasks, mlp) + _on(tasks, comb, COMM_STREAM)
-            + _off_comm(tasks, b_pre) + b_pre_dw + after)
+            + _off_comm(tasks, b_pre) + _off_comm(tasks, f_post) + b_pre_dw + after)
+
+
+def _spans(tasks: list[Task], pieces: PassPieces, forward: bool
+           ) -> tuple[list[LayerSpan], list[int], list[int]]:
+    """A pass's layers in the order the schedule plan runs them (decoder layers, then the
+    MTP layer; the backward pops them from the end), its embedding's tasks and its head
+    unit's without the MTP layer (workloads/moe/mtp_overlap.py)."""
+    layers = decoder_spans(pieces.layers())
+    embed: list[int] = []
+    head: list[int] = []
+    for unit, r in pieces.units:
+        if unit == EMBED:
+            embed += r
+        elif unit == HEAD:
+            main, mtp = split_forward(tasks, r) if forward else split_backward(tasks, r)
+            head += main
+            layers = layers + mtp if forward else mtp + layers
+    return layers, embed, head
 
 
 def combined_order(tasks: list[Task], fwd: PassPieces, bwd: PassPieces,
                    delay_wgrad: bool, calls: list[tuple[Task, int]] | None = None
                    ) -> list[int]:
     """Issue order of a combined step's tasks (the forward's and the backward's);
-    `calls` collects its schedule-node calls' host operators (node_calls)."""
+    `calls` collects its schedule-node calls' host operators (node_calls). The forward's
+    embedding and the backward's output unit run before the layers, the forward's output
+    unit and the backward's embedding after them."""
     def ids(ranges):
         return [i for r in ranges for i in r]
-    f_layers, b_layers = fwd.layers(), bwd.layers()
-    # the forward's units start with the embedding (first chunk), the backward's with the
-    # output unit (last chunk)
-    f_embed = [r for u, r in fwd.units[:1] if not isinstance(u, int)]
-    f_head = [r for r in fwd.others() if r not in f_embed]
-    b_head = [r for u, r in bwd.units[:1] if not isinstance(u, int)]
-    b_embed = [r for r in bwd.others() if r not in b_head]
-    order = ids(fwd.pre) + ids(bwd.pre) + ids(f_embed) + ids(b_head)
+    f_layers, f_embed, f_head = _spans(tasks, fwd, True)
+    b_layers, b_embed, b_head = _spans(tasks, bwd, False)
+    order = ids(fwd.pre) + ids(bwd.pre) + f_embed + b_head
     paired = min(len(f_layers), len(b_layers))
     deferred: list[int] = []
     for i, b in enumerate(b_layers):
@@ -302,8 +326,7 @@ def combined_order(tasks: list[Task], fwd: PassPieces, bwd: PassPieces,
     post = ids(bwd.post)
     sends = [i for i in post if not tasks[i].stream.startswith("dp_")]
     flush = [i for i in post if tasks[i].stream.startswith("dp_")]
-    return (order + ids(fwd.post) + sends + deferred + flush + ids(f_head)
-            + ids(b_embed))
+    return order + ids(fwd.post) + sends + deferred + flush + f_head + b_embed
 
 
 def reorder(tasks: list[Task], steps: list[tuple[range, list[int]]]) -> None:
