@@ -155,7 +155,7 @@ def check_expressible(plan: Plan, dtype: str) -> None:
                                   "context or expert parallelism)")
     if plan.model.num_experts:
         raise ValidationError("model.num_experts", plan.model.num_experts, "0 (dense models only)")
-    for name in ("kv_lora_rank", "sliding_window", "attention_sinks"):
+    for name in ("kv_lora_rank", "sliding_window", "attention_sinks", "qk_norm"):
         if getattr(plan.model, name):
             raise ValidationError(f"model.{name}", getattr(plan.model, name),
                                   "unset (the harness's attention is full multi-head / GQA)")

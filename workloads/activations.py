@@ -47,6 +47,10 @@ def _layer_tensors(model: ModelSpec, kv_seq: int, dropout: bool,
         t += [(f"{name}_latent_{use}", 2 * width, "replicated")
               for name, width in zip(("q", "kv"), latents) if width
               for use in ("norm_input", "up_input")]
+    if model.qk_norm:
+        # the per-head norms of q and k keep their inputs, the projections' outputs, which
+        # nothing else keeps (RoPE and attention save the normed, rotated q and k above)
+        t += [("q_norm_input", 2 * q, "sharded"), ("k_norm_input", 2 * kv, "sharded")]
     if model.mlp == "gelu":
         t += [("gelu_input", 2 * f, "sharded"), ("fc2_input", 2 * f, "sharded")]
     elif fused_swiglu:

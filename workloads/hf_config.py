@@ -47,7 +47,9 @@ INTERPRETED_KEYS = {
                   "dropout where resid_pdrop > 0 (workloads/bias_dropout.py); gpt_oss: attention sinks (transformers' GptOssAttention "
                   "holds a sinks parameter of num_attention_heads) and expert biases "
                   "(GptOssExperts' gate_up_proj_bias, down_proj_bias) and YaRN RoPE "
-                  "(Megatron-Core's position_embedding_type yarn); others: gated SiLU",
+                  "(Megatron-Core's position_embedding_type yarn); qwen3, qwen3_moe: an "
+                  "RMSNorm over each query and key head (transformers' Qwen3Attention q_norm, "
+                  "k_norm: qk_norm); others: gated SiLU",
     "hidden_act": "with model_type, the MLP (swiglu unless gpt2)",
     "use_sliding_window": "false drops sliding_window (Qwen2/Qwen3 MoE: transformers sets "
                           "it to None); true needs layer_types",
@@ -101,6 +103,8 @@ HF_IGNORED_KEYS = {key: reason for reason, keys in _IGNORED_BY_REASON.items() fo
 _LAYOUT_KEYS = {"decoder_sparse_step": 1, "moe_layer_freq": 1, "mlp_only_layers": []}
 # Model types with attention sinks (transformers' modeling_gpt_oss.py).
 _SINK_MODEL_TYPES = ("gpt_oss",)
+# Qwen3Attention and Qwen3MoeAttention always hold q_norm and k_norm (no config key)
+_QK_NORM_MODEL_TYPES = ("qwen3", "qwen3_moe")
 
 
 def model_from_dict(raw: dict[str, Any], default_name: str = "custom") -> ModelSpec:
@@ -170,6 +174,8 @@ def _apply_rules(raw: dict[str, Any], values: dict[str, Any]) -> None:
         values["mlp"] = "swiglu"
     if model_type == "gpt2":
         _gpt2(raw, values)
+    if model_type in _QK_NORM_MODEL_TYPES:
+        values.setdefault("qk_norm", True)
     if model_type in _SINK_MODEL_TYPES:
         values.setdefault("attention_sinks", True)
         values.setdefault("expert_bias", True)

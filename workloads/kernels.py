@@ -22,6 +22,7 @@ KERNEL_MODES = ("fused", "eager")
 # Which kernel family each elementwise node of the layer graph is (workloads/layers.py).
 KERNEL_OF_OP = {"attention_norm": "norm", "ffn_norm": "norm", "final_norm": "norm",
                 "q_norm": "norm", "kv_norm": "norm",   # MLA's latent norms
+                "q_headnorm": "norm", "k_headnorm": "norm",   # Qwen3's per-head norms
                 "mtp_hnorm": "norm", "mtp_enorm": "norm", "mtp_norm": "norm",   # MTP's
                 "rope": "rope", "rope_k": "rope", "swiglu": "swiglu", "shared_swiglu": "swiglu",
                 "gelu": "gelu", "shared_gelu": "gelu", "residual_add": "add",

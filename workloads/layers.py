@@ -88,6 +88,9 @@ def add_layer(g: LayerGraph, plan: Plan, layer: int, x: Node) -> Node:
         k = g.linear("wk", h, st["wk"], m.kv_size)
         v = g.linear("wv", h, st["wv"], m.v_size)
         q, k, v = _adapted(g, plan, "wq", h, [q, k, v], resid)
+        if m.qk_norm:   # per-head RMSNorms of q and k, on the heads this rank holds
+            q = g.elementwise("q_headnorm", [q], layout=_elementwise_layout(q.layout))
+            k = g.elementwise("k_headnorm", [k], layout=_elementwise_layout(k.layout))
         q = rope(g, plan, "rope", q, _elementwise_layout(q.layout))
         k = rope(g, plan, "rope_k", k, _elementwise_layout(k.layout))
         o = g.attention(q, k, v, window)

@@ -26,10 +26,11 @@ _DEEPSEEK_V3 = dict(hidden_size=7168, num_layers=61, num_heads=128, num_kv_heads
 # Qwen3 MoE (Qwen3 technical report, arXiv:2505.09388 Table 2; Qwen/Qwen3-30B-A3B and
 # Qwen/Qwen3-235B-A22B config.json): every layer MoE (decoder_sparse_step 1, no
 # mlp_only_layers), 128 experts, top-8, no shared expert, head_dim 128 given explicitly,
-# vocab 151936, untied embeddings. Model cards: 30.5B total / 3.3B activated, 235B / 22B.
-# Not modelled: the per-head RMSNorm of q and k (2 x 128 weights a layer, negligible).
+# vocab 151936, untied embeddings, an RMSNorm over each query and key head
+# (transformers' Qwen3MoeAttention q_norm / k_norm). Model cards: 30.5B total / 3.3B
+# activated, 235B / 22B.
 _QWEN3_MOE = dict(num_kv_heads=4, vocab_size=151936, head_dim=128, num_experts=128,
-                  experts_per_token=8)
+                  experts_per_token=8, qk_norm=True)
 
 PRESETS: dict[str, ModelSpec] = {
     # Llama 3 paper Table 3: 8B: 32 layers, d 4096, FFN 14336 (6144*... per config.json),

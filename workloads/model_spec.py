@@ -72,6 +72,10 @@ class ModelSpec:
     sliding_window: int = 0
     layer_types: tuple = ()
     attention_sinks: bool = False     # one learned softmax logit per head (GPT-OSS)
+    # An RMSNorm over each query and each key head before RoPE, weights of head_dim
+    # (Qwen3: transformers' Qwen3Attention q_norm / k_norm; Megatron-Core qk_layernorm,
+    # Transformer Engine's RMSNorm as q_layernorm / k_layernorm).
+    qk_norm: bool = False
     # Clamped GLU (GPT-OSS: swiglu_limit 7.0): both halves of the gated unit's input are
     # clamped before the activation (0.0: none); expert_bias: the routed experts' GEMMs
     # carry biases (workloads/expert_epilogue.py prices what Megatron-Core runs for them).
@@ -184,10 +188,12 @@ class ModelSpec:
 
     def layer_vector_params(self) -> int:
         """Parameters of one layer outside its matrices: the two RMSNorm weights, MLA's
-        latent RMSNorms (q_lora_rank + kv_lora_rank) and the attention sinks (one per
-        head, GPT-OSS)."""
+        latent RMSNorms (q_lora_rank + kv_lora_rank), the per-head query and key norms
+        (Qwen3) and the attention sinks (one per head, GPT-OSS)."""
         latent = self.q_lora_rank + self.kv_lora_rank if self.mla else 0
-        return 2 * self.hidden_size + latent + (self.num_heads if self.attention_sinks else 0)
+        heads_norms = 2 * self.head_dim if self.qk_norm else 0
+        return (2 * self.hidden_size + latent + heads_norms
+                + (self.num_heads if self.attention_sinks else 0))
 
     def layer_params(self) -> int:
         """All parameters of one dense layer: projections plus norms (and sinks)."""
@@ -290,8 +296,8 @@ def _check_types(m: ModelSpec) -> None:
     if m.position_embedding not in ("rope", "yarn", LEARNED):
         raise WorkloadError("model.position_embedding", m.position_embedding,
                             f"rope, yarn, {LEARNED}")
-    for flag in ("tie_word_embeddings", "attention_sinks", "expert_bias", "linear_bias",
-                 "hidden_dropout"):
+    for flag in ("tie_word_embeddings", "attention_sinks", "qk_norm", "expert_bias",
+                 "linear_bias", "hidden_dropout"):
         if not isinstance(getattr(m, flag), bool):
             raise WorkloadError(f"model.{flag}", getattr(m, flag), "true or false")
     if (not isinstance(m.glu_clamp, (int, float)) or isinstance(m.glu_clamp, bool)
@@ -319,6 +325,9 @@ def _check_mla(m: ModelSpec) -> None:
 
 
 def _validate(m: ModelSpec) -> None:
+    if m.qk_norm and m.mla:
+        raise WorkloadError("model.qk_norm", True, "false with multi-head latent attention "
+                            "(its latents have norms of their own: q_lora_rank, kv_lora_rank)")
     if m.num_heads % m.num_kv_heads:
         raise WorkloadError("model.num_key_value_heads", m.num_kv_heads,
                             f"a divisor of num_attention_heads ({m.num_heads})")

@@ -97,6 +97,9 @@ def check_resolved(plan) -> None:
         raise WorkloadError("model.mtp_layers", m.mtp_layers,
                             "0 with a 2D/2.5D/3D TP grid: the multi-token-prediction block "
                             "sits in the output layer's unit, which is built for 1D TP")
+    if m.qk_norm and plan.grid_strategy is not None:
+        raise WorkloadError("model.qk_norm", True, "false with a 2D/2.5D/3D TP grid: the "
+                            "grid's layer (workloads/grid_layer.py) has no per-head norms")
     check_mla_plan(plan)
     check_sliding_window_plan(plan)
     check_lora(plan)

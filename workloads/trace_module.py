@@ -150,9 +150,10 @@ class DecoderLayer(nn.Module):
 
 def build_layer(model: ModelSpec, dtype: torch.dtype = torch.bfloat16) -> DecoderLayer:
     """The reference decoder layer of `model` on the meta device (no memory allocated)."""
-    if model.mla or model.sliding_window or model.attention_sinks:
+    if model.mla or model.sliding_window or model.attention_sinks or model.qk_norm:
         raise WorkloadError("model", model.name, "a model with full multi-head / GQA "
-                            "attention (the reference layer has no MLA, window or sinks)")
+                            "attention (the reference layer has no MLA, window, sinks or "
+                            "per-head q / k norms)")
     with torch.device("meta"):
         return DecoderLayer(model).to(dtype)
 
