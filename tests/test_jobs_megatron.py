@@ -48,6 +48,8 @@ EXPRESSIBLE = {
     "eager-attention-fp32": {"attention": "eager",
                              "training": {**BASE["training"], "dtype": "fp32"}},
     "moe": {"model": "mixtral-8x7b", "mesh": {"tp": 1, "ep": 8}, "sharding": {}},
+    # --qk-layernorm on a model without MLA: Qwen3's per-head q / k norms (model.qk_norm)
+    "qk-layernorm": {"model": "qwen3-30b-a3b", "mesh": {"tp": 1, "ep": 8}, "sharding": {}},
     # --overlap-moe-expert-parallel-comm, --delay-wgrad-compute (megatron_moe.py)
     "moe-a2a-overlap": {"model": "mixtral-8x7b", "mesh": {"tp": 1, "ep": 8}, "sharding": {},
                         "moe": {"overlap_a2a": True}},

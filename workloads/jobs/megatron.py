@@ -132,6 +132,8 @@ def _model(get: _Getter, findings: Findings) -> ModelSpec:
         values.update(_experts(get, experts, ffn, findings))
     if get.on("multi-latent-attention"):
         values.update(_latent_attention(get))
+    else:   # MLA's latents carry the norms the flag asks for
+        values["qk_norm"] = get.on("qk-layernorm")
     values["mtp_layers"] = get.int("mtp-num-layers", 0, 0)
     return ModelSpec(**values)
 

@@ -110,6 +110,8 @@ def _model_flags(m: ModelSpec) -> list[str]:
         out += ["--multi-latent-attention", "--qk-layernorm"]
         out += [f"--q-lora-rank {m.q_lora_rank}"] if m.q_lora_rank else []
         out += [f"--{flag} {getattr(m, name)}" for flag, name in MLA_FLAGS.items()]
+    if m.qk_norm:
+        out.append("--qk-layernorm")
     if m.mtp_layers:
         out.append(f"--mtp-num-layers {m.mtp_layers}")
     out.append(f"--padded-vocab-size {m.vocab_size}")

@@ -94,7 +94,7 @@ MAPPED = {
     "q-lora-rank": "model.q_lora_rank", "kv-lora-rank": "model.kv_lora_rank",
     "qk-head-dim": "model.qk_nope_head_dim", "qk-pos-emb-head-dim": "model.qk_rope_head_dim",
     "v-head-dim": "model.v_head_dim",
-    "qk-layernorm": "model (MLA: its latent norms; other models: q/k norms, not priced)",
+    "qk-layernorm": "model (MLA: its latent norms; other models: model.qk_norm)",
     "mtp-num-layers": "model.mtp_layers",
 }
 
