@@ -65,31 +65,74 @@ def test_the_mtp_layer_pairs_with_the_other_micro_batchs_layers():
             < first(b_mtp, "grad.moe.dispatch") < first(f_0, "moe.combine"))
     assert (first(b_0, "grad.moe.combine") < first(f_mtp, "moe.dispatch")
             < first(b_0, "grad.moe.dispatch") < first(f_mtp, "moe.combine"))
-    # the model's own output layer runs after every layer of the forward
+    # the output layers run after every layer of the forward
     main_out = next(t.id for t in tasks if t.phase == "forward" and t.microbatch == 1
-                    and t.label == "final_norm.fwd")
+                    and t.label == "output.fwd")
     assert main_out > first(f_mtp, "moe.combine")
 
 
-def test_the_mtp_post_process_runs_on_the_computation_stream_around_its_layer():
+def _head(tasks, phase, mb):
+    return [t for t in tasks if t.phase == phase and t.microbatch == mb and t.layer == -1]
+
+
+def test_the_mtp_post_process_is_its_norm_on_the_computation_stream():
+    # mtp_post_process runs the MTP's final layernorm alone (MultiTokenPredictionLayer.
+    # _postprocess): in the forward after the combine and the partner's pre_dispatch
+    # backward, in the backward before the combine's gradient
     tasks = _stage()
     for phase, mb in (("forward", 1), ("backward", 0)):
-        head = [t for t in tasks if t.phase == phase and t.microbatch == mb and t.layer == -1]
+        head = _head(tasks, phase, mb)
         norm = next(t for t in head if t.op == "mtp_norm")
         combine = next(t for t in head if t.label.endswith("moe.combine"))
         assert norm.stream == "compute"
-        # forward: after the combine; backward: before the combine's gradient
         assert (norm.id > combine.id) is (phase == "forward")
+    # forward MTP (micro-batch 1) with backward layer 0 (micro-batch 0): after its
+    # attention backward
+    norm = next(t for t in _head(tasks, "forward", 1) if t.op == "mtp_norm")
+    attention_bwd = next(t for t in tasks if t.phase == "backward" and t.microbatch == 0
+                         and t.layer == 0 and t.op == "attention")
+    assert norm.id > attention_bwd.id
 
 
-def test_a_lone_forward_runs_the_mtp_layer_through_its_schedule_nodes():
-    # the first forward runs alone: the MTP layer's four nodes and its post-process node
-    # each cost an event wait and record (a2a_overlap.NODE_OPS)
+def test_the_output_layers_and_losses_run_in_the_models_post_process():
+    # GPTModel._postprocess computes the MTP's output and loss with the model's, after the
+    # chunk's layers, its sends and the last layer's deferred weight gradients; in the
+    # backward they run before any layer
+    tasks = _stage()
+    outputs = [t for t in _head(tasks, "forward", 1) if t.op in ("output", "cross_entropy")]
+    assert len(outputs) == 4
+    last_wgrad = max(t.id for t in tasks if t.phase == "backward" and t.microbatch == 0
+                     and t.label.endswith(".wgrad") and t.layer >= 0)
+    assert min(t.id for t in outputs) > last_wgrad
+    backward = _head(tasks, "backward", 0)
+    combine_grad = next(t for t in backward if t.label == "grad.moe.combine")
+    assert all(t.id < combine_grad.id for t in backward if t.op in ("output", "cross_entropy"))
+    # the final norm is the MTP layer's first task: its backward comes after the MTP's
+    final = next(t for t in backward if t.op == "final_norm")
+    assert final.id > next(t for t in backward if t.op == "mtp_hnorm").id
+
+
+def test_a_combined_step_runs_the_mtp_layer_through_its_five_nodes():
+    # forward: 4 nodes and the post-process, each an event wait and record; backward: the
+    # same 5 with an autograd call each, and the delayed weight gradients of its TE modules
+    # (linear_qkv, linear_proj, eh_proj, the experts' fc1 and fc2)
     host = {"per_kernel_s": 1e-5}
     on, off = (_stage(overlap=o, host_overhead=host) for o in (True, False))
-    head = [sum(t.host_s for t in tasks if t.phase == "forward" and t.microbatch == 0
-                and t.layer == -1) for tasks in (on, off)]
-    assert head[0] - head[1] == pytest.approx((4 + 1) * 2 * 1e-5)
+    for phase, mb, ops in (("forward", 1, 5 * 2), ("backward", 0, 5 * 3 + 5)):
+        extra = sum(t.host_s for t in _head(on, phase, mb)) - sum(
+            t.host_s for t in _head(off, phase, mb))
+        assert extra == pytest.approx(ops * 1e-5)
+
+
+def test_a_lone_pass_runs_the_mtp_layer_through_its_schedule_nodes():
+    # the first forward and the last backward run alone (combined_1f1b_schedule_for_no_
+    # pipelining), through the same five nodes as a combined step
+    host = {"per_kernel_s": 1e-5}
+    on, off = (_stage(overlap=o, host_overhead=host) for o in (True, False))
+    for phase, mb, ops in (("forward", 0, 5 * 2), ("backward", 3, 5 * 3 + 5)):
+        extra = sum(t.host_s for t in _head(on, phase, mb)) - sum(
+            t.host_s for t in _head(off, phase, mb))
+        assert extra == pytest.approx(ops * 1e-5)
 
 
 def test_the_overlap_hides_the_mtp_layers_all_to_alls(h100):

@@ -153,12 +153,19 @@ def build_embedding(plan: Plan, shape: LayerShape,
 
 def build_head(plan: Plan, shape: LayerShape, options: BuildOptions | None = None) -> LayerGraph:
     """Final norm, vocab-parallel output projection (column-parallel) and the loss; then
-    the multi-token-prediction modules, if the model trains with them."""
+    the multi-token-prediction modules, if the model trains with them. The MTP block reads
+    the final norm's output, as the output layer does: Megatron-Core's decoder applies its
+    final layernorm before GPTModel hands the hidden states to the MTP block, whose hnorm
+    normalises them again (NVIDIA/Megatron-LM core_v0.15.0 transformer_block.py,
+    gpt_model.py _postprocess)."""
     m = plan.model
     resid = S if plan.sequence_parallel else R
     g = LayerGraph(shape, options or BuildOptions.from_plan(plan))
     x = g.input(resid, m.hidden_size)
-    losses = [_output_and_loss(g, x, "final_norm", m.vocab_size, plan.loss_metrics)]
+    if m.mtp_layers:
+        x = g.elementwise("final_norm", [x])
+    losses = [_output_and_loss(g, x, "final_norm", m.vocab_size, plan.loss_metrics,
+                               normed=bool(m.mtp_layers))]
     for depth in range(m.mtp_layers):
         x = _mtp_module(g, plan, depth, x, resid)
         losses.append(_output_and_loss(g, x, "mtp_norm", m.vocab_size))
@@ -169,11 +176,13 @@ def build_head(plan: Plan, shape: LayerShape, options: BuildOptions | None = Non
     return g
 
 
-def _output_and_loss(g: LayerGraph, x: Node, norm: str, vocab: int, metrics: int = 0) -> Node:
-    """A norm, the output projection and the cross-entropy on `x`; before the loss, the
-    trainer's `metrics` cross-entropies on the logits (workloads/train_metrics.py), so that
-    the loss stays the graph's last node, where its backward starts."""
-    h = g.elementwise(norm, [x])
+def _output_and_loss(g: LayerGraph, x: Node, norm: str, vocab: int, metrics: int = 0,
+                     normed: bool = False) -> Node:
+    """A norm (`normed`: `x` is that norm's output already), the output projection and
+    the cross-entropy on `x`; before the loss, the trainer's `metrics` cross-entropies on
+    the logits (workloads/train_metrics.py), so that the loss stays the graph's last node,
+    where its backward starts."""
+    h = x if normed else g.elementwise(norm, [x])
     # The output layer stays in bf16 under FP8/FP4 training (workloads/precision.py):
     # torchtitan's float8 conversion skips it (filter_fqns ["output"]) and
     # Megatron-LM/Transformer Engine quantise only the transformer layers' linears.

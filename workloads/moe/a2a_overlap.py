@@ -24,7 +24,7 @@ backward_dw) and of the attention and shared experts (pre_dispatch backward_dw) 
 the dgrads of their callable, so the dispatch backward and the next layer's combine
 backward start after the dgrads alone. A chunk runs (ModelChunkSchedulePlan.run): the
 forward's receive and embedding, the backward's receive and output layer, the paired
-layers (the MTP layers are the last chunk's last layers: workloads/moe/mtp_overlap.py),
+layers (the MTP layer is the last chunk's last layer: workloads/moe/mtp_overlap.py),
 the backward's remaining layers, the forward's remaining layers, both sends, the
 forward's output layer, the backward's embedding.
 
