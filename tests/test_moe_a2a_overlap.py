@@ -260,3 +260,14 @@ def test_tp_comm_overlap_rings_keep_their_streams(h100x2):
     assert {t.stream for t in tasks if t.op == "send_recv"} <= {
         "tp_ring_send", "tp_ring_recv", "pp_send", "pp_recv"}
     assert simulate(plan_from_dict(raw), h100x2).summary["step_time_s"] > 0
+
+
+def test_hybridep_routing_map_gather_runs_in_the_dispatch_node():
+    # Megatron-Core's flex dispatcher calls HybridEP (metadata preprocessing, the routing
+    # maps' all-gather, the dispatch) in token_dispatch: the moe_dispatch node, on the
+    # communication stream, before the dispatch
+    tasks = lower(_plan(moe={"dispatcher": "deepep", "flex_backend": "hybridep"})).stages[0]
+    pair = _pair(tasks, 1, 0, 0, 3)
+    ep = [t.label for t in pair if t.stream == "ep" and t.kind == "comm"
+          and t.phase == "forward"]
+    assert ep[:2] == ["moe.routing_map", "moe.dispatch"]

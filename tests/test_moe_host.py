@@ -108,6 +108,24 @@ def test_deepep_host_waits_for_the_router_and_padding_removes_the_sync():
     assert _syncs(_raw(moe={"capacity_factor": 1.0, "pad_to_capacity": True})) == []
 
 
+def test_hybridep_host_waits_for_the_gathered_routing_maps():
+    # DeepEP hybrid-ep executor.cu: the blocking dispatch synchronises after the metadata
+    # preprocessing, whose routing maps are all-gathered over the group first
+    raw = _raw(moe={"dispatcher": "deepep", "flex_backend": "hybridep"})
+    assert {s for s in _syncs(raw)} == {("moe.routing_map", "forward")}
+    tasks = _stage(raw)
+    gathers = [t for t in tasks if t.label == "moe.routing_map"]
+    layers = MOE["num_hidden_layers"]
+    assert len(gathers) == layers and {t.phase for t in gathers} == {"forward"}
+    # every rank's map of 2048 tokens x 8 experts, a byte each, over EP 4
+    assert {(t.op, t.bytes) for t in gathers} == {("all_gather", 4 * 2048 * 8 * 1)}
+    dispatch = next(t for t in tasks if t.label == "moe.dispatch" and t.layer == 1)
+    assert next(t.id for t in gathers if t.layer == 1) in dispatch.deps
+    # DeepEP's own kernels gather no maps
+    assert not any(t.label == "moe.routing_map"
+                   for t in _stage(_raw(moe={"dispatcher": "deepep"})))
+
+
 def test_a_cuda_graphed_step_has_no_host_time_and_no_sync():
     tasks = _stage(_raw(cuda_graphs=True))
     assert not any(t.host_sync or t.host_s for t in tasks)

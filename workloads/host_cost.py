@@ -55,7 +55,8 @@ def add_host_issue_time(tasks: list[Task], plan: Plan) -> None:
     docstring); nothing under a CUDA-graphed step or without per-kernel host cost."""
     if plan.cuda_graphs or not plan.host_kernel_s:
         return
-    sync = (host_sync_label(plan.moe.dispatcher, plan.mesh.ep, plan.moe.pad_to_capacity)
+    sync = (host_sync_label(plan.moe.dispatcher, plan.mesh.ep, plan.moe.pad_to_capacity,
+                            plan.moe.flex_backend)
             if plan.model.num_experts else None)
     module_s = TE_MODULE_HOST_S if plan.framework in TE_FRAMEWORKS else 0.0
     called: set[tuple] = set()

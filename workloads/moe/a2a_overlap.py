@@ -49,7 +49,9 @@ from .mtp_overlap import LayerSpan, decoder_spans, split_backward, split_forward
 
 COMM_STREAM = "ep"          # Megatron-Core's a2a communication stream
 COMPUTE_STREAM = "compute"
-DISPATCH_LABELS = ("moe.dispatch", "moe.dispatch_probs")
+# (HybridEP's routing-map gather runs inside the dispatch node: Megatron-Core's flex
+# dispatcher calls HybridEP in token_dispatch, after dispatch_preprocess)
+DISPATCH_LABELS = ("moe.routing_map", "moe.dispatch", "moe.dispatch_probs")
 COMBINE_LABEL = "moe.combine"
 GRAD_DISPATCH_LABELS = ("grad.moe.dispatch", "grad.moe.dispatch_probs")
 GRAD_COMBINE_LABEL = "grad.moe.combine"

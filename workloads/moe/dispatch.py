@@ -100,21 +100,30 @@ COUNT_BYTES = 8   # tokens per expert as int64 (routing_map.sum(dim=0).long())
 #   no sync (preprocess sets cuda_sync_point "no_sync" under drop_and_pad).
 # - allgather: MoEAllGatherTokenDispatcher copies tokens_per_expert to the host after the
 #   local permute, before the experts (token_dispatcher.py, token_permutation).
-# - deepep (and HybridEP): the normal dispatch's host waits for the received-token counts
-#   its notify kernel writes to host-mapped memory before it sizes the receive buffers
-#   (DeepEP csrc/legacy/deep_ep.cpp, Buffer::dispatch busy-waits on moe_recv_counter),
-#   i.e. right after the router's output it reads: the host waits for the router.
-# (NVIDIA/Megatron-LM d98e8a64 megatron/core/transformer/moe/token_dispatcher.py.)
+# - deepep: the normal dispatch's host waits for the received-token counts its notify
+#   kernel writes to host-mapped memory before it sizes the receive buffers (DeepEP
+#   csrc/legacy/deep_ep.cpp, Buffer::dispatch busy-waits on moe_recv_counter), i.e. right
+#   after the router's output it reads: the host waits for the router.
+# - deepep with HybridEP's kernels: its blocking dispatch synchronises the stream after the
+#   metadata preprocessing, whose routing maps are gathered over the group first
+#   (_routing_map_gather; DeepEP hybrid-ep executor.cu cudaStreamSynchronize, "Stream Sync
+#   (blocking)" in docs/Hybrid-EP_Implementation.md): Megatron-Core passes no
+#   num_permuted_tokens without moe_expert_rank_capacity_factor, so the dispatch blocks.
+# (NVIDIA/Megatron-LM d98e8a64 megatron/core/transformer/moe/token_dispatcher.py,
+# _HybridEPManager.setup_metadata.)
 SYNC_LABELS = {"alltoall": "moe.dispatch_counts", "allgather": "permute.fwd",
-               "deepep": "router_topk.fwd"}
+               "deepep": "router_topk.fwd", "hybridep": "moe.routing_map"}
 
 
-def host_sync_label(dispatcher: str, ep: int, pad_to_capacity: bool) -> str | None:
+def host_sync_label(dispatcher: str, ep: int, pad_to_capacity: bool,
+                    flex_backend: str = "deepep") -> str | None:
     """Label of the forward task an MoE layer's host waits for (None: no wait)."""
     if pad_to_capacity:
         return None
     if dispatcher == "alltoall" and ep == 1:
         return "permute.fwd"
+    if dispatcher == "deepep" and flex_backend == "hybridep" and ep > 1:
+        return SYNC_LABELS["hybridep"]
     return SYNC_LABELS[dispatcher]
 
 
@@ -272,13 +281,31 @@ def _deepep_dispatch(g, geo: Geometry, x, gate):
     if geo.group_size > 1:
         grad = x.layout
         fused = _deepep_comm(geo, grad, combine=False)
+        gathered = _routing_map_gather(g, geo, gate) if geo.flex_backend == "hybridep" \
+            else None
         rows = g.explicit_comm("dispatch", x, fused, layout=geo.expert_layout,
                                rows_scale=geo.rows)
         rows.inputs.append(gate)   # the fused dispatch sends each token where it is routed
+        if gathered is not None:
+            rows.inputs.append(gathered)
     # received tokens expanded to one row per local expert they chose, in expert order
     rows = g.elementwise("permute", [rows], rows_scale=geo.rows, rw=(1.0, 1.0),
                          passthrough=True)
     return rows, gate
+
+
+def _routing_map_gather(g, geo: Geometry, gate):
+    """HybridEP's metadata preprocessing gathers every rank's routing map (a bool per
+    token and expert) over the dispatch group before each forward dispatch: NCCL's
+    all_gather_into_tensor across nodes, and inside one node too unless its custom
+    all-gather is turned on (default off) (deepseek-ai/DeepEP hybrid-ep branch,
+    csrc/hybrid_ep/executor/executor.cu Executor::allgather_routing_map at dd758ca;
+    deep_ep/hybrid_ep_buffer.py since f4f2c10, October 2025). Its metadata kernel then
+    fills the handle that the combine and the backward reuse: one gather per forward
+    dispatch, none in the backward."""
+    nbytes = geo.group_size * geo.tokens * geo.num_experts * MAP_BYTES
+    return g.explicit_comm("routing_map", gate, _both_ways("all_gather", geo.group, nbytes,
+                                                           None), features=1)
 
 
 def _deepep_combine(g, geo: Geometry, y, probs, out_layout):

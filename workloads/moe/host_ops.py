@@ -32,7 +32,8 @@ from __future__ import annotations
 
 # Labels of the dispatchers' collectives issued from Python (workloads/moe/dispatch.py),
 # forward and backward ("grad." prefix).
-DISPATCH_COMMS = ("moe.dispatch_counts", "moe.dispatch", "moe.dispatch_probs", "moe.combine")
+DISPATCH_COMMS = ("moe.dispatch_counts", "moe.routing_map", "moe.dispatch", "moe.dispatch_probs",
+                  "moe.combine")
 EXPERT_MODULES = ("w1", "w2")       # linear_fc1 (w1 with w3) and linear_fc2
 FUSED = {"w3": "w1"}
 
