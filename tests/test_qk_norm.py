@@ -14,6 +14,7 @@ from workloads.activations import activation_bytes_per_layer
 from workloads.hf_config import model_from_dict
 from workloads.lowering import lower
 from workloads.model_presets import PRESETS
+from workloads.params import layer_param_groups
 
 from conftest import small_plan
 
@@ -46,7 +47,7 @@ def test_each_layer_norms_its_local_query_and_key_heads(tp):
     assert set(norms) == {"q_headnorm", "k_headnorm"}
     assert not any(t.op.endswith("headnorm") for t in off)
     m = _plan(True, tp).model
-    # one read and one write of the rank's q (16 heads of 64) and k (8 heads of 64)
+    # one read and one write of the rank's q and k (16 and 8 heads of 64, over TP)
     tokens = 2048
     assert norms["q_headnorm"].bytes == pytest.approx(2 * tokens * m.q_size / tp * 2)
     assert norms["k_headnorm"].bytes == pytest.approx(2 * tokens * m.kv_size / tp * 2)
@@ -54,9 +55,23 @@ def test_each_layer_norms_its_local_query_and_key_heads(tp):
     backward = [t for t in on if t.layer == 1 and t.microbatch == 0 and t.phase == "backward"
                 and t.op.endswith("headnorm")]
     assert len(backward) == 2
-    rope = next(t for t in on if t.layer == 1 and t.microbatch == 0 and t.phase == "forward"
-                and t.op == "rope")
-    assert norms["q_headnorm"].id in rope.deps
+    ropes = {t.op: t for t in on if t.layer == 1 and t.microbatch == 0
+             and t.phase == "forward" and t.op in ("rope", "rope_k")}
+    assert norms["q_headnorm"].id in ropes["rope"].deps
+    assert norms["k_headnorm"].id in ropes["rope_k"].deps
+
+
+@pytest.mark.parametrize("sp", [False, True])
+def test_their_gradients_reduce_over_tp_with_or_without_sequence_parallelism(sp):
+    # each TP rank norms its own heads with the whole weight: its gradient is partial over
+    # TP (Megatron-Core finalize_model_grads.py all-reduces q_layernorm / k_layernorm over
+    # TP, core_v0.15.0)
+    sharding = {"sequence_parallel": sp}
+    on, off = (layer_param_groups(_plan(q, 2, sharding=sharding), 1) for q in (True, False))
+    diff = {k: on.get(k, 0.0) - off.get(k, 0.0) for k in set(on) | set(off)}
+    m = _plan(True, 2).model
+    assert {k: v for k, v in diff.items() if v} == {
+        next(k for k in on if "tp" in k): 2 * m.head_dim}
 
 
 def test_the_norms_add_their_weights_and_saved_inputs():

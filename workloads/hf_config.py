@@ -5,7 +5,7 @@ Every key of a file either sets a ModelSpec field (HF_KEYS), is read by a rule b
 modelled here (HF_IGNORED_KEYS, each with its reason). Any other key is an error, so that
 a misspelt size is not silently left at its default. The keys are those of transformers'
 configuration classes (src/transformers/models/<model>/configuration_<model>.py) for
-Llama, Mistral, Mixtral, Qwen2, Qwen3 MoE, GPT-2, DeepSeek-V3 and GPT-OSS.
+Llama, Mistral, Mixtral, Qwen2, Qwen3 and Qwen3 MoE, GPT-2, DeepSeek-V3 and GPT-OSS.
 """
 from __future__ import annotations
 

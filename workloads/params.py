@@ -51,10 +51,17 @@ def layer_param_groups(plan: Plan, layer: int) -> dict[tuple[str, ...], float]:
         key = both if strategy == "seq" else dp_dims
         groups[key] = groups.get(key, 0.0) + params
     # Norms (MLA's latent norms too) run on the sequence shards under SP; attention
-    # sinks are per head, split over TP with the heads.
+    # sinks are per head, split over TP with the heads; the per-head q / k norms are whole
+    # on every TP rank but see only its heads, so their gradients are partial over TP with
+    # or without SP (Megatron-Core all-reduces them over TP: finalize_model_grads.py,
+    # core_v0.15.0).
     sinks = m.num_heads if m.attention_sinks else 0
+    head_norms = 2 * m.head_dim if m.qk_norm else 0
     norm_key = both if plan.sequence_parallel else dp_dims
-    groups[norm_key] = groups.get(norm_key, 0.0) + m.layer_vector_params() - sinks
+    groups[norm_key] = (groups.get(norm_key, 0.0) + m.layer_vector_params() - sinks
+                        - head_norms)
+    if head_norms:
+        groups[both] = groups.get(both, 0.0) + head_norms
     if sinks:
         groups[dp_dims] = groups.get(dp_dims, 0.0) + sinks / tp
     return groups

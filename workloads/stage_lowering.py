@@ -335,11 +335,12 @@ class StageLowering:
 
     def _param_tensors(self) -> int:
         """Parameter tensors this rank's optimizer steps: a layer's projections and two
-        norms, the embedding, the final norm and the output layer (MoE experts as dense).
+        norms (four with per-head q / k norms), the embedding, the final norm and the
+        output layer (MoE experts as dense).
         FSDP1 shards a unit's FlatParameter contiguously and steps only the parameters a
         shard overlaps (_flat_param.py _use_sharded_grad_views): each of the unit's k - 1
         inner boundaries falls in one shard, 1 + (k - 1) / shards tensors on average."""
-        per_layer = 4 + len(self.plan.model.mlp_matrices) + 2
+        per_layer = 4 + len(self.plan.model.mlp_matrices) + 2 + 2 * self.plan.model.qk_norm
         counts = [1 if u == EMBED else 2 if u == HEAD else per_layer for u in self.units]
         if self.fsdp and self.plan.fsdp_version == 1:
             shards = self._group_size(weight_dp_dims(self.plan))
