@@ -112,27 +112,20 @@ def test_the_output_layers_and_losses_run_in_the_models_post_process():
     assert final.id > next(t for t in backward if t.op == "mtp_hnorm").id
 
 
-def test_a_combined_step_runs_the_mtp_layer_through_its_five_nodes():
-    # forward: 4 nodes and the post-process, each an event wait and record; backward: the
-    # same 5 with an autograd call each, and the delayed weight gradients of its TE modules
-    # (linear_qkv, linear_proj, eh_proj, the experts' fc1 and fc2)
+# forward: 4 nodes and the post-process, each an event wait and record; backward: the same
+# 5 with an autograd call each, and the delayed weight gradients of its TE modules
+# (linear_qkv, linear_proj, eh_proj, the experts' fc1 and fc2). The first forward and the
+# last backward run alone (combined_1f1b_schedule_for_no_pipelining), through the same
+# nodes as the combined steps' (slot F1 + B0).
+@pytest.mark.parametrize("phase, mb, ops", [
+    ("forward", 1, 5 * 2), ("backward", 0, 5 * 3 + 5),      # combined
+    ("forward", 0, 5 * 2), ("backward", 3, 5 * 3 + 5)])     # alone
+def test_the_mtp_layer_runs_through_its_five_schedule_nodes(phase, mb, ops):
     host = {"per_kernel_s": 1e-5}
     on, off = (_stage(overlap=o, host_overhead=host) for o in (True, False))
-    for phase, mb, ops in (("forward", 1, 5 * 2), ("backward", 0, 5 * 3 + 5)):
-        extra = sum(t.host_s for t in _head(on, phase, mb)) - sum(
-            t.host_s for t in _head(off, phase, mb))
-        assert extra == pytest.approx(ops * 1e-5)
-
-
-def test_a_lone_pass_runs_the_mtp_layer_through_its_schedule_nodes():
-    # the first forward and the last backward run alone (combined_1f1b_schedule_for_no_
-    # pipelining), through the same five nodes as a combined step
-    host = {"per_kernel_s": 1e-5}
-    on, off = (_stage(overlap=o, host_overhead=host) for o in (True, False))
-    for phase, mb, ops in (("forward", 0, 5 * 2), ("backward", 3, 5 * 3 + 5)):
-        extra = sum(t.host_s for t in _head(on, phase, mb)) - sum(
-            t.host_s for t in _head(off, phase, mb))
-        assert extra == pytest.approx(ops * 1e-5)
+    extra = sum(t.host_s for t in _head(on, phase, mb)) - sum(
+        t.host_s for t in _head(off, phase, mb))
+    assert extra == pytest.approx(ops * 1e-5)
 
 
 def test_the_overlap_hides_the_mtp_layers_all_to_alls(h100):
