@@ -157,3 +157,16 @@ def test_the_moe_sync_makes_an_eager_moe_step_slower(h100):
         task.host_sync = False
     unsynced = _step(program, h100)
     assert eager > unsynced
+
+
+def test_hybridep_routing_maps_widen_with_expert_tp_and_have_no_backward():
+    # Megatron-Core hands HybridEP ETP x the experts (_HybridEPManager num_experts at
+    # d98e8a64); with EP 1 the group is ETP's, and the host still waits for the gather
+    raw = small_plan(model=MOE, framework="megatron-core", mesh={"ep": 1, "tp": 2},
+                     moe={"dispatcher": "deepep", "flex_backend": "hybridep", "etp": 2})
+    tasks = _stage(raw)
+    gathers = [t for t in tasks if t.label.endswith("moe.routing_map")]
+    assert gathers and {t.phase for t in gathers} == {"forward"}
+    # 2 ranks' maps of 1024 tokens (the sequence shard) x 2 x 8 columns
+    assert {t.bytes for t in gathers} == {2 * 1024 * 2 * 8}
+    assert {s for s in _syncs(raw)} == {("moe.routing_map", "forward")}

@@ -33,7 +33,9 @@ deepep (Megatron's flex dispatcher with the DeepEP backend, _DeepepManager): one
   combine's a dispatch, each at its own rate. HybridEP
   on an NVL72 rack (its MNNVL path) holds the whole group in one NVLink domain: a token
   goes once to each rank holding one of its experts, and inside one domain the kernels
-  run no faster than their own benchmark (ep_nvlink.py).
+  run no faster than their own benchmark (ep_nvlink.py). HybridEP first all-gathers the
+  ranks' routing maps over the group (T g ETP E bytes) for its metadata, once per forward
+  dispatch, and the host waits for it (_routing_map_gather, host_sync_label).
 """
 from __future__ import annotations
 
@@ -116,13 +118,15 @@ SYNC_LABELS = {"alltoall": "moe.dispatch_counts", "allgather": "permute.fwd",
 
 
 def host_sync_label(dispatcher: str, ep: int, pad_to_capacity: bool,
-                    flex_backend: str = "deepep") -> str | None:
-    """Label of the forward task an MoE layer's host waits for (None: no wait)."""
+                    flex_backend: str = "deepep", group_size: int = 0) -> str | None:
+    """Label of the forward task an MoE layer's host waits for (None: no wait);
+    `group_size`: the fused dispatcher's group (ETP x EP; default EP), whose HybridEP
+    kernels wait for the routing maps' gather where the group has more than one rank."""
     if pad_to_capacity:
         return None
     if dispatcher == "alltoall" and ep == 1:
         return "permute.fwd"
-    if dispatcher == "deepep" and flex_backend == "hybridep" and ep > 1:
+    if dispatcher == "deepep" and flex_backend == "hybridep" and (group_size or ep) > 1:
         return SYNC_LABELS["hybridep"]
     return SYNC_LABELS[dispatcher]
 
@@ -296,14 +300,18 @@ def _deepep_dispatch(g, geo: Geometry, x, gate):
 
 def _routing_map_gather(g, geo: Geometry, gate):
     """HybridEP's metadata preprocessing gathers every rank's routing map (a bool per
-    token and expert) over the dispatch group before each forward dispatch: NCCL's
-    all_gather_into_tensor across nodes, and inside one node too unless its custom
-    all-gather is turned on (default off) (deepseek-ai/DeepEP hybrid-ep branch,
-    csrc/hybrid_ep/executor/executor.cu Executor::allgather_routing_map at dd758ca;
-    deep_ep/hybrid_ep_buffer.py since f4f2c10, October 2025). Its metadata kernel then
-    fills the handle that the combine and the backward reuse: one gather per forward
-    dispatch, none in the backward."""
-    nbytes = geo.group_size * geo.tokens * geo.num_experts * MAP_BYTES
+    token and expert; Megatron-Core widens it to ETP x the experts, _HybridEPManager's
+    num_experts at d98e8a64) over the dispatch group before each forward dispatch, then
+    its metadata kernel fills the handle that the combine and the backward reuse: one
+    gather per forward dispatch (again in a recomputed forward), none in the backward
+    (deepseek-ai/DeepEP hybrid-ep branch: deep_ep/hybrid_ep_buffer.py's
+    all_gather_into_tensor since c9f647d, September 2025, moved into
+    csrc/hybrid_ep/executor/executor.cu Executor::allgather_routing_map at a484936, January
+    2026; at 94a9f8f). Across nodes it is NCCL's all-gather. Assumptions: inside one
+    NVLink domain too (HybridEP's own all-gather, enable_custom_allgather, was its default
+    from spring to July 2026 and Megatron-Core does not set it: its rate is not measured);
+    the metadata kernel's scan of the gathered maps is not priced."""
+    nbytes = geo.group_size * geo.tokens * geo.etp * geo.num_experts * MAP_BYTES
     return g.explicit_comm("routing_map", gate, _both_ways("all_gather", geo.group, nbytes,
                                                            None), features=1)
 

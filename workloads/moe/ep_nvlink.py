@@ -21,11 +21,11 @@ fused into the dispatch kernel itself only with moe_permute_fusion_into_hybridep
 no recipe of the reference rows sets). The simulator prices that permute as a task of
 its own (dispatch.py), so the transfer is the kernel-only figure; the Torch API's would
 count the copy twice.
-Assumption: dispatch_with_permute's metadata preprocessing (which the Torch API times
-along with the copy, and the kernel-only figure leaves out) is small beside the
-transfer: at 8 GB200 ranks the Torch API's dispatch takes 166 us more than the kernel's
-for 318 MB received, about half of it a copy of those rows at the device's streaming
-rate.
+The benchmark passes every timed call the handle of its warm-up dispatch, so neither
+figure includes the metadata preprocessing (the routing maps' gather and the host's
+wait for it, priced on their own: dispatch.py _routing_map_gather); at 8 GB200 ranks the
+Torch API's dispatch takes 166 us more than the kernel's for 318 MB received, about half
+of it a copy of those rows at the device's streaming rate.
 
 deepseek-ai/DeepEP branch hybrid-ep, docs/README_Hybrid-EP.md (commit 17cfb81, 2026-05-13),
 4096 tokens per rank, hidden 7168, top-8, 8 local experts per rank, uniform random
