@@ -37,7 +37,6 @@ from ..program import Task
 FINAL_NORM_OP = "final_norm"   # the decoder's final norm, which the MTP layer reads
 MTP_INPUT_OP = "mtp_hnorm"     # the MTP module's first forward op (its last backward one)
 MTP_POST_OP = "mtp_norm"       # its post-process: the MTP's final norm
-LOSS_SUM_OP = "loss_sum"       # the losses' sum, the backward's first task
 
 
 @dataclass
