@@ -87,11 +87,14 @@ def test_the_mtp_post_process_is_its_norm_on_the_computation_stream():
         assert norm.stream == "compute"
         assert (norm.id > combine.id) is (phase == "forward")
     # forward MTP (micro-batch 1) with backward layer 0 (micro-batch 0): after its
-    # attention backward
+    # attention backward, inside the pair, so before that last backward layer's attention
+    # weight gradients, which the chunk defers past its sends (run alone at the chunk's
+    # end, as the output unit, it came after them)
     norm = next(t for t in _head(tasks, "forward", 1) if t.op == "mtp_norm")
-    attention_bwd = next(t for t in tasks if t.phase == "backward" and t.microbatch == 0
-                         and t.layer == 0 and t.op == "attention")
-    assert norm.id > attention_bwd.id
+    partner = [t for t in tasks if t.phase == "backward" and t.microbatch == 0
+               and t.layer == 0]
+    assert norm.id > next(t.id for t in partner if t.op == "attention")
+    assert norm.id < min(t.id for t in partner if t.label in ("wq.wgrad", "wo.wgrad"))
 
 
 def test_the_output_layers_and_losses_run_in_the_models_post_process():

@@ -118,15 +118,15 @@ SYNC_LABELS = {"alltoall": "moe.dispatch_counts", "allgather": "permute.fwd",
 
 
 def host_sync_label(dispatcher: str, ep: int, pad_to_capacity: bool,
-                    flex_backend: str = "deepep", group_size: int = 0) -> str | None:
-    """Label of the forward task an MoE layer's host waits for (None: no wait);
-    `group_size`: the fused dispatcher's group (ETP x EP; default EP), whose HybridEP
-    kernels wait for the routing maps' gather where the group has more than one rank."""
+                    flex_backend: str = "deepep", etp: int = 1) -> str | None:
+    """Label of the forward task an MoE layer's host waits for (None: no wait). HybridEP's
+    kernels wait for the routing maps' gather wherever their group (ETP x EP) has more
+    than one rank."""
     if pad_to_capacity:
         return None
     if dispatcher == "alltoall" and ep == 1:
         return "permute.fwd"
-    if dispatcher == "deepep" and flex_backend == "hybridep" and (group_size or ep) > 1:
+    if dispatcher == "deepep" and flex_backend == "hybridep" and ep * etp > 1:
         return SYNC_LABELS["hybridep"]
     return SYNC_LABELS[dispatcher]
 
