@@ -60,6 +60,24 @@ def test_a_gpt2_config_whose_n_embd_is_no_integer(tmp_path, n_embd):
     assert status == 2 and err.startswith("error: model.n_embd: got "), err
 
 
+@pytest.mark.parametrize("model_type", ["olmo2", "gemma3", "", 3])
+def test_a_model_type_whose_layer_is_not_modelled_is_refused(tmp_path, model_type):
+    # OLMo 2's post-norms and full-width q / k norms, Gemma 3's soft-capping: loaded as
+    # Llama they would price another model (workloads/hf_config.py KNOWN_MODEL_TYPES)
+    model = {**TINY_PLAN["model"], "model_type": model_type}
+    plan = write(tmp_path, "p.json", {**TINY_PLAN, "model": model})
+    status, err = holds_contract(["run", "--plan", plan, "--topo", "dgx-h100"])
+    assert status == 2 and err.startswith(f"error: model.model_type: got {model_type!r}; "
+                                          "allowed: one of llama, "), err
+
+
+@pytest.mark.parametrize("model_type", ["llama", "mistral", "qwen2"])
+def test_a_known_model_type_loads_as_the_gated_silu_block(tmp_path, model_type):
+    model = {**TINY_PLAN["model"], "model_type": model_type}
+    plan = write(tmp_path, "p.json", {**TINY_PLAN, "model": model})
+    assert holds_contract(["run", "--plan", plan, "--topo", "dgx-h100"])[0] == 0
+
+
 def test_adaptive_sharding_on_a_model_no_candidate_runs():
     status, err = holds_contract(["study", "adaptive-sharding", "--models", "deepseek-v3"])
     assert status == 2 and err.startswith("error: --models: got 'deepseek-v3'"), err

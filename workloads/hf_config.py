@@ -49,7 +49,8 @@ INTERPRETED_KEYS = {
                   "(GptOssExperts' gate_up_proj_bias, down_proj_bias) and YaRN RoPE "
                   "(Megatron-Core's position_embedding_type yarn); qwen3, qwen3_moe: an "
                   "RMSNorm over each query and key head (transformers' Qwen3Attention q_norm, "
-                  "k_norm: qk_norm); others: gated SiLU",
+                  "k_norm: qk_norm); llama, mistral, mixtral, qwen2, qwen2_moe, deepseek_v3: gated "
+                  "SiLU; any other type is refused (KNOWN_MODEL_TYPES)",
     "hidden_act": "with model_type, the MLP (swiglu unless gpt2)",
     "use_sliding_window": "false drops sliding_window (Qwen2/Qwen3 MoE: transformers sets "
                           "it to None); true needs layer_types",
@@ -105,6 +106,13 @@ _LAYOUT_KEYS = {"decoder_sparse_step": 1, "moe_layer_freq": 1, "mlp_only_layers"
 _SINK_MODEL_TYPES = ("gpt_oss",)
 # Qwen3Attention and Qwen3MoeAttention always hold q_norm and k_norm (no config key)
 _QK_NORM_MODEL_TYPES = ("qwen3", "qwen3_moe")
+# The transformers model types whose decoder layer the keys above describe whole: a
+# pre-norm block of attention and a (gated) MLP or MoE, plus the rules of _apply_rules.
+# Another type may carry a layer these keys cannot see (OLMo 2 normalises after each
+# block and over the full q / k projections; Gemma 3 adds post-norms, soft-capping and
+# its own q / k norms), so loading it as Llama would price a different model: refused.
+KNOWN_MODEL_TYPES = ("llama", "mistral", "mixtral", "qwen2", "qwen2_moe", "qwen3",
+                     "qwen3_moe", "gpt2", "deepseek_v3", "gpt_oss")
 
 
 def model_from_dict(raw: dict[str, Any], default_name: str = "custom") -> ModelSpec:
@@ -169,6 +177,10 @@ def _gpt2(raw: dict[str, Any], values: dict[str, Any]) -> None:
 def _apply_rules(raw: dict[str, Any], values: dict[str, Any]) -> None:
     """The INTERPRETED_KEYS: MLP kind, sinks, sliding-window switches, MoE layouts."""
     model_type = raw.get("model_type")
+    if model_type is not None and model_type not in KNOWN_MODEL_TYPES:
+        raise WorkloadError("model.model_type", model_type,
+                            "one of " + ", ".join(KNOWN_MODEL_TYPES) + ", or no model_type "
+                            "(other architectures' layers are not modelled)")
     if "hidden_act" in raw and "mlp" not in raw:
         # HF Llama/Mistral/Qwen use gated SiLU (3 matrices)
         values["mlp"] = "swiglu"
