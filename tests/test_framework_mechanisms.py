@@ -8,7 +8,7 @@ import pytest
 
 import topologies
 from simulator import SimOptions, simulate
-from workloads import plan_from_dict, resolve
+from workloads import WorkloadError, plan_from_dict, resolve
 from workloads.lowering import lower
 from workloads.schedules import EMBED, HEAD
 
@@ -142,9 +142,29 @@ def test_aligned_param_gather_launches_each_chunk_one_chunk_ahead():
 
 
 def test_megatron_core_aligns_param_gathers_generic_does_not():
-    megatron = plan_from_dict(small_plan(framework="megatron-core"))
-    generic = plan_from_dict(small_plan(zero_stage=1, overlap={"param_gather": True}))
+    model = {**small_plan()["model"], "num_hidden_layers": 8}
+    interleaved = {"model": model, "mesh": {"dp": 2, "pp": 2},
+                   "pipeline": {"schedule": "interleaved", "virtual_stages": 2}}
+    megatron = plan_from_dict(small_plan(framework="megatron-core", **interleaved))
+    generic = plan_from_dict(small_plan(zero_stage=1, overlap={"param_gather": True},
+                                        **interleaved))
     assert megatron.param_gather_align and not generic.param_gather_align
+    # without the interleaved schedule there is nothing to align: the profile's default
+    # yields, and the key given there is refused rather than ignored
+    assert not plan_from_dict(small_plan(framework="megatron-core")).param_gather_align
+    with pytest.raises(WorkloadError, match="^overlap.param_gather_align: got True"):
+        resolve(plan_from_dict(small_plan(framework="megatron-core",
+                                          overlap={"param_gather_align": True})), 8)
+
+
+@pytest.mark.parametrize("key, section", [("fsdp_prefetch", "overlap"),
+                                          ("reshard_after_forward", "fsdp")])
+def test_fsdp_keys_without_fsdp_are_refused_not_ignored(key, section):
+    with pytest.raises(WorkloadError, match=f"^{section}.{key}: got False; allowed: true"):
+        resolve(plan_from_dict(small_plan(zero_stage=1, **{section: {key: False}})), 8)
+    fsdp = {"fsdp": {"enabled": True, key: False}} if section == "fsdp" else \
+        {"fsdp": {"enabled": True}, "overlap": {key: False}}
+    assert getattr(resolve(plan_from_dict(small_plan(**fsdp)), 8), key) is False
 
 
 # ---- overlap.tp_comm / overlap.async_tp ---------------------------------------------------

@@ -90,9 +90,12 @@ def test_param_gather_alignment_is_the_no_align_flag_where_it_acts():
     # without virtual stages there are no chunks to align: neither a flag nor a note
     flat = write_megatron(_plan({"overlap": {**BASE["overlap"], "param_gather_align": False}}))
     assert "--no-align-param-gather" not in flat.text and flat.notes == []
-    imported = read_megatron(ARGS.format(extra="--no-align-param-gather"))
+    gathered = "--overlap-param-gather "
+    imported = read_megatron(ARGS.format(extra=gathered + "--no-align-param-gather"))
     assert imported.plan["overlap"]["param_gather_align"] is False
-    assert read_megatron(ARGS.format(extra="")).plan["overlap"]["param_gather_align"] is True
+    assert read_megatron(ARGS.format(extra=gathered)).plan["overlap"]["param_gather_align"]
+    # Megatron's default alignment has nothing to align without the overlapped gathers
+    assert read_megatron(ARGS.format(extra="")).plan["overlap"]["param_gather_align"] is False
 
 
 def test_mesh_order_is_megatrons_tp_pp_dp_mapping_where_it_matches():
@@ -263,13 +266,19 @@ def test_reads_a_megatron_bridge_yaml():
 
 
 def test_bridge_yaml_align_param_gather():
-    text = BRIDGE.format(extra="").replace(
+    # interleaved (PP 2 x 2 chunks): the schedule whose chunks' gathers align
+    interleaved = BRIDGE.format(extra="").replace(
+        "  pipeline_model_parallel_size: 1\n",
+        "  pipeline_model_parallel_size: 2\n  virtual_pipeline_model_parallel_size: 2\n")
+    text = interleaved.replace(
         "  use_distributed_optimizer: true\noptimizer:",
         "  use_distributed_optimizer: true\n  align_param_gather: false\noptimizer:")
-    assert "align_param_gather" in text
+    assert "align_param_gather" in text and "virtual_pipeline" in text
     plan = plan_from_dict(read_megatron(text, "run.yaml").plan)
     assert plan.param_gather_align is False
-    assert plan_from_dict(_bridge().plan).param_gather_align is True
+    assert plan_from_dict(read_megatron(interleaved, "run.yaml").plan).param_gather_align
+    # without virtual stages the default is moot, and so is left off
+    assert plan_from_dict(_bridge().plan).param_gather_align is False
 
 
 def test_bridge_yaml_refusals(tmp_path):

@@ -221,6 +221,12 @@ def check_megatron_sharding(framework: str, values: dict) -> None:
                             'has no ZeRO-3; Megatron-Core shards parameters as FSDP: fsdp.enabled)')
 
 
+def _schedule(raw: dict) -> object:
+    """The plan's pipeline schedule as written (its default when absent)."""
+    pipeline = raw.get("pipeline")
+    return pipeline.get("schedule", "1f1b") if isinstance(pipeline, dict) else "1f1b"
+
+
 def framework_values(raw: dict) -> dict:
     """The Plan fields a framework profile sets defaults for, from a raw plan object: the
     profile's value unless the plan gives one. Values are checked by Plan."""
@@ -266,6 +272,9 @@ def framework_values(raw: dict) -> dict:
     if "param_gather_overlap" not in given and (values["fsdp"] is True
                                                  or values["zero_stage"] not in (1, 2)):
         values["param_gather_overlap"] = False
+    if "param_gather_align" not in given and not (values["param_gather_overlap"]
+                                                   and _schedule(raw) == "interleaved"):
+        values["param_gather_align"] = False    # it aligns the interleaved chunks' gathers
     training = raw.get("training")
     dtype = training.get("dtype") if isinstance(training, dict) else None
     if "fp8_param_gather" not in given and (values["fsdp"] is True

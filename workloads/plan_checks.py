@@ -162,6 +162,17 @@ def check_framework_keys(plan) -> None:
                             "each unit's gradients as its backward ends)")
     if fsdp and plan.grad_bucket != "unit":
         raise WorkloadError("ddp.bucket_params", plan.grad_bucket, '"unit" with FSDP')
+    for field_name, key in (("fsdp_prefetch", "overlap.fsdp_prefetch"),
+                            ("reshard_after_forward", "fsdp.reshard_after_forward")):
+        if not fsdp and not getattr(plan, field_name):
+            # FSDP's own prefetch and resharding: false without FSDP would change nothing
+            raise WorkloadError(key, False, "true (the default) unless fsdp.enabled or "
+                                "zero_stage 3")
+    if plan.param_gather_align and not (plan.param_gather_overlap
+                                        and plan.pipeline.schedule == "interleaved"):
+        # align_param_gather is the interleaved schedule's param_sync_func (param_gathers.py)
+        raise WorkloadError("overlap.param_gather_align", True, "false unless "
+                            'overlap.param_gather with pipeline.schedule "interleaved"')
     if plan.fsdp_version != 2 and not fsdp:
         raise WorkloadError("fsdp.version", plan.fsdp_version,
                             "2 (the default) unless fsdp.enabled")

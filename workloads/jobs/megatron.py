@@ -223,6 +223,8 @@ def _plan(get: _Getter, spec: ModelSpec, ref, findings: Findings) -> dict[str, A
     for flag in ("seq-length", "micro-batch-size", "global-batch-size"):
         if get.int(flag) is None:
             raise JobConfigError(f"--{flag}", None, "an integer >= 1 (required)")
+    pipeline = _pipeline(get, spec.num_layers, pp, findings)
+    param_gather = get.on("overlap-param-gather") and not fsdp
     plan: dict[str, Any] = {
         "framework": "megatron-core", "model": ref,
         "training": {"global_batch": get.int("global-batch-size"),
@@ -240,13 +242,15 @@ def _plan(get: _Getter, spec: ModelSpec, ref, findings: Findings) -> dict[str, A
         "attention": "eager" if str(get.str("attention-backend", "auto")) in EAGER_ATTENTION
                      else "flash",
         "kernels": "fused", "optimizer": "fused",
-        "pipeline": _pipeline(get, spec.num_layers, pp, findings),
+        "pipeline": pipeline,
         # torch FSDP2 reduce-scatters each unit as its backward ends (always overlapped)
         "overlap": {"fsdp_prefetch": True, "async_tp": False,
                     "grad_reduce": fsdp or get.on("overlap-grad-reduce"),
                     # Megatron-FSDP's --overlap-param-gather is its unit prefetch
-                    "param_gather": get.on("overlap-param-gather") and not fsdp,
-                    "param_gather_align": not get.on("no-align-param-gather"),
+                    "param_gather": param_gather,
+                    # the flag aligns the interleaved chunks' gathers: moot elsewhere
+                    "param_gather_align": param_gather and not get.on("no-align-param-gather")
+                    and pipeline.get("schedule") == "interleaved",
                     "tp_comm": get.on("tp-comm-overlap")},
         "context_parallel": {"mode": _cp_mode(get, findings)},
         "cuda_graphs": get.on("enable-cuda-graph"),
