@@ -82,7 +82,13 @@ def test_megatron_2020_and_narayanan_rows_run_megatron_lm():
         plan = plan_from_dict(plan_dict(row))
         assert (plan.framework, plan.attention, plan.zero_stage) == ("megatron-lm",
                                                                      "fused_softmax", 0)
-        assert plan.grad_reduce_overlap is False
+        # the local DDP all-reduces after the backward in one bucket; the 2021 Table 1
+        # runs of 1.7B-18B used torch DDP (examples/sc21/run_table_1.sh: --DDP-impl torch),
+        # whose 25 MiB buckets of fp16 gradients reduce during the last backward
+        torch_ddp = row["id"] in ("narayanan-gpt-1.7b", "narayanan-gpt-3.6b",
+                                  "narayanan-gpt-7.5b", "narayanan-gpt-18.4b")
+        assert plan.grad_reduce_overlap is torch_ddp
+        assert plan.grad_bucket == (25 * 2 ** 20 // 2 if torch_ddp else 1 << 50)
 
 
 def test_megatron_float16_optimizer_step_bytes():

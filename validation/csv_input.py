@@ -143,6 +143,10 @@ COLUMNS: dict[str, tuple[str, bool, object]] = {
     # set on a BF16 run): the plan's distributed_fused_adam section (workloads/
     # optimizer_states.py); empty: not Apex's
     "distributed_fused_adam": (TEXT, False, ("fp32", "bf16", "fp32+store_params")),
+    # ddp_bucket_params: the gradient bucket in parameters where the run's DDP is not its
+    # framework profile's (e.g. torch DistributedDataParallel's 25 MiB buckets under
+    # Megatron-LM 2021's --DDP-impl torch): the plan's ddp.bucket_params; empty: the profile's
+    "ddp_bucket_params": (INT, False, (1, MAX_INT)),
 }
 
 

@@ -199,6 +199,8 @@ def plan_dict(row: dict[str, str]) -> dict[str, Any]:
         raw.setdefault("fsdp", {})["float8_all_gather"] = _flag(row, "fp8_param_gather")
     elif _flag(row, "fp8_param_gather") is not None:
         raw.setdefault("ddp", {})["fp8_param_gather"] = _flag(row, "fp8_param_gather")
+    if row.get("ddp_bucket_params"):
+        raw.setdefault("ddp", {})["bucket_params"] = num("ddp_bucket_params")
     if row.get("precision_aware_optimizer"):
         moments = row["precision_aware_optimizer"]
         # a Megatron-Bridge BF16 run's optimizer config carries its mixed-precision
