@@ -12,7 +12,7 @@
 #
 # Usage
 #   validation/gpu_check.sh --download [PYVER]   # here, with network: fills .gpu-wheels/
-#                                                # (simpy, networkx, pyarrow wheels; PYVER
+#                                                # (simpy, networkx, pyarrow, numpy wheels; PYVER
 #                                                # e.g. 312 = the GPU machine's Python)
 #   validation/gpu_check.sh [OUTDIR]             # on the GPU machine (OUTDIR default $OUT,
 #                                                # else gpu-check-out)
@@ -30,7 +30,7 @@ if [ "${1:-}" = "--download" ]; then
     pyver=${2:-$($PY -c 'import sys; print(f"{sys.version_info[0]}{sys.version_info[1]}")')}
     $PY -m pip download --quiet --only-binary=:all: --no-deps --python-version "$pyver" \
         --platform manylinux2014_x86_64 --platform manylinux_2_17_x86_64 \
-        --platform manylinux_2_28_x86_64 -d "$WHEELS" simpy networkx pyarrow
+        --platform manylinux_2_28_x86_64 -d "$WHEELS" simpy networkx pyarrow numpy
     ls -la "$WHEELS"
     exit 0
 fi
