@@ -6,7 +6,7 @@ import pytest
 
 import topologies
 from simulator import simulate
-from workloads import plan_from_dict, resolve
+from workloads import WorkloadError, plan_from_dict, resolve
 from workloads.attention import AttentionCost
 from workloads.lowering import lower
 from workloads.program import ATTENTION
@@ -134,3 +134,44 @@ def test_the_2020_rows_run_on_the_40_gb_a100():
     assert len(rows) == 8
     assert {topology_for(r).device(0).name for r in rows} == {"a100-40gb"}
     assert topologies.build("dgx-a100-40gbx2").world_size == 16
+
+
+def _pp_transfers(**over):
+    """Stage 1's pipeline receives and TP all-gathers after them, of a TP 4 x PP 2 plan."""
+    raw = small_plan(framework="megatron-lm", mesh={"dp": 1, "tp": 4, "pp": 2},
+                     training={"global_batch": 4}, sharding={"sequence_parallel": False},
+                     **over)
+    plan = resolve(plan_from_dict(raw), 8)
+    tasks = lower(plan).stages[1]
+    recvs = [t for t in tasks if t.op == "send_recv" and t.label.startswith("pp.recv")]
+    gathers = [t for t in tasks if t.label.startswith("pp.gather")]
+    full = 2048 * 1024 * 2   # tokens x hidden x bf16 bytes of one micro-batch
+    return recvs, gathers, full
+
+
+def test_megatron_lm_scatters_pipeline_transfers_and_gathers_them_over_tp():
+    # Megatron-LM 2021 (p2p_communication.py _communicate): each TP rank sends 1/TP of the
+    # tensor; the receiver all-gathers it over TP after the receive's synchronisation
+    recvs, gathers, full = _pp_transfers()
+    assert recvs and {t.bytes for t in recvs} == {full / 4}
+    assert len(gathers) == len(recvs)
+    assert all(g.op == "all_gather" and g.group == ("tp",) and g.bytes == full
+               for g in gathers)
+    recv_ids = {t.id for t in recvs}
+    assert all(set(g.deps) <= recv_ids and g.deps for g in gathers)
+    # --no-scatter-gather-tensors-in-pipeline: whole tensors, nothing to gather
+    recvs, gathers, full = _pp_transfers(pipeline={"scatter_gather": False})
+    assert {t.bytes for t in recvs} == {full} and not gathers
+
+
+def test_scatter_gather_is_megatron_lm_s_and_refused_where_it_cannot_act():
+    raw = small_plan(mesh={"dp": 1, "tp": 4, "pp": 2}, training={"global_batch": 4},
+                     sharding={"sequence_parallel": False}, framework="megatron-core")
+    tasks = lower(resolve(plan_from_dict(raw), 8)).stages[1]
+    assert not [t for t in tasks if t.label.startswith("pp.gather")]
+    for over in ({"sharding": {"sequence_parallel": True}}, {"mesh": {"tp": 1, "pp": 2}}):
+        bad = small_plan(framework="megatron-lm", **{**{"mesh": {"tp": 4, "pp": 2}},
+                                                      **over},
+                         pipeline={"scatter_gather": True})
+        with pytest.raises(WorkloadError, match="^pipeline.scatter_gather: got True"):
+            resolve(plan_from_dict(bad), 8)

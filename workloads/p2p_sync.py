@@ -32,7 +32,33 @@ starts only after the first activation has arrived.
 from __future__ import annotations
 
 from .layer_builder import TaskSink
-from .program import COMPUTE, MEMORY
+from .plan_checks import scatter_gather_applies
+from .program import COMM, COMPUTE, MEMORY
+
+
+def pipeline_scatter_gather(plan) -> bool:
+    """Whether the plan sends each pipeline activation and gradient as 1/TP chunks that the
+    receiving stage all-gathers over TP: Megatron-LM of 2021's scatter/gather optimisation
+    (megatron/p2p_communication.py _communicate at NVIDIA/Megatron-LM@6985e58938:
+    split_tensor_into_1d_equal_chunks before the send, gather_split_1d_tensor, a
+    torch.distributed.all_gather over the TP group, after the receive's
+    torch.cuda.synchronize(); on unless --no-scatter-gather-tensors-in-pipeline,
+    megatron/arguments.py). Megatron-Core has no such path: there sequence parallelism
+    sends the shards. `pipeline.scatter_gather` in the plan, else on under framework
+    "megatron-lm"; it acts with TP > 1 without sequence parallelism (1D TP)."""
+    wanted = plan.pipeline.scatter_gather
+    if wanted is None:
+        wanted = plan.framework == "megatron-lm"
+    return bool(wanted) and scatter_gather_applies(plan)
+
+
+def gather_received(sink: TaskSink, recv: int, full_bytes: float, what: str,
+                    mb: int, phase: str) -> int:
+    """The all-gather over TP that rebuilds a received 1/TP chunk (pipeline_scatter_gather):
+    NCCL's, on the TP group, after the receive."""
+    return sink.add(kind=COMM, stream="tp", op="all_gather", phase=phase, deps=(recv,),
+                    bytes=full_bytes, group=("tp",), label=f"pp.gather.{what}", layer=-1,
+                    microbatch=mb)
 
 
 def p2p_host_sync(plan) -> bool:

@@ -168,6 +168,10 @@ def check_framework_keys(plan) -> None:
             # FSDP's own prefetch and resharding: false without FSDP would change nothing
             raise WorkloadError(key, False, "true (the default) unless fsdp.enabled or "
                                 "zero_stage 3")
+    if plan.pipeline.scatter_gather and not scatter_gather_applies(plan):
+        raise WorkloadError("pipeline.scatter_gather", True, "false unless mesh.pp > 1 and "
+                            "mesh.tp > 1 without sequence parallelism (1D TP): the chunks "
+                            "are 1/TP of the transfer")
     if plan.param_gather_align and not (plan.param_gather_overlap
                                         and plan.pipeline.schedule == "interleaved"):
         # align_param_gather is the interleaved schedule's param_sync_func (param_gathers.py)
@@ -190,6 +194,14 @@ def check_framework_keys(plan) -> None:
     if plan.cuda_graphs and plan.host_kernel_s == 0:
         raise WorkloadError("cuda_graphs", True, "false unless host_overhead.per_kernel_s > 0 "
                             "(a captured step saves the host's per-kernel issue time)")
+
+
+def scatter_gather_applies(plan) -> bool:
+    """Whether the plan has pipeline transfers Megatron-LM's scatter/gather could split
+    (workloads/p2p_sync.py pipeline_scatter_gather): pp and tp > 1, no sequence
+    parallelism, 1D TP."""
+    return (plan.mesh.pp > 1 and plan.mesh.tp > 1 and not plan.sequence_parallel
+            and plan.grid_strategy is None)
 
 
 def check_megatron_torch_fsdp(plan, fsdp: bool) -> None:

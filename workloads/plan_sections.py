@@ -78,10 +78,16 @@ class Pipeline:
     schedule: str = "1f1b"
     virtual_stages: int = 1
     layer_split: tuple[int, ...] | None = None
+    # Megatron-LM 2021's scatter/gather of pipeline transfers (workloads/p2p_sync.py
+    # pipeline_scatter_gather); None: the framework's default
+    scatter_gather: bool | None = None
 
     def __post_init__(self) -> None:
         check_choice(self.schedule, "pipeline.schedule", SCHEDULES)
         check_int(self.virtual_stages, "pipeline.virtual_stages")
+        if self.scatter_gather is not None and not isinstance(self.scatter_gather, bool):
+            raise WorkloadError("pipeline.scatter_gather", self.scatter_gather,
+                                "true or false")
         split = self.layer_split
         if split is not None and (not isinstance(split, tuple)
                                   or not all(is_int(n) and n >= 0 for n in split)):
@@ -92,13 +98,14 @@ class Pipeline:
 
 def pipeline_section(raw: dict) -> Pipeline:
     """The plan's pipeline section."""
-    known_keys(raw, "pipeline", ("schedule", "virtual_stages", "layer_split"))
+    known_keys(raw, "pipeline", ("schedule", "virtual_stages", "layer_split", "scatter_gather"))
     split = raw.get("layer_split")
     if isinstance(split, list):
         split = tuple(split)
     elif split is not None:
         raise WorkloadError("pipeline.layer_split", split, "a list of non-negative integers")
-    return Pipeline(raw.get("schedule", "1f1b"), raw.get("virtual_stages", 1), split)
+    return Pipeline(raw.get("schedule", "1f1b"), raw.get("virtual_stages", 1), split,
+                    raw.get("scatter_gather"))
 
 
 TOP_KEYS = ("name", "model", "training", "mesh", "fsdp", "zero_stage", "sharding", "layers",

@@ -27,7 +27,7 @@ from .module_recompute import module_recompute_saved, recomputes_modules
 from .offload_copies import insert_offload_copies
 from .moe.a2a_overlap import (PassPieces, add_node_host_time, combined_order,
                                lone_node_calls, reorder)
-from .p2p_sync import P2PSync, p2p_host_sync
+from .p2p_sync import P2PSync, gather_received, p2p_host_sync, pipeline_scatter_gather
 from .param_gathers import FP8_GATHER_BYTES, ChunkGathers, step_gathers
 from .params import unit_param_groups, weight_dp_dims
 from .precision import precision
@@ -73,6 +73,7 @@ class StageLowering:
         self.combined: list[tuple[range, list[int]]] = []
         self.node_calls: list = []   # combined steps' schedule-node host work (a2a_overlap)
         self.p2p_sync = P2PSync(self.sink, p2p_host_sync(plan))   # workloads/p2p_sync.py
+        self.scatter_gather = pipeline_scatter_gather(plan)   # Megatron-LM 2021 (p2p_sync.py)
 
     # ---- helpers ------------------------------------------------------------------------
     def _join(self, deps, unit, mb, phase) -> tuple[int, ...]:
@@ -221,14 +222,27 @@ class StageLowering:
                 label=label, **unit_context(unit, mb)))
 
     # ---- passes -------------------------------------------------------------------------
-    def _p2p(self, kind: str, what: str, mb: int, deps, peer: int, phase: str,
-             chunk: int) -> int:
+    def _p2p_bytes(self) -> float:
+        """One pipeline transfer's bytes as the stage holds the tensor."""
         sh = self.shape
         size = sh.tokens * self.plan.model.hidden_size * sh.act_bytes
         if self.plan.sequence_parallel:
             size /= sh.tp
         elif self.plan.grid_strategy is not None:
             size *= self.plan.parallel_dims.grid.resid_fraction
+        return size
+
+    def _received(self, recv: int, what: str, mb: int, phase: str) -> int:
+        """The received tensor, all-gathered over TP under scatter/gather."""
+        if not self.scatter_gather:
+            return recv
+        return gather_received(self.sink, recv, self._p2p_bytes(), what, mb, phase)
+
+    def _p2p(self, kind: str, what: str, mb: int, deps, peer: int, phase: str,
+             chunk: int) -> int:
+        size = self._p2p_bytes()
+        if self.scatter_gather:
+            size /= self.shape.tp
         src = chunk if kind == "send" else chunk + peer
         task = self.sink.add(kind=COMM, stream=f"pp_{kind}", op="send_recv", phase=phase,
                              deps=tuple(deps), bytes=size, group=("pp",), peer=peer,
@@ -245,6 +259,8 @@ class StageLowering:
         begin = len(self.sink.tasks)
         prev = self._p2p("recv", "act", mb, (), -1, "forward", chunk) if chunk > 0 else None
         self.p2p_sync.call_end(prev, mb, "forward")
+        if prev is not None:
+            prev = self._received(prev, "act", mb, "forward")
         gathers = None
         if self.param_gathers is not None and mb == 0:
             gathers = self.param_gathers.for_forward(local)
@@ -274,6 +290,8 @@ class StageLowering:
         else:
             grad = self.graphs[(HEAD, mb)].output_task
         self.p2p_sync.call_end(grad if chunk < self.last_chunk else None, mb, "backward")
+        if chunk < self.last_chunk:
+            grad = self._received(grad, "grad", mb, "backward")
         self._piece("pre", begin)
         layers = [u for u in self.chunk_units[local] if isinstance(u, int)]
         for index, unit in enumerate(reversed(self.chunk_units[local])):
