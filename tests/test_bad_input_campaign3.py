@@ -62,7 +62,7 @@ def test_a_gpt2_config_whose_n_embd_is_no_integer(tmp_path, n_embd):
 
 @pytest.mark.parametrize("model_type", ["olmo2", "gemma3", "", 3])
 def test_a_model_type_whose_layer_is_not_modelled_is_refused(tmp_path, model_type):
-    # OLMo 2's post-norms and full-width q / k norms, Gemma 3's soft-capping: loaded as
+    # OLMo 2's post-norms and full-width q / k norms, Gemma 3's post-norms: loaded as
     # Llama they would price another model (workloads/hf_config.py KNOWN_MODEL_TYPES)
     model = {**TINY_PLAN["model"], "model_type": model_type}
     plan = write(tmp_path, "p.json", {**TINY_PLAN, "model": model})

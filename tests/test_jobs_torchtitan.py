@@ -14,7 +14,7 @@ from workloads.jobs import JobConfigError, read_torchtitan, write_torchtitan
 from workloads.jobs import torchtitan_keys as K
 from workloads.jobs.torchtitan import weighted_split
 from workloads.jobs.torchtitan_export import dump_toml
-from workloads.plan import plan_from_dict
+from workloads.plan import plan_from_dict, resolve
 
 BASE = {"framework": "torchtitan", "model": "llama3-8b",
         "training": {"global_batch": 16, "micro_batch": 2, "seq_len": 4096, "dtype": "bf16"},
@@ -184,6 +184,19 @@ def test_default_pipeline_split_is_torchtitans():
     # Llama 3 70B: 82 effective layers over 4 stages -> 21, 21, 20, 20 less first and last
     assert plan.pipeline.layer_split == (20, 21, 20, 19)
     assert plan.training.micro_batch == 1 and plan.reshard_after_forward is False
+
+
+def test_ddp_with_pipeline_stages_imports_without_an_fsdp_key():
+    # shard degree 1 with replicas: plain DDP, so the PP default "reshard never" has no
+    # FSDP to act on; the plan keeps reshard_after_forward's default and resolves
+    text = JOB.format(extra="pipeline_parallel_degree = 4\npipeline_parallel_microbatch_size = 1")
+    text = text.replace("data_parallel_shard_degree = 4",
+                        "data_parallel_shard_degree = 1\ndata_parallel_replicate_degree = 4")
+    text = text.replace("local_batch_size = 2", "local_batch_size = 16")
+    raw = read_torchtitan(text).plan
+    assert raw["fsdp"]["enabled"] is False and raw["fsdp"]["reshard_after_forward"] is True
+    plan = resolve(plan_from_dict(raw), 4 * 4 * raw["mesh"]["tp"])
+    assert not plan.fsdp and plan.mesh.pp == 4
 
 
 def test_async_tp_needs_the_compiled_model_as_torchtitan_does():

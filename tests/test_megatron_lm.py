@@ -137,41 +137,66 @@ def test_the_2020_rows_run_on_the_40_gb_a100():
 
 
 def _pp_transfers(**over):
-    """Stage 1's pipeline receives and TP all-gathers after them, of a TP 4 x PP 2 plan."""
+    """Both stages' pipeline transfers and the TP all-gathers after the receives, of a
+    TP 4 x PP 2 plan: stage 1 receives activations, stage 0 gradients."""
     raw = small_plan(framework="megatron-lm", mesh={"dp": 1, "tp": 4, "pp": 2},
                      training={"global_batch": 4}, sharding={"sequence_parallel": False},
                      **over)
-    plan = resolve(plan_from_dict(raw), 8)
-    tasks = lower(plan).stages[1]
-    recvs = [t for t in tasks if t.op == "send_recv" and t.label.startswith("pp.recv")]
+    tasks = [t for stage in lower(resolve(plan_from_dict(raw), 8)).stages for t in stage]
+    p2p = [t for t in tasks if t.op == "send_recv"]
+    recvs = [t for t in p2p if t.label.startswith("pp.recv")]
+    assert {t.label for t in recvs} == {"pp.recv.act", "pp.recv.grad"}
     gathers = [t for t in tasks if t.label.startswith("pp.gather")]
     full = 2048 * 1024 * 2   # tokens x hidden x bf16 bytes of one micro-batch
-    return recvs, gathers, full
+    return p2p, recvs, gathers, full
 
 
 def test_megatron_lm_scatters_pipeline_transfers_and_gathers_them_over_tp():
     # Megatron-LM 2021 (p2p_communication.py _communicate): each TP rank sends 1/TP of the
     # tensor; the receiver all-gathers it over TP after the receive's synchronisation
-    recvs, gathers, full = _pp_transfers()
-    assert recvs and {t.bytes for t in recvs} == {full / 4}
-    assert len(gathers) == len(recvs)
+    p2p, recvs, gathers, full = _pp_transfers()
+    assert {t.bytes for t in p2p} == {full / 4}          # sends and receives, both ways
+    assert sorted(g.label for g in gathers) == sorted(
+        t.label.replace("pp.recv", "pp.gather") for t in recvs)
     assert all(g.op == "all_gather" and g.group == ("tp",) and g.bytes == full
                for g in gathers)
-    recv_ids = {t.id for t in recvs}
-    assert all(set(g.deps) <= recv_ids and g.deps for g in gathers)
+    # each gather waits on the receive of its own direction and micro-batch
+    raw = small_plan(framework="megatron-lm", mesh={"dp": 1, "tp": 4, "pp": 2},
+                     training={"global_batch": 4}, sharding={"sequence_parallel": False})
+    for stage in lower(resolve(plan_from_dict(raw), 8)).stages:
+        for g in (t for t in stage if t.label.startswith("pp.gather")):
+            (dep,) = g.deps
+            recv = stage[dep]
+            assert recv.label == g.label.replace("pp.gather", "pp.recv")
+            assert recv.microbatch == g.microbatch
     # --no-scatter-gather-tensors-in-pipeline: whole tensors, nothing to gather
-    recvs, gathers, full = _pp_transfers(pipeline={"scatter_gather": False})
-    assert {t.bytes for t in recvs} == {full} and not gathers
+    p2p, recvs, gathers, full = _pp_transfers(pipeline={"scatter_gather": False})
+    assert {t.bytes for t in p2p} == {full} and not gathers
 
 
-def test_scatter_gather_is_megatron_lm_s_and_refused_where_it_cannot_act():
+def test_scatter_gather_defaults_to_megatron_lm_and_is_refused_where_it_cannot_act():
     raw = small_plan(mesh={"dp": 1, "tp": 4, "pp": 2}, training={"global_batch": 4},
                      sharding={"sequence_parallel": False}, framework="megatron-core")
     tasks = lower(resolve(plan_from_dict(raw), 8)).stages[1]
     assert not [t for t in tasks if t.label.startswith("pp.gather")]
+    # asked for, Megatron-Core's plan takes it too (the key, not the framework, decides)
+    tasks = lower(resolve(plan_from_dict({**raw, "pipeline": {"scatter_gather": True}}),
+                          8)).stages[1]
+    assert [t for t in tasks if t.label.startswith("pp.gather")]
     for over in ({"sharding": {"sequence_parallel": True}}, {"mesh": {"tp": 1, "pp": 2}}):
         bad = small_plan(framework="megatron-lm", **{**{"mesh": {"tp": 4, "pp": 2}},
                                                       **over},
                          pipeline={"scatter_gather": True})
-        with pytest.raises(WorkloadError, match="^pipeline.scatter_gather: got True"):
+        with pytest.raises(WorkloadError, match="^pipeline.scatter_gather: got True; "
+                                                "allowed: false unless mesh.pp > 1"):
             resolve(plan_from_dict(bad), 8)
+
+
+def test_megatron_lm_reduces_fp16_gradients():
+    # neither --fp32-allreduce (2020) nor --accumulate-allreduce-grads-in-fp32 (2021) is on
+    # by default: the gradients are all-reduced in their 2-byte dtype, where the generic
+    # profile reduces fp32 (workloads/memory.py bucket_grad_bytes)
+    def reduced_bytes(framework: str) -> float:
+        plan = resolve(plan_from_dict(small_plan(framework=framework)), 8)
+        return sum(t.bytes for t in lower(plan).stages[0] if t.label.startswith("grad.reduce"))
+    assert reduced_bytes("megatron-lm") == 0.5 * reduced_bytes("generic") > 0

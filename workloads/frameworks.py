@@ -221,10 +221,11 @@ def check_megatron_sharding(framework: str, values: dict) -> None:
                             'has no ZeRO-3; Megatron-Core shards parameters as FSDP: fsdp.enabled)')
 
 
-def _schedule(raw: dict) -> object:
-    """The plan's pipeline schedule as written (its default when absent)."""
+def _interleaved(raw: dict) -> bool:
+    """Whether the plan's pipeline, as written, is interleaved with chunks to align."""
     pipeline = raw.get("pipeline")
-    return pipeline.get("schedule", "1f1b") if isinstance(pipeline, dict) else "1f1b"
+    return (isinstance(pipeline, dict) and pipeline.get("schedule") == "interleaved"
+            and pipeline.get("virtual_stages", 1) != 1)
 
 
 def framework_values(raw: dict) -> dict:
@@ -273,7 +274,7 @@ def framework_values(raw: dict) -> dict:
                                                  or values["zero_stage"] not in (1, 2)):
         values["param_gather_overlap"] = False
     if "param_gather_align" not in given and not (values["param_gather_overlap"]
-                                                   and _schedule(raw) == "interleaved"):
+                                                   and _interleaved(raw)):
         values["param_gather_align"] = False    # it aligns the interleaved chunks' gathers
     training = raw.get("training")
     dtype = training.get("dtype") if isinstance(training, dict) else None

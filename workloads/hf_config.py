@@ -106,11 +106,13 @@ _LAYOUT_KEYS = {"decoder_sparse_step": 1, "moe_layer_freq": 1, "mlp_only_layers"
 _SINK_MODEL_TYPES = ("gpt_oss",)
 # Qwen3Attention and Qwen3MoeAttention always hold q_norm and k_norm (no config key)
 _QK_NORM_MODEL_TYPES = ("qwen3", "qwen3_moe")
-# The transformers model types whose decoder layer the keys above describe whole: a
-# pre-norm block of attention and a (gated) MLP or MoE, plus the rules of _apply_rules.
+# The transformers model types whose decoder layer is a pre-norm block of attention and a
+# (gated) MLP or MoE, which the keys above and the rules of _apply_rules describe (a part
+# they cannot say is refused by its own key: Qwen2-MoE's shared_expert_intermediate_size).
 # Another type may carry a layer these keys cannot see (OLMo 2 normalises after each
-# block and over the full q / k projections; Gemma 3 adds post-norms, soft-capping and
-# its own q / k norms), so loading it as Llama would price a different model: refused.
+# block and over the full q / k projections; Gemma 3 adds post-attention and
+# post-feedforward norms and its own q / k norms): loaded as Llama it would price a
+# different model, so it is refused.
 KNOWN_MODEL_TYPES = ("llama", "mistral", "mixtral", "qwen2", "qwen2_moe", "qwen3",
                      "qwen3_moe", "gpt2", "deepseek_v3", "gpt_oss")
 

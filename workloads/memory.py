@@ -169,6 +169,21 @@ def mtp_activation_bytes(plan: Plan, depth: int) -> float:
         + activation_scale(plan) * output_layer_activation_bytes(m, s, b, tp, sp)
 
 
+def bucket_grad_bytes(plan: Plan, prec) -> float:
+    """Bytes per parameter a DDP / ZeRO 1-2 gradient bucket reduces. Megatron-Core's DDP
+    reduces its buffer in place, in the buffer's dtype (grad_state_bytes: fp32 only with
+    ddp.grad_reduce_in_fp32). Megatron-LM of 2020-2021 reduces the parameters' fp16
+    gradients: neither --fp32-allreduce (megatron/model/distributed.py allreduce_params
+    @c63906a) nor --accumulate-allreduce-grads-in-fp32 (@6985e58938, _get_buffer_type) is
+    on by default or set by the example scripts the references follow; torch DDP reduces
+    the gradients in their dtype. Others: the precision's reduce dtype."""
+    if plan.framework == "megatron-core":
+        return grad_state_bytes(plan)
+    if plan.framework == "megatron-lm":
+        return prec.grad_state_bytes
+    return prec.grad_reduce_bytes
+
+
 def grad_state_bytes(plan: Plan) -> float:
     """Bytes per accumulated gradient: the precision's, except Megatron-Core's DDP, whose
     gradient buffer (main_grad) is fp32 when grad_reduce_in_fp32 is set, as the

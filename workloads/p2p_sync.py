@@ -1,4 +1,5 @@
-"""Megatron's host synchronisation after each pipeline send/receive call.
+"""Megatron's host synchronisation after each pipeline send/receive call, and Megatron-LM
+2021's scatter/gather of the transfers (pipeline_scatter_gather, below).
 
 Megatron sends and receives pipeline activations and gradients with
 torch.distributed.batch_isend_irecv, waits on the requests, then calls

@@ -22,7 +22,8 @@ from .kernels import adam_step_cost
 from .layer_builder import BuildOptions, LayerBuilder, LayerShape, TaskSink
 from .layers import unit_builder
 from .main_grad import FLAT_BUFFER_FSDP, main_grad_accumulate, megatron_fsdp_grad_copy
-from .memory import fsdp_no_sync, fsdp_reduce_bytes, grad_state_bytes, saved_layer_bytes
+from .memory import (bucket_grad_bytes, fsdp_no_sync, fsdp_reduce_bytes, grad_state_bytes,
+                     saved_layer_bytes)
 from .module_recompute import module_recompute_saved, recomputes_modules
 from .offload_copies import insert_offload_copies
 from .moe.a2a_overlap import (PassPieces, add_node_host_time, combined_order,
@@ -207,10 +208,7 @@ class StageLowering:
         mode: the label names the unit then)."""
         op = "reduce_scatter" if self.plan.zero_stage >= 1 else "all_reduce"
         unit_mode = self.plan.grad_bucket == "unit" and self.plan.grad_reduce_overlap
-        # Megatron-Core's DDP reduces its gradient buffer in place, in the buffer's dtype
-        # (fp32 only with ddp.grad_reduce_in_fp32: memory.grad_state_bytes).
-        grad_bytes = (grad_state_bytes(self.plan) if self.plan.framework == "megatron-core"
-                      else self.precision.grad_reduce_bytes)
+        grad_bytes = bucket_grad_bytes(self.plan, self.precision)
         for bucket in buckets:
             unit = bucket.units[-1]
             label = (f"grad.reduce.{unit}" if unit_mode

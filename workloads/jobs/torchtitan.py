@@ -125,7 +125,9 @@ def _plan(get, spec: ModelSpec, ref, findings: Findings) -> dict[str, Any]:
         "framework": "torchtitan", "model": ref,
         "training": _training(get, dp, pp, findings),
         "mesh": {"dp": dp, "tp": tp, "pp": pp, "cp": cp, "ep": ep},
-        "fsdp": {"enabled": fsdp, "reshard_after_forward": _reshard(get, pp), "version": 2},
+        # without FSDP there is nothing to reshard: the key keeps its default
+        "fsdp": {"enabled": fsdp, "reshard_after_forward": _reshard(get, pp) or not fsdp,
+                 "version": 2},
         "zero_stage": 0,
         "sharding": {**MEGATRON, "sequence_parallel": tp > 1},
         "recompute": _recompute(get, findings),
