@@ -168,3 +168,17 @@ def test_help_lists_the_framework_keys():
     text = sub.choices["whatif"].format_help()
     for name in FRAMEWORK_PARAMS:
         assert name in text, name
+
+
+def test_a_point_without_fsdp_drops_the_plans_fsdp_only_keys():
+    # fsdp_noreshard.json keeps FSDP's parameters gathered (reshard_after_forward false): the
+    # fsdp=false point is plain DDP, where that key may not be given (plan_checks.py)
+    from workloads import resolve
+    from workloads.plan import BUNDLED_DIR
+
+    raw = json.loads((BUNDLED_DIR / "fsdp_noreshard.json").read_text())
+    assert raw["fsdp"]["reshard_after_forward"] is False
+    plan = resolve(apply_plan(raw, {"fsdp": False}), 8)
+    assert not plan.fsdp and plan.reshard_after_forward is True
+    assert raw["fsdp"]["reshard_after_forward"] is False      # the base plan is not changed
+    assert apply_plan(raw, {"fsdp": True}).reshard_after_forward is False

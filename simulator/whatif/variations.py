@@ -257,6 +257,18 @@ def point_raw(plan_raw: dict, params: dict[str, Any]) -> dict:
             raw[key] = value
         else:
             raw[section] = {**(raw.get(section) or {}), key: value}
+    if params.get("fsdp") is False and raw.get("zero_stage") != 3:
+        # a point without FSDP drops the plan's FSDP-only keys, which a plan file may not
+        # give there (workloads/plan_checks.py): DDP against FSDP stays a what-if
+        raw = _without_fsdp_only_keys(raw)
+    return raw
+
+
+def _without_fsdp_only_keys(raw: dict) -> dict:
+    """The raw plan without fsdp.reshard_after_forward and overlap.fsdp_prefetch."""
+    for section, key in (("fsdp", "reshard_after_forward"), ("overlap", "fsdp_prefetch")):
+        if isinstance(raw.get(section), dict) and key in raw[section]:
+            raw[section] = {k: v for k, v in raw[section].items() if k != key}
     return raw
 
 

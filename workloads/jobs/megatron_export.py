@@ -65,8 +65,6 @@ def write_megatron(plan: Plan) -> Exported:
     if plan.mesh.order == ORDER_DIMS:    # Megatron's default order, given explicitly
         mesh["order"] = list(ORDER_DIMS)
     overlap = dict(back.plan["overlap"])
-    if plan.pipeline.schedule != "interleaved":   # no chunks to align: the flag is moot
-        overlap["param_gather_align"] = plan.param_gather_align
     moe = dict(back.plan.get("moe", {}))
     hybridep_sms = plan.model.num_experts and plan.moe.flex_backend != "deepep" and \
         plan.moe.flex_num_sms
@@ -170,7 +168,7 @@ def _run_flags(plan: Plan) -> list[str]:
                 ("--overlap-grad-reduce", plan.grad_reduce_overlap and not plan.fsdp),
                 ("--overlap-param-gather", plan.param_gather_overlap),
                 ("--no-align-param-gather", not plan.param_gather_align
-                 and plan.pipeline.schedule == "interleaved"),
+                 and plan.param_gather_overlap and plan.pipeline.schedule == "interleaved"),
                 ("--tp-comm-overlap", plan.tp_comm_overlap),
                 ("--fp8-param-gather", plan.fp8_param_gather and not plan.fsdp),
                 ("--enable-cuda-graph", plan.cuda_graphs),
