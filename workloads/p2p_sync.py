@@ -69,8 +69,7 @@ def p2p_host_sync(plan) -> bool:
     if plan.framework == "megatron-lm":
         return True
     return (plan.framework == "megatron-core"
-            and not (plan.pipeline.schedule == "interleaved"
-                     and plan.pipeline.virtual_stages > 1))
+            and not plan.pipeline.interleaved)
 
 
 class P2PSync:

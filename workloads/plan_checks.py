@@ -172,8 +172,8 @@ def check_framework_keys(plan) -> None:
         raise WorkloadError("pipeline.scatter_gather", True, "false unless mesh.pp > 1 and "
                             "mesh.tp > 1 without sequence parallelism (1D TP): the chunks "
                             "are 1/TP of the transfer")
-    if plan.param_gather_align and not (plan.param_gather_overlap and plan.pipeline.virtual_stages
-                                        > 1 and plan.pipeline.schedule == "interleaved"):
+    if plan.param_gather_align and not (plan.param_gather_overlap
+                                        and plan.pipeline.interleaved):
         # align_param_gather is the interleaved schedule's param_sync_func (param_gathers.py)
         raise WorkloadError("overlap.param_gather_align", True, "false unless "
                             'overlap.param_gather with pipeline.schedule "interleaved" and '

@@ -82,6 +82,11 @@ class Pipeline:
     # pipeline_scatter_gather); None: the framework's default
     scatter_gather: bool | None = None
 
+    @property
+    def interleaved(self) -> bool:
+        """Whether the schedule interleaves several model chunks per stage."""
+        return self.schedule == "interleaved" and self.virtual_stages > 1
+
     def __post_init__(self) -> None:
         check_choice(self.schedule, "pipeline.schedule", SCHEDULES)
         check_int(self.virtual_stages, "pipeline.virtual_stages")
