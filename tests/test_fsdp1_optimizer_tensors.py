@@ -1,4 +1,4 @@
-"""A per-tensor optimizer step under FSDP1 (workloads/stage_lowering.py _param_tensors):
+"""A per-tensor optimizer step under FSDP1 (workloads/params.py param_tensor_count):
 each unit is one FlatParameter cut into contiguous shards, and a rank's optimizer steps
 only the original parameters its shard overlaps (the others get no gradient:
 torch/distributed/fsdp/_flat_param.py _use_sharded_grad_views), 1 + (k - 1) / shards of

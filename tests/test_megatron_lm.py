@@ -200,3 +200,30 @@ def test_megatron_lm_reduces_fp16_gradients():
         plan = resolve(plan_from_dict(small_plan(framework=framework)), 8)
         return sum(t.bytes for t in lower(plan).stages[0] if t.label.startswith("grad.reduce"))
     assert reduced_bytes("megatron-lm") == 0.5 * reduced_bytes("generic") > 0
+
+
+def test_the_loss_is_megatron_lms_unfused_vocab_parallel_cross_entropy():
+    """megatron/mpu/cross_entropy.py @a8d172b on output.float(): forward cast (2 + 4 B),
+    max (4), sub_ (4 + 4), exp (4 + 4), sum (4), div_ (4 + 4) per logit in 6 kernels;
+    backward mul_ (4 + 4) and the cast back (4 + 2) in 2. The fused form it replaces
+    reads and writes 2 + 2 tensors forward, 1.5 times that backward."""
+    raw = small_plan(framework="megatron-lm", training={"global_batch": 8, "micro_batch": 1,
+                                                        "seq_len": 2048})
+    plan = resolve(plan_from_dict(raw), 8)
+    assert plan.loss_kernels == "unfused"
+    logits = 2048 * 8192                       # tokens x vocab of one micro-batch, TP 1
+    losses = {t.phase: t for t in lower(plan).stages[0]
+              if t.op == "cross_entropy" and t.microbatch == 0}
+    assert (losses["forward"].bytes, losses["forward"].kernels) == (38 * logits, 6)
+    assert (losses["backward"].bytes, losses["backward"].kernels) == (14 * logits, 2)
+    fused = resolve(plan_from_dict({**raw, "framework": "megatron-core"}), 8)
+    (fused_fwd,) = [t for t in lower(fused).stages[0]
+                    if t.op == "cross_entropy" and t.microbatch == 0 and t.phase == "forward"]
+    assert fused_fwd.bytes == 4 * 2 * logits
+
+
+def test_unfused_loss_is_megatron_lms_only():
+    with pytest.raises(WorkloadError, match="loss.kernels"):
+        plan_from_dict(small_plan(loss={"kernels": "unfused"}))
+    with pytest.raises(WorkloadError, match="loss.kernels"):
+        plan_from_dict(small_plan(framework="megatron-lm", loss={"kernels": "fused"}))

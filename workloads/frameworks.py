@@ -17,6 +17,7 @@ from typing import Any, Mapping
 
 from .errors import WorkloadError
 from .fields import check_choice, int_as_float, is_int, json_object, known_keys
+from .kernels import KERNEL_MODES
 from .loss_memory import TORCH_LOSS_FRAMEWORKS
 
 # Plan keys a profile may set (the Plan field names), with the generic default of each:
@@ -149,10 +150,14 @@ MEGATRON_LM: Mapping[str, Any] = MappingProxyType({
     # Apex FusedAdam (megatron/training.py @c63906a, megatron/optimizer/__init__.py
     # @a8d172b: `from apex.optimizers import FusedAdam as Adam`) inside the mixed-precision
     # wrapper that keeps fp32 main parameters and gradients (workloads/kernels.py
-    # ADAM_STEP "megatron_float16", from the April 2021 code; the September 2020
-    # FP16_Optimizer also checked each gradient tensor for overflow with a host sync,
-    # megatron/fp16/loss_scaler.py, which is not counted).
+    # ADAM_STEP "megatron_float16", from the April 2021 code; the September 2020 code's
+    # FP16_Optimizer, which checks each gradient tensor for overflow and takes each one's
+    # norm with a host wait, is "fp16_optimizer": workloads/fp16_optimizer.py).
     "optimizer": "megatron_float16",
+    # The GPT model's loss: mpu.vocab_parallel_cross_entropy on the fp32 logits, one torch
+    # op at a time (workloads/kernels.py UNFUSED_CE; the loss fusion came with
+    # Megatron-Core's --cross-entropy-loss-fusion).
+    "loss_kernels": "unfused",
     # No distributed optimizer (it came with Megatron-Core): every DP rank holds the Adam
     # states; the local DDP all-reduces the gradients after the whole backward
     # (megatron/model/distributed.py allreduce_params @c63906a, called by train_step;
@@ -252,6 +257,8 @@ def framework_values(raw: dict) -> dict:
         raise WorkloadError("loss.kernels", given["loss_kernels"], "a key of frameworks "
                             f"{' and '.join(map(repr, TORCH_LOSS_FRAMEWORKS))} only (Megatron "
                             "computes its own vocab-parallel cross-entropy)")
+    if "loss_kernels" in given:   # "unfused" is Megatron-LM's, the megatron-lm profile's
+        check_choice(given["loss_kernels"], "loss.kernels", KERNEL_MODES)
     if given.get("loss_metrics") and framework != "generic":
         raise WorkloadError("loss.metrics", given["loss_metrics"], 'a key of framework '
                             '"generic" only (Megatron-Core and torchtitan compute the loss '
@@ -259,7 +266,8 @@ def framework_values(raw: dict) -> dict:
     values = {**framework_defaults(framework), **given}
     # The loss runs as the model's kernels do unless the plan says otherwise: torch.compile
     # compiles it with the model (torchtitan from bbb1b616e: workloads/loss_memory.py);
-    # Megatron's vocab-parallel cross-entropy is its own fused kernel.
+    # Megatron-Core's vocab-parallel cross-entropy is priced as one fused kernel (its
+    # --cross-entropy-loss-fusion), Megatron-LM's as its profile says.
     values.setdefault("loss_kernels", values["kernels"] if framework in TORCH_LOSS_FRAMEWORKS
                       else "fused")
     if "fsdp" not in given and given.get("zero_stage") in (1, 2):

@@ -18,6 +18,11 @@ on the activation width: the up-casts vanish for fp32 activations.
 from __future__ import annotations
 
 KERNEL_MODES = ("fused", "eager")
+# The loss's modes (a plan's loss.kernels): the kernel modes, and Megatron-LM's
+# vocab-parallel cross-entropy of 2020-2021 as separate torch ops (below), which the
+# megatron-lm profile sets.
+UNFUSED_LOSS = "unfused"
+LOSS_KERNEL_MODES = KERNEL_MODES + (UNFUSED_LOSS,)
 
 # Which kernel family each elementwise node of the layer graph is (workloads/layers.py).
 KERNEL_OF_OP = {"attention_norm": "norm", "ffn_norm": "norm", "final_norm": "norm",
@@ -44,6 +49,30 @@ EAGER = {
     4: {"norm": (7.0, 20.0, 6, 12), "rope": (2.2, 3.2, 1, 3), "swiglu": (5.0, 9.0, 2, 3),
         "gelu": (2.0, 3.0, 1, 1), "add": (3.0, 0.0, 1, 0), "cross_entropy": (3.0, 5.0, 2, 2)},
 }
+
+# Megatron-LM's vocab-parallel cross-entropy of 2020-2021 (loss.kernels "unfused"): the
+# GPT model calls mpu.vocab_parallel_cross_entropy(output.float(), labels)
+# (megatron/model/gpt_model.py @a8d172b, gpt2_model.py @c63906a; --fp16-lm-cross-entropy
+# is off by default), whose _VocabParallelCrossEntropy (megatron/mpu/cross_entropy.py)
+# runs one torch op at a time on the fp32 copy, in place. Forward: the cast (read 2 B,
+# write 4 B per logit), max (read 4), sub_ (read 4, write 4), exp (4, 4), sum (4), div_
+# (4, 4): 38 B in 6 kernels. Backward: mul_ by the loss gradient (4, 4) and the cast's
+# backward to 16 bits (read 4, write 2): 14 B in 2 kernels (the target's index_put and
+# the TP all-reduces are per token). In fp32 training there are no casts: 32 B in 5, 8 B
+# in 1. (forward bytes, backward bytes, forward kernels, backward kernels) per logit, by
+# activation bytes.
+UNFUSED_CE = {2: (38.0, 14.0, 6, 2), 4: (32.0, 8.0, 5, 1)}
+
+
+def unfused_loss_cost(act_bytes: int, phase: str) -> tuple[float, int]:
+    """(passes over the logits, kernel launches) of Megatron-LM's unfused vocab-parallel
+    cross-entropy (UNFUSED_CE) in `phase`; a pass is the logits' own width."""
+    width = 2 if act_bytes < 4 else 4
+    fwd, bwd, fwd_kernels, bwd_kernels = UNFUSED_CE[width]
+    if phase == "backward":
+        return bwd / act_bytes, bwd_kernels
+    return fwd / act_bytes, fwd_kernels
+
 
 # A fused kernel's backward reads its input and the output gradient and writes the input
 # gradient: 3 tensors against the forward's 2.
@@ -119,10 +148,17 @@ FP8_CAST_BYTES_PER_ELEMENT = 4.0
 #     read 4 B, write 2 B): 52 B per parameter; a launch per parameter tensor (its copy;
 #     the four multi-tensor launches are left out). The clipping scale runs only when the
 #     norm exceeds the limit: not counted.
+#   fp16_optimizer: the September 2020 FP16_Optimizer that megatron_float16 replaced
+#     (workloads/fp16_optimizer.py, which also prices its host-synchronised overflow-check
+#     and gradient-norm loops): model gradients to fp32 master gradients and the loss scale
+#     divided out (two multi_tensor_scale passes: read 2 B, write 4 B; read and write 4 B),
+#     FusedAdam (read 16 B, write 12 B), the master parameters copied back one tensor at a
+#     time (read 4 B, write 2 B): 48 B per parameter, a launch per parameter tensor.
 # Counted by tests/test_kernels.py with the same dispatch counter as the table above (the
-# torch implementations; megatron_float16 from the code cited).
+# torch implementations; megatron_float16 and fp16_optimizer from the code cited).
 ADAM_STEP = {"fused": (30.0, 1, False), "foreach": (84.0, 8, False),
-             "for_loop": (84.0, 8, True), "megatron_float16": (52.0, 1, True)}
+             "for_loop": (84.0, 8, True), "megatron_float16": (52.0, 1, True),
+             "fp16_optimizer": (48.0, 1, True)}
 OPTIMIZERS = tuple(ADAM_STEP)
 
 

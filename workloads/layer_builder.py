@@ -19,7 +19,7 @@ from typing import Protocol
 
 from .attention_impls import BY_GPU_IMPLS, scores_on_chip
 from .errors import WorkloadError
-from .kernels import LOSS_OPS, eager_cost
+from .kernels import LOSS_OPS, UNFUSED_LOSS, eager_cost, unfused_loss_cost
 from .precision import BF16_BYTES, FUSED_LINEAR_FRAMEWORKS, TE_FRAMEWORKS, GemmRecipe
 from .te_quant import cast_efficiency
 from .vocab_parallel_loss import UNFUSED_ALL_REDUCE_BYTES, loss_all_reduce_bytes
@@ -185,6 +185,8 @@ def memory_task(sink: TaskSink, ctx: dict, options: BuildOptions, act_bytes: int
     mode = options.loss_kernels if op in LOSS_OPS else options.kernels
     eager = eager_cost(op, act_bytes, phase) if mode == "eager" else None
     passes, kernels = fused if eager is None else (eager[0], eager[1] * tensors)
+    if mode == UNFUSED_LOSS and op in LOSS_OPS:
+        passes, kernels = unfused_loss_cost(act_bytes, phase)
     if mode == "eager":
         passes, kernels = passes + eager_extra[0], kernels + eager_extra[1]
     return sink.add(kind=COMPUTE, stream="compute", op=op, phase=phase, deps=tuple(deps),

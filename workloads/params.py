@@ -6,11 +6,14 @@ also what ZeRO/FSDP shard them over.
 """
 from __future__ import annotations
 
+import math
 from collections import Counter
 
 from .attention import causal_attention_flops
+from .frameworks import MEGATRON_PROFILES
 from .latent_attention import layer_strategies
 from .lora import adapter_params_per_layer
+from .model_spec import LEARNED
 from .moe import moe_param_groups
 from .plan import Plan
 from .schedules import EMBED, HEAD
@@ -155,3 +158,35 @@ def model_flops(plan: Plan) -> float:
         adapters = m.num_layers * adapter_params_per_layer(m, plan.lora)
         return 4.0 * tokens * matmul + 6.0 * tokens * adapters + attention
     return 6.0 * tokens * matmul + attention
+
+
+def param_tensor_count(plan: Plan, units: list, fsdp1_shards: int = 1) -> int:
+    """Parameter tensors a rank's optimizer steps for `units` (its stage's), which the
+    per-tensor loops of the for_loop, megatron_float16 and fp16_optimizer steps run over.
+
+    A layer: its projections (one query_key_value tensor under the Megatron frameworks,
+    Megatron-LM's ParallelAttention and Megatron-Core's linear_qkv; Megatron-Core's
+    linear_fc1 also holds a gated MLP's gate and up) and two norms (four
+    with per-head q / k norms); GPT-style layers (ModelSpec.linear_bias) add a bias to
+    each projection and to each LayerNorm. MoE experts count as the dense projections.
+    The embedding: the word embedding, and the position embedding where it is learned.
+    The output layer: the final norm (and its bias) and the output projection, which a
+    tied embedding on the same stage shares.
+    FSDP1 (`fsdp1_shards` > 1) shards a unit's FlatParameter contiguously and steps only
+    the parameters a shard overlaps (_flat_param.py _use_sharded_grad_views): each of the
+    unit's k - 1 inner boundaries falls in one shard, 1 + (k - 1) / shards on average.
+    """
+    m = plan.model
+    linears = 4 + len(m.mlp_matrices)
+    if plan.framework in MEGATRON_PROFILES:
+        linears -= 2
+    if plan.framework == "megatron-core" and len(m.mlp_matrices) == 3:
+        linears -= 1    # gate and up in one linear_fc1
+    norms = 2 + 2 * m.qk_norm
+    per_layer = linears + norms + (linears + 2 if m.linear_bias else 0)
+    head = 1 + m.linear_bias + (0 if m.tie_word_embeddings and EMBED in units else 1)
+    counts = [1 + (m.position_embedding == LEARNED) if u == EMBED else head if u == HEAD
+              else per_layer for u in units]
+    if fsdp1_shards > 1:
+        return math.ceil(sum(1 + (k - 1) / fsdp1_shards for k in counts))
+    return sum(counts)

@@ -25,7 +25,7 @@ from .ddp_buckets import BUCKET_MODES
 from .fields import (MAX_INT, check_bool, check_choice, check_int, check_number, check_optional_name,
                      is_int, json_object as _obj, known_keys as _known_keys)
 from .frameworks import FRAMEWORKS, framework_values
-from .kernels import KERNEL_MODES, OPTIMIZERS
+from .kernels import KERNEL_MODES, LOSS_KERNEL_MODES, OPTIMIZERS
 from .mesh import Mesh, ParallelDims
 from .models import ModelSpec, load_model
 from .module_recompute import RECOMPUTE_MODULES
@@ -172,7 +172,7 @@ class Plan:
         for name, allowed in (("recompute", RECOMPUTE), ("attention", ATTENTION_IMPLS),
                               ("kernels", KERNEL_MODES), ("optimizer", OPTIMIZERS)):
             check_choice(getattr(self, name), name, allowed)
-        check_choice(self.loss_kernels, "loss.kernels", KERNEL_MODES)
+        check_choice(self.loss_kernels, "loss.kernels", LOSS_KERNEL_MODES)
         if not is_int(self.loss_metrics) or not 0 <= self.loss_metrics <= MAX_LOSS_METRICS:
             raise WorkloadError("loss.metrics", self.loss_metrics,
                                 f"an integer in [0, {MAX_LOSS_METRICS}]")

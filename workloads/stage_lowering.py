@@ -15,6 +15,7 @@ import math
 from .checkpointing import op_checkpoint_saved
 from .ddp_buckets import BucketFiller, bucket_params
 from .fsdp1 import fsdp1_grad_cat, fsdp1_reduce_post, fsdp1_reduce_pre
+from .fp16_optimizer import FP16_OPTIMIZER, fp16_optimizer_checks
 from .fsdp_float8 import float8_group, precompute_scales
 from .fsdp_gather_input import gather_input
 from .host_cost import add_host_issue_time
@@ -30,11 +31,11 @@ from .moe.a2a_overlap import (PassPieces, add_node_host_time, combined_order,
                                lone_node_calls, reorder)
 from .p2p_sync import P2PSync, gather_received, p2p_host_sync, pipeline_scatter_gather
 from .param_gathers import FP8_GATHER_BYTES, ChunkGathers, step_gathers
-from .params import unit_param_groups, weight_dp_dims
+from .params import param_tensor_count, unit_param_groups, weight_dp_dims
 from .precision import precision
 from .plan import Plan
 from .program import COMM, COMPUTE, MEMORY, Task
-from .schedules import EMBED, HEAD, chunk_units, stage_slots, unit_context
+from .schedules import HEAD, chunk_units, stage_slots, unit_context
 
 
 class StageLowering:
@@ -350,18 +351,10 @@ class StageLowering:
         self.pieces = None
 
     def _param_tensors(self) -> int:
-        """Parameter tensors this rank's optimizer steps: a layer's projections and two
-        norms (four with per-head q / k norms), the embedding, the final norm and the
-        output layer (MoE experts as dense).
-        FSDP1 shards a unit's FlatParameter contiguously and steps only the parameters a
-        shard overlaps (_flat_param.py _use_sharded_grad_views): each of the unit's k - 1
-        inner boundaries falls in one shard, 1 + (k - 1) / shards tensors on average."""
-        per_layer = 4 + len(self.plan.model.mlp_matrices) + 2 + 2 * self.plan.model.qk_norm
-        counts = [1 if u == EMBED else 2 if u == HEAD else per_layer for u in self.units]
-        if self.fsdp and self.plan.fsdp_version == 1:
-            shards = self._group_size(weight_dp_dims(self.plan))
-            return math.ceil(sum(1 + (k - 1) / shards for k in counts))
-        return sum(counts)
+        """Parameter tensors this rank's optimizer steps (params.param_tensor_count)."""
+        shards = (self._group_size(weight_dp_dims(self.plan))
+                  if self.fsdp and self.plan.fsdp_version == 1 else 1)
+        return param_tensor_count(self.plan, self.units, shards)
 
     def optimizer(self) -> None:
         """Adam on this rank's parameter shard, then ZeRO-1/2's parameter all-gathers."""
@@ -376,10 +369,13 @@ class StageLowering:
         states = self.plan.optimizer_states   # workloads/optimizer_states.py
         per_param = None if states is None else states.adam_bytes(
             self.plan.training.dtype, grad_state_bytes(self.plan), self.plan.fp8_param_gather)
-        nbytes, kernels = adam_step_cost(self.plan.optimizer, local, self._param_tensors(),
-                                         per_param)
+        tensors = self._param_tensors()
+        nbytes, kernels = adam_step_cost(self.plan.optimizer, local, tensors, per_param)
+        deps = (self.last_backward, *self.reductions)
+        if self.plan.optimizer == FP16_OPTIMIZER:   # its host-synchronised loops first
+            deps = (fp16_optimizer_checks(self.sink, self.plan, local, tensors, deps),)
         step = self.sink.add(kind=COMPUTE, stream="compute", op="adam", phase="optimizer",
-                             deps=(self.last_backward, *self.reductions), bytes=nbytes,
+                             deps=deps, bytes=nbytes,
                              kernels=kernels, op_class=MEMORY, label="optimizer.step",
                              layer=-1, microbatch=-1)
         if self.plan.zero_stage in (1, 2) and not self.fsdp and self.param_gathers is None:
