@@ -22,6 +22,7 @@ from .host_cost import add_host_issue_time
 from .kernels import adam_step_cost
 from .layer_builder import BuildOptions, LayerBuilder, LayerShape, TaskSink
 from .layers import unit_builder
+from .local_ddp import local_ddp, local_ddp_copies
 from .main_grad import FLAT_BUFFER_FSDP, main_grad_accumulate, megatron_fsdp_grad_copy
 from .memory import (bucket_grad_bytes, fsdp_no_sync, fsdp_reduce_bytes, grad_state_bytes,
                      saved_layer_bytes)
@@ -356,6 +357,18 @@ class StageLowering:
                   if self.fsdp and self.plan.fsdp_version == 1 else 1)
         return param_tensor_count(self.plan, self.units, shards)
 
+    def _before_step(self, local: float, tensors: int) -> tuple[int, ...]:
+        """What the optimizer step waits for: the backward and the reductions, then
+        Megatron-LM's flat gradient copies (workloads/local_ddp.py) and the 2020
+        FP16_Optimizer's host-synchronised loops (workloads/fp16_optimizer.py)."""
+        deps = (self.last_backward, *self.reductions)
+        if local_ddp(self.plan):
+            deps = (local_ddp_copies(self.sink, self.plan, local, tensors,
+                                     bucket_grad_bytes(self.plan, self.precision), deps),)
+        if self.plan.optimizer == FP16_OPTIMIZER:
+            deps = (fp16_optimizer_checks(self.sink, self.plan, local, tensors, deps),)
+        return deps
+
     def optimizer(self) -> None:
         """Adam on this rank's parameter shard, then ZeRO-1/2's parameter all-gathers."""
         self.p2p_sync.call_end(None, self.plan.micro_batches - 1, "backward")
@@ -371,11 +384,8 @@ class StageLowering:
             self.plan.training.dtype, grad_state_bytes(self.plan), self.plan.fp8_param_gather)
         tensors = self._param_tensors()
         nbytes, kernels = adam_step_cost(self.plan.optimizer, local, tensors, per_param)
-        deps = (self.last_backward, *self.reductions)
-        if self.plan.optimizer == FP16_OPTIMIZER:   # its host-synchronised loops first
-            deps = (fp16_optimizer_checks(self.sink, self.plan, local, tensors, deps),)
         step = self.sink.add(kind=COMPUTE, stream="compute", op="adam", phase="optimizer",
-                             deps=deps, bytes=nbytes,
+                             deps=self._before_step(local, tensors), bytes=nbytes,
                              kernels=kernels, op_class=MEMORY, label="optimizer.step",
                              layer=-1, microbatch=-1)
         if self.plan.zero_stage in (1, 2) and not self.fsdp and self.param_gathers is None:
