@@ -19,6 +19,14 @@ def simulated(plan_name: str, topo: str | None = None):
     return simulate(plan, topologies.build(topo or plan.topology))
 
 
+# A small GPT-2-style model, as the Megatron-LM README's 2020 models: biases, LayerNorm,
+# GELU, learned positions, tied embeddings.
+SMALL_GPT = {"hidden_size": 1024, "num_hidden_layers": 4, "num_attention_heads": 16,
+             "num_key_value_heads": 16, "intermediate_size": 4096, "vocab_size": 8192,
+             "mlp": "gelu", "linear_bias": True, "hidden_dropout": True,
+             "position_embedding": "learned_absolute", "tie_word_embeddings": True}
+
+
 def small_plan(**over) -> dict:
     """A small Llama-like plan as raw JSON data, overridable per test."""
     raw = {

@@ -15,14 +15,9 @@ from workloads.lowering import lower
 from workloads.params import param_tensor_count
 from workloads.schedules import EMBED, HEAD
 
-from conftest import small_plan
+from conftest import SMALL_GPT, small_plan
 
-# GPT-2 style, as the Megatron-LM README's 2020 models: biases, LayerNorm, learned
-# positions, tied embeddings.
-GPT = {"hidden_size": 1024, "num_hidden_layers": 4, "num_attention_heads": 16,
-       "num_key_value_heads": 16, "intermediate_size": 4096, "vocab_size": 8192,
-       "mlp": "gelu", "linear_bias": True, "hidden_dropout": True,
-       "position_embedding": "learned_absolute", "tie_word_embeddings": True}
+GPT = SMALL_GPT
 
 
 def _plan(optimizer: str, tp: int = 1, **over):
@@ -84,20 +79,3 @@ def test_the_host_waits_make_the_loops_cost_their_host_time():
     tensors = param_tensor_count(_plan("fp16_optimizer"), [EMBED, 0, 1, 2, 3, HEAD])
     assert old - new >= 5 * tensors * 10e-6
 
-
-def test_megatron_lms_local_ddp_copies_the_flat_gradients_whatever_the_dp_size():
-    """megatron/model/distributed.py (allreduce_params @c63906a): flatten, divide by the DP
-    size, all-reduce, copy back each tensor: 6 passes over the fp16 gradients before the
-    optimizer, on one rank too; torch DDP (overlap.grad_reduce) has none of it."""
-    plan = _plan("megatron_float16")
-    tasks = {t.label: t for t in lower(plan, gpu="a100").stages[0]}
-    copies, step = tasks["grad.local_ddp_copies"], tasks["optimizer.step"]
-    tensors = param_tensor_count(plan, [EMBED, 0, 1, 2, 3, HEAD])
-    params = step.bytes / 52
-    assert copies.bytes == 6 * 2 * params and copies.kernels == 2 + tensors
-    assert step.deps == (copies.id,)
-    torch_ddp = resolve(plan_from_dict(small_plan(
-        framework="megatron-lm", model=GPT, mesh={"dp": 1},
-        training={"global_batch": 4, "micro_batch": 4, "seq_len": 1024},
-        overlap={"grad_reduce": True})), 1)
-    assert "grad.local_ddp_copies" not in {t.label for t in lower(torch_ddp).stages[0]}

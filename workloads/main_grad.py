@@ -77,6 +77,25 @@ def main_grad_accumulate(sink: TaskSink, prec: Precision, params: float, deps, u
                     bytes=params * (prec.param_bytes + 2 * grad_bytes), **ctx)
 
 
+def autograd_accumulates(plan) -> bool:
+    """Whether weight gradients accumulate over micro-batches in `param.grad` by autograd:
+    Megatron-LM of 2020-2021 (framework megatron-lm), before Megatron's main_grad buffer
+    and gradient-accumulation fusion (megatron/model/distributed.py @a8d172b keeps them in
+    `param.grad` unless --accumulate-allreduce-grads-in-fp32, off by default for fp16;
+    --gradient-accumulation-fusion came in 83b1e42f30, 2022)."""
+    return plan.framework == "megatron-lm" and not plan.fsdp
+
+
+def autograd_grad_accumulate(sink: TaskSink, prec: Precision, params: float, deps, unit,
+                             ctx: dict) -> int:
+    """autograd's AccumulateGrad for a micro-batch after the first (the first one's
+    gradient is stored as it is): the new weight gradient added into `param.grad` in
+    place, in the parameters' dtype (read both, write one), on the compute stream."""
+    return sink.add(kind=COMPUTE, stream="compute", op="grad_add", phase="backward",
+                    deps=tuple(deps), op_class=MEMORY, label=f"grad.accumulate.{unit}",
+                    bytes=params * 3 * prec.param_bytes, **ctx)
+
+
 def megatron_torch_fsdp(plan) -> bool:
     """Whether the plan is Megatron-Core over torch's FSDP2 (--use-torch-fsdp2). Its wrapper
     calls fully_shard without a MixedPrecisionPolicy (megatron/core/distributed/

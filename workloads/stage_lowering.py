@@ -23,7 +23,8 @@ from .kernels import adam_step_cost
 from .layer_builder import BuildOptions, LayerBuilder, LayerShape, TaskSink
 from .layers import unit_builder
 from .local_ddp import local_ddp, local_ddp_copies
-from .main_grad import FLAT_BUFFER_FSDP, main_grad_accumulate, megatron_fsdp_grad_copy
+from .main_grad import (FLAT_BUFFER_FSDP, autograd_accumulates, autograd_grad_accumulate,
+                        main_grad_accumulate, megatron_fsdp_grad_copy)
 from .memory import (bucket_grad_bytes, fsdp_no_sync, fsdp_reduce_bytes, grad_state_bytes,
                      saved_layer_bytes)
 from .module_recompute import module_recompute_saved, recomputes_modules
@@ -168,6 +169,10 @@ class StageLowering:
             params = sum(unit_param_groups(self.plan, unit).values())
             deps = (fsdp1_grad_cat(self.sink, self.precision, params, deps, unit,
                                    unit_context(unit, mb)),)
+        elif mb > 0 and autograd_accumulates(self.plan):   # Megatron-LM 2020-2021
+            params = sum(unit_param_groups(self.plan, unit).values())
+            deps = (autograd_grad_accumulate(self.sink, self.precision, params, deps, unit,
+                                             unit_context(unit, mb)),)
         if not self._reduces(mb):
             return
         if not self.fsdp:
