@@ -43,6 +43,7 @@ FSDP2's per-tensor sharding "leads to extra data copy so won't be used by defaul
 """
 from __future__ import annotations
 
+from .fsdp1 import fsdp1_grad_cat
 from .layer_builder import TaskSink
 from .precision import Precision
 from .program import COMPUTE, MEMORY
@@ -75,6 +76,21 @@ def main_grad_accumulate(sink: TaskSink, prec: Precision, params: float, deps, u
     return sink.add(kind=COMPUTE, stream="compute", op="main_grad_add", phase="backward",
                     deps=tuple(deps), op_class=MEMORY, label=f"grad.main_grad_add.{unit}",
                     bytes=params * (prec.param_bytes + 2 * grad_bytes), **ctx)
+
+
+def grads_ready(sink: TaskSink, plan, prec: Precision, params: float, deps, unit, mb: int,
+                ctx: dict, fsdp: bool, grad_bytes: float) -> tuple[int, ...]:
+    """What a unit's gradient reduction waits for after its backward of micro-batch `mb`
+    (`params` of its gradients on this rank): Megatron-Core DDP's main_grad add without
+    gradient-accumulation fusion, FSDP1's FlatParameter gradient (workloads/fsdp1.py),
+    Megatron-LM's autograd accumulation after the first micro-batch; else the backward."""
+    if not fsdp and not plan.grad_accumulation_fusion:
+        return (main_grad_accumulate(sink, prec, params, deps, unit, ctx, grad_bytes),)
+    if fsdp and plan.fsdp_version == 1:
+        return (fsdp1_grad_cat(sink, prec, params, deps, unit, ctx),)
+    if mb > 0 and autograd_accumulates(plan):
+        return (autograd_grad_accumulate(sink, prec, params, deps, unit, ctx),)
+    return tuple(deps)
 
 
 def autograd_accumulates(plan) -> bool:

@@ -14,7 +14,7 @@ import math
 
 from .checkpointing import op_checkpoint_saved
 from .ddp_buckets import BucketFiller, bucket_params
-from .fsdp1 import fsdp1_grad_cat, fsdp1_reduce_post, fsdp1_reduce_pre
+from .fsdp1 import fsdp1_reduce_post, fsdp1_reduce_pre
 from .fp16_optimizer import FP16_OPTIMIZER, fp16_optimizer_checks
 from .fsdp_float8 import float8_group, precompute_scales
 from .fsdp_gather_input import gather_input
@@ -23,8 +23,7 @@ from .kernels import adam_step_cost
 from .layer_builder import BuildOptions, LayerBuilder, LayerShape, TaskSink
 from .layers import unit_builder
 from .local_ddp import local_ddp, local_ddp_copies
-from .main_grad import (FLAT_BUFFER_FSDP, autograd_accumulates, autograd_grad_accumulate,
-                        main_grad_accumulate, megatron_fsdp_grad_copy)
+from .main_grad import FLAT_BUFFER_FSDP, grads_ready, megatron_fsdp_grad_copy
 from .memory import (bucket_grad_bytes, fsdp_no_sync, fsdp_reduce_bytes, grad_state_bytes,
                      saved_layer_bytes)
 from .module_recompute import module_recompute_saved, recomputes_modules
@@ -161,18 +160,9 @@ class StageLowering:
         return every_mb or mb == self.plan.micro_batches - 1
 
     def _reduce(self, unit, deps: tuple[int, ...], mb: int, local: int) -> None:
-        if not self.fsdp and not self.plan.grad_accumulation_fusion:   # Megatron's DDP
-            params = sum(unit_param_groups(self.plan, unit).values())
-            deps = (main_grad_accumulate(self.sink, self.precision, params, deps, unit,
-                                         unit_context(unit, mb), grad_state_bytes(self.plan)),)
-        elif self.fsdp and self.plan.fsdp_version == 1:
-            params = sum(unit_param_groups(self.plan, unit).values())
-            deps = (fsdp1_grad_cat(self.sink, self.precision, params, deps, unit,
-                                   unit_context(unit, mb)),)
-        elif mb > 0 and autograd_accumulates(self.plan):   # Megatron-LM 2020-2021
-            params = sum(unit_param_groups(self.plan, unit).values())
-            deps = (autograd_grad_accumulate(self.sink, self.precision, params, deps, unit,
-                                             unit_context(unit, mb)),)
+        deps = grads_ready(self.sink, self.plan, self.precision,
+                           sum(unit_param_groups(self.plan, unit).values()), deps, unit, mb,
+                           unit_context(unit, mb), self.fsdp, grad_state_bytes(self.plan))
         if not self._reduces(mb):
             return
         if not self.fsdp:
