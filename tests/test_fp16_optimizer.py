@@ -5,14 +5,16 @@ from __future__ import annotations
 
 from dataclasses import replace
 
+import pytest
+
 from simulator import simulate
 from topologies.presets import cluster_spec
 from workloads import plan_from_dict, resolve
 from workloads.fp16_optimizer import fp16_optimizer_checks
-from workloads.kernels import adam_step_cost
+from workloads.frameworks import EAGER_HOST_KERNEL_S
 from workloads.layer_builder import TaskSink
 from workloads.lowering import lower
-from workloads.params import param_tensor_count
+from workloads.params import param_tensor_count, unit_param_groups
 from workloads.schedules import EMBED, HEAD
 
 from conftest import SMALL_GPT, small_plan
@@ -45,37 +47,48 @@ def test_a_megatron_gpt_layer_steps_twelve_tensors():
 def test_the_loops_price_each_tensor_and_wait_for_the_device():
     sink = TaskSink()
     last = fp16_optimizer_checks(sink, _plan("fp16_optimizer", tp=2), 1e9, 300, (7,))
-    check, check_reduce, norm, norm_reduce = sink.tasks
+    timer_sync, check, check_reduce, norm, norm_reduce = sink.tasks
+    # train_step's timer synchronises the host before the loop: a join, no kernel
+    assert timer_sync.deps == (7,) and (timer_sync.kernels, timer_sync.bytes) == (0, 0.0)
     assert (check.bytes, check.kernels) == (10e9, 900)     # cast 2+4, sum 4 B; 3 launches
     assert (norm.bytes, norm.kernels) == (4e9, 600)        # norm 4 B; 2 launches
-    assert check.deps == (7,) and norm.deps == (check_reduce.id,) and last == norm_reduce.id
+    assert check.deps == (timer_sync.id,) and norm.deps == (check_reduce.id,)
+    assert last == norm_reduce.id
     assert all(t.host_sync for t in sink.tasks)
     assert check_reduce.group == norm_reduce.group == ("tp",)
     # without tensor parallelism there is no model-parallel all-reduce
     sink = TaskSink()
     fp16_optimizer_checks(sink, _plan("fp16_optimizer"), 1e9, 300, ())
-    assert [t.op for t in sink.tasks] == ["overflow_check", "norm"]
+    assert [t.op for t in sink.tasks] == ["join", "overflow_check", "norm"]
 
 
-def test_the_step_waits_for_the_loops_and_moves_48_bytes():
+def test_the_step_moves_42_bytes_then_copies_back_each_tensor():
     plan = _plan("fp16_optimizer")
-    tasks = lower(plan, gpu="a100").stages[0]
-    by_label = {t.label: t for t in tasks}
+    units = [EMBED, 0, 1, 2, 3, HEAD]
+    params = sum(sum(unit_param_groups(plan, u).values()) for u in units)
+    tensors = param_tensor_count(plan, units)
+    by_label = {t.label: t for t in lower(plan, gpu="a100").stages[0]}
     step, norm = by_label["optimizer.step"], by_label["grad.norm"]
-    tensors = param_tensor_count(plan, [EMBED, 0, 1, 2, 3, HEAD])
+    copy_back = by_label["optimizer.copy_back"]
     assert step.deps == (norm.id,)
-    assert (step.bytes, step.kernels) == adam_step_cost("fp16_optimizer", step.bytes / 48,
-                                                        tensors)
+    # grads to fp32 masters 2 + 4, unscale 4 + 4, FusedAdam 16 + 12 B; one launch
+    assert (step.bytes, step.kernels) == (pytest.approx(42 * params), 1)
+    # master to model, read 4 B, write 2 B, a launch per tensor
+    assert copy_back.deps == (step.id,)
+    assert (copy_back.bytes, copy_back.kernels) == (pytest.approx(6 * params), tensors)
     assert by_label["grad.overflow_check"].kernels == 3 * tensors
 
 
 def test_the_host_waits_make_the_loops_cost_their_host_time():
     """Each loop's launches cost the host 10 us each (workloads/frameworks.py
-    EAGER_HOST_KERNEL_S) after the host has waited for the device: nothing hides them, so
-    the 2020 step is longer than the 2021 one by at least that host time."""
+    EAGER_HOST_KERNEL_S) after the host has waited for the device: the overflow check
+    starts that long after the gradients are ready, the norm loop after the check."""
+    plan = _plan("fp16_optimizer")
     topo = replace(cluster_spec("dgx-a100"), domain_size=1).build()   # one A100
-    old, new = (simulate(_plan(o), topo).summary["step_time_s"]
-                for o in ("fp16_optimizer", "megatron_float16"))
-    tensors = param_tensor_count(_plan("fp16_optimizer"), [EMBED, 0, 1, 2, 3, HEAD])
-    assert old - new >= 5 * tensors * 10e-6
-
+    trace = simulate(plan, topo).trace.to_pylist()
+    at = {r["label"]: r for r in trace if r["rank"] == 0 and r["phase"] == "optimizer"}
+    tensors = param_tensor_count(plan, [EMBED, 0, 1, 2, 3, HEAD])
+    ready = at["grad.local_ddp_copies"]["end_s"]
+    check, norm = at["grad.overflow_check"], at["grad.norm"]
+    assert check["start_s"] - ready >= 3 * tensors * EAGER_HOST_KERNEL_S * (1 - 1e-9)
+    assert norm["start_s"] - check["end_s"] >= 2 * tensors * EAGER_HOST_KERNEL_S * (1 - 1e-9)

@@ -222,8 +222,26 @@ def test_the_loss_is_megatron_lms_unfused_vocab_parallel_cross_entropy():
     assert fused_fwd.bytes == 4 * 2 * logits
 
 
+def test_fp32_training_has_no_casts_around_the_unfused_loss():
+    # max 4, sub_ 4 + 4, exp 4 + 4, sum 4, div_ 4 + 4 in 5 kernels; mul_ 4 + 4 in 1
+    raw = small_plan(framework="megatron-lm", training={"global_batch": 8, "micro_batch": 1,
+                                                        "seq_len": 2048, "dtype": "fp32"})
+    losses = {t.phase: t for t in lower(resolve(plan_from_dict(raw), 8)).stages[0]
+              if t.op == "cross_entropy" and t.microbatch == 0}
+    logits = 2048 * 8192
+    assert (losses["forward"].bytes, losses["forward"].kernels) == (32 * logits, 5)
+    assert (losses["backward"].bytes, losses["backward"].kernels) == (8 * logits, 1)
+
+
 def test_unfused_loss_is_megatron_lms_only():
-    with pytest.raises(WorkloadError, match="loss.kernels"):
-        plan_from_dict(small_plan(loss={"kernels": "unfused"}))
+    for framework in ("generic", "torchtitan"):
+        with pytest.raises(WorkloadError, match='loss.kernels.*fused or eager'):
+            plan_from_dict(small_plan(framework=framework, loss={"kernels": "unfused"}))
     with pytest.raises(WorkloadError, match="loss.kernels"):
         plan_from_dict(small_plan(framework="megatron-lm", loss={"kernels": "fused"}))
+
+
+@pytest.mark.parametrize("stage", [1, 2])
+def test_megatron_lm_has_no_distributed_optimizer(stage):
+    with pytest.raises(WorkloadError, match=f"zero_stage: got {stage}.*megatron-lm"):
+        plan_from_dict(small_plan(framework="megatron-lm", zero_stage=stage))

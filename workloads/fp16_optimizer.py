@@ -24,14 +24,20 @@ the "Various speed optimizations" it measured, 51a2e6b0ff). `"optimizer":
 4. step: Apex FusedAdam (read 16 B, write 12 B), then _master_params_to_model_params,
    `model.data.copy_(master.data)` per tensor (read 4 B, write 2 B).
 
-Passes 2 and 4 are ADAM_STEP["fp16_optimizer"] (48 B per parameter, a launch per tensor).
-Loops 1 and 3 are the tasks below, one per loop. The host waits for the device after
-every tensor, so within a loop the device's time and the host's add up instead of
-overlapping; one task whose kernels start only once the host has spent the loop's
-launches (the engine's host timeline: a task starts after its host time) and that
-synchronises the host at its end gives that sum. The host time counts each read-back as
-one more operator (a device-to-host copy issued from Python), and its device time as
-one launch; the copies' few bytes are not counted.
+Pass 2 and the FusedAdam step are ADAM_STEP["fp16_optimizer"] (42 B per parameter, one
+launch); the copy-back is a task of its own after it (6 B, a launch per tensor), whose
+launches the host issues while the device runs Adam. Loops 1 and 3 are the tasks below,
+one per loop. The host waits for the device after every tensor, so within a loop the
+device's time and the host's add up instead of overlapping; one task whose kernels start
+only once the host has spent the loop's launches (the engine's host timeline: a task
+starts after its host time) and that synchronises the host at its end gives that sum.
+The host time counts each read-back as one more operator (a device-to-host copy issued
+from Python), and its device time as one launch; the copies' few bytes are not counted.
+The host is already waiting for the device when loop 1 begins: train_step's timers
+synchronise around each phase (megatron/global_vars.py _Timer.start and stop,
+`torch.cuda.synchronize()`; backward_step starts "backward-master-grad" just before
+update_master_grads), a join that synchronises the host after the backward and the
+reductions.
 """
 from __future__ import annotations
 
@@ -39,6 +45,8 @@ from .layer_builder import TaskSink
 from .program import COMM, COMPUTE, MEMORY
 
 FP16_OPTIMIZER = "fp16_optimizer"
+# The master parameters copied back to the fp16 ones: read 4 B, write 2 B, a launch each.
+COPY_BACK_BYTES_PER_PARAM = 6.0
 # Per fp16 gradient element: the cast (read 2 B, write 4 B) and the sum (read 4 B).
 OVERFLOW_CHECK_BYTES_PER_PARAM = 10.0
 OVERFLOW_CHECK_LAUNCHES = 3        # cast, sum, device-to-host read
@@ -52,7 +60,9 @@ def fp16_optimizer_checks(sink: TaskSink, plan, params: float, tensors: int,
                           deps: tuple[int, ...]) -> int:
     """The overflow check and the gradient-norm loop before the Adam step (module
     docstring), after `deps`: returns the last task, which the step waits for."""
-    last = deps
+    last = (sink.add(kind=COMPUTE, stream="compute", op="join", phase="optimizer",
+                     deps=tuple(deps), op_class=MEMORY, kernels=0, host_sync=True,
+                     label="optimizer.timer_sync", layer=-1, microbatch=-1),)
     for name, per_param, launches in (
             ("grad.overflow_check", OVERFLOW_CHECK_BYTES_PER_PARAM, OVERFLOW_CHECK_LAUNCHES),
             ("grad.norm", GRAD_NORM_BYTES_PER_PARAM, GRAD_NORM_LAUNCHES)):
@@ -67,3 +77,11 @@ def fp16_optimizer_checks(sink: TaskSink, plan, params: float, tensors: int,
                             host_sync=True)
         last = (task,)
     return last[0]
+
+
+def fp16_optimizer_copy_back(sink: TaskSink, params: float, tensors: int, step: int) -> int:
+    """_master_params_to_model_params after the Adam step: `model.data.copy_(master.data)`
+    one tensor at a time (module docstring); returns it."""
+    return sink.add(kind=COMPUTE, stream="compute", op="copy_back", phase="optimizer",
+                    deps=(step,), bytes=params * COPY_BACK_BYTES_PER_PARAM, kernels=tensors,
+                    op_class=MEMORY, label="optimizer.copy_back", layer=-1, microbatch=-1)

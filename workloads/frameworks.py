@@ -17,7 +17,6 @@ from typing import Any, Mapping
 
 from .errors import WorkloadError
 from .fields import check_choice, int_as_float, is_int, json_object, known_keys
-from .kernels import KERNEL_MODES
 from .loss_memory import TORCH_LOSS_FRAMEWORKS
 
 # Plan keys a profile may set (the Plan field names), with the generic default of each:
@@ -161,8 +160,12 @@ MEGATRON_LM: Mapping[str, Any] = MappingProxyType({
     # No distributed optimizer (it came with Megatron-Core): every DP rank holds the Adam
     # states; the local DDP all-reduces the gradients after the whole backward
     # (megatron/model/distributed.py allreduce_params @c63906a, called by train_step;
-    # allreduce_gradients over the contiguous gradient buffer @a8d172b), all of them in one
-    # flattened all-reduce per dtype (_flatten_dense_tensors; the one buffer): one bucket.
+    # allreduce_gradients @a8d172b, which flattens param.grad unless contiguous buffers are
+    # on: with --fp16 they are off by default), all of them in one flattened all-reduce per
+    # dtype (_flatten_dense_tensors): one bucket; the flat copies: workloads/local_ddp.py.
+    # The plan's 16-bit dtype is priced as Megatron-LM's --fp16 path: its --bf16 forced
+    # fp32 gradient accumulation in contiguous buffers (megatron/arguments.py @a8d172b),
+    # which this profile does not model.
     "zero_stage": 0, "grad_reduce_overlap": False, "grad_bucket": 1 << 50,
     "param_gather_overlap": False, "tp_comm_overlap": False, "async_tp": False,
     # No CUDA graphs; Python issues every kernel.
@@ -217,6 +220,13 @@ def check_megatron_sharding(framework: str, values: dict) -> None:
         # FSDP came to Megatron with Megatron-Core (--use-torch-fsdp2, --use-megatron-fsdp)
         raise WorkloadError("fsdp.enabled", True, 'false under framework "megatron-lm" (the '
                             '2020-2021 Megatron-LM it models has no FSDP; use "megatron-core")')
+    if framework == "megatron-lm" and values["zero_stage"] in (1, 2):
+        # the distributed optimizer came with --use-distributed-optimizer in 2022
+        # (megatron/optimizer/distrib_optimizer.py); the 2020-2021 optimizers keep every
+        # state on every data-parallel rank (megatron/optimizer/optimizer.py @a8d172b)
+        raise WorkloadError("zero_stage", values["zero_stage"], '0 under framework '
+                            '"megatron-lm" (its 2020-2021 code has no distributed optimizer; '
+                            'use "megatron-core")')
     if framework in MEGATRON_PROFILES and values["zero_stage"] == 3 and values["fsdp"] is not True:
         # Megatron has no ZeRO-3 of its own: its distributed optimizer shards the optimizer
         # states and main weights only (megatron/core/optimizer/distrib_optimizer.py);
@@ -257,8 +267,6 @@ def framework_values(raw: dict) -> dict:
         raise WorkloadError("loss.kernels", given["loss_kernels"], "a key of frameworks "
                             f"{' and '.join(map(repr, TORCH_LOSS_FRAMEWORKS))} only (Megatron "
                             "computes its own vocab-parallel cross-entropy)")
-    if "loss_kernels" in given:   # "unfused" is Megatron-LM's, the megatron-lm profile's
-        check_choice(given["loss_kernels"], "loss.kernels", KERNEL_MODES)
     if given.get("loss_metrics") and framework != "generic":
         raise WorkloadError("loss.metrics", given["loss_metrics"], 'a key of framework '
                             '"generic" only (Megatron-Core and torchtitan compute the loss '

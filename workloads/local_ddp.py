@@ -24,7 +24,7 @@ def local_ddp(plan) -> bool:
             and not plan.fsdp and plan.zero_stage == 0)
 
 
-def local_ddp_copies(sink, plan, params: float, tensors: int, grad_bytes: float,
+def local_ddp_copies(sink, params: float, tensors: int, grad_bytes: float,
                      deps: tuple[int, ...]) -> int:
     """The local DDP's flatten, scale and copy-back of `params` gradients in `tensors`
     tensors, as one task after `deps` (the all-reduce between them waits for the whole

@@ -1,5 +1,7 @@
-"""How Megatron's weight gradients reach its main_grad buffer, under its DDP and under
-Megatron-FSDP (`"fsdp": {"version": "megatron"}`).
+"""How weight gradients reach the buffer their reduction reads: Megatron's main_grad buffer
+under its DDP and under Megatron-FSDP (`"fsdp": {"version": "megatron"}`), Megatron-LM
+2020-2021's `param.grad` accumulated by autograd (autograd_grad_accumulate) and FSDP1's
+flat gradient (workloads/fsdp1.py); grads_ready picks one.
 
 With gradient-accumulation fusion (`ddp.gradient_accumulation_fusion`, the default) a
 Transformer Engine linear's weight-gradient GEMM accumulates into `param.main_grad` itself

@@ -168,7 +168,9 @@ def param_tensor_count(plan: Plan, units: list, fsdp1_shards: int = 1) -> int:
     Megatron-LM's ParallelAttention and Megatron-Core's linear_qkv; Megatron-Core's
     linear_fc1 also holds a gated MLP's gate and up) and two norms (four
     with per-head q / k norms); GPT-style layers (ModelSpec.linear_bias) add a bias to
-    each projection and to each LayerNorm. MoE experts count as the dense projections.
+    each projection and to each LayerNorm. Approximations (only the per-tensor steps read
+    the count): MoE experts count as the dense projections, multi-head latent attention as
+    q, k, v and o.
     The embedding: the word embedding, and the position embedding where it is learned.
     The output layer: the final norm (and its bias) and the output projection, which a
     tied embedding on the same stage shares.
@@ -178,7 +180,7 @@ def param_tensor_count(plan: Plan, units: list, fsdp1_shards: int = 1) -> int:
     """
     m = plan.model
     linears = 4 + len(m.mlp_matrices)
-    if plan.framework in MEGATRON_PROFILES:
+    if plan.framework in MEGATRON_PROFILES and not m.mla:
         linears -= 2
     if plan.framework == "megatron-core" and len(m.mlp_matrices) == 3:
         linears -= 1    # gate and up in one linear_fc1

@@ -25,7 +25,7 @@ from .ddp_buckets import BUCKET_MODES
 from .fields import (MAX_INT, check_bool, check_choice, check_int, check_number, check_optional_name,
                      is_int, json_object as _obj, known_keys as _known_keys)
 from .frameworks import FRAMEWORKS, framework_values
-from .kernels import KERNEL_MODES, LOSS_KERNEL_MODES, OPTIMIZERS
+from .kernels import KERNEL_MODES, LOSS_KERNEL_MODES, OPTIMIZERS, UNFUSED_LOSS
 from .mesh import Mesh, ParallelDims
 from .models import ModelSpec, load_model
 from .module_recompute import RECOMPUTE_MODULES
@@ -173,6 +173,10 @@ class Plan:
                               ("kernels", KERNEL_MODES), ("optimizer", OPTIMIZERS)):
             check_choice(getattr(self, name), name, allowed)
         check_choice(self.loss_kernels, "loss.kernels", LOSS_KERNEL_MODES)
+        if self.loss_kernels == UNFUSED_LOSS and self.framework != "megatron-lm":
+            # Megatron-LM 2020-2021's vocab-parallel cross-entropy (workloads/kernels.py)
+            raise WorkloadError("loss.kernels", self.loss_kernels, "fused or eager (unfused is "
+                                'framework "megatron-lm"\'s, which sets it)')
         if not is_int(self.loss_metrics) or not 0 <= self.loss_metrics <= MAX_LOSS_METRICS:
             raise WorkloadError("loss.metrics", self.loss_metrics,
                                 f"an integer in [0, {MAX_LOSS_METRICS}]")

@@ -15,7 +15,7 @@ import math
 from .checkpointing import op_checkpoint_saved
 from .ddp_buckets import BucketFiller, bucket_params
 from .fsdp1 import fsdp1_reduce_post, fsdp1_reduce_pre
-from .fp16_optimizer import FP16_OPTIMIZER, fp16_optimizer_checks
+from .fp16_optimizer import FP16_OPTIMIZER, fp16_optimizer_checks, fp16_optimizer_copy_back
 from .fsdp_float8 import float8_group, precompute_scales
 from .fsdp_gather_input import gather_input
 from .host_cost import add_host_issue_time
@@ -358,7 +358,7 @@ class StageLowering:
         FP16_Optimizer's host-synchronised loops (workloads/fp16_optimizer.py)."""
         deps = (self.last_backward, *self.reductions)
         if local_ddp(self.plan):
-            deps = (local_ddp_copies(self.sink, self.plan, local, tensors,
+            deps = (local_ddp_copies(self.sink, local, tensors,
                                      bucket_grad_bytes(self.plan, self.precision), deps),)
         if self.plan.optimizer == FP16_OPTIMIZER:
             deps = (fp16_optimizer_checks(self.sink, self.plan, local, tensors, deps),)
@@ -383,6 +383,8 @@ class StageLowering:
                              deps=self._before_step(local, tensors), bytes=nbytes,
                              kernels=kernels, op_class=MEMORY, label="optimizer.step",
                              layer=-1, microbatch=-1)
+        if self.plan.optimizer == FP16_OPTIMIZER:
+            step = fp16_optimizer_copy_back(self.sink, local, tensors, step)
         if self.plan.zero_stage in (1, 2) and not self.fsdp and self.param_gathers is None:
             step_gathers(self.sink, self.plan, self.chunk_units, self.bucket_sizes, step)
         if self.plan.fsdp_float8_all_gather:
