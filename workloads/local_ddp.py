@@ -11,6 +11,7 @@ rank included. (torch DDP, `--DDP-impl torch`, is overlap.grad_reduce with its b
 """
 from __future__ import annotations
 
+from .layer_builder import TaskSink
 from .program import COMPUTE, MEMORY
 
 # Passes over the gradients, in their bytes (module docstring):
@@ -24,7 +25,7 @@ def local_ddp(plan) -> bool:
             and not plan.fsdp and plan.zero_stage == 0)
 
 
-def local_ddp_copies(sink, params: float, tensors: int, grad_bytes: float,
+def local_ddp_copies(sink: TaskSink, params: float, tensors: int, grad_bytes: float,
                      deps: tuple[int, ...]) -> int:
     """The local DDP's flatten, scale and copy-back of `params` gradients in `tensors`
     tensors, as one task after `deps` (the all-reduce between them waits for the whole

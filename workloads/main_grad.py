@@ -100,7 +100,8 @@ def autograd_accumulates(plan) -> bool:
     Megatron-LM of 2020-2021 (framework megatron-lm), before Megatron's main_grad buffer
     and gradient-accumulation fusion (megatron/model/distributed.py @a8d172b keeps them in
     `param.grad` unless --accumulate-allreduce-grads-in-fp32, off by default for fp16;
-    --gradient-accumulation-fusion came in 83b1e42f30, 2022)."""
+    --gradient-accumulation-fusion came in 83b1e42f30, 2022). Generic torch DDP plans with
+    several micro-batches accumulate the same way under no_sync; not priced there yet."""
     return plan.framework == "megatron-lm" and not plan.fsdp
 
 

@@ -97,7 +97,8 @@ class Plan:
     attention: str = "flash"
     kernels: str = "fused"          # memory-bound ops: fused | eager (workloads/kernels.py)
     # loss.kernels: the cross-entropy compiled (fused) or ATen's eager ops, whose time and
-    # fp32 copies differ (workloads/loss_memory.py); the parser defaults it to `kernels`
+    # fp32 copies differ (workloads/loss_memory.py); the parser defaults it to `kernels`;
+    # "unfused": Megatron-LM 2020-2021's vocab-parallel torch ops (framework megatron-lm)
     loss_kernels: str = "fused"
     # loss.metrics: cross-entropies the trainer computes again on each micro-batch's logits,
     # without gradients, for its training metrics (workloads/train_metrics.py)
