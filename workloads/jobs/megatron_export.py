@@ -24,7 +24,8 @@ REASONS = {
     "reshard_after_forward": "Megatron's FSDP2 and Megatron-FSDP (optim_grads_params) "
                              "reshard after forward",
     "kernels": "Megatron runs Transformer Engine's fused kernels",
-    "loss_kernels": "Megatron computes its own fused vocab-parallel cross-entropy",
+    "loss_kernels": "Megatron computes its own vocab-parallel cross-entropy "
+                    "(fused under --cross-entropy-loss-fusion)",
     "loss_metrics": "Megatron computes the loss alone, no metrics on the logits",
     "optimizer": "Megatron's Adam is the fused one",
     "recompute": "Megatron recomputes the attention core or whole layers",
