@@ -103,8 +103,7 @@ class ChunkGathers:
     def __init__(self, sink, plan, stage: int, chunk_units, bucket_sizes):
         self.sink, self.plan, self.stage = sink, plan, stage
         self.chunk_units, self.bucket_sizes = chunk_units, bucket_sizes
-        self.aligned = (plan.param_gather_align and plan.pipeline.schedule == "interleaved"
-                        and len(chunk_units) > 1)
+        self.aligned = plan.param_gather_align and plan.pipeline.interleaved
         self.launched: dict[int, ParamGathers] = {}
 
     def _plan(self, local: int) -> ParamGathers:
