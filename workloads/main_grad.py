@@ -1,6 +1,6 @@
 """How weight gradients reach the buffer their reduction reads: Megatron's main_grad buffer
 under its DDP and under Megatron-FSDP (`"fsdp": {"version": "megatron"}`), Megatron-LM
-2020-2021's `param.grad` accumulated by autograd (autograd_grad_accumulate) and FSDP1's
+2020-2021's `param.grad` accumulated by autograd (autograd_accumulates) and FSDP1's
 flat gradient (workloads/fsdp1.py); grads_ready picks one.
 
 With gradient-accumulation fusion (`ddp.gradient_accumulation_fusion`, the default) a
@@ -71,12 +71,15 @@ def megatron_fsdp_grad_copy(sink: TaskSink, prec: Precision, params: float, deps
 
 
 def main_grad_accumulate(sink: TaskSink, prec: Precision, params: float, deps, unit,
-                         ctx: dict, grad_bytes: float) -> int:
-    """Megatron DDP's hook without gradient-accumulation fusion: the unit's autograd
-    gradients added into main_grad (read main_grad and the gradient, write main_grad), on
-    the compute stream where the hook runs, every micro-batch."""
-    return sink.add(kind=COMPUTE, stream="compute", op="main_grad_add", phase="backward",
-                    deps=tuple(deps), op_class=MEMORY, label=f"grad.main_grad_add.{unit}",
+                         ctx: dict, grad_bytes: float, op: str = "main_grad_add") -> int:
+    """The unit's new weight gradients added into the buffer that accumulates them (read
+    the buffer and the gradient, write the buffer; `grad_bytes` per buffer element), on the
+    compute stream: Megatron DDP's hook without gradient-accumulation fusion, into
+    main_grad every micro-batch (`main_grad_add`), or autograd's AccumulateGrad into
+    `param.grad` after the first micro-batch, whose gradient is stored as it is
+    (`grad_add`, grads_ready)."""
+    return sink.add(kind=COMPUTE, stream="compute", op=op, phase="backward",
+                    deps=tuple(deps), op_class=MEMORY, label=f"grad.{op}.{unit}",
                     bytes=params * (prec.param_bytes + 2 * grad_bytes), **ctx)
 
 
@@ -91,7 +94,9 @@ def grads_ready(sink: TaskSink, plan, prec: Precision, params: float, deps, unit
     if fsdp and plan.fsdp_version == 1:
         return (fsdp1_grad_cat(sink, prec, params, deps, unit, ctx),)
     if mb > 0 and autograd_accumulates(plan):
-        return (autograd_grad_accumulate(sink, prec, params, deps, unit, ctx),)
+        # in place, in the parameters' dtype
+        return (main_grad_accumulate(sink, prec, params, deps, unit, ctx, prec.param_bytes,
+                                     op="grad_add"),)
     return tuple(deps)
 
 
@@ -103,16 +108,6 @@ def autograd_accumulates(plan) -> bool:
     --gradient-accumulation-fusion came in 83b1e42f30, 2022). Generic torch DDP plans with
     several micro-batches accumulate the same way under no_sync; not priced there yet."""
     return plan.framework == "megatron-lm" and not plan.fsdp
-
-
-def autograd_grad_accumulate(sink: TaskSink, prec: Precision, params: float, deps, unit,
-                             ctx: dict) -> int:
-    """autograd's AccumulateGrad for a micro-batch after the first (the first one's
-    gradient is stored as it is): the new weight gradient added into `param.grad` in
-    place, in the parameters' dtype (read both, write one), on the compute stream."""
-    return sink.add(kind=COMPUTE, stream="compute", op="grad_add", phase="backward",
-                    deps=tuple(deps), op_class=MEMORY, label=f"grad.accumulate.{unit}",
-                    bytes=params * 3 * prec.param_bytes, **ctx)
 
 
 def megatron_torch_fsdp(plan) -> bool:
