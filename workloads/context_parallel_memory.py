@@ -23,6 +23,7 @@ so the transient is not on the step's peak there.
 from __future__ import annotations
 
 from .context_parallel_torch import torch_cp_buffer_bytes
+from .framework_traits import traits
 
 
 def cp_memory_bytes(plan, tokens: float, act_bytes: int, layers: int,
@@ -37,10 +38,11 @@ def cp_memory_bytes(plan, tokens: float, act_bytes: int, layers: int,
     kv_block = act_bytes * tokens * (m.kv_size + m.v_size) / tp
     q_local = act_bytes * tokens * m.q_size / tp
     kept = 0.0
+    torch_cp = traits(plan.framework).torch_context_parallel
     if plan.cp_mode == "all_gather" and plan.recompute in ("none", "selective") \
-            and plan.framework != "torchtitan":      # torch's ring gathers them again
+            and not torch_cp:      # torch's ring gathers them again
         kept = in_flight * layers * (mesh.cp - 1) * kv_block
-    if plan.framework == "torchtitan" and plan.cp_mode != "all_to_all":
+    if torch_cp and plan.cp_mode != "all_to_all":
         transient = torch_cp_buffer_bytes(plan.cp_mode, mesh.cp, tokens, m.q_size / tp,
                                           m.q_size / tp, act_bytes)
     else:

@@ -67,7 +67,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from .precision import TE_FRAMEWORKS
+from .framework_traits import traits
 
 if TYPE_CHECKING:  # pragma: no cover
     from .layer_graph import LayerGraph, Node
@@ -91,7 +91,7 @@ FP32_PROBS_DISPATCHERS = ("deepep",)
 
 
 def _runs_eager_epilogue(plan) -> bool:
-    return (plan.framework in TE_FRAMEWORKS and plan.model.num_experts > 0
+    return (traits(plan.framework).te_modules and plan.model.num_experts > 0
             and not plan.cuda_graphs)
 
 

@@ -25,7 +25,7 @@ from .lora import is_adapter_op
 from .moe.dispatch import host_sync_label
 from .moe.host_ops import ExpertHostOps
 from .plan import Plan
-from .precision import TE_FRAMEWORKS
+from .framework_traits import traits
 from .program import COMPUTE, GEMM, Task
 from .varlen_padding import UNPAD_FWD_LABEL
 
@@ -58,7 +58,7 @@ def add_host_issue_time(tasks: list[Task], plan: Plan) -> None:
     sync = (host_sync_label(plan.moe.dispatcher, plan.mesh.ep, plan.moe.pad_to_capacity,
                             plan.moe.flex_backend, plan.moe.etp_of(plan.mesh.tp))
             if plan.model.num_experts else None)
-    module_s = TE_MODULE_HOST_S if plan.framework in TE_FRAMEWORKS else 0.0
+    module_s = TE_MODULE_HOST_S if traits(plan.framework).te_modules else 0.0
     called: set[tuple] = set()
     experts = (ExpertHostOps(plan, plan.host_kernel_s)
                if module_s and plan.model.num_experts else None)

@@ -20,7 +20,8 @@ from typing import Protocol
 from .attention_impls import BY_GPU_IMPLS, scores_on_chip
 from .errors import WorkloadError
 from .kernels import LOSS_OPS, UNFUSED_LOSS, eager_cost, unfused_loss_cost
-from .precision import BF16_BYTES, FUSED_LINEAR_FRAMEWORKS, TE_FRAMEWORKS, GemmRecipe
+from .framework_traits import traits
+from .precision import BF16_BYTES, GemmRecipe
 from .te_quant import cast_efficiency
 from .vocab_parallel_loss import UNFUSED_ALL_REDUCE_BYTES, loss_all_reduce_bytes
 from .program import COMPUTE, MEMORY, Task
@@ -123,7 +124,7 @@ class BuildOptions:
     # the concatenated weight: transformer_engine/pytorch/module/layernorm_linear.py).
     fused_te_modules: bool = False
     # Whether those groups of linears are one GEMM each in the framework's model code, so
-    # their input gradients come out of one GEMM (precision.FUSED_LINEAR_FRAMEWORKS).
+    # their input gradients come out of one GEMM (framework_traits: fused_linear_groups).
     fused_linear_grads: bool = False
     # LoRA (workloads/lora.py): the base weights are frozen, only adapters train.
     frozen_base: bool = False
@@ -140,14 +141,15 @@ class BuildOptions:
         # selective recompute has nothing left to do.
         overlap = ("userbuffers" if plan.tp_comm_overlap else
                    "symm_mem" if plan.async_tp else "")
+        framework = traits(plan.framework)
         return cls(flash_attention=flash, attention_impl=plan.attention, kernels=plan.kernels,
                    loss_kernels=plan.loss_kernels,
                    loss_all_reduce_bytes=loss_all_reduce_bytes(plan.framework),
                    recompute_attention=plan.recompute == "selective" and not flash,
                    tp_overlap=overlap,
-                   cp_impl="torch" if plan.framework == "torchtitan" else "",
-                   fused_te_modules=plan.framework in TE_FRAMEWORKS,
-                   fused_linear_grads=plan.framework in FUSED_LINEAR_FRAMEWORKS,
+                   cp_impl="torch" if framework.torch_context_parallel else "",
+                   fused_te_modules=framework.te_modules,
+                   fused_linear_grads=framework.fused_linear_groups,
                    frozen_base=plan.lora is not None)
 
 

@@ -11,6 +11,7 @@ rank included. (torch DDP, `--DDP-impl torch`, is overlap.grad_reduce with its b
 """
 from __future__ import annotations
 
+from .framework_traits import traits
 from .layer_builder import TaskSink
 from .program import COMPUTE, MEMORY
 
@@ -21,7 +22,7 @@ LOCAL_DDP_COPY_KERNELS = 2              # the flatten and the scale; + one per t
 
 def local_ddp(plan) -> bool:
     """Whether the plan's data parallelism is Megatron-LM's local DDP (above)."""
-    return (plan.framework == "megatron-lm" and not plan.grad_reduce_overlap
+    return (traits(plan.framework).local_ddp and not plan.grad_reduce_overlap
             and not plan.fsdp and plan.zero_stage == 0)
 
 

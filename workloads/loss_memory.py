@@ -33,20 +33,21 @@ torchtitan; by default the model's `kernels`):
 """
 from __future__ import annotations
 
+from .framework_traits import traits
 from .precision import FP32_BYTES
 
 TORCH_CE_FP32_COPIES = 3            # ATen log_softmax + nll_loss backward (see above)
 TORCH_LOSS_PARALLEL_FP32_COPIES = 4  # DTensor loss_parallel backward (see above)
 FUSED_CE_FP32_COPIES = 1            # Korthikanti section 4.3; Megatron's in-place kernel;
                                     # the compiled loss's bf16 logits + bf16 gradient
-TORCH_LOSS_FRAMEWORKS = ("generic", "torchtitan")   # their loss is torch's cross_entropy
 
 
 def fp32_logits_copies(framework: str, tp: int, loss_kernels: str) -> int:
     """Vocabulary-wide fp32 tensors the cross-entropy holds at its peak (the backward)."""
-    if framework == "torchtitan" and tp > 1:
+    loss = traits(framework)
+    if loss.dtensor_loss_parallel and tp > 1:
         return TORCH_LOSS_PARALLEL_FP32_COPIES
-    if framework in TORCH_LOSS_FRAMEWORKS and tp == 1 and loss_kernels == "eager":
+    if loss.torch_cross_entropy and tp == 1 and loss_kernels == "eager":
         return TORCH_CE_FP32_COPIES
     return FUSED_CE_FP32_COPIES
 

@@ -45,6 +45,7 @@ FSDP2's per-tensor sharding "leads to extra data copy so won't be used by defaul
 """
 from __future__ import annotations
 
+from .framework_traits import traits
 from .fsdp1 import fsdp1_grad_cat
 from .layer_builder import TaskSink
 from .precision import Precision
@@ -107,7 +108,7 @@ def autograd_accumulates(plan) -> bool:
     `param.grad` unless --accumulate-allreduce-grads-in-fp32, off by default for fp16;
     --gradient-accumulation-fusion came in 83b1e42f30, 2022). Generic torch DDP plans with
     several micro-batches accumulate the same way under no_sync; not priced there yet."""
-    return plan.framework == "megatron-lm" and not plan.fsdp
+    return traits(plan.framework).autograd_grad_accumulation and not plan.fsdp
 
 
 def megatron_torch_fsdp(plan) -> bool:
@@ -119,4 +120,5 @@ def megatron_torch_fsdp(plan) -> bool:
     (Float16OptimizerWithFloat16Params: Megatron asserts --use-torch-fsdp2 without
     --use-distributed-optimizer, megatron/training/arguments.py), the ZeRO count's
     2 + 12 bytes a parameter, sharded with the parameters."""
-    return plan.framework == "megatron-core" and plan.fsdp and plan.fsdp_version == 2
+    return (traits(plan.framework).fsdp2_without_mp_policy and plan.fsdp
+            and plan.fsdp_version == 2)

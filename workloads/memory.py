@@ -30,6 +30,7 @@ from .activations import (activation_bytes_per_layer, default_dropout,
                           output_layer_activation_bytes, scores_bytes)
 from .attention_impls import scores_on_chip
 from .context_parallel_memory import cp_memory_bytes
+from .framework_traits import traits
 from .fsdp_float8 import gathered_bytes_per_param
 from .loss_memory import fp32_logits_bytes, fp32_logits_copies
 from .main_grad import megatron_torch_fsdp
@@ -177,9 +178,10 @@ def bucket_grad_bytes(plan: Plan, prec) -> float:
     @c63906a) nor --accumulate-allreduce-grads-in-fp32 (@6985e58938, _get_buffer_type) is
     on by default or set by the example scripts the references follow; torch DDP reduces
     the gradients in their dtype. Others: the precision's reduce dtype."""
-    if plan.framework == "megatron-core":
+    reduced = traits(plan.framework).grad_reduce_dtype
+    if reduced == "buffer":
         return grad_state_bytes(plan)
-    if plan.framework == "megatron-lm":
+    if reduced == "param_grad":
         return prec.grad_state_bytes
     return prec.grad_reduce_bytes
 
@@ -194,7 +196,7 @@ def grad_state_bytes(plan: Plan) -> float:
     torch.float if grad_reduce_in_fp32 else param.dtype). FSDP2 keeps its reduced sharded
     gradient in the sharded parameter's dtype, fp32 (sharded_state_bytes)."""
     prec = precision(plan.training.dtype)
-    megatron_buffer = ((plan.framework == "megatron-core" and not plan.fsdp
+    megatron_buffer = ((traits(plan.framework).main_grad_buffer and not plan.fsdp
                         and plan.zero_stage < 3) or plan.fsdp_version == "megatron")
     if megatron_buffer:   # Megatron-FSDP's main_grads_dtype too (workloads/main_grad.py)
         return max(prec.grad_state_bytes, FP32_BYTES if plan.grad_reduce_fp32 else 0)
@@ -275,7 +277,7 @@ def pipeline_buffer_count(plan: Plan, chunks: Sequence[int], num_chunks: int) ->
     local chunk but the last (stage.py: _prepare_forward_infra / _create_act_recv_info and
     _setup_backward_recv_info / _create_grad_recv_info), and keeps them.
     """
-    if plan.framework != "torchtitan":
+    if not traits(plan.framework).torch_pipelining:
         return 2
     per_micro_batch = sum((c != 0) + (c != num_chunks - 1) for c in chunks)
     return plan.micro_batches * per_micro_batch
@@ -288,7 +290,7 @@ def output_activation_bytes(plan: Plan) -> float:
     tr, mesh = plan.training, plan.mesh
     return activation_scale(plan) * output_layer_activation_bytes(
         plan.model, tr.seq_len // mesh.cp, tr.micro_batch, mesh.tp, plan.sequence_parallel,
-        gathered_input_saved=plan.framework == "torchtitan")
+        gathered_input_saved=traits(plan.framework).dtensor_saves_gathered_input)
 
 
 def activation_scale(plan: Plan) -> float:

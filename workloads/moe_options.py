@@ -67,7 +67,8 @@ from inputs import finite
 
 from .errors import WorkloadError
 from .fields import check_bool, check_choice, check_number, int_as_float, is_int, known_keys
-from .precision import TE_FRAMEWORKS, recipe_dtypes
+from .framework_traits import frameworks_with, traits
+from .precision import recipe_dtypes
 
 DISPATCHERS = ("alltoall", "allgather", "deepep")
 # Megatron-Core's flex dispatcher backends (moe_flex_dispatcher_backend): the plan's
@@ -252,8 +253,9 @@ def check_fused_mlp(plan) -> None:
                "kernels take block-scaled operands)")
     elif plan.model.mlp != "swiglu":
         why = "false unless the experts are gated (mlp swiglu): it fuses a GLU"
-    elif plan.framework not in TE_FRAMEWORKS:
-        why = (f"false unless framework is {' or '.join(TE_FRAMEWORKS)} (Transformer Engine's "
+    elif not traits(plan.framework).te_modules:
+        why = (f"false unless framework is {' or '.join(frameworks_with('te_modules'))} "
+               "(Transformer Engine's "
                "op fuser)")
     elif plan.kernels != "fused":
         why = f"false with kernels {plan.kernels!r} (its kernels are Transformer Engine's)"

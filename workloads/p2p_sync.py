@@ -32,6 +32,7 @@ starts only after the first activation has arrived.
 """
 from __future__ import annotations
 
+from .framework_traits import traits
 from .layer_builder import TaskSink
 from .plan_checks import scatter_gather_applies
 from .program import COMM, COMPUTE, MEMORY
@@ -49,7 +50,7 @@ def pipeline_scatter_gather(plan) -> bool:
     "megatron-lm"; it acts with TP > 1 without sequence parallelism (1D TP)."""
     wanted = plan.pipeline.scatter_gather
     if wanted is None:
-        wanted = plan.framework == "megatron-lm"
+        wanted = traits(plan.framework).pipeline_scatter_gather
     return bool(wanted) and scatter_gather_applies(plan)
 
 
@@ -64,12 +65,10 @@ def gather_received(sink: TaskSink, recv: int, full_bytes: float, what: str,
 
 def p2p_host_sync(plan) -> bool:
     """Whether the plan's framework synchronises the host after its pipeline transfers."""
-    if plan.mesh.pp == 1:
+    when = traits(plan.framework).p2p_host_sync
+    if plan.mesh.pp == 1 or when == "never":
         return False
-    if plan.framework == "megatron-lm":
-        return True
-    return (plan.framework == "megatron-core"
-            and not plan.pipeline.interleaved)
+    return when == "always" or not plan.pipeline.interleaved
 
 
 class P2PSync:

@@ -10,7 +10,7 @@ import math
 from collections import Counter
 
 from .attention import causal_attention_flops
-from .frameworks import MEGATRON_PROFILES
+from .framework_traits import traits
 from .latent_attention import layer_strategies
 from .lora import adapter_params_per_layer
 from .model_spec import LEARNED
@@ -180,9 +180,10 @@ def param_tensor_count(plan: Plan, units: list, fsdp1_shards: int = 1) -> int:
     """
     m = plan.model
     linears = 4 + len(m.mlp_matrices)
-    if plan.framework in MEGATRON_PROFILES and not m.mla:
-        linears -= 2
-    if plan.framework == "megatron-core" and len(m.mlp_matrices) == 3:
+    framework = traits(plan.framework)
+    if framework.fused_linear_groups and not m.mla:
+        linears -= 2    # q, k and v in one tensor
+    if framework.fused_gate_up_weight and len(m.mlp_matrices) == 3:
         linears -= 1    # gate and up in one linear_fc1
     norms = 2 + 2 * m.qk_norm
     per_layer = linears + norms + (linears + 2 if m.linear_bias else 0)

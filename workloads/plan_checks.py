@@ -43,7 +43,8 @@ from .attention_impls import VARLEN_IMPL, scores_on_chip
 from .errors import WorkloadError
 from .fp8_attention import MEASURED_WINDOW
 from .model_spec import LEARNED
-from .precision import TE_FRAMEWORKS, recipe_dtypes
+from .framework_traits import frameworks_with, traits
+from .precision import recipe_dtypes
 from .lora import check_lora
 from .module_recompute import layer_modules
 from .moe_options import check_moe_resolved
@@ -379,8 +380,9 @@ def check_fp8_attention_plan(plan) -> None:
     if not plan.training.fp8_attention:
         return
     why, window = None, plan.model.sliding_window
-    if plan.framework not in TE_FRAMEWORKS:
-        why = f"false unless framework is {' or '.join(TE_FRAMEWORKS)} (Transformer Engine's)"
+    if not traits(plan.framework).te_modules:
+        why = (f"false unless framework is {' or '.join(frameworks_with('te_modules'))} "
+               "(Transformer Engine's)")
     elif not scores_on_chip(plan.attention):
         why = f"false with attention {plan.attention!r} (it quantizes the fused kernel)"
     elif window and window != MEASURED_WINDOW:
@@ -403,7 +405,7 @@ def check_gpt_layer_plan(plan) -> None:
     # learned positions, or YaRN that Megatron-Core runs unfused (yarn_rope.py's
     # unfused_rope; that module imports the layer graph, which imports these checks)
     if m.position_embedding == LEARNED or (m.position_embedding == "yarn"
-                                           and plan.framework in TE_FRAMEWORKS):
+                                           and traits(plan.framework).te_modules):
         unpriced.append(("model.position_embedding", m.position_embedding, "rope"))
     if unpriced:
         field, value, allowed = unpriced[0]

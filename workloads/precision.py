@@ -48,17 +48,6 @@ class OperandCast:
                 else (self.forward_bytes, self.forward_kernels))
 
 
-# The frameworks that run their linears as Transformer Engine modules (Megatron-Core:
-# linear_qkv and linear_fc1 fuse the linears of workloads/graph_node.py FUSED_INTO).
-TE_FRAMEWORKS = ("megatron-core",)
-# The frameworks whose model code runs each group of graph_node.FUSED_INTO as one GEMM,
-# so the group's input gradient is one GEMM's output, not a sum of per-linear gradients:
-# Megatron-Core (the modules above) and Megatron-LM's legacy model (megatron/model/
-# transformer.py: ParallelAttention's one query_key_value ColumnParallelLinear of
-# 3 x the projection width; ParallelMLP's one dense_h_to_4h, 2 x the FFN width when gated).
-FUSED_LINEAR_FRAMEWORKS = ("megatron-core", "megatron-lm")
-
-
 @dataclass(frozen=True)
 class GemmRecipe:
     """How a low-precision training dtype runs the linear layers' GEMMs: the operand

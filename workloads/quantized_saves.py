@@ -12,7 +12,8 @@ per-tensor FP8 input the row-wise data is kept instead, the same bytes.
 from __future__ import annotations
 
 from .models import ModelSpec
-from .precision import TE_FRAMEWORKS, precision
+from .framework_traits import traits
+from .precision import precision
 
 
 def quantized_input_bytes(plan, layer: int) -> float | None:
@@ -21,7 +22,7 @@ def quantized_input_bytes(plan, layer: int) -> float | None:
     the recipe's BF16 layers; None: kept in 16 bits (no recipe, the layer in BF16, or a
     framework whose linears are not Transformer Engine's)."""
     recipe = precision(plan.training.dtype).recipe
-    if recipe is None or plan.framework not in TE_FRAMEWORKS:
+    if recipe is None or not traits(plan.framework).te_modules:
         return None
     if recipe.with_layers(plan.training.bf16_layers).keeps_bf16(layer, plan.model.num_layers):
         return None

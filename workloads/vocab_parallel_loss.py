@@ -23,9 +23,9 @@ direct_collective: a CPU host does not charge them its redistribution overhead).
 """
 from __future__ import annotations
 
+from .framework_traits import traits
 from .precision import FP32_BYTES
 
-FUSED_VOCAB_PARALLEL_FRAMEWORKS = ("megatron-core",)
 UNFUSED_ALL_REDUCE_BYTES = (FP32_BYTES,) * 3    # per token: max, sum of exps, target logit
 
 
@@ -33,6 +33,6 @@ def loss_all_reduce_bytes(framework: str) -> tuple[float, ...]:
     """Bytes per token of each all-reduce of one vocabulary-parallel cross-entropy's
     forward, in order (module docstring): fp32 statistics, one value a token each, the
     fused path's second carrying two."""
-    if framework in FUSED_VOCAB_PARALLEL_FRAMEWORKS:
+    if traits(framework).fused_vocab_parallel_loss:
         return (FP32_BYTES, 2 * FP32_BYTES)
     return UNFUSED_ALL_REDUCE_BYTES

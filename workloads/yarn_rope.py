@@ -27,7 +27,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from .model_spec import LEARNED
-from .precision import TE_FRAMEWORKS
+from .framework_traits import traits
 
 if TYPE_CHECKING:  # pragma: no cover
     from .layer_graph import LayerGraph, Node
@@ -39,7 +39,7 @@ UNFUSED_BACKWARD = (13.0, 7)
 
 def unfused_rope(plan) -> bool:
     """Whether Megatron-Core runs this plan's RoPE unfused (module docstring)."""
-    return plan.framework in TE_FRAMEWORKS and plan.model.position_embedding == "yarn"
+    return traits(plan.framework).te_modules and plan.model.position_embedding == "yarn"
 
 
 def rope(g: "LayerGraph", plan, name: str, x: "Node", layout: str) -> "Node":

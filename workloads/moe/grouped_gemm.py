@@ -32,6 +32,7 @@ wgrad_shape).
 """
 from __future__ import annotations
 
+from ..framework_traits import traits
 from ..interpolate import log_linear
 
 _LARGE = (1346.0, 1214.0)     # contiguous layout, 4096 and 8192 rows per group
@@ -74,18 +75,17 @@ def grouped_gemm_efficiency(rows_per_expert: float) -> float:
 # github.com/NVIDIA/TransformerEngine/issues/1499, 2025-02-24); each expert is one launch of
 # the framework's per-kernel host cost (workloads/frameworks.py). Other
 # frameworks (torchtitan: torch._grouped_mm; "generic") launch one kernel per grouped GEMM.
-PER_EXPERT_LAUNCH_FRAMEWORKS = ("megatron-core",)
 TE_COMPUTE_STREAMS = 4   # the streams those GEMMs alternate over: their launch gaps overlap
 
 
 def grouped_gemm_streams(framework: str) -> int:
     """Streams a grouped GEMM's launches are spread over under `framework`."""
-    return TE_COMPUTE_STREAMS if framework in PER_EXPERT_LAUNCH_FRAMEWORKS else 1
+    return TE_COMPUTE_STREAMS if traits(framework).per_expert_gemm_launches else 1
 
 
 def grouped_gemm_launches(framework: str, local_experts: int) -> int:
     """Kernel launches of one grouped GEMM over `local_experts` experts under `framework`:
     one per expert with Transformer Engine's default GroupedLinear, else one."""
-    if framework in PER_EXPERT_LAUNCH_FRAMEWORKS:
+    if traits(framework).per_expert_gemm_launches:
         return max(1, local_experts)
     return 1

@@ -41,7 +41,7 @@ from typing import TYPE_CHECKING
 
 from ..expert_epilogue import clamped_glu, expert_bias
 from ..layouts import P, S
-from ..precision import TE_FRAMEWORKS
+from ..framework_traits import traits
 from .dispatch import Geometry, combine, dispatch
 from .grouped_gemm import grouped_gemm_efficiency, grouped_gemm_launches, grouped_gemm_streams
 from .imbalance import routed_tokens, rows_per_token, rows_sent
@@ -93,7 +93,7 @@ def build_moe_mlp(g: "LayerGraph", plan, layer: int, h: "Node", resid: str) -> "
     # moe_utils.py RouterGatingLinearFunction, core_v0.13.0 through d98e8a64), so no FP8
     # cast or block-scale swizzle precedes it.
     logits = g.linear("router", x, "seq" if x.layout == S else "replicate", m.num_experts,
-                      bf16=plan.framework in TE_FRAMEWORKS)
+                      bf16=traits(plan.framework).te_modules)
     # Passes over the [tokens, E] logits (Megatron-LM moe_utils.topk_routing_with_score_
     # function, unfused): softmax reads the logits and writes the scores, top-k reads the
     # scores, the dense probabilities are written; the bool routing map (half a bf16

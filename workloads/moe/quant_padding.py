@@ -49,7 +49,7 @@ from __future__ import annotations
 
 import math
 
-from ..precision import TE_FRAMEWORKS
+from ..framework_traits import traits
 from .imbalance import capacity, routed_tokens
 
 # Transformer Engine Fp8Padding / Fp8Unpadding's default alignment (align_size None):
@@ -79,7 +79,7 @@ def pads_expert_rows(plan, recipe_name: str | None, group_ranks: int) -> bool:
     padding); `group_ranks`: the EP x expert-TP ranks whose rows each expert receives.
     """
     opt = plan.moe
-    if recipe_name is None or plan.framework not in TE_FRAMEWORKS:
+    if recipe_name is None or not traits(plan.framework).te_modules:
         return False
     if opt.dispatcher not in PADDING_DISPATCHERS:
         return False

@@ -1,0 +1,80 @@
+"""Framework traits (workloads/framework_traits.py): the one place a framework's fixed
+behaviours are looked up. The mechanisms ask the traits, not the framework's name, so a
+framework whose traits are another's is priced as that one."""
+from __future__ import annotations
+
+from dataclasses import replace
+from types import MappingProxyType
+
+import pytest
+
+from workloads import framework_traits, plan_from_dict, resolve
+from workloads.framework_traits import TRAITS, FrameworkTraits, frameworks_with, traits
+from workloads.frameworks import FRAMEWORKS
+from workloads.lowering import lower
+from workloads.memory import bucket_grad_bytes
+from workloads.params import param_tensor_count
+from workloads.precision import precision
+from workloads.schedules import EMBED, HEAD
+
+from conftest import SMALL_GPT as GPT, small_plan
+
+
+def test_every_framework_a_plan_may_name_has_traits_and_no_more():
+    assert tuple(TRAITS) == FRAMEWORKS
+
+
+def test_generic_is_the_torch_baseline_and_megatron_core_runs_transformer_engine():
+    assert traits("generic") == FrameworkTraits(torch_cross_entropy=True)
+    assert frameworks_with("te_modules") == ("megatron-core",)
+    assert frameworks_with("torch_cross_entropy") == ("generic", "torchtitan")
+    assert traits("megatron-lm").p2p_host_sync == "always"
+
+
+def test_a_trait_outside_its_choices_is_refused():
+    with pytest.raises(ValueError, match="p2p_host_sync"):
+        FrameworkTraits(p2p_host_sync="sometimes")
+    with pytest.raises(ValueError, match="grad_reduce_dtype"):
+        FrameworkTraits(grad_reduce_dtype="fp64")
+
+
+@pytest.fixture
+def generic_as_megatron_lm(monkeypatch):
+    """The generic framework given Megatron-LM's traits (its plan-key defaults unchanged)."""
+    monkeypatch.setattr(framework_traits, "TRAITS", MappingProxyType(
+        {**TRAITS, "generic": TRAITS["megatron-lm"]}))
+
+
+def _generic_plan(**training):
+    raw = small_plan(model=GPT, mesh={"dp": 1}, overlap={"grad_reduce": False},
+                     training={"global_batch": 4, "micro_batch": 1, "seq_len": 1024,
+                               **training})
+    return resolve(plan_from_dict(raw), 1)
+
+
+def test_the_gradient_mechanisms_follow_the_traits_not_the_name(generic_as_megatron_lm):
+    """Megatron-LM's traits on a generic plan bring its local DDP copies, autograd's
+    accumulation into param.grad and its fp16 gradient reduce."""
+    plan = _generic_plan()
+    labels = {t.label for t in lower(plan, gpu="a100").stages[0]}
+    ops = {t.op for t in lower(plan, gpu="a100").stages[0]}
+    assert "grad.local_ddp_copies" in labels and "grad_add" in ops
+    assert bucket_grad_bytes(plan, precision("bf16")) == precision("bf16").grad_state_bytes
+
+
+def test_without_the_traits_a_generic_plan_has_none_of_them():
+    plan = _generic_plan()
+    stage = lower(plan, gpu="a100").stages[0]
+    assert "grad.local_ddp_copies" not in {t.label for t in stage}
+    assert "grad_add" not in {t.op for t in stage}
+
+
+def test_fused_linear_groups_count_one_qkv_tensor(monkeypatch):
+    """q, k and v are one weight (and, with the GPT model's biases, one bias) under
+    fused_linear_groups: two weights and two biases fewer in each of the 4 layers."""
+    plan = _generic_plan()
+    units = [EMBED, 0, 1, 2, 3, HEAD]
+    before = param_tensor_count(plan, units)
+    monkeypatch.setattr(framework_traits, "TRAITS", MappingProxyType(
+        {**TRAITS, "generic": replace(TRAITS["generic"], fused_linear_groups=True)}))
+    assert param_tensor_count(plan, units) == before - 4 * (2 + 2)
