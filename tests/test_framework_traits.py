@@ -12,7 +12,7 @@ from workloads import framework_traits, plan_from_dict, resolve
 from workloads.framework_traits import TRAITS, FrameworkTraits, frameworks_with, traits
 from workloads.frameworks import FRAMEWORKS
 from workloads.lowering import lower
-from workloads.memory import bucket_grad_bytes
+from workloads.grad_state import bucket_grad_bytes
 from workloads.params import param_tensor_count
 from workloads.precision import precision
 from workloads.schedules import EMBED, HEAD

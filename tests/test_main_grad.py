@@ -8,7 +8,7 @@ from workloads import WorkloadError, plan_from_dict
 from workloads.jobs.megatron import read_megatron
 from workloads.jobs.megatron_export import write_megatron
 from workloads.lowering import lower
-from workloads.memory import sharded_state_bytes
+from workloads.grad_state import sharded_state_bytes
 from workloads.params import unit_param_groups
 from workloads.plan import resolve
 from workloads.schedules import EMBED

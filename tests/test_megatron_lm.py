@@ -195,7 +195,7 @@ def test_scatter_gather_defaults_to_megatron_lm_and_is_refused_where_it_cannot_a
 def test_megatron_lm_reduces_fp16_gradients():
     # neither --fp32-allreduce (2020) nor --accumulate-allreduce-grads-in-fp32 (2021) is on
     # by default: the gradients are all-reduced in their 2-byte dtype, where the generic
-    # profile reduces fp32 (workloads/memory.py bucket_grad_bytes)
+    # profile reduces fp32 (workloads/grad_state.py bucket_grad_bytes)
     def reduced_bytes(framework: str) -> float:
         plan = resolve(plan_from_dict(small_plan(framework=framework)), 8)
         return sum(t.bytes for t in lower(plan).stages[0] if t.label.startswith("grad.reduce"))

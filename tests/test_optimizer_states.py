@@ -9,7 +9,8 @@ from megatron_flags import LLAMA3_8B_FLAGS
 from validation.reference_rows import plan_dict
 from workloads.errors import WorkloadError
 from workloads.jobs import JobConfigError, read_megatron, write_megatron
-from workloads.memory import memory_breakdown, sharded_state_bytes
+from workloads.grad_state import sharded_state_bytes
+from workloads.memory import memory_breakdown
 from workloads.optimizer_states import PrecisionAwareOptimizer
 from workloads.plan import plan_from_dict, resolve
 

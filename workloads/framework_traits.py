@@ -47,11 +47,11 @@ class FrameworkTraits:
     # The vocabulary-parallel cross-entropy's statistics go in two all-reduces, not three
     # (workloads/vocab_parallel_loss.py).
     fused_vocab_parallel_loss: bool = False
-    # The dtype a DDP / ZeRO 1-2 bucket reduces (workloads/memory.py bucket_grad_bytes):
+    # The dtype a DDP / ZeRO 1-2 bucket reduces (workloads/grad_state.py bucket_grad_bytes):
     # "buffer" (the main_grad buffer's), "param_grad" (the parameters' gradients'),
     # "precision" (the training precision's reduce dtype).
     grad_reduce_dtype: str = "precision"
-    # Gradients accumulate in a main_grad buffer of DDP's own (workloads/memory.py
+    # Gradients accumulate in a main_grad buffer of DDP's own (workloads/grad_state.py
     # grad_state_bytes; workloads/main_grad.py).
     main_grad_buffer: bool = False
     # FSDP2 is wrapped without a MixedPrecisionPolicy, on a model already cast to 16 bits

@@ -37,7 +37,7 @@ from .program import COMM, COMPUTE, MEMORY
 from .schedules import EMBED, HEAD
 
 # FSDP2 keeps the sharded parameters in fp32 under mixed precision
-# (workloads/memory.py sharded_state_bytes); each weight's amax is one fp32 value.
+# (workloads/grad_state.py sharded_state_bytes); each weight's amax is one fp32 value.
 SHARD_BYTES = FP32_BYTES
 # The float8 weight's own cost around its GEMMs once FSDP gathered it in float8: nothing in
 # forward, the column-major copy (read 1 B, write 1 B) for the data-gradient GEMM.

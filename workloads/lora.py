@@ -16,7 +16,7 @@ LoRA changes, each from that code:
   (megatron/core/distributed/distributed_data_parallel.py: `if param.requires_grad`), so
   the reduce-scatter and the parameter all-gather carry the adapters alone. The frozen
   weights stay in memory in the 16-bit parameter dtype, or FP8 with FP8 primary weights
-  (workloads/memory.py frozen_param_bytes).
+  (workloads/grad_state.py frozen_param_bytes).
 * Each targeted module gets one adapter (peft/utils.py ParallelLinearAdapter): linear_in
   (A, in -> rank) and linear_out (B, rank -> the module's whole output, q, k and v
   together for linear_qkv, gate and up for linear_fc1), then `x * (alpha / dim)` and the

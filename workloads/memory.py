@@ -32,15 +32,15 @@ from .attention_impls import scores_on_chip
 from .context_parallel_memory import cp_memory_bytes
 from .framework_traits import traits
 from .fsdp_float8 import gathered_bytes_per_param
+from .grad_state import (accumulated_grad_bytes, frozen_param_bytes, fsdp_no_sync,
+                         fsdp_reduce_bytes, grad_state_bytes, sharded_state_bytes)
 from .loss_memory import fp32_logits_bytes, fp32_logits_copies
-from .main_grad import megatron_torch_fsdp
 from .models import ModelSpec
 from .module_recompute import freed_tensors
 from .moe.memory import dispatch_buffer_bytes, expert_rows_factor, gathered_expert_input_bytes
-from .param_gathers import FP8_GATHER_BYTES
 from .params import unit_frozen_params, unit_param_groups
 from .plan import Plan
-from .precision import BF16_BYTES, FP32_BYTES, precision
+from .precision import BF16_BYTES, precision
 from .quantized_saves import proj_copy_bytes, quantized_input_bytes
 from .schedules import chunk_units, stage_layers
 
@@ -168,103 +168,6 @@ def mtp_activation_bytes(plan: Plan, depth: int) -> float:
     inputs = act_bytes * 4 * m.hidden_size * s * b / (tp if sp else 1)
     return saved_layer_bytes(plan, m.mtp_layer_index(depth), "none") + inputs \
         + activation_scale(plan) * output_layer_activation_bytes(m, s, b, tp, sp)
-
-
-def bucket_grad_bytes(plan: Plan, prec) -> float:
-    """Bytes per parameter a DDP / ZeRO 1-2 gradient bucket reduces. Megatron-Core's DDP
-    reduces its buffer in place, in the buffer's dtype (grad_state_bytes: fp32 only with
-    ddp.grad_reduce_in_fp32). Megatron-LM of 2020-2021 reduces the parameters' fp16
-    gradients: neither --fp32-allreduce (megatron/model/distributed.py allreduce_params
-    @c63906a) nor --accumulate-allreduce-grads-in-fp32 (@6985e58938, _get_buffer_type) is
-    on by default or set by the example scripts the references follow; torch DDP reduces
-    the gradients in their dtype. Others: the precision's reduce dtype."""
-    reduced = traits(plan.framework).grad_reduce_dtype
-    if reduced == "buffer":
-        return grad_state_bytes(plan)
-    if reduced == "param_grad":
-        return prec.grad_state_bytes
-    return prec.grad_reduce_bytes
-
-
-def grad_state_bytes(plan: Plan) -> float:
-    """Bytes per accumulated gradient: the precision's, except Megatron-Core's DDP, whose
-    gradient buffer (main_grad) is fp32 when grad_reduce_in_fp32 is set, as the
-    Megatron-Bridge library recipes do (recipes/llama/h100/llama3.py:
-    cfg.ddp.grad_reduce_in_fp32 = True), and the parameter's dtype when it is not, as the
-    Bridge performance scripts set (`ddp.grad_reduce_in_fp32: false`, plan.grad_reduce_fp32;
-    megatron/core/distributed/distributed_data_parallel.py at d7288711ba: grad_dtype =
-    torch.float if grad_reduce_in_fp32 else param.dtype). FSDP2 keeps its reduced sharded
-    gradient in the sharded parameter's dtype, fp32 (sharded_state_bytes)."""
-    prec = precision(plan.training.dtype)
-    megatron_buffer = ((traits(plan.framework).main_grad_buffer and not plan.fsdp
-                        and plan.zero_stage < 3) or plan.fsdp_version == "megatron")
-    if megatron_buffer:   # Megatron-FSDP's main_grads_dtype too (workloads/main_grad.py)
-        return max(prec.grad_state_bytes, FP32_BYTES if plan.grad_reduce_fp32 else 0)
-    if plan.fsdp and plan.fsdp_version == 2 and not megatron_torch_fsdp(plan):
-        return max(prec.grad_state_bytes, FP32_BYTES)
-    return prec.grad_state_bytes
-
-
-def sharded_state_bytes(plan: Plan) -> tuple[float, float]:
-    """(parameter, optimizer) bytes per parameter of the plan's model states.
-
-    ZeRO's mixed-precision count keeps a bf16 working copy (2) besides Adam's fp32 master,
-    momentum and variance (12). FSDP2 keeps no bf16 copy: its sharded parameter is the fp32
-    master itself, cast to the MixedPrecisionPolicy's param_dtype only into the all-gather
-    buffer (torch/distributed/fsdp/_fully_shard/_fsdp_param.py), so it holds 4 + 8 (Adam's
-    two fp32 moments, in the parameter's dtype); its reduced sharded gradient is fp32 too,
-    which keeps the 16 bytes per parameter of the ZeRO count. Megatron-Core's precision-
-    aware optimizer and Apex's DistributedFusedAdam keep the master and the moments in
-    their dtypes (workloads/optimizer_states.py).
-    """
-    prec = precision(plan.training.dtype)
-    mixed = prec.optimizer_state_bytes > 2 * FP32_BYTES    # an fp32 master copy besides m, v
-    if plan.fsdp and plan.fsdp_version == 2 and mixed and not megatron_torch_fsdp(plan):
-        return FP32_BYTES, 2 * FP32_BYTES
-    if plan.optimizer_states is not None:   # workloads/optimizer_states.py
-        return (prec.param_state_bytes, plan.optimizer_states.state_bytes(
-            plan.training.dtype, plan.fp8_param_gather))
-    return prec.param_state_bytes, prec.optimizer_state_bytes
-
-
-def frozen_param_bytes(plan: Plan) -> int:
-    """Bytes a frozen base weight (LoRA, workloads/lora.py) keeps in memory: the model's
-    bf16, or one byte where the plan keeps FP8 primary weights (ddp.fp8_param_gather:
-    Megatron-Core's fp8_param, as the Megatron-Bridge FP8 recipes and NeMo's fp8_params
-    set)."""
-    return FP8_GATHER_BYTES if plan.fp8_param_gather else BF16_BYTES
-
-
-def fsdp_reduce_bytes(plan: Plan) -> float:
-    """Bytes per parameter of an FSDP unit's reduce-scatter input: torch's FSDP reduces in
-    its reduce dtype (Precision.grad_reduce_bytes), Megatron-FSDP its gradient bucket in
-    main_grad's dtype (workloads/main_grad.py)."""
-    if plan.fsdp_version == "megatron":
-        return grad_state_bytes(plan)
-    if megatron_torch_fsdp(plan):   # no MixedPrecisionPolicy: the gradients' own dtype
-        return precision(plan.training.dtype).grad_state_bytes
-    return precision(plan.training.dtype).grad_reduce_bytes
-
-
-def fsdp_no_sync(plan: Plan) -> bool:
-    """Whether FSDP accumulates unsharded gradients until the step's single reduce-scatter:
-    torch's FSDP under pipeline parallelism (torch.distributed.pipelining turns gradient
-    sync off); Megatron-FSDP reduce-scatters every micro-batch (workloads/main_grad.py)."""
-    fsdp = plan.fsdp or plan.zero_stage == 3
-    return fsdp and plan.mesh.pp > 1 and plan.fsdp_version != "megatron"
-
-
-def accumulated_grad_bytes(plan: Plan) -> float:
-    """Bytes per unsharded gradient FSDP accumulates with gradient sync off (the pipeline's
-    micro-batches before the last). FSDP2 upcasts each unsharded gradient to the reduce
-    dtype (fp32 under mixed precision, Precision.grad_reduce_bytes) and accumulates it there
-    (torch/distributed/fsdp/_fully_shard/_fsdp_param.py: to_accumulated_grad_if_needed,
-    called from FSDPParamGroup.post_backward when gradients are not reduced); FSDP1 keeps
-    them in the precision's gradient dtype."""
-    prec = precision(plan.training.dtype)
-    if plan.fsdp_version == 2:
-        return max(prec.grad_state_bytes, prec.grad_reduce_bytes)
-    return prec.grad_state_bytes
 
 
 def pipeline_buffer_count(plan: Plan, chunks: Sequence[int], num_chunks: int) -> int:

@@ -93,3 +93,45 @@ class P2PSync:
             self.sink.add(kind=COMPUTE, stream="compute", op="join", phase=phase, deps=deps,
                           op_class=MEMORY, label="pp.sync", layer=-1, microbatch=mb,
                           kernels=0, host_sync=True)
+
+
+class PipelineTransfers:
+    """One stage's pipeline sends and receives: their bytes, the host synchronisation of
+    each call (P2PSync) and Megatron-LM 2021's scatter/gather (pipeline_scatter_gather)."""
+
+    def __init__(self, sink: TaskSink, plan, shape) -> None:
+        self.sink, self.plan, self.shape = sink, plan, shape
+        self.sync = P2PSync(sink, p2p_host_sync(plan))
+        self.scatter_gather = pipeline_scatter_gather(plan)
+
+    def tensor_bytes(self) -> float:
+        """One pipeline transfer's bytes as the stage holds the tensor."""
+        sh = self.shape
+        size = sh.tokens * self.plan.model.hidden_size * sh.act_bytes
+        if self.plan.sequence_parallel:
+            size /= sh.tp
+        elif self.plan.grid_strategy is not None:
+            size *= self.plan.parallel_dims.grid.resid_fraction
+        return size
+
+    def received(self, recv: int, what: str, mb: int, phase: str) -> int:
+        """The received tensor, all-gathered over TP under scatter/gather."""
+        if not self.scatter_gather:
+            return recv
+        return gather_received(self.sink, recv, self.tensor_bytes(), what, mb, phase)
+
+    def transfer(self, kind: str, what: str, mb: int, deps, peer: int, phase: str,
+                 chunk: int) -> int:
+        """A send or receive ("send" | "recv") of `what` (act | grad) of micro-batch `mb`
+        between this stage's `chunk` and the stage `peer` steps along the pipeline."""
+        size = self.tensor_bytes()
+        if self.scatter_gather:
+            size /= self.shape.tp
+        src = chunk if kind == "send" else chunk + peer
+        task = self.sink.add(kind=COMM, stream=f"pp_{kind}", op="send_recv", phase=phase,
+                             deps=tuple(deps), bytes=size, group=("pp",), peer=peer,
+                             tag=(what, src, mb), label=f"pp.{kind}.{what}", layer=-1,
+                             microbatch=mb)
+        if kind == "send":
+            self.sync.sent(task)
+        return task

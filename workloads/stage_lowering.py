@@ -24,13 +24,13 @@ from .layer_builder import BuildOptions, LayerBuilder, LayerShape, TaskSink
 from .layers import unit_builder
 from .local_ddp import local_ddp, local_ddp_copies
 from .main_grad import FLAT_BUFFER_FSDP, grads_ready, megatron_fsdp_grad_copy
-from .memory import (bucket_grad_bytes, fsdp_no_sync, fsdp_reduce_bytes, grad_state_bytes,
-                     saved_layer_bytes)
+from .grad_state import bucket_grad_bytes, fsdp_no_sync, fsdp_reduce_bytes, grad_state_bytes
+from .memory import saved_layer_bytes
 from .module_recompute import module_recompute_saved, recomputes_modules
 from .offload_copies import insert_offload_copies
 from .moe.a2a_overlap import (PassPieces, add_node_host_time, combined_order,
                                lone_node_calls, reorder)
-from .p2p_sync import P2PSync, gather_received, p2p_host_sync, pipeline_scatter_gather
+from .p2p_sync import PipelineTransfers
 from .param_gathers import FP8_GATHER_BYTES, ChunkGathers, step_gathers
 from .params import param_tensor_count, unit_param_groups, weight_dp_dims
 from .precision import precision
@@ -75,8 +75,8 @@ class StageLowering:
         self.pieces: PassPieces | None = None   # recorded while building a combined slot
         self.combined: list[tuple[range, list[int]]] = []
         self.node_calls: list = []   # combined steps' schedule-node host work (a2a_overlap)
-        self.p2p_sync = P2PSync(self.sink, p2p_host_sync(plan))   # workloads/p2p_sync.py
-        self.scatter_gather = pipeline_scatter_gather(plan)   # Megatron-LM 2021 (p2p_sync.py)
+        # pipeline sends and receives, their host syncs and scatter/gather (p2p_sync.py)
+        self.transfers = PipelineTransfers(self.sink, plan, shape)
 
     # ---- helpers ------------------------------------------------------------------------
     def _join(self, deps, unit, mb, phase) -> tuple[int, ...]:
@@ -217,45 +217,15 @@ class StageLowering:
                 label=label, **unit_context(unit, mb)))
 
     # ---- passes -------------------------------------------------------------------------
-    def _p2p_bytes(self) -> float:
-        """One pipeline transfer's bytes as the stage holds the tensor."""
-        sh = self.shape
-        size = sh.tokens * self.plan.model.hidden_size * sh.act_bytes
-        if self.plan.sequence_parallel:
-            size /= sh.tp
-        elif self.plan.grid_strategy is not None:
-            size *= self.plan.parallel_dims.grid.resid_fraction
-        return size
-
-    def _received(self, recv: int, what: str, mb: int, phase: str) -> int:
-        """The received tensor, all-gathered over TP under scatter/gather."""
-        if not self.scatter_gather:
-            return recv
-        return gather_received(self.sink, recv, self._p2p_bytes(), what, mb, phase)
-
-    def _p2p(self, kind: str, what: str, mb: int, deps, peer: int, phase: str,
-             chunk: int) -> int:
-        size = self._p2p_bytes()
-        if self.scatter_gather:
-            size /= self.shape.tp
-        src = chunk if kind == "send" else chunk + peer
-        task = self.sink.add(kind=COMM, stream=f"pp_{kind}", op="send_recv", phase=phase,
-                             deps=tuple(deps), bytes=size, group=("pp",), peer=peer,
-                             tag=(what, src, mb), label=f"pp.{kind}.{what}", layer=-1,
-                             microbatch=mb)
-        if kind == "send":
-            self.p2p_sync.sent(task)
-        return task
-
     def forward(self, mb: int, local: int = 0) -> None:
         """One micro-batch's forward through one of the stage's chunks."""
         self.pass_ends = []
         chunk = local * self.pp + self.stage
         begin = len(self.sink.tasks)
-        prev = self._p2p("recv", "act", mb, (), -1, "forward", chunk) if chunk > 0 else None
-        self.p2p_sync.call_end(prev, mb, "forward")
+        prev = self.transfers.transfer("recv", "act", mb, (), -1, "forward", chunk) if chunk > 0 else None
+        self.transfers.sync.call_end(prev, mb, "forward")
         if prev is not None:
-            prev = self._received(prev, "act", mb, "forward")
+            prev = self.transfers.received(prev, "act", mb, "forward")
         gathers = None
         if self.param_gathers is not None and mb == 0:
             gathers = self.param_gathers.for_forward(local)
@@ -272,7 +242,7 @@ class StageLowering:
             self._piece("units", begin, unit)
         begin = len(self.sink.tasks)
         if chunk < self.last_chunk:
-            self._p2p("send", "act", mb, (prev,), +1, "forward", chunk)
+            self.transfers.transfer("send", "act", mb, (prev,), +1, "forward", chunk)
         self._piece("post", begin)
 
     def backward(self, mb: int, local: int = 0) -> None:
@@ -281,12 +251,12 @@ class StageLowering:
         chunk = local * self.pp + self.stage
         begin = len(self.sink.tasks)
         if chunk < self.last_chunk:
-            grad = self._p2p("recv", "grad", mb, (), +1, "backward", chunk)
+            grad = self.transfers.transfer("recv", "grad", mb, (), +1, "backward", chunk)
         else:
             grad = self.graphs[(HEAD, mb)].output_task
-        self.p2p_sync.call_end(grad if chunk < self.last_chunk else None, mb, "backward")
+        self.transfers.sync.call_end(grad if chunk < self.last_chunk else None, mb, "backward")
         if chunk < self.last_chunk:
-            grad = self._received(grad, "grad", mb, "backward")
+            grad = self.transfers.received(grad, "grad", mb, "backward")
         self._piece("pre", begin)
         layers = [u for u in self.chunk_units[local] if isinstance(u, int)]
         for index, unit in enumerate(reversed(self.chunk_units[local])):
@@ -319,7 +289,7 @@ class StageLowering:
             # step (optimizer), except ZeRO-2's reductions of earlier micro-batches.
             self._emit_buckets(self.fillers[local].take(flush=True), mb)
         if chunk > 0:
-            self._p2p("send", "grad", mb, (grad,), -1, "backward", chunk)
+            self.transfers.transfer("send", "grad", mb, (grad,), -1, "backward", chunk)
         self._piece("post", begin)
         self.last_backward = grad
 
@@ -366,7 +336,7 @@ class StageLowering:
 
     def optimizer(self) -> None:
         """Adam on this rank's parameter shard, then ZeRO-1/2's parameter all-gathers."""
-        self.p2p_sync.call_end(None, self.plan.micro_batches - 1, "backward")
+        self.transfers.sync.call_end(None, self.plan.micro_batches - 1, "backward")
         local = 0.0
         for unit in self.units:
             for dims, params in unit_param_groups(self.plan, unit).items():
