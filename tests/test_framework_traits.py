@@ -40,9 +40,11 @@ def test_a_trait_outside_its_choices_is_refused():
 
 @pytest.fixture
 def generic_as_megatron_lm(monkeypatch):
-    """The generic framework given Megatron-LM's traits (its plan-key defaults unchanged)."""
+    """The generic framework given Megatron-LM's traits but its own loss kernels (its
+    plan-key defaults, the fused loss among them, unchanged)."""
     monkeypatch.setattr(framework_traits, "TRAITS", MappingProxyType(
-        {**TRAITS, "generic": TRAITS["megatron-lm"]}))
+        {**TRAITS, "generic": replace(TRAITS["megatron-lm"],
+                                      loss_kernels=TRAITS["generic"].loss_kernels)}))
 
 
 def _generic_plan(**training):

@@ -42,6 +42,10 @@ class FrameworkTraits:
     # The loss is torch's cross_entropy, eager or compiled as `loss.kernels` says
     # (workloads/loss_memory.py); else the framework's own vocabulary-parallel one.
     torch_cross_entropy: bool = False
+    # The `loss.kernels` the framework's code can run (workloads/kernels.py):
+    # "fused" | "eager" for torch's cross_entropy (compiled or ATen's ops), "fused" |
+    # "unfused" for Megatron's vocabulary-parallel one (its fused kernel or torch ops).
+    loss_kernels: tuple[str, ...] = ("fused", "eager")
     # Under TP the loss runs on vocabulary-sharded DTensor logits (loss_parallel).
     dtensor_loss_parallel: bool = False
     # The vocabulary-parallel cross-entropy's statistics go in two all-reduces, not three
@@ -98,9 +102,12 @@ MEGATRON_CORE = FrameworkTraits(
     # cublaslt_gemm.cu multi_stream_cublas_gemm; common/util/multi_stream.cpp).
     per_expert_gemm_launches=True,
     # cross_entropy_loss_fusion (megatron/core/fusions/fused_cross_entropy.py): the max,
-    # then the predicted logit and the sum of exponentials in one all-reduce; assumed for
-    # every Megatron-Core plan (workloads/vocab_parallel_loss.py says why).
-    fused_vocab_parallel_loss=True,
+    # then the predicted logit and the sum of exponentials in one all-reduce (loss.kernels
+    # "fused", the profile's default: workloads/vocab_parallel_loss.py says why); without
+    # the flag, its default (megatron/core/model_parallel_config.py
+    # cross_entropy_loss_fusion = False at core_v0.15.0 and core_v0.19.0),
+    # tensor_parallel/cross_entropy.py runs the torch ops one at a time ("unfused").
+    fused_vocab_parallel_loss=True, loss_kernels=("fused", "unfused"),
     # DistributedDataParallel's contiguous param_and_grad_buffer, reduced in place in its
     # dtype (megatron/core/distributed/distributed_data_parallel.py: grad_dtype =
     # torch.float if grad_reduce_in_fp32 else param.dtype).
@@ -122,8 +129,9 @@ MEGATRON_LM = FrameworkTraits(
     # ParallelAttention's one query_key_value ColumnParallelLinear (megatron/model/
     # transformer.py); its MLP has no gate.
     fused_linear_groups=True,
-    # (Its mpu/cross_entropy.py _VocabParallelCrossEntropy all-reduces three times: the
-    # fused loss trait stays off.)
+    # Its mpu/cross_entropy.py _VocabParallelCrossEntropy runs torch ops one at a time
+    # and all-reduces three times: no fused loss.
+    loss_kernels=("unfused",),
     # The local DDP all-reduces the parameters' fp16 gradients (megatron/model/
     # distributed.py allreduce_params @c63906a, allreduce_gradients @a8d172b), after
     # flattening them (_flatten_dense_tensors); autograd accumulates them in param.grad

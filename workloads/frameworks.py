@@ -17,7 +17,7 @@ from typing import Any, Mapping
 
 from .errors import WorkloadError
 from .fields import check_choice, int_as_float, is_int, json_object, known_keys
-from .framework_traits import frameworks_with, traits
+from .framework_traits import traits
 
 # Plan keys a profile may set (the Plan field names), with the generic default of each:
 # the simulator's behaviour before profiles, where gradients are reduced per unit as
@@ -264,11 +264,6 @@ def framework_values(raw: dict) -> dict:
         raise WorkloadError("ddp.grad_reduce_in_fp32", given["grad_reduce_fp32"],
                             'a key of framework "megatron-core" only (its DDP gradient buffer)')
     torch_loss = traits(framework).torch_cross_entropy
-    if "loss_kernels" in given and not torch_loss:
-        torch_ce = " and ".join(map(repr, frameworks_with("torch_cross_entropy")))
-        raise WorkloadError("loss.kernels", given["loss_kernels"], f"a key of frameworks "
-                            f"{torch_ce} only (Megatron computes its own vocab-parallel "
-                            "cross-entropy)")
     if given.get("loss_metrics") and framework != "generic":
         raise WorkloadError("loss.metrics", given["loss_metrics"], 'a key of framework '
                             '"generic" only (Megatron-Core and torchtitan compute the loss '
@@ -276,8 +271,10 @@ def framework_values(raw: dict) -> dict:
     values = {**framework_defaults(framework), **given}
     # The loss runs as the model's kernels do unless the plan says otherwise: torch.compile
     # compiles it with the model (torchtitan from bbb1b616e: workloads/loss_memory.py);
-    # Megatron-Core's vocab-parallel cross-entropy is priced as one fused kernel (its
-    # --cross-entropy-loss-fusion), Megatron-LM's as its profile says.
+    # Megatron-Core's vocab-parallel cross-entropy is its fused kernel unless the plan says
+    # "unfused" (--cross-entropy-loss-fusion, which Megatron-Bridge sets on the models it
+    # converts, is off in Megatron-LM by default: workloads/jobs/megatron.py reads it),
+    # Megatron-LM's as its profile says.
     values.setdefault("loss_kernels", values["kernels"] if torch_loss else "fused")
     if "fsdp" not in given and given.get("zero_stage") in (1, 2):
         values["fsdp"] = False      # the plan's ZeRO 1/2 over a profile's FSDP

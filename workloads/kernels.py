@@ -18,9 +18,10 @@ on the activation width: the up-casts vanish for fp32 activations.
 from __future__ import annotations
 
 KERNEL_MODES = ("fused", "eager")
-# The loss's modes (a plan's loss.kernels): the kernel modes, and Megatron-LM's
-# vocab-parallel cross-entropy of 2020-2021 as separate torch ops (below), which the
-# megatron-lm profile sets.
+# The loss's modes (a plan's loss.kernels): the kernel modes, and Megatron's
+# vocab-parallel cross-entropy as separate torch ops (below), which the megatron-lm profile
+# sets and Megatron-Core runs without --cross-entropy-loss-fusion (the modes each
+# framework runs: workloads/framework_traits.py loss_kernels).
 UNFUSED_LOSS = "unfused"
 LOSS_KERNEL_MODES = KERNEL_MODES + (UNFUSED_LOSS,)
 
@@ -59,8 +60,12 @@ EAGER = {
 # (4, 4): 38 B in 6 kernels. Backward: mul_ by the loss gradient (4, 4) and the cast's
 # backward to 16 bits (read 4, write 2): 14 B in 2 kernels (the target's index_put and
 # the TP all-reduces are per token). In fp32 training there are no casts: 32 B in 5, 8 B
-# in 1. (forward bytes, backward bytes, forward kernels, backward kernels) per logit, by
-# activation bytes.
+# in 1. Megatron-Core's unfused path runs the same ops (megatron/core/tensor_parallel/
+# cross_entropy.py at core_v0.19.0: calculate_logits_max casts with .float() and takes the
+# max, calculate_predicted_logits subtracts it in place and exps into the same tensor,
+# sums, calculate_cross_entropy_loss divides in place; the backward's mul_ by the loss
+# gradient and the cast's backward), so it takes these figures. (forward bytes, backward
+# bytes, forward kernels, backward kernels) per logit, by activation bytes.
 UNFUSED_CE = {2: (38.0, 14.0, 6, 2), 4: (32.0, 8.0, 5, 1)}
 
 
@@ -71,7 +76,7 @@ def _width(act_bytes: int) -> int:
 
 
 def unfused_loss_cost(act_bytes: int, phase: str) -> tuple[float, int]:
-    """(passes over the logits, kernel launches) of Megatron-LM's unfused vocab-parallel
+    """(passes over the logits, kernel launches) of Megatron's unfused vocab-parallel
     cross-entropy (UNFUSED_CE) in `phase`; a pass is the logits' own width."""
     fwd, bwd, fwd_kernels, bwd_kernels = UNFUSED_CE[_width(act_bytes)]
     if phase == "backward":

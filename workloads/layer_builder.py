@@ -144,7 +144,7 @@ class BuildOptions:
         framework = traits(plan.framework)
         return cls(flash_attention=flash, attention_impl=plan.attention, kernels=plan.kernels,
                    loss_kernels=plan.loss_kernels,
-                   loss_all_reduce_bytes=loss_all_reduce_bytes(plan.framework),
+                   loss_all_reduce_bytes=loss_all_reduce_bytes(plan.framework, plan.loss_kernels),
                    recompute_attention=plan.recompute == "selective" and not flash,
                    tp_overlap=overlap,
                    cp_impl="torch" if framework.torch_context_parallel else "",

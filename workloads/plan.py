@@ -24,8 +24,9 @@ from .errors import WorkloadError
 from .ddp_buckets import BUCKET_MODES
 from .fields import (MAX_INT, check_bool, check_choice, check_int, check_number, check_optional_name,
                      is_int, json_object as _obj, known_keys as _known_keys)
+from .framework_traits import traits
 from .frameworks import FRAMEWORKS, framework_values
-from .kernels import KERNEL_MODES, LOSS_KERNEL_MODES, OPTIMIZERS, UNFUSED_LOSS
+from .kernels import KERNEL_MODES, LOSS_KERNEL_MODES, OPTIMIZERS
 from .mesh import Mesh, ParallelDims
 from .models import ModelSpec, load_model
 from .module_recompute import RECOMPUTE_MODULES
@@ -98,7 +99,8 @@ class Plan:
     kernels: str = "fused"          # memory-bound ops: fused | eager (workloads/kernels.py)
     # loss.kernels: the cross-entropy compiled (fused) or ATen's eager ops, whose time and
     # fp32 copies differ (workloads/loss_memory.py); the parser defaults it to `kernels`;
-    # "unfused": Megatron-LM 2020-2021's vocab-parallel torch ops (framework megatron-lm)
+    # "unfused": Megatron's vocab-parallel cross-entropy as torch ops (megatron-lm; and
+    # megatron-core without --cross-entropy-loss-fusion); framework_traits.loss_kernels
     loss_kernels: str = "fused"
     # loss.metrics: cross-entropies the trainer computes again on each micro-batch's logits,
     # without gradients, for its training metrics (workloads/train_metrics.py)
@@ -174,10 +176,10 @@ class Plan:
                               ("kernels", KERNEL_MODES), ("optimizer", OPTIMIZERS)):
             check_choice(getattr(self, name), name, allowed)
         check_choice(self.loss_kernels, "loss.kernels", LOSS_KERNEL_MODES)
-        if self.loss_kernels == UNFUSED_LOSS and self.framework != "megatron-lm":
-            # Megatron-LM 2020-2021's vocab-parallel cross-entropy (workloads/kernels.py)
-            raise WorkloadError("loss.kernels", self.loss_kernels, "fused or eager (unfused is "
-                                'framework "megatron-lm"\'s, which sets it)')
+        runs = traits(self.framework).loss_kernels   # torch's or Megatron's cross-entropy
+        if self.loss_kernels not in runs:
+            raise WorkloadError("loss.kernels", self.loss_kernels,
+                                f"{' or '.join(runs)} under framework {self.framework!r}")
         if not is_int(self.loss_metrics) or not 0 <= self.loss_metrics <= MAX_LOSS_METRICS:
             raise WorkloadError("loss.metrics", self.loss_metrics,
                                 f"an integer in [0, {MAX_LOSS_METRICS}]")

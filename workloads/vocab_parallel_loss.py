@@ -11,11 +11,12 @@ backward computes the gradient from the saved statistics without communication.
   predicted logit and the sum of exponentials: 3.
 - Megatron-Core with cross_entropy_loss_fusion (megatron/core/fusions/
   fused_cross_entropy.py): the max, then the predicted logit and the sum of exponentials
-  concatenated into one SUM of two values a token: 2. Assumption: every Megatron-Core plan
-  takes this native fused path (Megatron-Bridge sets the flag on the models it converts,
-  src/megatron/bridge/models/conversion/model_bridge.py; unfused, megatron/core/
-  tensor_parallel/cross_entropy.py all-reduces 3 times; Transformer Engine's parallel
-  cross-entropy, cross_entropy_fusion_impl "te", gathers instead: not modelled).
+  concatenated into one SUM of two values a token: 2 (loss.kernels "fused", the profile's
+  default: Megatron-Bridge sets the flag on the models it converts, src/megatron/bridge/
+  models/conversion/model_bridge.py). Without the flag (loss.kernels "unfused"), megatron/
+  core/tensor_parallel/cross_entropy.py all-reduces 3 times, as Megatron-LM of 2021 did.
+  Transformer Engine's parallel cross-entropy (cross_entropy_fusion_impl "te") gathers
+  instead: priced as the native fused path (assumption).
 
 torch's all-reduces are functional collectives called inside loss_parallel's op handlers,
 Megatron's torch.distributed calls: none is a DTensor redistribution (Task.
@@ -29,10 +30,10 @@ from .precision import FP32_BYTES
 UNFUSED_ALL_REDUCE_BYTES = (FP32_BYTES,) * 3    # per token: max, sum of exps, target logit
 
 
-def loss_all_reduce_bytes(framework: str) -> tuple[float, ...]:
+def loss_all_reduce_bytes(framework: str, loss_kernels: str) -> tuple[float, ...]:
     """Bytes per token of each all-reduce of one vocabulary-parallel cross-entropy's
     forward, in order (module docstring): fp32 statistics, one value a token each, the
     fused path's second carrying two."""
-    if traits(framework).fused_vocab_parallel_loss:
+    if traits(framework).fused_vocab_parallel_loss and loss_kernels == "fused":
         return (FP32_BYTES, 2 * FP32_BYTES)
     return UNFUSED_ALL_REDUCE_BYTES

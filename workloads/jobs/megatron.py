@@ -15,13 +15,13 @@ from ..model_spec import LEARNED
 from ..models import ModelSpec, load_model
 from ..plan import MEGATRON
 from ..precision import precision, recipe_dtypes
-from ..schedules import stage_layer_ranges
 from . import megatron_keys as K
 from .common import Imported, model_ref
 from .findings import Findings, JobConfigError, need_choice, need_int
 from .megatron_args import Flags, parse_args_text, parse_bridge_yaml
 from .megatron_moe import OP_FUSER, check_a2a_overlap_flags, moe_block
 from .megatron_optimizer import fsdp_version, megatron_fsdp_findings, precision_aware_section
+from .megatron_pipeline import pipeline_section
 from .megatron_recompute import recompute_fields
 
 CP_COMM = {"p2p": "ring", "allgather": "all_gather", "a2a": "all_to_all"}
@@ -223,7 +223,7 @@ def _plan(get: _Getter, spec: ModelSpec, ref, findings: Findings) -> dict[str, A
     for flag in ("seq-length", "micro-batch-size", "global-batch-size"):
         if get.int(flag) is None:
             raise JobConfigError(f"--{flag}", None, "an integer >= 1 (required)")
-    pipeline = _pipeline(get, spec.num_layers, pp, findings)
+    pipeline = pipeline_section(get, spec.num_layers, pp, findings)
     param_gather = get.on("overlap-param-gather") and not fsdp
     plan: dict[str, Any] = {
         "framework": "megatron-core", "model": ref,
@@ -253,6 +253,7 @@ def _plan(get: _Getter, spec: ModelSpec, ref, findings: Findings) -> dict[str, A
                     and pipeline.get("schedule") == "interleaved",
                     "tp_comm": get.on("tp-comm-overlap")},
         "context_parallel": {"mode": _cp_mode(get, findings)},
+        "loss": {"kernels": _loss_kernels(get)},
         "cuda_graphs": get.on("enable-cuda-graph"),
     }
     if version != 2:  # torch FSDP2's config takes none (megatron/training/training.py)
@@ -369,6 +370,20 @@ def _recompute_layers(get: _Getter, spec: ModelSpec, pp: int) -> dict[str, int]:
     return {}
 
 
+def _loss_kernels(get: _Getter) -> str:
+    """Megatron-Core's fused vocab-parallel cross-entropy under --cross-entropy-loss-fusion,
+    else its torch ops. Unset, it is off in Megatron-LM's flags (megatron/core/
+    model_parallel_config.py at core_v0.15.0) and on in a Megatron-Bridge YAML, whose
+    GPTModelProvider defaults it to True (src/megatron/bridge/models/gpt_provider.py at
+    0254ddd4). --cross-entropy-fusion-impl te is priced as the native kernel
+    (workloads/vocab_parallel_loss.py)."""
+    need_choice(get.str("cross-entropy-fusion-impl", "native"),
+                get.name("cross-entropy-fusion-impl"), ("native", "te"))
+    fused = (get.on("cross-entropy-loss-fusion") if "cross-entropy-loss-fusion" in get.flags
+             else get.bridge_yaml)
+    return "fused" if fused else "unfused"
+
+
 def _cp_mode(get: _Getter, findings: Findings) -> str:
     kinds = get.str("cp-comm-type", ["p2p"])
     kinds = {str(k) for k in (kinds if isinstance(kinds, list) else [kinds])}
@@ -377,43 +392,3 @@ def _cp_mode(get: _Getter, findings: Findings) -> str:
                          "every layer (simulated as p2p)")
         return "ring"
     return CP_COMM[kinds.pop()]
-
-
-def _pipeline(get: _Getter, num_layers: int, pp: int, findings: Findings) -> dict[str, Any]:
-    per_chunk = get.int("num-layers-per-virtual-pipeline-stage")
-    virtual = get.int("num-virtual-stages-per-pipeline-rank", 1)
-    if per_chunk is not None:
-        if num_layers % (per_chunk * pp):
-            raise JobConfigError("--num-layers-per-virtual-pipeline-stage", per_chunk,
-                                 f"a divisor of num-layers / pp ({num_layers}/{pp})")
-        virtual = num_layers // (per_chunk * pp)
-    out: dict[str, Any] = {"schedule": "interleaved" if virtual > 1 else "1f1b",
-                           "virtual_stages": virtual}
-    first = get.int("decoder-first-pipeline-num-layers", None, 0)
-    last = get.int("decoder-last-pipeline-num-layers", None, 0)
-    if (first is not None or last is not None) and pp > 1:
-        counts = _first_last_split(num_layers, pp * virtual, first, last)
-        if counts != [len(r) for r in stage_layer_ranges(num_layers, pp * virtual)]:
-            out["layer_split"] = counts
-    return out
-
-
-def _first_last_split(num_layers: int, chunks: int, first: int | None,
-                      last: int | None) -> list[int]:
-    """Layers per chunk with given first/last counts and the rest even (Megatron's rule)."""
-    middle = chunks - (first is not None) - (last is not None)
-    rest = num_layers - (first or 0) - (last or 0)
-    if middle <= 0 and rest != 0 or middle > 0 and (rest < 0 or rest % middle):
-        raise JobConfigError("--decoder-first-pipeline-num-layers", first,
-                             f"first/last counts that leave a multiple of the {middle} "
-                             f"other stages of the {num_layers} layers")
-    even = rest // middle if middle > 0 else 0
-    counts = [even] * chunks
-    if first is not None:
-        counts[0] = first
-    if last is not None:
-        counts[-1] = last
-    return counts
-
-
-# ------------------------------------------------------------------------------ export

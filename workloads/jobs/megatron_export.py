@@ -24,8 +24,8 @@ REASONS = {
     "reshard_after_forward": "Megatron's FSDP2 and Megatron-FSDP (optim_grads_params) "
                              "reshard after forward",
     "kernels": "Megatron runs Transformer Engine's fused kernels",
-    "loss_kernels": "Megatron computes its own vocab-parallel cross-entropy "
-                    "(fused under --cross-entropy-loss-fusion)",
+    "loss_kernels": "Megatron computes its own vocab-parallel cross-entropy, fused "
+                    "(--cross-entropy-loss-fusion) or as torch ops",
     "loss_metrics": "Megatron computes the loss alone, no metrics on the logits",
     "optimizer": "Megatron's Adam is the fused one",
     "recompute": "Megatron recomputes the attention core or whole layers",
@@ -173,6 +173,7 @@ def _run_flags(plan: Plan) -> list[str]:
                 ("--tp-comm-overlap", plan.tp_comm_overlap),
                 ("--fp8-param-gather", plan.fp8_param_gather and not plan.fsdp),
                 ("--enable-cuda-graph", plan.cuda_graphs),
+                ("--cross-entropy-loss-fusion", plan.loss_kernels == "fused"),
                 ("--no-gradient-accumulation-fusion", not plan.grad_accumulation_fusion)]
     out += [flag for flag, on in switches if on]
     out += _grad_dtype_flags(plan, "--bf16" in out) + precision_aware_flags(plan)

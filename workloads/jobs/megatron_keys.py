@@ -86,6 +86,8 @@ MAPPED = {
     "recompute-num-layers": "recompute (full)",
     "recompute-modules": "recompute (core_attn), recompute_modules (the others)",
     "attention-backend": "attention (unfused, local: eager; else flash)",
+    "cross-entropy-loss-fusion": "loss.kernels (fused; absent: unfused, Megatron's default)",
+    "cross-entropy-fusion-impl": "loss.kernels (native; te priced as native)",
     "use-flash-attn": "attention (flash)",
     "cp-comm-type": "context_parallel.mode (p2p: ring, allgather, a2a: all_to_all)",
     "enable-cuda-graph": "cuda_graphs",
@@ -190,8 +192,9 @@ BRIDGE_KEYS = {
     ("dataset", "sequence_length"): "seq-length",
 }
 # Flags a Bridge YAML's false sets (its DDP config is used as written: an absent
-# ddp.grad_reduce_in_fp32 is Megatron-Core's default false, not validate_args' rule).
-BRIDGE_KEEP_FALSE = (ACCUMULATE_FP32,)
+# ddp.grad_reduce_in_fp32 is Megatron-Core's default false, not validate_args' rule; an
+# absent model.cross_entropy_loss_fusion is its GPTModelProvider's true).
+BRIDGE_KEEP_FALSE = (ACCUMULATE_FP32, "cross-entropy-loss-fusion")
 # Bridge sections whose every field maps through the flag table (name with - for _).
 BRIDGE_FLAG_SECTIONS = ("model", "train", "ddp", "optimizer", "comm_overlap", "mixed_precision")
 BRIDGE_IGNORED_SECTIONS = {
