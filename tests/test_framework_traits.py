@@ -25,7 +25,8 @@ def test_every_framework_a_plan_may_name_has_traits_and_no_more():
 
 
 def test_generic_is_the_torch_baseline_and_megatron_core_runs_transformer_engine():
-    assert traits("generic") == FrameworkTraits(torch_cross_entropy=True)
+    assert traits("generic") == FrameworkTraits(torch_cross_entropy=True,
+                                                autograd_grad_accumulation=True)
     assert frameworks_with("te_modules") == ("megatron-core",)
     assert frameworks_with("torch_cross_entropy") == ("generic", "torchtitan")
     assert traits("megatron-lm").p2p_host_sync == "always"
@@ -64,11 +65,12 @@ def test_the_gradient_mechanisms_follow_the_traits_not_the_name(generic_as_megat
     assert bucket_grad_bytes(plan, precision("bf16")) == precision("bf16").grad_state_bytes
 
 
-def test_without_the_traits_a_generic_plan_has_none_of_them():
+def test_without_the_traits_a_generic_plan_has_none_but_autograds_accumulation():
     plan = _generic_plan()
     stage = lower(plan, gpu="a100").stages[0]
     assert "grad.local_ddp_copies" not in {t.label for t in stage}
-    assert "grad_add" not in {t.op for t in stage}
+    assert "grad_add" in {t.op for t in stage}       # torch DDP's no_sync: the same add
+    assert bucket_grad_bytes(plan, precision("bf16")) == precision("bf16").grad_reduce_bytes
 
 
 def test_fused_linear_groups_count_one_qkv_tensor(monkeypatch):

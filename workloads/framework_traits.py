@@ -64,8 +64,8 @@ class FrameworkTraits:
     # Data parallelism without overlap or sharding is a local DDP that flattens, scales and
     # copies back the gradients (workloads/local_ddp.py).
     local_ddp: bool = False
-    # Weight gradients accumulate over micro-batches in param.grad by autograd
-    # (workloads/main_grad.py autograd_accumulates).
+    # Weight gradients accumulate over micro-batches in param.grad by autograd, under DDP
+    # and ZeRO 1 (workloads/main_grad.py autograd_accumulates).
     autograd_grad_accumulation: bool = False
     # Pipeline transfers go as 1/TP chunks gathered over TP on arrival, unless the plan's
     # pipeline.scatter_gather says otherwise (workloads/p2p_sync.py).
@@ -160,9 +160,17 @@ TORCHTITAN = FrameworkTraits(
     # K and V again in the backward (torchtitan@9dec370 torchtitan/utils.py
     # create_context_parallel_ctx; workloads/context_parallel_torch.py).
     torch_context_parallel=True,
+    # Its DDP (data_parallel_replicate_degree: torch's replicate) leaves gradients to
+    # autograd as the generic baseline does (below).
+    autograd_grad_accumulation=True,
 )
 
-GENERIC = FrameworkTraits(torch_cross_entropy=True)
+# The torch baseline: torch DDP leaves each micro-batch's weight gradients to autograd,
+# whose AccumulateGrad adds every one after the first into param.grad in place ("within
+# this context, gradients will be accumulated on module variables": torch.nn.parallel.
+# DistributedDataParallel.no_sync; tests/test_autograd_accumulation.py sees the add_ with
+# torch's profiler).
+GENERIC = FrameworkTraits(torch_cross_entropy=True, autograd_grad_accumulation=True)
 
 TRAITS: Mapping[str, FrameworkTraits] = MappingProxyType({
     "generic": GENERIC, "megatron-core": MEGATRON_CORE, "megatron-lm": MEGATRON_LM,

@@ -71,8 +71,15 @@ def megatron_fsdp_grad_copy(sink: TaskSink, prec: Precision, params: float, deps
                      bytes=params * (prec.param_bytes + grad_bytes), **ctx),)
 
 
+# The ops of main_grad_accumulate: gradients added into their accumulating buffer once a
+# unit's backward has produced them (an MoE layer pair's combined order issues them with
+# the unit's reductions: workloads/moe/a2a_overlap.py backward_segments).
+MAIN_GRAD_ADD, GRAD_ADD = "main_grad_add", "grad_add"
+GRAD_ACCUMULATE_OPS = (MAIN_GRAD_ADD, GRAD_ADD)
+
+
 def main_grad_accumulate(sink: TaskSink, prec: Precision, params: float, deps, unit,
-                         ctx: dict, grad_bytes: float, op: str = "main_grad_add") -> int:
+                         ctx: dict, grad_bytes: float, op: str = MAIN_GRAD_ADD) -> int:
     """The unit's new weight gradients added into the buffer that accumulates them (read
     the buffer and the gradient, write the buffer; `grad_bytes` per buffer element), on the
     compute stream: Megatron DDP's hook without gradient-accumulation fusion, into
@@ -97,18 +104,22 @@ def grads_ready(sink: TaskSink, plan, prec: Precision, params: float, deps, unit
     if mb > 0 and autograd_accumulates(plan):
         # in place, in the parameters' dtype
         return (main_grad_accumulate(sink, prec, params, deps, unit, ctx, prec.param_bytes,
-                                     op="grad_add"),)
+                                     op=GRAD_ADD),)
     return tuple(deps)
 
 
 def autograd_accumulates(plan) -> bool:
-    """Whether weight gradients accumulate over micro-batches in `param.grad` by autograd:
-    Megatron-LM of 2020-2021 (framework megatron-lm), before Megatron's main_grad buffer
-    and gradient-accumulation fusion (megatron/model/distributed.py @a8d172b keeps them in
-    `param.grad` unless --accumulate-allreduce-grads-in-fp32, off by default for fp16;
-    --gradient-accumulation-fusion came in 83b1e42f30, 2022). Generic torch DDP plans with
-    several micro-batches accumulate the same way under no_sync; not priced there yet."""
-    return traits(plan.framework).autograd_grad_accumulation and not plan.fsdp
+    """Whether weight gradients accumulate over micro-batches in `param.grad` by autograd
+    (framework_traits.autograd_grad_accumulation): torch DDP and ZeRO-1 under no_sync
+    (generic, torchtitan) and Megatron-LM of 2020-2021 (framework megatron-lm), before
+    Megatron's main_grad buffer and gradient-accumulation fusion (megatron/model/
+    distributed.py @a8d172b keeps them in `param.grad` unless
+    --accumulate-allreduce-grads-in-fp32, off by default for fp16;
+    --gradient-accumulation-fusion came in 83b1e42f30, 2022). Not under FSDP, which
+    accumulates its own unsharded or sharded gradients (workloads/grad_state.py), nor
+    ZeRO-2, which reduces every micro-batch's gradients as they come."""
+    return (traits(plan.framework).autograd_grad_accumulation and not plan.fsdp
+            and plan.zero_stage < 2)
 
 
 def megatron_torch_fsdp(plan) -> bool:
