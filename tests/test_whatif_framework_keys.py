@@ -34,7 +34,7 @@ OTHER_VALUE = {"framework": "torchtitan", "kernels": "eager", "loss_kernels": "e
                "reshard_after_forward": False, "cuda_graphs": True,
                "host_step_s": 0.002, "host_kernel_s": 5e-6,
                "grad_reduce_fp32": False, "grad_accumulation_fusion": False,
-               "fp8_param_gather": True,
+               "grad_as_bucket_view": True, "fp8_param_gather": True,
                "fsdp_float8_all_gather": True, "loss_metrics": 2}
 # Keys a framework profile alone accepts: their point runs on that framework's plan.
 ONLY_UNDER = {"grad_reduce_fp32": "megatron-core", "grad_accumulation_fusion": "megatron-core"}

@@ -64,6 +64,9 @@ class FrameworkTraits:
     # Data parallelism without overlap or sharding is a local DDP that flattens, scales and
     # copies back the gradients (workloads/local_ddp.py).
     local_ddp: bool = False
+    # Data parallelism without sharding (ZeRO 0) is torch's DistributedDataParallel,
+    # whose Reducer copies the gradients into its buckets and back (workloads/torch_ddp.py).
+    torch_ddp: bool = False
     # Weight gradients accumulate over micro-batches in param.grad by autograd, under DDP
     # and ZeRO 1 (workloads/main_grad.py autograd_accumulates).
     autograd_grad_accumulation: bool = False
@@ -138,6 +141,9 @@ MEGATRON_LM = FrameworkTraits(
     # over micro-batches (no main_grad buffer without
     # --accumulate-allreduce-grads-in-fp32, off by default for fp16).
     grad_reduce_dtype="param_grad", local_ddp=True, autograd_grad_accumulation=True,
+    # --DDP-impl torch wraps the model in torch's DistributedDataParallel (megatron/
+    # training.py get_model @a8d172b), what a plan that overlaps the reduce runs.
+    torch_ddp=True,
     # Scatter/gather of pipeline transfers is on unless
     # --no-scatter-gather-tensors-in-pipeline (megatron/arguments.py; megatron/
     # p2p_communication.py _communicate at 6985e58938), and _communicate calls
@@ -160,9 +166,9 @@ TORCHTITAN = FrameworkTraits(
     # K and V again in the backward (torchtitan@9dec370 torchtitan/utils.py
     # create_context_parallel_ctx; workloads/context_parallel_torch.py).
     torch_context_parallel=True,
-    # Its DDP (data_parallel_replicate_degree: torch's replicate) leaves gradients to
-    # autograd as the generic baseline does (below).
-    autograd_grad_accumulation=True,
+    # Its DDP (data_parallel_replicate_degree: torch's replicate, a DistributedDataParallel
+    # underneath) leaves gradients to autograd and the Reducer as the generic baseline does.
+    autograd_grad_accumulation=True, torch_ddp=True,
 )
 
 # The torch baseline: torch DDP leaves each micro-batch's weight gradients to autograd,
@@ -170,7 +176,8 @@ TORCHTITAN = FrameworkTraits(
 # this context, gradients will be accumulated on module variables": torch.nn.parallel.
 # DistributedDataParallel.no_sync; tests/test_autograd_accumulation.py sees the add_ with
 # torch's profiler).
-GENERIC = FrameworkTraits(torch_cross_entropy=True, autograd_grad_accumulation=True)
+GENERIC = FrameworkTraits(torch_cross_entropy=True, autograd_grad_accumulation=True,
+                          torch_ddp=True)
 
 TRAITS: Mapping[str, FrameworkTraits] = MappingProxyType({
     "generic": GENERIC, "megatron-core": MEGATRON_CORE, "megatron-lm": MEGATRON_LM,

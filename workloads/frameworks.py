@@ -45,6 +45,10 @@ GENERIC_DEFAULTS: Mapping[str, Any] = MappingProxyType({
     # performance scripts unless a recipe turns it off). Only megatron-core reads it
     # (workloads/main_grad.py).
     "grad_accumulation_fusion": True,
+    # ddp.gradient_as_bucket_view: torch DistributedDataParallel's constructor argument,
+    # False by default (torch/nn/parallel/distributed.py); only torch's DDP reads it
+    # (workloads/torch_ddp.py).
+    "grad_as_bucket_view": False,
     # ddp.fp8_param_gather: Megatron-Core's fp8_param_gather (TransformerConfig.fp8_param):
     # the linear layers' weights are Transformer Engine FP8 tensors (built under
     # fp8_model_init) and the distributed optimizer's parameter buffer holds their uint8
@@ -195,7 +199,8 @@ FSDP_KEYS = {"enabled": "fsdp", "reshard_after_forward": "reshard_after_forward"
 HOST_KEYS = {"per_step_s": "host_step_s", "per_kernel_s": "host_kernel_s"}
 DDP_KEYS = {"bucket_params": "grad_bucket", "grad_reduce_in_fp32": "grad_reduce_fp32",
             "fp8_param_gather": "fp8_param_gather",
-            "gradient_accumulation_fusion": "grad_accumulation_fusion"}
+            "gradient_accumulation_fusion": "grad_accumulation_fusion",
+            "gradient_as_bucket_view": "grad_as_bucket_view"}
 LOSS_KEYS = {"kernels": "loss_kernels",     # workloads/loss_memory.py
              "metrics": "loss_metrics"}     # workloads/train_metrics.py
 # The dtypes whose Megatron-Bridge recipes turn fp8_param_gather on (the profile's default

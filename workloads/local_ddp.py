@@ -11,7 +11,7 @@ rank included. (torch DDP, `--DDP-impl torch`, is overlap.grad_reduce with its b
 """
 from __future__ import annotations
 
-from .framework_traits import traits
+from .dp_impl import LOCAL_DDP, dp_impl
 from .layer_builder import TaskSink
 from .program import COMPUTE, MEMORY
 
@@ -22,8 +22,7 @@ LOCAL_DDP_COPY_KERNELS = 2              # the flatten and the scale; + one per t
 
 def local_ddp(plan) -> bool:
     """Whether the plan's data parallelism is Megatron-LM's local DDP (above)."""
-    return (traits(plan.framework).local_ddp and not plan.grad_reduce_overlap
-            and not plan.fsdp and plan.zero_stage == 0)
+    return dp_impl(plan) == LOCAL_DDP
 
 
 def local_ddp_copies(sink: TaskSink, params: float, tensors: int, grad_bytes: float,

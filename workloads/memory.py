@@ -32,8 +32,9 @@ from .attention_impls import scores_on_chip
 from .context_parallel_memory import cp_memory_bytes
 from .framework_traits import traits
 from .fsdp_float8 import gathered_bytes_per_param
-from .grad_state import (accumulated_grad_bytes, frozen_param_bytes, fsdp_no_sync,
-                         fsdp_reduce_bytes, grad_state_bytes, sharded_state_bytes)
+from .grad_state import (accumulated_grad_bytes, bucket_grad_bytes, frozen_param_bytes,
+                         fsdp_no_sync, fsdp_reduce_bytes, grad_state_bytes,
+                         sharded_state_bytes)
 from .loss_memory import fp32_logits_bytes, fp32_logits_copies
 from .models import ModelSpec
 from .module_recompute import freed_tensors
@@ -43,6 +44,7 @@ from .plan import Plan
 from .precision import BF16_BYTES, precision
 from .quantized_saves import proj_copy_bytes, quantized_input_bytes
 from .schedules import chunk_units, stage_layers
+from .torch_ddp import copies_back
 
 PARAM_BYTES_PER_PARAM = 2        # bf16 working copy (ZeRO paper section 3.1)
 GRAD_BYTES_PER_PARAM = 2         # bf16 gradient
@@ -216,7 +218,9 @@ def memory_breakdown(plan: Plan, stage: int = 0,
       every unit of the stage stays gathered from forward to backward.
     - Gradient reduce-scatter (ZeRO 2 and 3): 2 units (1 without prefetch/overlap) of
       unsharded gradients in the reduce dtype (fp32, Precision.grad_reduce_bytes).
-    - ZeRO 0/1 all-reduce in place on the gradient buckets (DDP gradient_as_bucket_view).
+    - ZeRO 0/1 all-reduce the gradient buckets: Megatron's in place (its main_grad
+      buffer), torch DDP's a second copy of the gradients unless they are bucket views
+      (ddp.gradient_as_bucket_view; workloads/torch_ddp.py).
     - TP (t > 1): one unsharded layer input 2sbh (SP all-gather output / all-reduce buffer).
     - PP (pp > 1): a send and a receive buffer of one micro-batch's activation 2sbh (/t with
       SP); torch.distributed.pipelining's receive buffers per micro-batch (torchtitan,
@@ -318,6 +322,8 @@ def memory_breakdown(plan: Plan, stage: int = 0,
                        else held[:2 if plan.fsdp_prefetch else 1])
     if zero >= 2:   # the reduce-scatter's input
         buffers += fsdp_reduce_bytes(plan) * sum(unit_sizes[:2 if plan.fsdp_prefetch else 1])
+    if copies_back(plan) and mesh.dp * mesh.cp > 1:   # torch DDP's buckets (torch_ddp.py)
+        buffers += bucket_grad_bytes(plan, prec) * gathered
     if tp > 1:
         buffers += prec.act_bytes * s * b * m.hidden_size
     if any(m.is_moe_layer(layer) for layer in own_layers):

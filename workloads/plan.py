@@ -118,6 +118,9 @@ class Plan:
     # ddp.gradient_accumulation_fusion (megatron-core): weight-gradient GEMMs write main_grad
     # themselves; false: autograd's gradient is added / copied into it (workloads/main_grad.py)
     grad_accumulation_fusion: bool = True
+    # ddp.gradient_as_bucket_view (torch DDP): gradients are views into the Reducer's
+    # buckets, so no copy back and no second copy in memory (workloads/torch_ddp.py)
+    grad_as_bucket_view: bool = False
     fp8_param_gather: bool = False      # ddp.fp8_param_gather: FP8 weights gathered (1 B)
     param_gather_overlap: bool = False  # distributed optimizer: param all-gather in forward
     param_gather_align: bool = False    # interleaved: chunk gathers one chunk ahead, aligned
@@ -154,6 +157,7 @@ class Plan:
                             ("tp_comm_overlap", "overlap.tp_comm"),
                             ("grad_reduce_fp32", "ddp.grad_reduce_in_fp32"),
                             ("grad_accumulation_fusion", "ddp.gradient_accumulation_fusion"),
+                            ("grad_as_bucket_view", "ddp.gradient_as_bucket_view"),
                             ("fp8_param_gather", "ddp.fp8_param_gather"),
                             ("fsdp_float8_all_gather", "fsdp.float8_all_gather"),
                             ("cuda_graphs", "cuda_graphs")):

@@ -31,6 +31,7 @@ from .offload_copies import insert_offload_copies
 from .moe.a2a_overlap import (PassPieces, add_node_host_time, combined_order,
                                lone_node_calls, reorder)
 from .p2p_sync import PipelineTransfers
+from .torch_ddp import ReducerCopies
 from .param_gathers import FP8_GATHER_BYTES, ChunkGathers, step_gathers
 from .params import param_tensor_count, unit_param_groups, weight_dp_dims
 from .precision import precision
@@ -66,6 +67,9 @@ class StageLowering:
         # DDP / ZeRO 1-2 gradient buckets per local chunk (workloads/ddp_buckets.py)
         self.bucket_sizes = [bucket_params(plan, stage, c) for c in range(len(self.chunk_units))]
         self.fillers = [BucketFiller(size) for size in self.bucket_sizes]
+        self.ddp_copies = ReducerCopies(   # torch DDP's (workloads/torch_ddp.py)
+            self.sink, plan, grad_state_bytes(plan), bucket_grad_bytes(plan, self.precision),
+            dp_ranks=self._group_size(weight_dp_dims(plan)))
         # ZeRO 1-2's parameter all-gathers in the forward (workloads/param_gathers.py)
         self.param_gathers = (ChunkGathers(self.sink, plan, stage, self.chunk_units,
                                            self.bucket_sizes)
@@ -166,9 +170,14 @@ class StageLowering:
         if not self._reduces(mb):
             return
         if not self.fsdp:
-            for dims, params in sorted(unit_param_groups(self.plan, unit).items()):
-                if self._group_size(dims) > 1 and params:
-                    self.fillers[local].add(unit, dims, params, deps)
+            reduced = [(dims, params) for dims, params in
+                       sorted(unit_param_groups(self.plan, unit).items())
+                       if self._group_size(dims) > 1 and params]
+            if reduced and self.ddp_copies.enabled:   # the Reducer's copy-in
+                deps = (self.ddp_copies.copy_in(unit, sum(p for _, p in reduced), deps,
+                                                unit_context(unit, mb)),)
+            for dims, params in reduced:
+                self.fillers[local].add(unit, dims, params, deps)
             self._emit_buckets(self.fillers[local].take(), mb)
             return
         for dims, params in sorted(unit_param_groups(self.plan, unit).items()):
@@ -327,6 +336,8 @@ class StageLowering:
         Megatron-LM's flat gradient copies (workloads/local_ddp.py) and the 2020
         FP16_Optimizer's host-synchronised loops (workloads/fp16_optimizer.py)."""
         deps = (self.last_backward, *self.reductions)
+        if self.ddp_copies.copies_back:
+            deps = (self.ddp_copies.copy_back(deps, self.plan.micro_batches - 1),)
         if local_ddp(self.plan):
             deps = (local_ddp_copies(self.sink, local, tensors,
                                      bucket_grad_bytes(self.plan, self.precision), deps),)

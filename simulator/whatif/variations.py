@@ -22,6 +22,7 @@ Framework-level keys (workloads/frameworks.py):
   tp_comm_overlap, reshard_after_forward, cuda_graphs,
   grad_reduce_fp32 (ddp.grad_reduce_in_fp32, megatron-core only)             true/false
   grad_accumulation_fusion (ddp.gradient_accumulation_fusion, megatron-core)  true/false
+  grad_as_bucket_view (ddp.gradient_as_bucket_view: torch DDP's bucket views)  true/false
   fp8_param_gather (ddp.fp8_param_gather: FP8 weights gathered at 1 byte)   true/false
   fsdp_float8_all_gather (fsdp.float8_all_gather: torchao's, under FSDP)     true/false
   host_step_s, host_kernel_s                                                 seconds
@@ -49,7 +50,7 @@ from workloads import Plan, plan_from_dict
 from workloads.ddp_buckets import BUCKET_MODES
 from workloads.frameworks import (DDP_KEYS, FRAMEWORKS, FSDP_KEYS, HOST_KEYS, LOSS_KEYS,
                                   OVERLAP_KEYS)
-from workloads.kernels import KERNEL_MODES, OPTIMIZERS
+from workloads.kernels import KERNEL_MODES, LOSS_KERNEL_MODES, OPTIMIZERS
 from workloads.plan import (ATTENTION_IMPLS, DTYPES, FSDP_VERSIONS, MAX_HOST_OVERHEAD_S,
                             RECOMPUTE, SCHEDULES)
 from workloads.train_metrics import MAX_LOSS_METRICS
@@ -65,11 +66,11 @@ BOOLS = ("fsdp", "sequence_parallel", "fsdp_prefetch")
 # The framework-level keys (a profile sets their defaults: workloads/frameworks.py).
 # Their values are checked when parsed, against the same tuples the Plan checks.
 FRAMEWORK_CHOICES = {"framework": FRAMEWORKS, "kernels": KERNEL_MODES,
-                     "loss_kernels": KERNEL_MODES, "optimizer": OPTIMIZERS}
+                     "loss_kernels": LOSS_KERNEL_MODES, "optimizer": OPTIMIZERS}
 FRAMEWORK_BOOLS = ("async_tp", "grad_reduce_overlap", "param_gather_overlap",
                    "param_gather_align", "tp_comm_overlap", "reshard_after_forward",
                    "cuda_graphs", "grad_reduce_fp32", "grad_accumulation_fusion",
-                   "fp8_param_gather", "fsdp_float8_all_gather")
+                   "grad_as_bucket_view", "fp8_param_gather", "fsdp_float8_all_gather")
 HOST_SECONDS = tuple(HOST_KEYS.values())   # host_step_s, host_kernel_s
 FRAMEWORK_PARAMS = (tuple(FRAMEWORK_CHOICES) + ("fsdp_version", "grad_bucket",
                                                  "loss_metrics")
