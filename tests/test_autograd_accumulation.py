@@ -45,8 +45,9 @@ def _adds(**plan):
     return resolved, [t for t in lower(resolved, gpu="h100").stages[0] if t.op == "grad_add"]
 
 
-def test_a_torch_ddp_plan_adds_every_micro_batch_after_the_first():
-    plan, adds = _adds(mesh={"dp": 2}, overlap={"grad_reduce": True})
+@pytest.mark.parametrize("zero_stage", [0, 1])
+def test_a_torch_ddp_or_zero1_plan_adds_every_micro_batch_after_the_first(zero_stage):
+    plan, adds = _adds(mesh={"dp": 2}, overlap={"grad_reduce": True}, zero_stage=zero_stage)
     assert plan.micro_batches == 4 and sorted({t.microbatch for t in adds}) == [1, 2, 3]
     layer = next(t for t in adds if t.layer == 0 and t.microbatch == 1)
     assert layer.bytes == pytest.approx(3 * 2 * sum(unit_param_groups(plan, 0).values()))

@@ -49,20 +49,19 @@ def generic_as_megatron_lm(monkeypatch):
 
 
 def _generic_plan(**training):
-    raw = small_plan(model=GPT, mesh={"dp": 1}, overlap={"grad_reduce": False},
-                     training={"global_batch": 4, "micro_batch": 1, "seq_len": 1024,
+    raw = small_plan(model=GPT, mesh={"dp": 2}, overlap={"grad_reduce": False},
+                     training={"global_batch": 8, "micro_batch": 1, "seq_len": 1024,
                                **training})
-    return resolve(plan_from_dict(raw), 1)
+    return resolve(plan_from_dict(raw), 2)
 
 
 def test_the_gradient_mechanisms_follow_the_traits_not_the_name(generic_as_megatron_lm):
-    """Megatron-LM's traits on a generic plan bring its local DDP copies, autograd's
-    accumulation into param.grad and its fp16 gradient reduce."""
+    """Megatron-LM's traits on a generic plan that does not overlap the reduce bring its
+    local DDP (flat copies) in place of torch's DDP (bucket copies)."""
     plan = _generic_plan()
-    labels = {t.label for t in lower(plan, gpu="a100").stages[0]}
-    ops = {t.op for t in lower(plan, gpu="a100").stages[0]}
-    assert "grad.local_ddp_copies" in labels and "grad_add" in ops
-    assert bucket_grad_bytes(plan, precision("bf16")) == precision("bf16").grad_state_bytes
+    stage = lower(plan, gpu="a100").stages[0]
+    assert "grad.local_ddp_copies" in {t.label for t in stage}
+    assert "ddp_copy_in" not in {t.op for t in stage}
 
 
 def test_without_the_traits_a_generic_plan_has_none_but_autograds_accumulation():
@@ -70,6 +69,7 @@ def test_without_the_traits_a_generic_plan_has_none_but_autograds_accumulation()
     stage = lower(plan, gpu="a100").stages[0]
     assert "grad.local_ddp_copies" not in {t.label for t in stage}
     assert "grad_add" in {t.op for t in stage}       # torch DDP's no_sync: the same add
+    assert "ddp_copy_in" in {t.op for t in stage}    # and its Reducer's copies
     assert bucket_grad_bytes(plan, precision("bf16")) == precision("bf16").grad_reduce_bytes
 
 

@@ -113,7 +113,7 @@ def test_zero_stages_shard_16_bytes_per_param():
     assert f2.peak_bytes == z3.peak_bytes
     assert z0.peak_bytes > z1.peak_bytes > z2.peak_bytes > z3.peak_bytes
     # torch DDP's buckets (workloads/torch_ddp.py) hold a second copy of the gradients in
-    # the dtype they are reduced in (fp32); as bucket views, none
+    # the dtype the all-reduce moves (fp32); as bucket views, none
     assert z0.buffers_bytes == 4 * n
     views = memory_breakdown(_plan(8, ddp={"gradient_as_bucket_view": True}))
     assert views.buffers_bytes == 0 < z2.buffers_bytes < z3.buffers_bytes

@@ -271,3 +271,14 @@ def test_hybridep_routing_map_gather_runs_in_the_dispatch_node():
     ep = [t.label for t in pair if t.stream == "ep" and t.kind == "comm"
           and t.phase == "forward"]
     assert ep[:2] == ["moe.routing_map", "moe.dispatch"]
+
+
+def test_main_grad_adds_without_accumulation_fusion_follow_the_delayed_wgrads():
+    """Megatron-Core DDP without gradient-accumulation fusion adds each weight gradient
+    into main_grad; with delay_wgrad the experts' weight gradients come late in the pair,
+    and the adds are issued with the layer's reductions, after them (the combined order
+    had put them first: "would wait for a later task")."""
+    plan = _plan(framework="megatron-core", ddp={"gradient_accumulation_fusion": False})
+    tasks = lower(plan).stages[0]
+    adds = [t for t in tasks if t.op == "main_grad_add"]
+    assert adds and all(d < t.id for t in adds for d in t.deps)

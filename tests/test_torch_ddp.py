@@ -68,7 +68,9 @@ def _tasks(plan, op):
 def test_a_ddp_plan_copies_in_on_the_reducing_micro_batch_and_back_before_the_step():
     plan = _plan()
     units = [EMBED, 0, 1, HEAD]
-    copy = bucket_grad_bytes(plan, precision("bf16")) + grad_state_bytes(plan)   # fp32 + bf16
+    # read the bf16 gradient, write the bucket in the dtype the all-reduce moves (fp32)
+    copy = bucket_grad_bytes(plan, precision("bf16")) + grad_state_bytes(plan)
+    assert copy == 2 + 4
     ins, (back,) = _tasks(plan, "ddp_copy_in"), _tasks(plan, "ddp_copy_back")
     assert {t.microbatch for t in ins} == {plan.micro_batches - 1} and len(ins) == 4
     layer = next(t for t in ins if t.layer == 0)
@@ -104,3 +106,13 @@ def test_no_reducer_without_a_data_parallel_group():
                                              training={"global_batch": 2, "micro_batch": 1,
                                                        "seq_len": 256})), 1)
     assert not _tasks(plan, "ddp_copy_in") and not _tasks(plan, "ddp_copy_back")
+
+
+def test_megatron_lm_runs_torchs_ddp_only_where_it_overlaps_the_reduce():
+    """--DDP-impl torch (overlap.grad_reduce) takes the key; its local DDP refuses it."""
+    raw = dict(framework="megatron-lm", model={**MODEL, "mlp": "gelu"},
+               training={"global_batch": 4, "micro_batch": 1, "seq_len": 256},
+               mesh={"dp": 2}, ddp={"gradient_as_bucket_view": True})
+    assert resolve(plan_from_dict(small_plan(overlap={"grad_reduce": True}, **raw)), 2)
+    with pytest.raises(WorkloadError, match="ddp.gradient_as_bucket_view"):
+        resolve(plan_from_dict(small_plan(overlap={"grad_reduce": False}, **raw)), 2)

@@ -21,6 +21,9 @@ from .framework_traits import traits
 
 FSDP, ZERO, LOCAL_DDP, TORCH_DDP, FRAMEWORK_DDP = (
     "fsdp", "zero", "local_ddp", "torch_ddp", "framework")
+# The op of torch DDP's copy of a unit's gradients into its buckets (workloads/torch_ddp.py),
+# named here, where the MoE overlap's ordering can read it without the lowering's imports.
+DDP_COPY_IN = "ddp_copy_in"
 
 
 def dp_impl(plan) -> str:

@@ -10,11 +10,12 @@ that price a mechanism ask `traits(plan.framework)` rather than compare names, s
 framework added here is a framework every mechanism knows.
 
 `generic` is the simulator's torch baseline (PyTorch modules, torch's cross-entropy,
-torch DDP / FSDP2): every trait off.
+torch DDP / FSDP2): torch's cross-entropy, autograd's accumulation and torch's DDP on,
+every other trait off.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, fields
+from dataclasses import dataclass
 from types import MappingProxyType
 from typing import Mapping
 
@@ -183,7 +184,6 @@ TRAITS: Mapping[str, FrameworkTraits] = MappingProxyType({
     "generic": GENERIC, "megatron-core": MEGATRON_CORE, "megatron-lm": MEGATRON_LM,
     "torchtitan": TORCHTITAN,
 })
-TRAIT_NAMES = tuple(f.name for f in fields(FrameworkTraits))
 
 
 def traits(framework: str) -> FrameworkTraits:

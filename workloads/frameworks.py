@@ -36,8 +36,8 @@ GENERIC_DEFAULTS: Mapping[str, Any] = MappingProxyType({
     # distributed_data_parallel.py at d7288711ba: `grad_dtype = torch.float if
     # self.ddp_config.grad_reduce_in_fp32 else param.dtype`). True: Megatron-Bridge's
     # library recipes (training/mixed_precision.py bf16_mixed, recipes/llama/h100/llama3.py).
-    # Only megatron-core reads it: the buffer's memory (workloads/memory.py,
-    # grad_state_bytes) and the bytes its reduce moves (workloads/stage_lowering.py).
+    # Only megatron-core reads it: the buffer's memory and the bytes its reduce moves
+    # (workloads/grad_state.py grad_state_bytes, bucket_grad_bytes).
     "grad_reduce_fp32": True,
     # ddp.gradient_accumulation_fusion: Megatron-Core's weight-gradient GEMMs accumulate into
     # the main_grad buffer themselves (TransformerConfig.gradient_accumulation_fusion; on in

@@ -20,13 +20,16 @@ def bucket_grad_bytes(plan: Plan, prec) -> float:
     ddp.grad_reduce_in_fp32). Megatron-LM of 2020-2021 reduces the parameters' fp16
     gradients: neither --fp32-allreduce (megatron/model/distributed.py allreduce_params
     @c63906a) nor --accumulate-allreduce-grads-in-fp32 (@6985e58938, _get_buffer_type) is
-    on by default or set by the example scripts the references follow; torch DDP reduces
-    the gradients in their dtype. Others: the precision's reduce dtype."""
+    on by default or set by the example scripts the references follow. Others (torch's
+    DDP and the distributed optimizers of the generic plans): the precision's reduce
+    dtype, fp32 under mixed precision (workloads/precision.py; an assumption for torch's
+    DDP, whose Reducer reduces its buckets in the gradients' own dtype:
+    workloads/torch_ddp.py)."""
     reduced = traits(plan.framework).grad_reduce_dtype
-    if reduced == "buffer":
-        return grad_state_bytes(plan)
     if reduced == "param_grad":
         return prec.grad_state_bytes
+    if reduced == "buffer":
+        return grad_state_bytes(plan)
     return prec.grad_reduce_bytes
 
 

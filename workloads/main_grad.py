@@ -25,7 +25,8 @@ FSDP2's per-tensor sharding "leads to extra data copy so won't be used by defaul
   (MixedPrecisionPolicy.main_params_dtype) and the main gradients in main_grads_dtype
   (param_and_grad_buffer.py: model_weight_buffer, main_weight_buffer, main_grad_buffer):
   ZeRO's count, 2 + 4 + 8 bytes a parameter besides the gradient's
-  (workloads/memory.py, workloads/grad_state.py; the gradient in fp32 only with ddp.grad_reduce_in_fp32).
+  (workloads/memory.py, workloads/grad_state.py; the gradient in fp32 only with
+  ddp.grad_reduce_in_fp32).
 - Unshard: the all-gather writes the unit's bucket, and the parameters are views into it:
   no copy-out (FSDP2 copies the gathered buffer out into each parameter,
   foreach_all_gather_copy_out).

@@ -44,7 +44,7 @@ from .plan import Plan
 from .precision import BF16_BYTES, precision
 from .quantized_saves import proj_copy_bytes, quantized_input_bytes
 from .schedules import chunk_units, stage_layers
-from .torch_ddp import copies_back
+from .torch_ddp import bucket_copy_bytes, bucketed_params
 
 PARAM_BYTES_PER_PARAM = 2        # bf16 working copy (ZeRO paper section 3.1)
 GRAD_BYTES_PER_PARAM = 2         # bf16 gradient
@@ -322,8 +322,8 @@ def memory_breakdown(plan: Plan, stage: int = 0,
                        else held[:2 if plan.fsdp_prefetch else 1])
     if zero >= 2:   # the reduce-scatter's input
         buffers += fsdp_reduce_bytes(plan) * sum(unit_sizes[:2 if plan.fsdp_prefetch else 1])
-    if copies_back(plan) and mesh.dp * mesh.cp > 1:   # torch DDP's buckets (torch_ddp.py)
-        buffers += bucket_grad_bytes(plan, prec) * gathered
+    ddp_bucketed = sum(bucketed_params(plan, unit) for unit, _, _ in units)
+    buffers += bucket_copy_bytes(plan, bucket_grad_bytes(plan, prec)) * ddp_bucketed
     if tp > 1:
         buffers += prec.act_bytes * s * b * m.hidden_size
     if any(m.is_moe_layer(layer) for layer in own_layers):

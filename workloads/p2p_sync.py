@@ -1,5 +1,6 @@
-"""Megatron's host synchronisation after each pipeline send/receive call, and Megatron-LM
-2021's scatter/gather of the transfers (pipeline_scatter_gather, below).
+"""A stage's pipeline sends and receives (PipelineTransfers: their bytes, below): Megatron's
+host synchronisation after each send/receive call, and Megatron-LM 2021's scatter/gather
+of the transfers (pipeline_scatter_gather).
 
 Megatron sends and receives pipeline activations and gradients with
 torch.distributed.batch_isend_irecv, waits on the requests, then calls

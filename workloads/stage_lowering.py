@@ -67,9 +67,9 @@ class StageLowering:
         # DDP / ZeRO 1-2 gradient buckets per local chunk (workloads/ddp_buckets.py)
         self.bucket_sizes = [bucket_params(plan, stage, c) for c in range(len(self.chunk_units))]
         self.fillers = [BucketFiller(size) for size in self.bucket_sizes]
-        self.ddp_copies = ReducerCopies(   # torch DDP's (workloads/torch_ddp.py)
-            self.sink, plan, grad_state_bytes(plan), bucket_grad_bytes(plan, self.precision),
-            dp_ranks=self._group_size(weight_dp_dims(plan)))
+        # torch DDP's Reducer copies (workloads/torch_ddp.py)
+        self.ddp_copies = ReducerCopies(self.sink, plan, grad_state_bytes(plan),
+                                        bucket_grad_bytes(plan, self.precision))
         # ZeRO 1-2's parameter all-gathers in the forward (workloads/param_gathers.py)
         self.param_gathers = (ChunkGathers(self.sink, plan, stage, self.chunk_units,
                                            self.bucket_sizes)
@@ -170,14 +170,10 @@ class StageLowering:
         if not self._reduces(mb):
             return
         if not self.fsdp:
-            reduced = [(dims, params) for dims, params in
-                       sorted(unit_param_groups(self.plan, unit).items())
-                       if self._group_size(dims) > 1 and params]
-            if reduced and self.ddp_copies.enabled:   # the Reducer's copy-in
-                deps = (self.ddp_copies.copy_in(unit, sum(p for _, p in reduced), deps,
-                                                unit_context(unit, mb)),)
-            for dims, params in reduced:
-                self.fillers[local].add(unit, dims, params, deps)
+            deps = self.ddp_copies.copy_in(unit, deps, unit_context(unit, mb))
+            for dims, params in sorted(unit_param_groups(self.plan, unit).items()):
+                if self._group_size(dims) > 1 and params:
+                    self.fillers[local].add(unit, dims, params, deps)
             self._emit_buckets(self.fillers[local].take(), mb)
             return
         for dims, params in sorted(unit_param_groups(self.plan, unit).items()):
@@ -231,7 +227,8 @@ class StageLowering:
         self.pass_ends = []
         chunk = local * self.pp + self.stage
         begin = len(self.sink.tasks)
-        prev = self.transfers.transfer("recv", "act", mb, (), -1, "forward", chunk) if chunk > 0 else None
+        prev = (self.transfers.transfer("recv", "act", mb, (), -1, "forward", chunk)
+                if chunk > 0 else None)
         self.transfers.sync.call_end(prev, mb, "forward")
         if prev is not None:
             prev = self.transfers.received(prev, "act", mb, "forward")

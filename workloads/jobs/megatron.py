@@ -223,7 +223,7 @@ def _plan(get: _Getter, spec: ModelSpec, ref, findings: Findings) -> dict[str, A
     for flag in ("seq-length", "micro-batch-size", "global-batch-size"):
         if get.int(flag) is None:
             raise JobConfigError(f"--{flag}", None, "an integer >= 1 (required)")
-    pipeline = pipeline_section(get, spec.num_layers, pp, findings)
+    pipeline = pipeline_section(get, spec.num_layers, pp)
     param_gather = get.on("overlap-param-gather") and not fsdp
     plan: dict[str, Any] = {
         "framework": "megatron-core", "model": ref,

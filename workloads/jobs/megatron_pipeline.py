@@ -9,10 +9,10 @@ from __future__ import annotations
 from typing import Any
 
 from ..schedules import stage_layer_ranges
-from .findings import Findings, JobConfigError
+from .findings import JobConfigError
 
 
-def pipeline_section(get, num_layers: int, pp: int, findings: Findings) -> dict[str, Any]:
+def pipeline_section(get, num_layers: int, pp: int) -> dict[str, Any]:
     """The plan's pipeline section from the virtual-stage and first/last-stage flags."""
     per_chunk = get.int("num-layers-per-virtual-pipeline-stage")
     virtual = get.int("num-virtual-stages-per-pipeline-rank", 1)
@@ -33,7 +33,7 @@ def pipeline_section(get, num_layers: int, pp: int, findings: Findings) -> dict[
 
 
 def first_last_split(num_layers: int, chunks: int, first: int | None,
-                      last: int | None) -> list[int]:
+                     last: int | None) -> list[int]:
     """Layers per chunk with given first/last counts and the rest even (Megatron's rule)."""
     middle = chunks - (first is not None) - (last is not None)
     rest = num_layers - (first or 0) - (last or 0)

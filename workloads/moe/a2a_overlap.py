@@ -44,6 +44,7 @@ from dataclasses import dataclass, field
 
 from ..graph_node import FUSED_INTO
 from ..main_grad import GRAD_ACCUMULATE_OPS
+from ..dp_impl import DDP_COPY_IN
 from ..program import COMM, Task
 from ..schedules import EMBED, HEAD
 from .mtp_overlap import LayerSpan, decoder_spans, split_backward, split_forward
@@ -139,11 +140,17 @@ def _pull(tasks: list[Task], segments: list[list[int]], k: int,
     segments[k].sort()
 
 
+# What the lowering issues once a layer's gradients are done, beside its reductions: their
+# accumulation (workloads/main_grad.py) and torch DDP's copy into its buckets.
+AFTER_LAYER_OPS = GRAD_ACCUMULATE_OPS + (DDP_COPY_IN,)
+
+
 def backward_segments(tasks: list[Task], ids: Sequence[int], delay_wgrad: bool
                       ) -> tuple[list[int], ...]:
     """A backward layer's tasks as (combine_bwd, mlp_bwd, mlp_dw, dispatch_bwd,
     pre_dispatch_bwd, pre_dispatch_dw, after): after holds what the lowering issues once
-    the layer's gradients are done (their accumulation and reductions). The dw lists are empty without delay_wgrad."""
+    the layer's gradients are done (their accumulation and reductions). The dw lists are
+    empty without delay_wgrad."""
     comb, mlp, mlp_dw, disp, pre, pre_dw, after = [], [], [], [], [], [], []
     seen_combine = seen_dispatch = False
     moe = any(tasks[i].label == GRAD_COMBINE_LABEL for i in ids)
@@ -151,7 +158,7 @@ def backward_segments(tasks: list[Task], ids: Sequence[int], delay_wgrad: bool
     for i in ids:
         t = tasks[i]
         wgrad = delay_wgrad and t.label.endswith(".wgrad")
-        if t.stream.startswith("dp_") or t.op in GRAD_ACCUMULATE_OPS:
+        if t.stream.startswith("dp_") or t.op in AFTER_LAYER_OPS:
             after.append(i)
         elif t.label == GRAD_COMBINE_LABEL:
             seen_combine = True
