@@ -17,15 +17,17 @@ flat bucket tensors beside `param.grad`:
 With `"ddp": {"gradient_as_bucket_view": true}` the gradients are views into the buckets:
 the division runs in place instead (`bucket_view.div_`, one kernel a tensor, the same two
 passes), with no copy-back and no second copy in memory. tests/test_torch_ddp.py counts
-the Reducer's ops with torch's profiler on a gloo process group. The buckets are priced in the dtype the simulator's all-reduce moves
-(workloads/grad_state.py bucket_grad_bytes: fp32 under generic mixed precision, the
-gradients' own fp16 under Megatron-LM), a copy reading the gradient in its dtype
-(grad_state_bytes) and writing the bucket. Assumption: torch's Reducer itself allocates
-each bucket in its parameters' dtype (Reducer::initialize_buckets), so bf16 gradients
-would be reduced and held in bf16; the generic plans' fp32 reduce convention
-(workloads/precision.py) is kept for DDP too. Kernels: one per parameter
-tensor of the unit (params.param_tensor_count; under LoRA it counts the frozen base
-tensors too, an over-count of the adapters the Reducer buckets).
+the Reducer's ops with torch's profiler on a gloo process group.
+
+The buckets are priced in the dtype the simulator's all-reduce moves (workloads/
+grad_state.py bucket_grad_bytes: fp32 under generic mixed precision, the gradients' own
+fp16 under Megatron-LM), a copy reading the gradient in its dtype (grad_state_bytes) and
+writing the bucket. Assumption: torch's Reducer itself allocates each bucket in its
+parameters' dtype (Reducer::initialize_buckets), so bf16 gradients would be reduced and
+held in bf16; the generic plans' fp32 reduce convention (workloads/precision.py) is kept
+for DDP too. Kernels: one per parameter tensor of the unit (params.param_tensor_count;
+under LoRA it counts the frozen base tensors too, an over-count of the adapters the
+Reducer buckets).
 
 Which plans run it: torch's DDP reducer, that is a framework whose data parallelism is
 torch's (framework_traits.torch_ddp: generic, torchtitan's replicate, Megatron-LM
