@@ -102,10 +102,13 @@ def test_the_views_key_is_refused_where_torchs_reducer_does_not_run(over):
 
 
 def test_no_reducer_without_a_data_parallel_group():
-    plan = resolve(plan_from_dict(small_plan(model=MODEL, mesh={"dp": 1},
-                                             training={"global_batch": 2, "micro_batch": 1,
-                                                       "seq_len": 256})), 1)
+    raw = small_plan(model=MODEL, mesh={"dp": 1},
+                     training={"global_batch": 2, "micro_batch": 1, "seq_len": 256})
+    plan = resolve(plan_from_dict(raw), 1)
     assert not _tasks(plan, "ddp_copy_in") and not _tasks(plan, "ddp_copy_back")
+    assert memory_breakdown(plan).buffers_bytes == 0
+    with pytest.raises(WorkloadError, match="ddp.gradient_as_bucket_view"):   # no effect
+        resolve(plan_from_dict({**raw, "ddp": {"gradient_as_bucket_view": True}}), 1)
 
 
 def test_megatron_lm_runs_torchs_ddp_only_where_it_overlaps_the_reduce():

@@ -36,3 +36,9 @@ def dp_impl(plan) -> str:
     if framework.local_ddp and not plan.grad_reduce_overlap:
         return LOCAL_DDP
     return TORCH_DDP if framework.torch_ddp else FRAMEWORK_DDP
+
+
+def wraps_ddp(plan) -> bool:
+    """Whether torch's DistributedDataParallel wraps a resolved plan's model: its data
+    parallelism is torch's over a group of several ranks (dp x cp, params.weight_dp_dims)."""
+    return dp_impl(plan) == TORCH_DDP and plan.mesh.dp * plan.mesh.cp > 1

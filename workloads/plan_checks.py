@@ -44,7 +44,7 @@ from .errors import WorkloadError
 from .fp8_attention import MEASURED_WINDOW
 from .model_spec import LEARNED
 from .framework_traits import frameworks_with, traits
-from .dp_impl import TORCH_DDP, dp_impl
+from .dp_impl import wraps_ddp
 from .precision import recipe_dtypes
 from .lora import check_lora
 from .module_recompute import layer_modules
@@ -129,11 +129,11 @@ def check_framework_keys(plan) -> None:
     if plan.param_gather_overlap and (fsdp or plan.zero_stage not in (1, 2)):
         raise WorkloadError("overlap.param_gather", True, "false unless zero_stage is 1 or 2 "
                             "without FSDP (the distributed optimizer's parameter all-gather)")
-    if plan.grad_as_bucket_view and dp_impl(plan) != TORCH_DDP:
+    if plan.grad_as_bucket_view and not wraps_ddp(plan):
         raise WorkloadError("ddp.gradient_as_bucket_view", True, "false unless the data "
-                            "parallelism is torch's DDP (workloads/torch_ddp.py: frameworks "
-                            "generic, torchtitan, megatron-lm with overlap.grad_reduce; ZeRO "
-                            "0 without FSDP)")
+                            "parallelism is torch's DDP over dp x cp > 1 (workloads/"
+                            "torch_ddp.py: frameworks generic, torchtitan, megatron-lm with "
+                            "overlap.grad_reduce; ZeRO 0 without FSDP)")
     quantized_weights = recipe_dtypes("quantized_weights")
     if plan.fp8_param_gather and (fsdp or plan.training.dtype not in quantized_weights):
         # Megatron-Core keeps FP8 primary weights only under an FP8 recipe (fp8_param_gather

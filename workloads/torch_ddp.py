@@ -38,19 +38,12 @@ workloads/dp_impl.py), where the data-parallel group has more than one rank.
 """
 from __future__ import annotations
 
-from .dp_impl import DDP_COPY_IN, TORCH_DDP, dp_impl
+from .dp_impl import DDP_COPY_IN, wraps_ddp
 from .layer_builder import TaskSink
-from .params import param_tensor_count, unit_param_groups, weight_dp_dims
+from .params import param_tensor_count, unit_param_groups
 from .program import COMPUTE, MEMORY
 
 DDP_COPY_BACK = "ddp_copy_back"
-
-
-def wraps_ddp(plan) -> bool:
-    """Whether torch's DistributedDataParallel wraps the plan's model: its data
-    parallelism is torch's (workloads/dp_impl.py) over a group of several ranks."""
-    return (dp_impl(plan) == TORCH_DDP
-            and plan.parallel_dims.group_size(weight_dp_dims(plan)) > 1)
 
 
 def bucketed_params(plan, unit) -> float:
