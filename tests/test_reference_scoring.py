@@ -10,6 +10,7 @@ from simulator.band import describe_band, prediction_band
 from validation.reference_rows import (DEFAULT_CSV, cannot_express, load_excluded, load_rows,
                                        measured_step_s, parallelism_name, plan_dict)
 from validation.reference_scoring import groups, residuals_document, score
+from validation.references import format_table, unverified_fraction
 from workloads import plan_from_dict
 
 
@@ -191,3 +192,24 @@ def test_rows_simulated_as_not_fitting_are_listed():
                {"id": "c", "fits_in_memory": True}, {"id": "d", "fits_in_memory": None}]
     # every row trained, so a row simulated as not fitting is a memory overestimate
     assert memory_score(results)["trained_but_not_fitting"] == ["a", "b"]
+
+
+def test_rows_scored_on_an_assumed_setting_are_named_and_counted():
+    # A row whose settings call one of its training settings an assumption names it in the
+    # `assumed` column, and only such rows do: the column is what the report counts.
+    rows = load_rows(DEFAULT_CSV)
+    for row in rows:
+        says = "(assumption)" in row["settings"] or "assumed)" in row["settings"]
+        assert says == bool(row.get("assumed")), row["id"]
+    assumed = [r["id"] for r in rows if r.get("assumed")]
+    assert "llama3-405b-8k" in assumed and "nemo-longseq-llama2-7b-4k" in assumed
+    # excluded, inexpressible and assumed rows all count against the rows in scope
+    assert unverified_fraction(90, 10, 2, 3) == pytest.approx(15 / 100)
+    assert unverified_fraction(0, 0, 0, 0) == 0.0
+    report = {"rows": [], "skipped": [], "inexpressible": [], "n": 0, "memory": {"n": 0},
+              "profiles": [], "excluded": [{"id": "x", "reason": "r"}],
+              "assumed": [{"id": "row-a", "assumed": "micro_batch 1: not published"}],
+              "unverified_fraction": 0.25}
+    text = format_table(report)
+    assert "row-a: micro_batch 1: not published" in text
+    assert "unverified: 25.0 % of the rows in scope" in text

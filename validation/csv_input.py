@@ -147,6 +147,13 @@ COLUMNS: dict[str, tuple[str, bool, object]] = {
     # framework profile's (e.g. torch DistributedDataParallel's 25 MiB buckets under
     # Megatron-LM 2021's --DDP-impl torch): the plan's ddp.bucket_params; empty: the profile's
     "ddp_bucket_params": (INT, False, (1, MAX_INT)),
+    # assumed: the training settings the run's sources do not publish and the row takes as
+    # an assumption (micro-batch, gradient accumulation, recompute, overlap flags, CUDA
+    # graphs), named with the evidence the row rests on; `validation references` lists
+    # these rows and counts them as unverified. Empty: every such setting was read from
+    # the source or its recipe, config or scripts (the hardware placement assumptions that
+    # a row's settings state, such as GPUs used per NVL72 rack, are not counted here).
+    "assumed": (TEXT, False, None),
 }
 
 

@@ -113,15 +113,30 @@ def run_references(path: str | Path | None = None, jobs: int | None = None) -> d
             outcomes = list(pool.map(_simulate_or_skip, rows))
     results = [r for kind, r in outcomes if kind == "row"]
     inexpressible = [r for kind, r in outcomes if kind == "inexpressible"]
+    excluded = load_excluded() if path is None else []
+    assumed = [{"id": row_id(row), "assumed": row["assumed"]} for row in rows
+               if row.get("assumed")]
     report: dict[str, Any] = {"rows": results,
                               "skipped": [r for kind, r in outcomes if kind == "skipped"],
                               "inexpressible": inexpressible,
                               "inexpressible_fraction": len(inexpressible) / len(rows),
-                              "excluded": load_excluded() if path is None else []}
+                              "excluded": excluded, "assumed": assumed,
+                              "unverified_fraction": unverified_fraction(
+                                  len(rows), len(excluded), len(inexpressible),
+                                  len(assumed))}
     report.update(score(results))
     report["memory"] = memory_score(results)
     report["profiles"] = profile_score(results)
     return report
+
+
+def unverified_fraction(table_rows: int, excluded: int, inexpressible: int,
+                        assumed: int) -> float:
+    """Share of the rows in scope (the table's and the excluded list's) that are not scored
+    on settings read from their sources: excluded, inexpressible, or scored with an
+    assumed setting (the issue's "could not be verified" rows)."""
+    in_scope = table_rows + excluded
+    return (excluded + inexpressible + assumed) / in_scope if in_scope else 0.0
 
 
 def format_table(report: dict[str, Any]) -> str:
@@ -160,6 +175,13 @@ def format_table(report: dict[str, Any]) -> str:
     if report["excluded"]:
         lines += ["", f"excluded: {len(report['excluded'])} rows "
                       "(validation/references/excluded_runs.csv gives each reason)"]
+    if report["assumed"]:
+        count = len(report["assumed"])
+        lines += ["", f"scored on a setting no source publishes: {count} "
+                      f"row{'s' if count != 1 else ''} (the CSV's `assumed` column names it)"]
+        lines += [f"  {a['id']}: {a['assumed']}" for a in report["assumed"]]
+    lines += ["", f"unverified: {100 * report['unverified_fraction']:.1f} % of the rows in "
+                  "scope (excluded, inexpressible or scored on an assumed setting)"]
     return "\n".join(lines)
 
 
