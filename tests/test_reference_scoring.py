@@ -10,7 +10,7 @@ from simulator.band import describe_band, prediction_band
 from validation.reference_rows import (DEFAULT_CSV, cannot_express, load_excluded, load_rows,
                                        measured_step_s, parallelism_name, plan_dict)
 from validation.reference_scoring import groups, residuals_document, score
-from validation.references import format_table, unverified_fraction
+from validation.references import format_table, run_references, unverified_fraction
 from workloads import plan_from_dict
 
 
@@ -203,13 +203,32 @@ def test_rows_scored_on_an_assumed_setting_are_named_and_counted():
         assert says == bool(row.get("assumed")), row["id"]
     assumed = [r["id"] for r in rows if r.get("assumed")]
     assert "llama3-405b-8k" in assumed and "nemo-longseq-llama2-7b-4k" in assumed
-    # excluded, inexpressible and assumed rows all count against the rows in scope
-    assert unverified_fraction(90, 10, 2, 3) == pytest.approx(15 / 100)
-    assert unverified_fraction(0, 0, 0, 0) == 0.0
+    # the excluded rows and the table's unverified ones count against the rows in scope
+    assert unverified_fraction(90, 10, 5) == pytest.approx(15 / 100)
+    assert unverified_fraction(0, 0, 0) == 0.0
     report = {"rows": [], "skipped": [], "inexpressible": [], "n": 0, "memory": {"n": 0},
               "profiles": [], "excluded": [{"id": "x", "reason": "r"}],
               "assumed": [{"id": "row-a", "assumed": "micro_batch 1: not published"}],
-              "unverified_fraction": 0.25}
+              "unverified_fraction": 0.25, "scope": "table and excluded list"}
     text = format_table(report)
     assert "row-a: micro_batch 1: not published" in text
     assert "unverified: 25.0 % of the rows in scope" in text
+
+
+def test_a_csv_run_counts_its_assumed_and_inexpressible_rows_once(tmp_path):
+    # One scored row that assumes a setting and one that cannot be expressed and assumes
+    # one too: 2 of the CSV's 2 rows unverified, each counted once; no excluded list.
+    rows = {r["id"]: r for r in load_rows(DEFAULT_CSV)}
+    scored = dict(rows["mbv-qwen3-30b-gb300-mxfp8-32"], assumed="micro_batch: a test")
+    blocked = dict(scored, id="blocked", model="no-such-model", assumed="micro_batch: a test")
+    path = tmp_path / "two.csv"
+    with open(path, "w", newline="") as fh:
+        writer = csv.DictWriter(fh, fieldnames=list(scored))
+        writer.writeheader()
+        writer.writerows([scored, blocked])
+    report = run_references(path, jobs=1)
+    assert [r["id"] for r in report["rows"]] == [scored["id"]]
+    assert [r["id"] for r in report["inexpressible"]] == ["blocked"]
+    assert report["excluded"] == [] and len(report["assumed"]) == 2
+    assert report["unverified_fraction"] == pytest.approx(1.0)
+    assert "of this CSV's rows" in format_table(report)

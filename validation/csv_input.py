@@ -152,7 +152,9 @@ COLUMNS: dict[str, tuple[str, bool, object]] = {
     # graphs), named with the evidence the row rests on; `validation references` lists
     # these rows and counts them as unverified. Empty: every such setting was read from
     # the source or its recipe, config or scripts (the hardware placement assumptions that
-    # a row's settings state, such as GPUs used per NVL72 rack, are not counted here).
+    # a row's settings state, such as GPUs used per NVL72 rack, are not counted here). A
+    # row's settings text marks such a setting "(assumption)" or "... assumed)", which
+    # tests/test_reference_scoring.py ties to this column.
     "assumed": (TEXT, False, None),
 }
 

@@ -22,7 +22,7 @@ from .reference_scoring import (format_groups, format_profiles, memory_score, pr
                                 score, write_residuals)
 
 __all__ = ["DEFAULT_CSV", "REQUIRED", "load_rows", "plan_dict", "simulate_row",
-           "run_references", "format_table", "references_main"]
+           "run_references", "format_table", "references_main", "unverified_fraction"]
 GIB = 2 ** 30
 
 
@@ -113,30 +113,31 @@ def run_references(path: str | Path | None = None, jobs: int | None = None) -> d
             outcomes = list(pool.map(_simulate_or_skip, rows))
     results = [r for kind, r in outcomes if kind == "row"]
     inexpressible = [r for kind, r in outcomes if kind == "inexpressible"]
+    skipped = [r for kind, r in outcomes if kind == "skipped"]
     excluded = load_excluded() if path is None else []
     assumed = [{"id": row_id(row), "assumed": row["assumed"]} for row in rows
                if row.get("assumed")]
-    report: dict[str, Any] = {"rows": results,
-                              "skipped": [r for kind, r in outcomes if kind == "skipped"],
+    # a row counts once, however many of these it is
+    unverified_ids = {r["id"] for r in inexpressible + skipped} | {a["id"] for a in assumed}
+    report: dict[str, Any] = {"rows": results, "skipped": skipped,
                               "inexpressible": inexpressible,
                               "inexpressible_fraction": len(inexpressible) / len(rows),
                               "excluded": excluded, "assumed": assumed,
                               "unverified_fraction": unverified_fraction(
-                                  len(rows), len(excluded), len(inexpressible),
-                                  len(assumed))}
+                                  len(rows), len(excluded), len(unverified_ids)),
+                              "scope": "table and excluded list" if path is None else "csv"}
     report.update(score(results))
     report["memory"] = memory_score(results)
     report["profiles"] = profile_score(results)
     return report
 
 
-def unverified_fraction(table_rows: int, excluded: int, inexpressible: int,
-                        assumed: int) -> float:
+def unverified_fraction(table_rows: int, excluded: int, unverified_in_table: int) -> float:
     """Share of the rows in scope (the table's and the excluded list's) that are not scored
-    on settings read from their sources: excluded, inexpressible, or scored with an
-    assumed setting (the issue's "could not be verified" rows)."""
+    on settings read from their sources: the excluded rows, and the table's rows that are
+    inexpressible, failed to simulate or rest on an assumed setting (each counted once)."""
     in_scope = table_rows + excluded
-    return (excluded + inexpressible + assumed) / in_scope if in_scope else 0.0
+    return (excluded + unverified_in_table) / in_scope if in_scope else 0.0
 
 
 def format_table(report: dict[str, Any]) -> str:
@@ -180,8 +181,10 @@ def format_table(report: dict[str, Any]) -> str:
         lines += ["", f"scored on a setting no source publishes: {count} "
                       f"row{'s' if count != 1 else ''} (the CSV's `assumed` column names it)"]
         lines += [f"  {a['id']}: {a['assumed']}" for a in report["assumed"]]
-    lines += ["", f"unverified: {100 * report['unverified_fraction']:.1f} % of the rows in "
-                  "scope (excluded, inexpressible or scored on an assumed setting)"]
+    scope = ("the rows in scope (the table's and the excluded list's)"
+             if report.get("scope") != "csv" else "this CSV's rows")
+    lines += ["", f"unverified: {100 * report['unverified_fraction']:.1f} % of {scope}: "
+                  "excluded, inexpressible, not simulated or scored on an assumed setting"]
     return "\n".join(lines)
 
 
