@@ -23,7 +23,7 @@ and MXFP8, on GB200 and GB300:
 A call is priced at the BF16 kernel's speed times BF16 time / quantized time of its GPU,
 mask and head shape, log-linear in the sequence length between the measured ones (the
 nearest outside them); a sliding window other than the measured 128 keys is refused
-(workloads/plan_checks.py). Assumptions: B200 and other Blackwell GPUs (the same sm100
+(workloads/layer_plan_checks.py). Assumptions: B200 and other Blackwell GPUs (the same sm100
 kernels) take GB200's ratios; a non-causal call (context parallelism's ring steps) the
 causal ratio; GQA heads of another size the head-128 one; the ratio carries to other
 batch and head counts.

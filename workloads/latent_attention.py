@@ -27,7 +27,7 @@ row-parallel. Here the down projections take the "seq" strategy under sequence
 parallelism and "replicate" otherwise; wq_b takes wq's strategy, wkv_b wk's (and wv's,
 which must be the same: one projection makes K and V), wo its own.
 
-Not combined yet (workloads/plan_checks.py check_mla_plan, exit 2): 2D/2.5D/3D TP grids
+Not combined yet (workloads/layer_plan_checks.py check_mla_plan, exit 2): 2D/2.5D/3D TP grids
 (they fuse wq, wk, wv into one GEMM, which MLA does not have) and torchtitan's op-level
 selective recompute (its saved-tensor count is the wq/wk/wv layer's).
 """
