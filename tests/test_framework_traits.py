@@ -25,8 +25,10 @@ def test_every_framework_a_plan_may_name_has_traits_and_no_more():
 
 
 def test_generic_is_the_torch_baseline_and_megatron_core_runs_transformer_engine():
-    assert traits("generic") == FrameworkTraits(torch_cross_entropy=True,
-                                                autograd_grad_accumulation=True, torch_ddp=True)
+    assert traits("generic") == FrameworkTraits(torch_cross_entropy=True, torch_ddp=True)
+    # autograd accumulates in param.grad wherever no main_grad buffer does
+    assert frameworks_with("autograd_grad_accumulation") == ("generic", "megatron-lm",
+                                                             "torchtitan")
     assert frameworks_with("te_modules") == ("megatron-core",)
     assert frameworks_with("torch_cross_entropy") == ("generic", "torchtitan")
     assert traits("megatron-lm").p2p_host_sync == "always"

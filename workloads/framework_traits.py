@@ -68,9 +68,6 @@ class FrameworkTraits:
     # Data parallelism without sharding (ZeRO 0) is torch's DistributedDataParallel,
     # whose Reducer copies the gradients into its buckets and back (workloads/torch_ddp.py).
     torch_ddp: bool = False
-    # Weight gradients accumulate over micro-batches in param.grad by autograd, under DDP
-    # and ZeRO 1 (workloads/main_grad.py autograd_accumulates).
-    autograd_grad_accumulation: bool = False
     # Pipeline transfers go as 1/TP chunks gathered over TP on arrival, unless the plan's
     # pipeline.scatter_gather says otherwise (workloads/p2p_sync.py).
     pipeline_scatter_gather: bool = False
@@ -85,6 +82,13 @@ class FrameworkTraits:
     # Context parallelism is torch's (its ring regathers K and V in the backward, its
     # buffers: workloads/context_parallel_memory.py, layer_builder.py).
     torch_context_parallel: bool = False
+
+    @property
+    def autograd_grad_accumulation(self) -> bool:
+        """Weight gradients accumulate over micro-batches in param.grad by autograd (under
+        DDP and ZeRO 1: workloads/main_grad.py autograd_accumulates): wherever the
+        framework keeps no main_grad buffer of its own to accumulate them in."""
+        return not self.main_grad_buffer
 
     def __post_init__(self) -> None:
         if self.p2p_host_sync not in P2P_SYNC_CHOICES:
@@ -141,7 +145,7 @@ MEGATRON_LM = FrameworkTraits(
     # flattening them (_flatten_dense_tensors); autograd accumulates them in param.grad
     # over micro-batches (no main_grad buffer without
     # --accumulate-allreduce-grads-in-fp32, off by default for fp16).
-    grad_reduce_dtype="param_grad", local_ddp=True, autograd_grad_accumulation=True,
+    grad_reduce_dtype="param_grad", local_ddp=True,
     # --DDP-impl torch wraps the model in torch's DistributedDataParallel (megatron/
     # training.py get_model @a8d172b), what a plan that overlaps the reduce runs.
     torch_ddp=True,
@@ -169,7 +173,7 @@ TORCHTITAN = FrameworkTraits(
     torch_context_parallel=True,
     # Its DDP (data_parallel_replicate_degree: torch's replicate, a DistributedDataParallel
     # underneath) leaves gradients to autograd and the Reducer as the generic baseline does.
-    autograd_grad_accumulation=True, torch_ddp=True,
+    torch_ddp=True,
 )
 
 # The torch baseline: torch DDP leaves each micro-batch's weight gradients to autograd,
@@ -177,8 +181,7 @@ TORCHTITAN = FrameworkTraits(
 # this context, gradients will be accumulated on module variables": torch.nn.parallel.
 # DistributedDataParallel.no_sync; tests/test_autograd_accumulation.py sees the add_ with
 # torch's profiler).
-GENERIC = FrameworkTraits(torch_cross_entropy=True, autograd_grad_accumulation=True,
-                          torch_ddp=True)
+GENERIC = FrameworkTraits(torch_cross_entropy=True, torch_ddp=True)
 
 TRAITS: Mapping[str, FrameworkTraits] = MappingProxyType({
     "generic": GENERIC, "megatron-core": MEGATRON_CORE, "megatron-lm": MEGATRON_LM,

@@ -68,7 +68,7 @@ class ReducerCopies:
     or back; as bucket views the division reads and writes the bucket in place."""
 
     def __init__(self, sink: TaskSink, plan, grad_bytes: float, bucket_bytes: float) -> None:
-        self.sink, self.plan, self.enabled = sink, plan, wraps_ddp(plan)
+        self.sink, self.plan = sink, plan
         self.copy_bytes = grad_bytes + bucket_bytes
         self.divide_bytes = 2 * bucket_bytes if plan.grad_as_bucket_view else self.copy_bytes
         self.params, self.tensors = 0.0, 0        # what the copy-back copies
@@ -76,12 +76,12 @@ class ReducerCopies:
     @property
     def copies_back(self) -> bool:
         """Whether the stage copies reduced buckets back into param.grad (not as views)."""
-        return self.enabled and self.params > 0 and not self.plan.grad_as_bucket_view
+        return self.params > 0 and not self.plan.grad_as_bucket_view
 
     def copy_in(self, unit, deps, ctx: dict) -> tuple[int, ...]:
         """The unit's bucketed gradients divided into their buckets (one kernel a tensor),
         after `deps`: what the buckets' all-reduces wait for (`deps` without DDP)."""
-        params = bucketed_params(self.plan, unit) if self.enabled else 0.0
+        params = bucketed_params(self.plan, unit)
         if not params:
             return tuple(deps)
         tensors = param_tensor_count(self.plan, [unit])
