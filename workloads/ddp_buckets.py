@@ -2,7 +2,8 @@
 
 `overlap.grad_reduce` and `ddp.bucket_params` decide when a stage's gradients are reduced
 over data parallelism, `overlap.param_gather` when ZeRO 1/2's updated parameters are
-all-gathered back (workloads/stage_lowering.py emits the tasks this module sizes).
+all-gathered back (workloads/stage_dp.py and stage_lowering.py emit the tasks this module
+sizes).
 
 Megatron-Core's DistributedDataParallel (megatron/core/distributed/) keeps each model
 chunk's gradients in one contiguous buffer per kind of parameter (dense, expert), laid out

@@ -29,7 +29,7 @@ rank holding a 1/dp shard in fp32 (the master weights under MixedPrecision).
   in-flight all-gathers; the CPU waits for the free event of the unit two before) lets the
   gather of unit i start only after unit i - 2's parameters are freed, i.e. when unit i - 1
   starts; backward_prefetch=BACKWARD_PRE issues the next unit's gather before the current
-  unit's gradient computation. Both are the gates workloads/stage_lowering.py already
+  unit's gradient computation. Both are the gates workloads/stage_dp.py (_gather) already
   gives FSDP's gathers (`overlap.fsdp_prefetch` true: two units in flight; false: one).
 """
 from __future__ import annotations

@@ -2,7 +2,7 @@
 the dtype a DDP or FSDP reduce moves, the accumulated gradient's, the sharded parameter's
 and optimizer's (ZeRO's mixed-precision count, FSDP2's fp32 master, Megatron-Core's main_grad
 buffer and precision-aware optimizer), a frozen base weight's. The memory estimate
-(workloads/memory.py) and the stage lowering's reduces (workloads/stage_lowering.py) read
+(workloads/memory.py) and the stage lowering's reduces (workloads/stage_dp.py) read
 them here, so the bytes held and the bytes moved come from one rule.
 """
 from __future__ import annotations

@@ -6,7 +6,8 @@ one all-gather). The backward walks the graph in reverse like autograd: each nod
 the gradients of its consumers (converted, by collective where needed, to the layout its
 own backward wants) and passes input-gradients on. Redistribution nodes pass gradients
 straight through, so an all-gather in forward becomes one reduce-scatter of the summed
-partial gradients in backward, as DTensor does.
+partial gradients in backward, as DTensor does. The TP communication and the FP8 casts
+live in two mixins (workloads/layer_graph_comm.py, workloads/layer_graph_fp8.py).
 """
 from __future__ import annotations
 
@@ -18,8 +19,9 @@ from .fp8_gather import transpose_bytes
 from .graph_node import FUSED_INTO, Node, wgrad_shape
 from .kernels import fused_cost
 from .layer_graph_comm import TPCommMixin
+from .layer_graph_fp8 import FP8CastMixin
 from .layer_builder import BuildOptions, LayerBuilder, LayerShape, TaskSink, \
-    backward_rescale_task, fp8_cast_task, memory_task
+    backward_rescale_task, memory_task
 from .layouts import STRATEGY_LAYOUTS, grad_layout_needed
 from .program import COMM, COMPUTE, GEMM, MEMORY
 from .tp_overlap import USERBUFFERS, chunked_backward
@@ -37,7 +39,7 @@ def attention_core(shape: LayerShape, options: BuildOptions, window: int = 0) ->
     return LocalAttention(cost, options)
 
 
-class LayerGraph(TPCommMixin):
+class LayerGraph(TPCommMixin, FP8CastMixin):
     """Build one layer's forward graph, then emit forward and backward tasks (a layer
     builder: workloads/layer_builder.py)."""
 
@@ -242,44 +244,6 @@ class LayerGraph(TPCommMixin):
 
     def _gemm_dtype(self, node: Node) -> str:
         return self.shape.gemm_dtype(node.bf16)
-
-    def _fp8_cast(self, sink: TaskSink, ctx: dict, node: Node, flops: float, mnk, deps,
-                  phase: str, name: str) -> tuple[int, ...]:
-        """Under FP8/FP4 GEMMs, the casts before the linear's GEMMs of `phase` (its input
-        in forward, its output gradient in backward, and whatever else the recipe casts
-        there), except for the linears that stay in bf16; returns the GEMM's deps."""
-        _, n, k = mnk   # m x k inputs, m x n grads; none where an epilogue wrote them quantized
-        inputs = 0.0 if node.quantized_input and phase != "backward" else flops / (2 * n)
-        grads = 0.0 if node.quantized_grad and phase == "backward" else flops / (2 * k)
-        weights = k * n * (node.experts or 1)
-        source, recipe = node.inputs[0].id, self.shape.recipe
-        if source in self._fp8_gathered:   # cast before its all-gather
-            if phase != "backward":
-                self._gathered_weight_cast(sink, ctx, node, phase)
-                return tuple(deps)
-            # the gathered input's transpose feeds the wgrad, which a frozen weight lacks
-            if not node.frozen and source not in self._fp8_transposed:
-                self._fp8_transposed[source] = self._fp8_transpose(
-                    sink, ctx, inputs, deps[0], f"{name}.input")
-            if source in self._fp8_transposed:
-                deps = (self._fp8_transposed[source],)
-        if recipe is not None and recipe.shares_input_casts and source in self._cast_inputs:
-            inputs = 0.0    # a linear reading the same activation: its cast is done
-            deps = (*deps, self._cast_inputs[source])
-        module = FUSED_INTO.get(node.name, node.name)
-        if phase != "backward" and self.options.fused_te_modules \
-                and module in self._module_casts:
-            inputs = 0.0    # one TE module's input, cast once for all its GEMMs
-            deps = (*deps, self._module_casts[module])
-        ready = fp8_cast_task(sink, ctx, self.shape, grads if phase == "backward" else inputs,
-                              deps, phase, name, node.bf16, (inputs, weights, grads),
-                              # w3's splits were cast with w1's (one linear_fc1 module)
-                              0 if node.name in FUSED_INTO or node.group_cast else node.experts,
-                              weight_grad=not node.frozen)
-        if ready != tuple(deps):   # a cast was emitted
-            self._cast_inputs.setdefault(source, ready[0])
-            self._module_casts.setdefault(module, ready[0])
-        return ready
 
     def emit_backward(self, sink: TaskSink, ctx: dict, grad_dep: int) -> int:
         """Emit backward tasks given the output-gradient task.

@@ -9,11 +9,10 @@ shape, options, nodes and the chunk / reduction records it keeps.
 """
 from __future__ import annotations
 
-from .fp8_gather import (AMAX_ALL_REDUCE_BYTES, FP8_GATHER_BYTES, gathers_quantized,
-                         local_cast, transpose_bytes)
-from .graph_node import Node, wgrad_shape
-from .layer_builder import TaskSink, fp8_cast_task
-from .layouts import STRATEGY_LAYOUTS, collective, collective_bytes, grad_layout_needed
+from .fp8_gather import AMAX_ALL_REDUCE_BYTES, FP8_GATHER_BYTES, gathers_quantized, local_cast
+from .graph_node import Node
+from .layer_builder import TaskSink
+from .layouts import collective, collective_bytes, grad_layout_needed
 from .program import COMM, COMPUTE, MEMORY, RELAYOUT
 from .tp_overlap import UB_SMS, USERBUFFERS, chunked_gemm, gemm_reduce_scatter, ring_gather
 
@@ -158,51 +157,6 @@ class TPCommMixin:
                             deps=(task,), bytes=AMAX_ALL_REDUCE_BYTES, group=("tp",),
                             label=f"{label}.amax", **ctx)
         return (task,)
-
-    def _gathered_weight_cast(self, sink: TaskSink, ctx: dict, node: Node, phase: str) -> None:
-        """The weight's cast of a linear whose activation operand came gathered in FP8,
-        where the recipe casts weights every step (torchao; Transformer Engine keeps its
-        FP8 weights): ordered on the compute stream before the GEMM, waiting for nothing."""
-        if self.shape.recipe.casts is None:
-            return
-        _, n, k = self.linear_cost(node)[2]
-        fp8_cast_task(sink, ctx, self.shape, 0.0, (), phase, f"{node.name}.weight", node.bf16,
-                      (0.0, k * n * (node.experts or 1), 0.0))
-
-    def _fp8_transpose(self, sink: TaskSink, ctx: dict, elements: float, dep: int,
-                       label: str) -> int:
-        """The transpose of a gathered FP8 tensor the wgrad GEMM reads (Hopper); `dep`
-        itself where the recipe needs none."""
-        per_element = transpose_bytes(self.shape.recipe)
-        if not per_element:
-            return dep
-        recipe = self.shape.recipe.name
-        return sink.add(kind=COMPUTE, stream="compute", op=f"{recipe}_transpose",
-                        phase="backward", deps=(dep,), bytes=elements * per_element,
-                        op_class=MEMORY, kernels=1, label=f"{label}.{recipe}_transpose", **ctx)
-
-    def _transposed_backward(self, sink: TaskSink, ctx: dict, node: Node, ready: int,
-                             common: dict) -> list:
-        """A linear's backward on its FP8-gathered output gradient: the dgrad GEMM (chunk
-        by chunk as the gradient arrives under TP overlap), then the transpose of the
-        gathered gradient and the wgrad GEMM on it (TE v1.10 module/linear.py backward)."""
-        flops, nbytes, (m, n, k) = self.linear_cost(node)
-        self._gathered_weight_cast(sink, ctx, node, "backward")
-        if ready in self._chunks:
-            operand = nbytes / max(1, m * k + k * n + m * n)
-            dgrad = chunked_gemm(sink, self._chunks[ready], flops, operand, (m, k, n), 0,
-                                 f"{node.name}.dgrad", op=node.name, phase="backward",
-                                 gemm_dtype=common["gemm_dtype"], **ctx)
-        else:
-            dgrad = sink.add(op=node.name, deps=(ready,), gemm_mnk=(m, k, n),
-                             label=f"{node.name}.dgrad", **common)
-        if node.frozen:   # LoRA's base weight: no transpose, no wgrad
-            return [(node.inputs[0], (dgrad, STRATEGY_LAYOUTS[node.strategy][2]))]
-        transposed = self._fp8_transpose(sink, ctx, m * n, ready, f"grad.{node.name}")
-        self.wgrad_tasks[self._weight_keys[node.id]] = sink.add(
-            op=node.name, deps=(transposed,), label=f"{node.name}.wgrad",
-            **{**common, **wgrad_shape(node, m, n, k)})
-        return [(node.inputs[0], (dgrad, STRATEGY_LAYOUTS[node.strategy][2]))]
 
     def _own_gather_backward(self, sink: TaskSink, ctx: dict, node: Node, grads):
         """The backward of a module's own redistribution (a LoRA adapter's gather of the

@@ -18,56 +18,24 @@ from typing import Any, Mapping
 
 from inputs import load_json_file
 
-from .attention_impls import (ATTENTION_IMPLS, BY_GPU_IMPLS,  # noqa: F401 (the plan's names)
-                              VARLEN_IMPL)
+from .attention_impls import ATTENTION_IMPLS  # noqa: F401 (the plan's names)
 from .errors import WorkloadError
-from .ddp_buckets import BUCKET_MODES
-from .fields import (MAX_INT, check_bool, check_choice, check_int, check_number, check_optional_name,
-                     is_int, json_object as _obj, known_keys as _known_keys)
-from .framework_traits import traits
-from .frameworks import FRAMEWORKS, framework_values
-from .kernels import KERNEL_MODES, LOSS_KERNEL_MODES, OPTIMIZERS
+from .fields import MAX_INT, check_optional_name, json_object as _obj, known_keys as _known_keys
+from .frameworks import framework_values
 from .mesh import Mesh, ParallelDims
 from .models import ModelSpec, load_model
-from .module_recompute import RECOMPUTE_MODULES
 from .layouts import MEGATRON
 from .lora import LoRA
 from .optimizer_states import DistributedFusedAdam, PrecisionAwareOptimizer
-from .train_metrics import MAX_LOSS_METRICS
 from .activation_offload import ActivationOffload
 from .moe_options import MoEOptions
 from .plan_checks import check_resolved
+from .plan_fields import (ALL_STRATEGIES, CP_MODES, FSDP_VERSIONS,  # noqa: F401 (the plan's names)
+                          GRID_STRATEGIES, MAX_HOST_OVERHEAD_S, MAX_LOAD_IMBALANCE, PROJECTIONS,
+                          RECOMPUTE, STRATEGIES, ZERO_STAGES, check_plan_fields)
 from .plan_sections import (DTYPES, LOW_PRECISION, SCHEDULES,  # noqa: F401 (the plan's names)
                             TOP_KEYS, Pipeline, Training, extensions, pipeline_section)
 
-PROJECTIONS = ("wq", "wk", "wv", "wo", "w1", "w3", "w2")
-# 1D Megatron-style strategies, then the 2D/2.5D/3D tensor-parallel layouts (Xu et al.
-# 2021 arXiv:2104.05343, Wang et al. 2021 arXiv:2105.14500, Bian et al. 2021
-# arXiv:2105.14450; workloads/tp_grid.py): a plan uses one grid strategy for every
-# projection or none.
-# STRATEGIES: the per-projection (1D) ones, which may be mixed freely (search enumerates
-# them); ALL_STRATEGIES: everything a plan file accepts.
-STRATEGIES = ("col", "row", "seq", "replicate")
-GRID_STRATEGIES = ("tp2d", "tp2.5d", "tp3d_gather", "tp3d_allreduce")
-ALL_STRATEGIES = STRATEGIES + GRID_STRATEGIES
-# Context parallelism: ring attention (KV blocks around the CP ring), Llama 3's all-gather
-# of K and V, or Ulysses all-to-all.
-CP_MODES = ("ring", "all_gather", "all_to_all")
-# selective: the attention core (Korthikanti et al. 2022); selective_op: torchtitan's
-# op-level selective checkpointing (every other matmul and attention kept); full: the layer.
-RECOMPUTE = ("none", "selective", "selective_op", "full")
-MAX_LOAD_IMBALANCE = 64.0
-ZERO_STAGES = (0, 1, 2, 3)   # ZeRO (Rajbhandari et al. 2020): none, optimizer, +grads, +params
-# ATTENTION_IMPLS (workloads/attention_impls.py): flash (FlashAttention: scores never
-# stored, recomputed inside the backward); eager and fused_softmax (PyTorch's math path,
-# Megatron-LM's pre-FlashAttention path): the s x s scores are materialised and kept;
-# cudnn (SDPA's cuDNN backend, priced as flash); sdpa (torchtitan: the backend its SDPA
-# picks on the topology's GPU, named by the simulator); flash_varlen (flash with flash-attn's
-# unpad and pad copies around it: workloads/varlen_padding.py).
-# FSDP1 (FlatParameter per wrapped unit) | FSDP2 (fully_shard) | Megatron-FSDP (flat buffers
-# per unit whose views the parameters and gradients are: workloads/stage_lowering.py)
-FSDP_VERSIONS = (1, 2, "megatron")
-MAX_HOST_OVERHEAD_S = 10.0   # bound on host_overhead values: far beyond any real step
 BUNDLED_DIR = Path(__file__).parent / "plans"
 
 
@@ -145,105 +113,8 @@ class Plan:
     source: Mapping[str, Any] = field(default_factory=dict, compare=False, repr=False)
 
     def __post_init__(self) -> None:
-        """Every single-field check (combinations of fields are checked by `resolve`)."""
-        for name, where in (("fsdp", "fsdp.enabled"),
-                            ("reshard_after_forward", "fsdp.reshard_after_forward"),
-                            ("sequence_parallel", "sharding.sequence_parallel"),
-                            ("fsdp_prefetch", "overlap.fsdp_prefetch"),
-                            ("async_tp", "overlap.async_tp"),
-                            ("grad_reduce_overlap", "overlap.grad_reduce"),
-                            ("param_gather_overlap", "overlap.param_gather"),
-                            ("param_gather_align", "overlap.param_gather_align"),
-                            ("tp_comm_overlap", "overlap.tp_comm"),
-                            ("grad_reduce_fp32", "ddp.grad_reduce_in_fp32"),
-                            ("grad_accumulation_fusion", "ddp.gradient_accumulation_fusion"),
-                            ("grad_as_bucket_view", "ddp.gradient_as_bucket_view"),
-                            ("fp8_param_gather", "ddp.fp8_param_gather"),
-                            ("fsdp_float8_all_gather", "fsdp.float8_all_gather"),
-                            ("cuda_graphs", "cuda_graphs")):
-            check_bool(getattr(self, name), where)
-        if self.fsdp_version != "megatron" and not (is_int(self.fsdp_version)
-                                                    and self.fsdp_version in FSDP_VERSIONS):
-            raise WorkloadError("fsdp.version", self.fsdp_version, '1, 2 or "megatron"')
-        check_choice(self.framework, "framework", FRAMEWORKS)
-        if not (self.grad_bucket in BUCKET_MODES
-                or (is_int(self.grad_bucket) and 1 <= self.grad_bucket <= MAX_INT)):
-            raise WorkloadError("ddp.bucket_params", self.grad_bucket,
-                                '"unit", "megatron" or a number of parameters in [1, 2^53]')
-        for name, where in (("host_step_s", "host_overhead.per_step_s"),
-                            ("host_kernel_s", "host_overhead.per_kernel_s")):
-            check_number(getattr(self, name), where, 0.0, MAX_HOST_OVERHEAD_S,
-                         f"a number of seconds in [0, {MAX_HOST_OVERHEAD_S:g}]")
-        if not is_int(self.zero_stage) or self.zero_stage not in ZERO_STAGES:
-            raise WorkloadError("zero_stage", self.zero_stage, "0, 1, 2 or 3")
-        for name, allowed in (("recompute", RECOMPUTE), ("attention", ATTENTION_IMPLS),
-                              ("kernels", KERNEL_MODES), ("optimizer", OPTIMIZERS)):
-            check_choice(getattr(self, name), name, allowed)
-        check_choice(self.loss_kernels, "loss.kernels", LOSS_KERNEL_MODES)
-        runs = traits(self.framework).loss_kernels   # torch's or Megatron's cross-entropy
-        if self.loss_kernels not in runs:
-            raise WorkloadError("loss.kernels", self.loss_kernels,
-                                f"{' or '.join(runs)} under framework {self.framework!r}")
-        if not is_int(self.loss_metrics) or not 0 <= self.loss_metrics <= MAX_LOSS_METRICS:
-            raise WorkloadError("loss.metrics", self.loss_metrics,
-                                f"an integer in [0, {MAX_LOSS_METRICS}]")
-        if not is_int(self.recompute_layers) or not 0 <= self.recompute_layers <= MAX_INT:
-            raise WorkloadError("recompute_layers", self.recompute_layers,
-                                "an integer in [0, 2^53] (0: every layer)")
-        mods = self.recompute_modules   # names once each (a JSON list may hold anything)
-        if not isinstance(mods, tuple) or not all(m in RECOMPUTE_MODULES for m in mods) or \
-                len(set(mods)) < len(mods) or (mods and self.recompute not in ("none",
-                                                                             "selective")):
-            raise WorkloadError("recompute_modules", list(mods) if isinstance(mods, tuple)
-                                else mods, f"a list of distinct {', '.join(RECOMPUTE_MODULES)} "
-                                "(with recompute none or selective)")
-        if self.recompute_layers and self.recompute != "full":
-            raise WorkloadError("recompute_layers", self.recompute_layers,
-                                '0 unless recompute is "full"')
-        frameworks = BY_GPU_IMPLS.get(self.attention)
-        if frameworks is not None and self.framework not in frameworks:
-            raise WorkloadError("attention", self.attention, f"flash, cudnn, eager or "
-                                f"fused_softmax under framework {self.framework!r} ("
-                                f"{self.attention!r}: framework {', '.join(frameworks)} only, "
-                                "whose SDPA backend order per GPU is modelled)")
-        if self.attention == VARLEN_IMPL and self.framework != "generic":
-            raise WorkloadError("attention", self.attention, "another implementation under "
-                                f"framework {self.framework!r} (flash_varlen: flash-attn's "
-                                "unpad and pad around its variable-length kernel, framework "
-                                "generic only)")
-        check_choice(self.cp_mode, "context_parallel.mode", CP_MODES)
-        # Bounded: far beyond this the hottest rank would hold more tokens than the batch has.
-        check_number(self.load_imbalance, "moe.load_imbalance", 1.0, MAX_LOAD_IMBALANCE,
-                     f"a number in [1, {MAX_LOAD_IMBALANCE:g}] (1: balanced)")
-        for name, kind, module in (("moe", MoEOptions, "moe_options"), ("lora", (
-                LoRA, type(None)), "lora"), ("precision_aware_optimizer", (
-                PrecisionAwareOptimizer, type(None)), "optimizer_states"), (
-                "distributed_fused_adam", (DistributedFusedAdam, type(None)),
-                "optimizer_states"), (
-                "activation_offload", (ActivationOffload, type(None)), "activation_offload")):
-            if not isinstance(getattr(self, name), kind):
-                raise WorkloadError(name, getattr(self, name), f"an object (workloads/{module}.py)")
-        check_int(self.tp_depth, "tensor_parallel.depth")
-        for name, key in (("collective_algorithm", "algorithm"),
-                          ("collective_protocol", "protocol")):
-            # the names themselves are checked by the simulator, which owns them
-            check_optional_name(getattr(self, name), f"collectives.{key}",
-                                "a name (see --algorithm)")
-        check_optional_name(self.topology, "topology", "a topology name or path")
-        self._check_sharding()
-
-    def _check_sharding(self) -> None:
-        """Strategies are known; layer overrides name layers the model has."""
-        for p, strategy in self.sharding.items():
-            check_choice(p, "sharding", PROJECTIONS)
-            check_choice(strategy, f"sharding.{p}", ALL_STRATEGIES)
-        for first, last, override in self.layer_overrides:
-            key = f"{first}" if first == last else f"{first}-{last}"
-            if not 0 <= first <= last < self.model.num_layers:
-                raise WorkloadError(f"layers.{key}", key,
-                                    f"first <= last < num_layers ({self.model.num_layers})")
-            for p, strategy in override.items():
-                check_choice(strategy, f"layers.{key}.{p}", ALL_STRATEGIES)
+        """Every single-field check (workloads/plan_fields.py)."""
+        check_plan_fields(self)
 
     def strategies(self, layer: int) -> Mapping[str, str]:
         """Per-projection strategy of one layer, overrides applied."""
