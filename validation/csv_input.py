@@ -22,6 +22,7 @@ from workloads.attention_impls import ATTENTION_IMPLS
 from workloads.kernels import OPTIMIZERS
 
 from .errors import ValidationError
+from .job_topologies import job_topology_names
 
 # Bounds of one reference file: far past the bundled one (153 rows, well under 1 MiB).
 MAX_BYTES = 16 << 20
@@ -38,7 +39,8 @@ MOE_DISPATCHERS = ("alltoall", "allgather", "deepep", "hybridep")
 # names for text choices, None for free text.
 COLUMNS: dict[str, tuple[str, bool, object]] = {
     "id": (TEXT, False, None), "source": (TEXT, True, None), "hardware": (TEXT, True, None),
-    "topology": (TEXT, False, tuple(FAMILIES)),   # a preset family; N = gpus / 8
+    # a preset family (N = gpus / 8) or a job topology file's stem (validation/job_topologies.py)
+    "topology": (TEXT, False, tuple(FAMILIES) + job_topology_names()),
     "gpus": (INT, True, (1, 1 << 20)), "model": (TEXT, True, None),
     "tp": (INT, True, (1, MAX_INT)), "pp": (INT, True, (1, MAX_INT)),
     "dp": (INT, True, (1, MAX_INT)), "cp": (INT, False, (1, MAX_INT)),

@@ -117,7 +117,9 @@ def moe_block(row: dict[str, str], tp: int) -> dict[str, Any]:
 # DeepSeek-V3 "seq_aux_loss" at 1e-4 (models/deepseek/deepseek_provider.py and
 # deepseek_v3_bridge.py, same commits). GPT-OSS sets "none" (gpt_oss_provider.py /
 # gpt_oss_bridge.py). The performance scripts leave these settings as the provider has them.
-AUX_LOSS_MODEL_PREFIXES = ("qwen3-30b-a3b", "qwen3-235b-a22b", "deepseek-v3")
+# Google's NeMo 1 Mixtral 8x7B recipe sets moe_aux_loss_coeff 0.01 (AI-Hypercomputer/
+# gpu-recipes src/frameworks/a3ultra/nemo-configs/mixtral-8x7b-256gpus-a3u-bf16.yaml).
+AUX_LOSS_MODEL_PREFIXES = ("qwen3-30b-a3b", "qwen3-235b-a22b", "deepseek-v3", "gcp-mixtral-8x7b")
 
 
 def _runs_aux_loss(row: dict[str, str]) -> bool:

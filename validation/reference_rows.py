@@ -29,6 +29,7 @@ from workloads.pipeline_layout import layout_layer_split
 from .csv_input import read_reference_csv
 from .errors import ValidationError
 from .flops_formulas import FLOPS
+from .job_topologies import job_topology, job_topology_gpu, job_topology_names
 from .reference_features import (CannotExpress, bf16_layers_key, explain_plan_error,
                                  model_ref, moe_block)
 
@@ -278,7 +279,8 @@ RACK_FAMILIES = ("nvl72", "nvl72-gb300")
 
 
 def topology_for(row: dict[str, str]):
-    """The row's topology: its preset family with gpus / 8 nodes; a run on fewer than 8
+    """The row's topology: its preset family with gpus / 8 nodes, or gpus / 8 nodes of a
+    job topology file (validation/job_topologies.py); a run on fewer than 8
     GPUs gets one node of that many GPUs on the same NVSwitch. An NVL72 row uses
     `rack_gpus` GPUs of each rack (default 72): gpus / rack_gpus NVLink domains of that many
     GPUs, each with as many scale-out NICs (one per GPU)."""
@@ -287,6 +289,8 @@ def topology_for(row: dict[str, str]):
 
     gpus = int(row["gpus"])
     family = row.get("topology") or "dgx-h100"
+    if family in job_topology_names():
+        return job_topology(family, gpus)
     if family in RACK_FAMILIES:
         return _nvl72_job(family, gpus, int(row.get("rack_gpus") or 72))
     if gpus < 8:
@@ -372,8 +376,10 @@ def parallelism_name(row: dict[str, str]) -> str:
 
 
 def hardware_name(row: dict[str, str]) -> str:
-    """The hardware group: the GPU of the row's topology family."""
+    """The hardware group: the GPU of the row's topology family (or job topology file)."""
     family = row.get("topology") or "dgx-h100"
+    if family in job_topology_names():
+        return job_topology_gpu(family)
     return {"dgx-h100": "h100", "grandteton-h100": "h100-hbm2e", "dgx-a100": "a100",
             "dgx-b200": "b200", "dgx-b200-750w": "b200", "dgx-b300": "b300", "dgx-h200": "h200",
             "nvl72": "gb200", "nvl72-gb300": "gb300"}.get(family, family)

@@ -1,0 +1,74 @@
+"""Google's GPU recipes (source family `google-gpu-recipes`): step times that
+AI-Hypercomputer/gpu-recipes READMEs print as an example DLLogger entry of their own run
+(NeMo's `train_step_timing in s`, a mean over the last 5 steps), each on the nodes and
+NCCL environment of its launcher, described by a job topology file
+(validation/job_topologies.py)."""
+from __future__ import annotations
+
+import pytest
+
+from validation.csv_input import read_reference_csv
+from validation.errors import ValidationError
+from validation.job_topologies import job_topology, job_topology_names
+from validation.reference_rows import (DEFAULT_CSV, hardware_name, load_rows, measured_step_s,
+                                       plan_dict, topology_for)
+from workloads import plan_from_dict
+
+ROWS = {r["id"]: r for r in load_rows(DEFAULT_CSV) if r["source_family"] == "google-gpu-recipes"}
+# Each entry's step and consumed_samples, as its README prints them (the run's identity:
+# consumed_samples = global batch x (step + 1) on the config the row takes).
+ENTRIES = {"gcp-llama3.1-70b-h200-fp8-256": (15, 16384, 20.0213),
+           "gcp-mixtral-8x7b-h200-bf16-256": (26, 27648, 2.7396),
+           "gcp-gpt3-175b-h100-fp8-256": (47, 98304, 25.1156)}
+
+
+def test_each_row_is_its_entrys_run():
+    assert set(ENTRIES) <= set(ROWS)
+    for row_id, (step, consumed, seconds) in ENTRIES.items():
+        row = ROWS[row_id]
+        assert int(row["global_batch_seqs"]) * (step + 1) == consumed, row_id
+        plan = plan_from_dict(plan_dict(row))
+        assert measured_step_s(row, plan) == pytest.approx(seconds, rel=1e-4)
+        assert f"step {step}" in row["source"] and str(consumed) in row["source"], row_id
+
+
+def test_job_topology_is_the_launchers_nodes_and_nccl_environment():
+    ultra = topology_for(ROWS["gcp-llama3.1-70b-h200-fp8-256"])
+    assert ultra.num_domains == 32 and ultra.domain_size == 8 and len(ultra.gpus) == 256
+    assert hardware_name(ROWS["gcp-llama3.1-70b-h200-fp8-256"]) == "h200"
+    env = ultra.transport.nccl_env     # the chart's NCCL_ALGO=Ring,Tree: no NVLS
+    assert env.algorithms == {"ring", "tree"} and env.min_channels == 4
+    mega = topology_for(ROWS["gcp-gpt3-175b-h100-fp8-256"])
+    assert hardware_name(ROWS["gcp-gpt3-175b-h100-fp8-256"]) == "h100"
+    env = mega.transport.nccl_env      # the chart's NCCL_PROTO=Simple and NVLS off
+    assert env.protocols == {"Simple"} and not env.nvls and env.buffsize_bytes == 8 << 20
+    assert mega.transport.wire_latency_s == pytest.approx(40.7e-6)   # TCPXO's per-step cost
+    assert mega.nic_Bps < ultra.nic_Bps    # 200 against 400 Gb/s per GPU
+    with pytest.raises(ValueError, match="do not fill"):
+        job_topology("gcp-a3mega-nemo2407", 12)
+
+
+def test_gpt2_vocabulary_is_padded_as_nemo_pads_it():
+    # NeMo 1 pads the GPT-2 BPE vocabulary (50257) to make_vocab_size_divisible_by (128) x TP
+    for row_id in ("gcp-llama3.1-70b-h200-fp8-256", "gcp-mixtral-8x7b-h200-bf16-256"):
+        row = ROWS[row_id]
+        vocab = plan_from_dict(plan_dict(row)).model.vocab_size
+        multiple = 128 * int(row["tp"])
+        assert vocab % multiple == 0 and 50257 <= vocab < 50257 + multiple, row_id
+
+
+def test_mixtral_drops_and_pads_so_its_routing_does_not_size_the_work():
+    plan = plan_from_dict(plan_dict(ROWS["gcp-mixtral-8x7b-h200-bf16-256"]))
+    assert plan.moe.capacity_factor == 1.0 and plan.moe.pad_to_capacity
+    assert plan.moe.aux_loss     # the config's moe_aux_loss_coeff 0.01
+    assert plan.mesh.ep == 8 and plan.model.num_experts == 8
+
+
+def test_a_row_names_only_a_job_topology_of_the_directory(tmp_path):
+    assert {"gcp-a3mega-nemo2407", "gcp-a3ultra-nemo2407"} <= set(job_topology_names())
+    header = "source,hardware,topology,gpus,model,tp,pp,dp,global_batch_seqs,seq_len,metric,value\n"
+    bad = tmp_path / "bad.csv"
+    bad.write_text(header + "x,y,../nccl_topologies/gcp-a3mega-x2,16,llama3-8b,1,1,16,16,"
+                   "8192,step_time_s,1.0\n")
+    with pytest.raises(ValidationError, match="topology"):
+        read_reference_csv(bad)
