@@ -26,10 +26,14 @@ def _spec(name: str):
 
 
 def job_topology(name: str, gpus: int):
-    """The topology of a job on `gpus` GPUs of the file's nodes."""
+    """The topology of a job on `gpus` GPUs of the file's nodes (whole nodes only: the
+    file describes a node's NICs and NCCL environment as its launcher ran them)."""
+    from topologies import TopologyError
+
     spec = _spec(name)
-    if gpus % spec.domain_size:
-        raise ValueError(f"{gpus} GPUs do not fill nodes of {spec.domain_size}")
+    if gpus <= 0 or gpus % spec.domain_size:
+        raise TopologyError("gpus", gpus, f"a multiple of the {spec.domain_size} GPUs of a "
+                            f"{name} node")
     return replace(spec, num_domains=gpus // spec.domain_size).build()
 
 

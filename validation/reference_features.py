@@ -123,8 +123,8 @@ AUX_LOSS_MODEL_PREFIXES = ("qwen3-30b-a3b", "qwen3-235b-a22b", "deepseek-v3", "g
 
 
 def _runs_aux_loss(row: dict[str, str]) -> bool:
-    """Whether the row's run computes the router's load-balancing loss (Megatron-Bridge
-    providers above; the plan's moe.aux_loss, where the plan has that key)."""
+    """Whether the row's run computes the router's load-balancing loss (the providers and
+    configs above; the plan's moe.aux_loss, where the plan has that key)."""
     return (row.get("framework") == "megatron-core" and "aux_loss" in _plan_moe_keys()
             and (row.get("model") or "").startswith(AUX_LOSS_MODEL_PREFIXES))
 

@@ -279,11 +279,11 @@ RACK_FAMILIES = ("nvl72", "nvl72-gb300")
 
 
 def topology_for(row: dict[str, str]):
-    """The row's topology: its preset family with gpus / 8 nodes, or gpus / 8 nodes of a
-    job topology file (validation/job_topologies.py); a run on fewer than 8
-    GPUs gets one node of that many GPUs on the same NVSwitch. An NVL72 row uses
-    `rack_gpus` GPUs of each rack (default 72): gpus / rack_gpus NVLink domains of that many
-    GPUs, each with as many scale-out NICs (one per GPU)."""
+    """The row's topology: gpus / 8 nodes of a job topology file (validation/
+    job_topologies.py: whole nodes only), or its preset family with gpus / 8 nodes, where a
+    run on fewer than 8 GPUs gets one node of that many GPUs on the same NVSwitch. An NVL72
+    row uses `rack_gpus` GPUs of each rack (default 72): gpus / rack_gpus NVLink domains of
+    that many GPUs, each with as many scale-out NICs (one per GPU)."""
     from topologies import build
     from topologies.presets import cluster_spec
 

@@ -30,9 +30,9 @@ from .optimizer_states import DistributedFusedAdam, PrecisionAwareOptimizer
 from .activation_offload import ActivationOffload
 from .moe_options import MoEOptions
 from .plan_checks import check_resolved
-from .plan_fields import (ALL_STRATEGIES, CP_MODES, FSDP_VERSIONS,  # noqa: F401 (the plan's names)
-                          GRID_STRATEGIES, MAX_HOST_OVERHEAD_S, MAX_LOAD_IMBALANCE, PROJECTIONS,
-                          RECOMPUTE, STRATEGIES, ZERO_STAGES, check_plan_fields)
+from .plan_fields import (CP_MODES, FSDP_VERSIONS,  # noqa: F401 (the plan's names)
+                          GRID_STRATEGIES, MAX_HOST_OVERHEAD_S, PROJECTIONS, RECOMPUTE,
+                          STRATEGIES, check_plan_fields)
 from .plan_sections import (DTYPES, LOW_PRECISION, SCHEDULES,  # noqa: F401 (the plan's names)
                             TOP_KEYS, Pipeline, Training, extensions, pipeline_section)
 

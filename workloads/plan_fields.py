@@ -44,7 +44,7 @@ ZERO_STAGES = (0, 1, 2, 3)   # ZeRO (Rajbhandari et al. 2020): none, optimizer, 
 # picks on the topology's GPU, named by the simulator); flash_varlen (flash with flash-attn's
 # unpad and pad copies around it: workloads/varlen_padding.py).
 # FSDP1 (FlatParameter per wrapped unit) | FSDP2 (fully_shard) | Megatron-FSDP (flat buffers
-# per unit whose views the parameters and gradients are: workloads/stage_lowering.py)
+# per unit whose views the parameters and gradients are: workloads/stage_dp.py)
 FSDP_VERSIONS = (1, 2, "megatron")
 MAX_HOST_OVERHEAD_S = 10.0   # bound on host_overhead values: far beyond any real step
 

@@ -1,4 +1,5 @@
-"""Lowering of one pipeline stage: schedule order, FSDP/ZeRO/DDP collectives, optimizer.
+"""Lowering of one pipeline stage: schedule order, FSDP/ZeRO/DDP collectives (their
+emission: workloads/stage_dp.py, a mixin of StageLowering), optimizer.
 
 A stage holds one chunk of layers (GPipe, 1F1B) or virtual_stages of them (interleaved
 1F1B: chunk c of pp x v on stage c % pp). Activations go from chunk c to chunk c + 1 and
