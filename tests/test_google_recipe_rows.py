@@ -23,7 +23,11 @@ ENTRIES = {"gcp-llama3.1-70b-h200-fp8-256": (15, 16384, 20.0213),
            "gcp-gpt3-175b-h100-fp8-256": (47, 98304, 25.1156),
            "gcp-llama3.1-70b-h100-bf16-256": (37, 77824, 67.8204),
            "gcp-llama3.1-405b-b200-fp8-224": (12, 26208, 118.1897),
-           "gcp-llama3.1-70b-b200-fp8-256": (11, 24576, 19.9545)}
+           "gcp-llama3.1-70b-b200-fp8-256": (11, 24576, 19.9545),
+           # scored on a named assumption (the CSV's `assumed` column): the GPU count; the
+           # committed config, whose warm-up the run's learning rate contradicts
+           "gcp-llama3-70b-h100-fp8-128": (36, 37888, 45.8136),
+           "gcp-mixtral-8x7b-b200-fp8-256": (38, 39936, 1.0826)}
 
 
 def test_each_row_is_its_entrys_run():
@@ -90,3 +94,22 @@ def test_a_job_on_part_of_a_node_is_reported_not_raised():
     row = dict(ROWS["gcp-gpt3-175b-h100-fp8-256"], gpus="12", dp="12", tp="1", pp="1",
                global_batch_seqs="24")
     assert "gpus" in cannot_express(row) and "gcp-a3mega-nemo2407" in cannot_express(row)
+
+
+def test_a_job_file_takes_its_nodes_network_and_only_a_nodes_file(tmp_path, monkeypatch):
+    import validation.job_topologies as jt
+    from topologies.presets_file import load_file
+
+    # the A3 Mega job runs the nccl-tests file's TCPXO network under its chart's NCCL env
+    nodes = load_file(jt.NODES_DIR / "gcp-a3mega-x2.json").fabric
+    job = topology_for(ROWS["gcp-gpt3-175b-h100-fp8-256"])
+    assert job.transport.wire_latency_s == nodes.transport.wire_latency_s
+    assert nodes.transport.nccl_env.protocols == {"Simple", "LL128"}
+    assert job.transport.nccl_env.protocols == {"Simple"}
+    monkeypatch.setattr(jt, "JOB_TOPOLOGY_DIR", tmp_path)
+    (tmp_path / "bad.json").write_text('{"nodes": "../job_topologies/gcp-a4-nemo2502"}')
+    with pytest.raises(TopologyError, match="bad.nodes"):
+        job_topology("bad", 16)
+    (tmp_path / "odd.json").write_text('{"nodes": "gcp-a4-x2", "network": {}}')
+    with pytest.raises(TopologyError, match="keys"):
+        job_topology("odd", 16)
