@@ -28,9 +28,13 @@ def test_generic_is_the_torch_baseline_and_megatron_core_runs_transformer_engine
     assert traits("generic") == FrameworkTraits(torch_cross_entropy=True, torch_ddp=True)
     # autograd accumulates in param.grad wherever no main_grad buffer does
     assert frameworks_with("autograd_grad_accumulation") == ("generic", "megatron-lm",
-                                                             "torchtitan")
+                                                             "torchtitan", "nemo-automodel")
     assert frameworks_with("te_modules") == ("megatron-core",)
-    assert frameworks_with("torch_cross_entropy") == ("generic", "torchtitan")
+    assert frameworks_with("torch_cross_entropy") == ("generic", "torchtitan",
+                                                      "nemo-automodel")
+    # AutoModel's experts are one grouped_gemm kernel, not TE's per-expert GroupedLinear
+    assert not traits("nemo-automodel").per_expert_gemm_launches
+    assert traits("nemo-automodel").torch_pipelining
     assert traits("megatron-lm").p2p_host_sync == "always"
 
 

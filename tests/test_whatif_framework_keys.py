@@ -27,7 +27,7 @@ TINY = {"name": "tiny",
 
 # A value of each framework-level key that differs from the generic default.
 OTHER_VALUE = {"framework": "torchtitan", "kernels": "eager", "loss_kernels": "eager",
-               "optimizer": "foreach",
+               "optimizer": "foreach", "fsdp_grad_sync": "step",
                "fsdp_version": 1, "grad_bucket": 1000, "async_tp": True,
                "grad_reduce_overlap": False, "param_gather_overlap": True,
                "param_gather_align": True, "tp_comm_overlap": True,
@@ -96,7 +96,7 @@ def test_point_raw_writes_plan_file_keys_without_touching_the_base():
 
 
 @pytest.mark.parametrize("arg, allowed", [
-    ("framework=pytorch", "generic, megatron-core, megatron-lm, torchtitan"),
+    ("framework=pytorch", "generic, megatron-core, megatron-lm, torchtitan, nemo-automodel"),
     ("kernels=triton", "fused, eager"),
     ("fsdp_version=3", "1, 2 or megatron"),
     ("grad_bucket=0", "unit, megatron or a number of parameters in [1, 2^53]"),

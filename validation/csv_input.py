@@ -78,9 +78,13 @@ COLUMNS: dict[str, tuple[str, bool, object]] = {
     "notes": (TEXT, False, None),
     # the published-runs table's provenance and framework settings (reference_rows.py)
     "source_family": (TEXT, False, None), "flops_formula": (TEXT, False, FLOPS_FORMULAS),
-    "framework": (TEXT, False, ("generic", "megatron-core", "megatron-lm", "torchtitan")),
+    "framework": (TEXT, False, ("generic", "megatron-core", "megatron-lm", "torchtitan",
+                                "nemo-automodel")),
     # fsdp_version: 1 (FSDP1), 2 (FSDP2) or megatron (Megatron-FSDP)
     "fsdp_version": (TEXT, False, ("1", "2", "megatron")), "overlap": (TEXT, False, None),
+    # fsdp_grad_sync: when FSDP reduce-scatters under gradient accumulation (the plan's
+    # fsdp.grad_sync: every micro-batch, or once a step); empty: the profile's default
+    "fsdp_grad_sync": (TEXT, False, ("microbatch", "step")),
     "cuda_graphs": (BOOL, False, None), "measured_mem_gib": (NUMBER, False, (0.0, math.inf)),
     "mem_quantity": (TEXT, False, None), "settings": (TEXT, False, None),
     # mixture of experts and Blackwell rows (reference_rows.py turns them into plan keys):
@@ -96,10 +100,17 @@ COLUMNS: dict[str, tuple[str, bool, object]] = {
     "ep": (INT, False, (1, MAX_INT)), "etp": (INT, False, (1, MAX_INT)),
     "moe_dispatcher": (TEXT, False, MOE_DISPATCHERS),
     "force_balanced": (BOOL, False, None),
+    # moe_gate: round_robin where the run replaces the router by NeMo AutoModel's fake
+    # balanced gate (the plan's moe.gate); empty: the learned router
+    "moe_gate": (TEXT, False, ("router", "round_robin")),
     "capacity_factor": (NUMBER, False, (0.0, 1024.0)),
     "mtp_layers": (INT, False, (0, 64)), "bf16_layers": (INT, False, (0, 1024)),
     "rack_gpus": (INT, False, (1, 1024)), "release": (TEXT, False, None),
     "pp_layout": (TEXT, False, None),
+    # pp_rounds: the training loop's calls of its pipeline schedule per step (gradient
+    # accumulation around torch pipelining's schedule.step: the plan's pipeline.rounds);
+    # empty: one
+    "pp_rounds": (INT, False, (1, MAX_INT)),
     # packed_segment: tokens of each example a fine-tuning run packs into its sequences
     # (attention stays within each example: workloads/attention.py); empty: no packing
     "packed_segment": (INT, False, (1, MAX_INT)),

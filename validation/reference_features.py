@@ -103,7 +103,10 @@ def moe_block(row: dict[str, str], tp: int) -> dict[str, Any]:
         moe["fused_mlp"] = True
     if row.get("flex_num_sms"):
         moe["flex_num_sms"] = int(row["flex_num_sms"])
-    if (row.get("force_balanced") or "").lower() == "true":
+    if row.get("moe_gate") == "round_robin":
+        # balanced by a fixed gate, not by a router's random logits (moe.gate)
+        moe["gate"] = "round_robin"
+    elif (row.get("force_balanced") or "").lower() == "true":
         if "force_balance" in _plan_moe_keys():
             moe["force_balance"] = True
         else:   # a scalar-imbalance MoE model: forced balance is the mean load everywhere

@@ -149,7 +149,8 @@ def plan_dict(row: dict[str, str]) -> dict[str, Any]:
         "mesh": {"dp": num("dp"), "tp": num("tp"), "pp": num("pp"), "cp": num("cp")},
     }
     fsdp = {k: v for k, v in (("enabled", _flag(row, "fsdp")),
-                              ("reshard_after_forward", _flag(row, "reshard_after_forward")))
+                              ("reshard_after_forward", _flag(row, "reshard_after_forward")),
+                              ("grad_sync", row.get("fsdp_grad_sync") or None))
             if v is not None}
     if row.get("fsdp_version"):
         version = row["fsdp_version"]
@@ -242,6 +243,8 @@ def plan_dict(row: dict[str, str]) -> dict[str, Any]:
         vstages = num("virtual_stages")
         raw["pipeline"] = {"schedule": "interleaved" if vstages > 1 else "1f1b",
                            "virtual_stages": vstages}
+        if row.get("pp_rounds"):
+            raw["pipeline"]["rounds"] = num("pp_rounds")
         if row.get("pp_layout"):
             # the recipe's pipeline_model_parallel_layout: decoder layers per chunk
             raw["pipeline"]["layer_split"] = list(

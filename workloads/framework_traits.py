@@ -183,9 +183,18 @@ TORCHTITAN = FrameworkTraits(
 # torch's profiler).
 GENERIC = FrameworkTraits(torch_cross_entropy=True, torch_ddp=True)
 
+# NeMo AutoModel's custom MoE models (NVIDIA-NeMo/Automodel@89e3a9fdd): torch modules with
+# Transformer Engine's Linear, RMSNorm and DotProductAttention inside, torch's
+# cross-entropy, FSDP2 and torch pipelining. Its routed experts are plain parameters
+# multiplied by the grouped_gemm library's one CUTLASS kernel (components/moe/layers.py
+# GroupedExpertsDeepEP, ops.gmm), not TE's GroupedLinear, so none of Megatron-Core's
+# Transformer Engine module traits applies (te_modules stays off).
+NEMO_AUTOMODEL = FrameworkTraits(torch_cross_entropy=True, torch_pipelining=True,
+                                 torch_ddp=True)
+
 TRAITS: Mapping[str, FrameworkTraits] = MappingProxyType({
     "generic": GENERIC, "megatron-core": MEGATRON_CORE, "megatron-lm": MEGATRON_LM,
-    "torchtitan": TORCHTITAN,
+    "torchtitan": TORCHTITAN, "nemo-automodel": NEMO_AUTOMODEL,
 })
 
 

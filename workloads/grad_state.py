@@ -94,11 +94,23 @@ def fsdp_reduce_bytes(plan: Plan) -> float:
 
 
 def fsdp_no_sync(plan: Plan) -> bool:
-    """Whether FSDP accumulates unsharded gradients until the step's single reduce-scatter:
-    torch's FSDP under pipeline parallelism (torch.distributed.pipelining turns gradient
-    sync off); Megatron-FSDP reduce-scatters every micro-batch (workloads/main_grad.py)."""
+    """Whether FSDP accumulates unsharded gradients until the step's single reduce-scatter,
+    keeping the parameters gathered after each backward until then.
+
+    The plan's `fsdp.grad_sync` says so: "step" (a training loop that turns gradient sync
+    and reshard-after-backward off until the last micro-batch: FSDP2's
+    set_requires_gradient_sync / set_reshard_after_backward, FSDP1's no_sync), or
+    "microbatch" (every backward reduce-scatters, torch's default). "auto" is torch's
+    default but under pipeline parallelism, where torch.distributed.pipelining turns sync
+    off when the stage module is an FSDPModule (torch/distributed/pipelining/stage.py,
+    backward_maybe_with_nosync, perform_reduce_grad). Megatron-FSDP reduce-scatters every
+    micro-batch (workloads/main_grad.py; plan_checks refuses "step" for it)."""
     fsdp = plan.fsdp or plan.zero_stage == 3
-    return fsdp and plan.mesh.pp > 1 and plan.fsdp_version != "megatron"
+    if not fsdp or plan.fsdp_version == "megatron":
+        return False
+    if plan.fsdp_grad_sync != "auto":
+        return plan.fsdp_grad_sync == "step"
+    return plan.mesh.pp > 1
 
 
 def accumulated_grad_bytes(plan: Plan) -> float:

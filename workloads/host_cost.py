@@ -56,7 +56,8 @@ def add_host_issue_time(tasks: list[Task], plan: Plan) -> None:
     if plan.cuda_graphs or not plan.host_kernel_s:
         return
     sync = (host_sync_label(plan.moe.dispatcher, plan.mesh.ep, plan.moe.pad_to_capacity,
-                            plan.moe.flex_backend, plan.moe.etp_of(plan.mesh.tp))
+                            plan.moe.flex_backend, plan.moe.etp_of(plan.mesh.tp),
+                            plan.moe.gate)
             if plan.model.num_experts else None)
     module_s = TE_MODULE_HOST_S if traits(plan.framework).te_modules else 0.0
     called: set[tuple] = set()

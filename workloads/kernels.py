@@ -1,6 +1,9 @@
 """HBM traffic of a layer's memory-bound ops, as fused kernels or as PyTorch eager runs them.
 
-A plan's `"kernels"` says how the non-GEMM ops of a layer execute:
+A plan's `"kernels"` says how the non-GEMM ops of a layer execute, for all of them
+(`"fused"`, `"eager"`) or by kernel family (`{"default": "eager", "norm": "fused"}`: a
+framework that runs some ops as library kernels and the rest as PyTorch ops, e.g. NeMo
+AutoModel's Transformer Engine RMSNorm beside eager RoPE):
 
 * `fused` (default): one kernel per op that reads its inputs and writes its output once
   (torch.compile, Megatron-LM / Transformer Engine fused kernels);
@@ -18,6 +21,9 @@ on the activation width: the up-casts vanish for fp32 activations.
 from __future__ import annotations
 
 KERNEL_MODES = ("fused", "eager")
+# The families a plan may set apart from its default mode (KERNEL_OF_OP's values; the
+# cross-entropy is the loss's own key, loss.kernels).
+KERNEL_FAMILIES = ("norm", "rope", "swiglu", "gelu", "add")
 # The loss's modes (a plan's loss.kernels): the kernel modes, and Megatron's
 # vocab-parallel cross-entropy as separate torch ops (below), which the megatron-lm profile
 # sets and Megatron-Core runs without --cross-entropy-loss-fusion (the modes each
@@ -35,6 +41,13 @@ KERNEL_OF_OP = {"attention_norm": "norm", "ffn_norm": "norm", "final_norm": "nor
                 "cross_entropy": "cross_entropy"}
 # The loss's ops, which run as the plan's loss.kernels says (the rest as its kernels).
 LOSS_OPS = frozenset({"cross_entropy"})
+
+
+def family_mode(op_or_family: str, default: str, by_family) -> str:
+    """The kernel mode an op (or a family) runs in: its family's entry in the plan's
+    per-family modes (Plan.kernels_by_family), else the plan's default mode."""
+    family = KERNEL_OF_OP.get(op_or_family, op_or_family)
+    return by_family.get(family, default)
 
 # Eager (forward passes, backward passes, forward kernels, backward kernels) by activation
 # bytes (2: bf16/fp8 training, 4: fp32); each kernel also pays the device's launch overhead.

@@ -14,12 +14,13 @@ mean the same in all of them, and asks LayerShape which linears stay in BF16.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import Protocol
+from dataclasses import dataclass, field
+from types import MappingProxyType
+from typing import Mapping, Protocol
 
 from .attention_impls import BY_GPU_IMPLS, scores_on_chip
 from .errors import WorkloadError
-from .kernels import LOSS_OPS, UNFUSED_LOSS, eager_cost, unfused_loss_cost
+from .kernels import LOSS_OPS, UNFUSED_LOSS, eager_cost, family_mode, unfused_loss_cost
 from .framework_traits import traits
 from .precision import BF16_BYTES, GemmRecipe
 from .te_quant import cast_efficiency
@@ -101,8 +102,10 @@ class BuildOptions:
     # The plan's attention implementation ("flash", "cudnn", "eager", "fused_softmax":
     # workloads/attention_impls.py): which materialised path prices the scores.
     attention_impl: str = "flash"
-    # How memory-bound ops run: "fused" kernels or PyTorch "eager" (workloads/kernels.py).
+    # How memory-bound ops run: "fused" kernels or PyTorch "eager" (workloads/kernels.py),
+    # and the families that run otherwise (the plan's kernels_by_family).
     kernels: str = "fused"
+    kernels_by_family: Mapping[str, str] = field(default_factory=lambda: MappingProxyType({}))
     # How the cross-entropy runs (the plan's loss.kernels: workloads/loss_memory.py).
     loss_kernels: str = "fused"
     # The vocabulary-parallel cross-entropy's all-reduces under TP, bytes per token of
@@ -143,7 +146,7 @@ class BuildOptions:
                    "symm_mem" if plan.async_tp else "")
         framework = traits(plan.framework)
         return cls(flash_attention=flash, attention_impl=plan.attention, kernels=plan.kernels,
-                   loss_kernels=plan.loss_kernels,
+                   kernels_by_family=plan.kernels_by_family, loss_kernels=plan.loss_kernels,
                    loss_all_reduce_bytes=loss_all_reduce_bytes(plan.framework, plan.loss_kernels),
                    recompute_attention=plan.recompute == "selective" and not flash,
                    tp_overlap=overlap,
@@ -184,7 +187,8 @@ def memory_task(sink: TaskSink, ctx: dict, options: BuildOptions, act_bytes: int
     eager PyTorch applies RoPE to q and k separately). `tensor_bytes` is the local tensor's
     bytes, all tensors together. `eager_extra`: (passes, kernels) PyTorch runs beside the
     op under eager kernels (a branch's dropout, a bias gradient: workloads/bias_dropout.py)."""
-    mode = options.loss_kernels if op in LOSS_OPS else options.kernels
+    mode = (options.loss_kernels if op in LOSS_OPS
+            else family_mode(op, options.kernels, options.kernels_by_family))
     eager = eager_cost(op, act_bytes, phase) if mode == "eager" else None
     passes, kernels = fused if eager is None else (eager[0], eager[1] * tensors)
     if mode == UNFUSED_LOSS and op in LOSS_OPS:

@@ -32,6 +32,7 @@ from .attention_impls import scores_on_chip
 from .context_parallel_memory import cp_memory_bytes
 from .framework_traits import traits
 from .fsdp_float8 import gathered_bytes_per_param
+from .kernels import family_mode
 from .grad_state import (accumulated_grad_bytes, bucket_grad_bytes, frozen_param_bytes,
                          fsdp_no_sync, fsdp_reduce_bytes, grad_state_bytes,
                          sharded_state_bytes)
@@ -91,9 +92,11 @@ def micro_batches_in_flight(plan: Plan, stage: int = 0) -> float:
     the first stage holds pp micro-batches). Interleaved: Megatron's warm-up of
     2 (pp - stage - 1) + (v - 1) pp chunk-micro-batches plus one, each of 1/v of the stage's
     layers, which for stage 0 is pp (1 + (pp - 1)/(pp v)) (Korthikanti section 4.2.3);
-    one more with the MoE all-to-all overlap.
+    one more with the MoE all-to-all overlap. Each of pipeline.rounds runs drains before the
+    next, so m is one run's micro-batches.
     """
-    pp, m, v = plan.mesh.pp, plan.micro_batches, plan.pipeline.virtual_stages
+    pp, v = plan.mesh.pp, plan.pipeline.virtual_stages
+    m = plan.micro_batches // plan.pipeline.rounds
     if pp == 1:
         return 1
     if plan.pipeline.schedule == "gpipe":
@@ -145,7 +148,7 @@ def saved_layer_bytes(plan: Plan, layer: int, recompute: str | None = None) -> f
         # et al. 2021, arXiv:2105.14450).
         return activation_scale(plan) * plan.parallel_dims.grid.resid_fraction * \
             activation_bytes_per_layer(m, s, b, 1, False, recompute, kv_seq_len=tr.seq_len,
-                                       kernels=plan.kernels)
+                                       kernels=family_mode("swiglu", plan.kernels, plan.kernels_by_family))
     # what a module recompute does not keep (an MTP block is not recomputed)
     freed = freed_tensors(plan, layer) if layer < m.num_layers else frozenset()
     quantized = quantized_input_bytes(plan, layer)
@@ -155,7 +158,7 @@ def saved_layer_bytes(plan: Plan, layer: int, recompute: str | None = None) -> f
         plan, layer, recompute) * (quantized or BF16_BYTES) / BF16_BYTES
     return activation_scale(plan) * activation_bytes_per_layer(
         m, s, b, tp, sp, recompute, kv_seq_len=tr.seq_len, moe=m.is_moe_layer(layer),
-        load_imbalance=expert_rows_factor(plan), kernels=plan.kernels, freed=freed,
+        load_imbalance=expert_rows_factor(plan), kernels=family_mode("swiglu", plan.kernels, plan.kernels_by_family), freed=freed,
         quantized_input_bytes=quantized) + gathered + proj_copy
 
 

@@ -8,6 +8,7 @@
             "pad_to_capacity": false,
             "load_imbalance": 1.2 | [shares...] | {"distribution": "measured", "shares": [...]},
             "force_balance": false,
+            "gate": "router" | "round_robin",  # round_robin: AutoModel's fake balanced gate
             "aux_loss": false,
             "overlap_a2a": false,           # EP all-to-all overlap (combined 1F1B)
             "delay_wgrad": false,           # wgrads after the dgrads (needs overlap_a2a)
@@ -28,6 +29,15 @@ Defaults follow Megatron-Core (NVIDIA/Megatron-LM, commit d98e8a64):
 - force_balance: Megatron's --moe-router-force-load-balancing (router.py: random logits
   replace the router's, "only for benchmark"); a published run that used it routes
   uniformly at random (workloads/moe/imbalance.py prices what that leaves).
+
+- gate: "router" (default), the learned router (a d x E GEMM, softmax, top-k), or
+  "round_robin", NeMo AutoModel's FakeBalancedGate for benchmarks (NVIDIA-NeMo/Automodel
+  nemo_automodel/components/moe/layers.py at 89e3a9fdd, class FakeBalancedGate, selected
+  by its BackendConfig's fake_balanced_gate): no router GEMM and no parameters; weights
+  1/k from torch.ones and expert indices arange(T k).view(T, k) % E, so slot i of the
+  flattened token-by-choice grid goes to expert i mod E. Every expert gets exactly its
+  share, and a token's k experts are consecutive, so it reaches fewer EP ranks and nodes
+  than random routing would (workloads/moe/group_routing.py round_robin_hit).
 
 - flex_num_sms: Megatron-Core's moe_flex_dispatcher_num_sms (the deprecated
   moe_deepep_num_sms / moe_hybridep_num_sms route to it), the SMs the fused dispatch and
@@ -76,8 +86,9 @@ DISPATCHERS = ("alltoall", "allgather", "deepep")
 # (NVLink within a node, RDMA across) but measure different RDMA rates (moe/ep_rdma.py).
 FLEX_BACKENDS = ("deepep", "hybridep")
 DISTRIBUTIONS = ("measured",)
+GATES = ("router", "round_robin")
 MOE_KEYS = ("load_imbalance", "dispatcher", "etp", "capacity_factor", "pad_to_capacity",
-            "force_balance", "aux_loss", "overlap_a2a", "delay_wgrad", "flex_backend",
+            "force_balance", "gate", "aux_loss", "overlap_a2a", "delay_wgrad", "flex_backend",
             "fused_mlp", "flex_num_sms")
 # SMs the fused dispatcher's kernels run on by default, per backend (module docstring).
 FLEX_DEFAULT_SMS = {"deepep": 20, "hybridep": 32}
@@ -98,6 +109,7 @@ class MoEOptions:
     pad_to_capacity: bool = False
     expert_shares: tuple[float, ...] | None = None   # measured token share per expert
     force_balance: bool = False
+    gate: str = "router"                    # or "round_robin" (module docstring)
     aux_loss: bool = False
     overlap_a2a: bool = False               # combined 1F1B (workloads/moe/a2a_overlap.py)
     delay_wgrad: bool = False               # wgrads after the layer's dgrads (needs it)
@@ -108,6 +120,7 @@ class MoEOptions:
     def __post_init__(self) -> None:
         check_choice(self.dispatcher, "moe.dispatcher", DISPATCHERS)
         check_choice(self.flex_backend, "moe.flex_backend", FLEX_BACKENDS)
+        check_choice(self.gate, "moe.gate", GATES)
         if self.flex_backend != "deepep" and self.dispatcher != "deepep":
             raise WorkloadError("moe.flex_backend", self.flex_backend, '"deepep" unless '
                                 'moe.dispatcher is "deepep" (the fused dispatcher\'s kernels)')
@@ -144,6 +157,16 @@ class MoEOptions:
             raise WorkloadError("moe.pad_to_capacity", True,
                                 "false unless moe.dispatcher is alltoall (Megatron-LM pads "
                                 "in MoEAlltoAllTokenDispatcher only)")
+        if self.gate == "round_robin":
+            for name in ("force_balance", "aux_loss"):
+                if getattr(self, name):
+                    raise WorkloadError(f"moe.{name}", True, 'false with moe.gate '
+                                        '"round_robin" (a fixed gate: no router to '
+                                        'balance)')
+            if self.expert_shares is not None:
+                raise WorkloadError("moe.load_imbalance", "a distribution", 'a scalar 1 '
+                                    'with moe.gate "round_robin" (every expert gets its '
+                                    'share)')
         if self.expert_shares is not None:
             _check_shares(self.expert_shares)
             if self.force_balance:
@@ -200,7 +223,8 @@ def parse_moe(raw: dict) -> dict:
         dispatcher=raw.get("dispatcher", "alltoall"), etp=raw.get("etp"),
         capacity_factor=capacity, pad_to_capacity=raw.get("pad_to_capacity", False),
         expert_shares=tuple(shares) if shares is not None else None,
-        force_balance=raw.get("force_balance", False), aux_loss=raw.get("aux_loss", False),
+        force_balance=raw.get("force_balance", False), gate=raw.get("gate", "router"),
+        aux_loss=raw.get("aux_loss", False),
         overlap_a2a=raw.get("overlap_a2a", False), delay_wgrad=raw.get("delay_wgrad", False),
         flex_backend=raw.get("flex_backend", "deepep"), fused_mlp=raw.get("fused_mlp", False),
         flex_num_sms=raw.get("flex_num_sms"))
@@ -234,6 +258,9 @@ def check_moe_resolved(plan) -> None:
         raise WorkloadError("moe.load_imbalance.shares", f"{len(shares)} shares",
                             f"one share per expert ({m.num_experts}) or per EP rank "
                             f"({mesh.ep})")
+    if plan.load_imbalance != 1.0 and opt.gate == "round_robin":
+        raise WorkloadError("moe.load_imbalance", plan.load_imbalance, '1 with moe.gate '
+                            '"round_robin" (every expert gets its share)')
     if plan.load_imbalance != 1.0 and opt.force_balance:
         raise WorkloadError("moe.force_balance", True, "false with a moe.load_imbalance "
                             "factor (a force-balanced router routes at random)")

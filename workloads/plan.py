@@ -65,6 +65,9 @@ class Plan:
     recompute_modules: tuple[str, ...] = ()
     attention: str = "flash"
     kernels: str = "fused"          # memory-bound ops: fused | eager (workloads/kernels.py)
+    # the kernel families that run otherwise than `kernels` ("kernels": {"default": ...,
+    # "norm": ...} in a plan file: workloads/kernels.py KERNEL_FAMILIES)
+    kernels_by_family: Mapping[str, str] = field(default_factory=lambda: MappingProxyType({}))
     # loss.kernels: the cross-entropy compiled (fused) or ATen's eager ops, whose time and
     # fp32 copies differ (workloads/loss_memory.py); the parser defaults it to `kernels`;
     # "unfused": Megatron's vocab-parallel cross-entropy as torch ops (megatron-lm; and
@@ -78,6 +81,8 @@ class Plan:
     fsdp_prefetch: bool = True
     fsdp_version: int | str = 2     # fsdp.version: 1 FSDP1 | 2 FSDP2 | "megatron" Megatron-FSDP
     fsdp_float8_all_gather: bool = False    # fsdp.float8_all_gather (workloads/fsdp_float8.py)
+    # fsdp.grad_sync: "microbatch" | "step" | "auto" (workloads/grad_state.py fsdp_no_sync)
+    fsdp_grad_sync: str = "auto"
     # "overlap" (workloads/frameworks.py has each framework's defaults and their sources)
     async_tp: bool = False          # torch async TP: micro-pipelined AG-matmul / matmul-RS
     grad_reduce_overlap: bool = True    # gradients reduced while the backward runs

@@ -181,6 +181,11 @@ def check_framework_keys(plan) -> None:
     if plan.fsdp_version != 2 and not fsdp:
         raise WorkloadError("fsdp.version", plan.fsdp_version,
                             "2 (the default) unless fsdp.enabled")
+    if plan.fsdp_grad_sync != "auto" and (not fsdp or plan.fsdp_version == "megatron"):
+        # torch's FSDP set_requires_gradient_sync / no_sync; Megatron-FSDP reduce-scatters
+        # every micro-batch (workloads/main_grad.py)
+        raise WorkloadError("fsdp.grad_sync", plan.fsdp_grad_sync, '"auto" (the default) '
+                            'unless fsdp.enabled with version 1 or 2')
     check_megatron_torch_fsdp(plan, fsdp)
     if plan.fsdp_version == "megatron" and (plan.framework != "megatron-core" or not plan.fsdp):
         raise WorkloadError("fsdp.version", "megatron", '1 or 2 unless framework '
@@ -309,9 +314,15 @@ def check_pipeline(plan) -> None:
         raise WorkloadError("pipeline.virtual_stages", pipe.virtual_stages,
                             "1 unless schedule is interleaved")
     micro = plan.training.global_batch // (dims.dp * plan.training.micro_batch)
-    if pipe.schedule == "interleaved" and pipe.virtual_stages > 1 and micro % dims.pp:
+    if pipe.rounds > 1 and (dims.pp == 1 or micro % pipe.rounds):
+        raise WorkloadError("pipeline.rounds", pipe.rounds, f"1 unless mesh.pp > 1, and a "
+                            f"divisor of the step's micro-batches ({micro})")
+    per_round = micro // pipe.rounds
+    if pipe.schedule == "interleaved" and pipe.virtual_stages > 1 and per_round % dims.pp:
         raise WorkloadError("training.global_batch", plan.training.global_batch,
-                            f"micro-batches ({micro}) a multiple of pp ({dims.pp}) for interleaved")
+                            f"micro-batches ({per_round}) a multiple of pp ({dims.pp}) for "
+                            "interleaved" + (" in each of pipeline.rounds" if pipe.rounds > 1
+                                             else ""))
     if pipe.layer_split is not None:
         if len(pipe.layer_split) != chunks:
             raise WorkloadError("pipeline.layer_split", list(pipe.layer_split),

@@ -4,6 +4,8 @@ stages) and the checks of its single fields, which Plan.__post_init__ runs
 """
 from __future__ import annotations
 
+from collections.abc import Mapping
+
 from .attention_impls import ATTENTION_IMPLS, BY_GPU_IMPLS, VARLEN_IMPL
 from .ddp_buckets import BUCKET_MODES
 from .errors import WorkloadError
@@ -11,7 +13,7 @@ from .fields import MAX_INT, check_bool, check_choice, check_int, check_number, 
     check_optional_name, is_int
 from .framework_traits import traits
 from .frameworks import FRAMEWORKS
-from .kernels import KERNEL_MODES, LOSS_KERNEL_MODES, OPTIMIZERS
+from .kernels import KERNEL_FAMILIES, KERNEL_MODES, LOSS_KERNEL_MODES, OPTIMIZERS
 from .module_recompute import RECOMPUTE_MODULES
 from .lora import LoRA
 from .optimizer_states import DistributedFusedAdam, PrecisionAwareOptimizer
@@ -46,6 +48,10 @@ ZERO_STAGES = (0, 1, 2, 3)   # ZeRO (Rajbhandari et al. 2020): none, optimizer, 
 # FSDP1 (FlatParameter per wrapped unit) | FSDP2 (fully_shard) | Megatron-FSDP (flat buffers
 # per unit whose views the parameters and gradients are: workloads/stage_dp.py)
 FSDP_VERSIONS = (1, 2, "megatron")
+# fsdp.grad_sync: reduce-scatter every micro-batch, once a step (gradient sync and
+# reshard-after-backward off until the last backward), or torch's rule (workloads/
+# grad_state.py fsdp_no_sync)
+FSDP_GRAD_SYNC = ("auto", "microbatch", "step")
 MAX_HOST_OVERHEAD_S = 10.0   # bound on host_overhead values: far beyond any real step
 
 
@@ -79,6 +85,7 @@ def _check_flags(plan) -> None:
     if plan.fsdp_version != "megatron" and not (is_int(plan.fsdp_version)
                                                 and plan.fsdp_version in FSDP_VERSIONS):
         raise WorkloadError("fsdp.version", plan.fsdp_version, '1, 2 or "megatron"')
+    check_choice(plan.fsdp_grad_sync, "fsdp.grad_sync", FSDP_GRAD_SYNC)
     check_choice(plan.framework, "framework", FRAMEWORKS)
     if not (plan.grad_bucket in BUCKET_MODES
             or (is_int(plan.grad_bucket) and 1 <= plan.grad_bucket <= MAX_INT)):
@@ -98,6 +105,12 @@ def _check_compute(plan) -> None:
     for name, allowed in (("recompute", RECOMPUTE), ("attention", ATTENTION_IMPLS),
                           ("kernels", KERNEL_MODES), ("optimizer", OPTIMIZERS)):
         check_choice(getattr(plan, name), name, allowed)
+    by_family = plan.kernels_by_family
+    if not isinstance(by_family, Mapping) or not set(by_family) <= set(KERNEL_FAMILIES):
+        raise WorkloadError("kernels", dict(by_family) if isinstance(by_family, Mapping)
+                            else by_family, f"an object of default, {', '.join(KERNEL_FAMILIES)}")
+    for family, mode in by_family.items():
+        check_choice(mode, f"kernels.{family}", KERNEL_MODES)
     check_choice(plan.loss_kernels, "loss.kernels", LOSS_KERNEL_MODES)
     runs = traits(plan.framework).loss_kernels   # torch's or Megatron's cross-entropy
     if plan.loss_kernels not in runs:

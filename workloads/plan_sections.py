@@ -81,6 +81,13 @@ class Pipeline:
     # Megatron-LM 2021's scatter/gather of pipeline transfers (workloads/p2p_sync.py
     # pipeline_scatter_gather); None: the framework's default
     scatter_gather: bool | None = None
+    # The step's micro-batches as `rounds` consecutive runs of the schedule over m / rounds
+    # each, every one filling and draining the pipeline: a training loop that accumulates
+    # gradients over several calls of its pipeline schedule (NeMo AutoModel's benchmark
+    # loop calls torch.distributed.pipelining's schedule.step once per gradient-
+    # accumulation step: NVIDIA-NeMo/Automodel@89e3a9fdd nemo_automodel/recipes/llm/
+    # benchmark.py, local_batch_size / pp_microbatch_size micro-batches a call). 1: one run.
+    rounds: int = 1
 
     @property
     def interleaved(self) -> bool:
@@ -90,6 +97,7 @@ class Pipeline:
     def __post_init__(self) -> None:
         check_choice(self.schedule, "pipeline.schedule", SCHEDULES)
         check_int(self.virtual_stages, "pipeline.virtual_stages")
+        check_int(self.rounds, "pipeline.rounds")
         if self.scatter_gather is not None and not isinstance(self.scatter_gather, bool):
             raise WorkloadError("pipeline.scatter_gather", self.scatter_gather,
                                 "true or false")
@@ -103,14 +111,15 @@ class Pipeline:
 
 def pipeline_section(raw: dict) -> Pipeline:
     """The plan's pipeline section."""
-    known_keys(raw, "pipeline", ("schedule", "virtual_stages", "layer_split", "scatter_gather"))
+    known_keys(raw, "pipeline", ("schedule", "virtual_stages", "layer_split", "scatter_gather",
+                                 "rounds"))
     split = raw.get("layer_split")
     if isinstance(split, list):
         split = tuple(split)
     elif split is not None:
         raise WorkloadError("pipeline.layer_split", split, "a list of non-negative integers")
     return Pipeline(raw.get("schedule", "1f1b"), raw.get("virtual_stages", 1), split,
-                    raw.get("scatter_gather"))
+                    raw.get("scatter_gather"), raw.get("rounds", 1))
 
 
 TOP_KEYS = ("name", "model", "training", "mesh", "fsdp", "zero_stage", "sharding", "layers",

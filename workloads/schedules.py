@@ -72,9 +72,11 @@ def interleaved_order(stage: int, stages: int, micro_batches: int, chunks: int) 
 
 
 def stage_slots(schedule: str, stage: int, stages: int, micro_batches: int,
-                virtual_stages: int = 1, combined: bool = False) -> list[Slot]:
+                virtual_stages: int = 1, combined: bool = False, rounds: int = 1) -> list[Slot]:
     """The stage's order as slots; with `combined` (EP all-to-all overlap) the steady
-    state's forward and backward pairs are combined slots (F, B).
+    state's forward and backward pairs are combined slots (F, B). With `rounds` > 1
+    (pipeline.rounds) the schedule runs that many times over micro_batches / rounds
+    micro-batches each, one run after the other.
 
     Megatron-Core (NVIDIA/Megatron-LM d98e8a64, megatron/core/pipeline_parallel/):
     without pipelining, combined_1f1b_schedule_for_no_pipelining runs micro-batch 0's
@@ -85,6 +87,11 @@ def stage_slots(schedule: str, stage: int, stages: int, micro_batches: int,
     combined_1f1b_schedule_for_interleaved_pipelining. Other pipelines are refused by the
     plan checks (Megatron-Core asserts a virtual pipeline size with PP > 1).
     """
+    if rounds > 1:
+        per = micro_batches // rounds
+        once = stage_slots(schedule, stage, stages, per, virtual_stages, combined)
+        return [tuple((kind, mb + r * per, chunk) for kind, mb, chunk in slot)
+                for r in range(rounds) for slot in once]
     if not combined:
         return [(s,) for s in stage_order(schedule, stage, stages, micro_batches,
                                           virtual_stages)]

@@ -53,10 +53,9 @@ class StageLowering(StageDataParallel):
         self.units = [u for units in self.chunk_units for u in units]
         self.fsdp = plan.fsdp or plan.zero_stage == 3
         self.precision = precision(plan.training.dtype)
-        # With pipeline parallelism, torch.distributed.pipelining runs every micro-batch's
-        # backward with FSDP's gradient sync and reshard-after-backward off, then reduces
-        # once per step (stage.py: backward_maybe_with_nosync, perform_reduce_grad);
-        # Megatron-FSDP reduces every micro-batch (workloads/main_grad.py).
+        # FSDP's gradient sync under gradient accumulation (fsdp.grad_sync): once a step,
+        # sync and reshard-after-backward off until the last micro-batch, or every
+        # micro-batch (workloads/grad_state.py fsdp_no_sync says which and why).
         self.sync_last_only = fsdp_no_sync(plan)
         self.unsharded: set = set()             # FSDP units whose parameters are gathered
         self.graphs: dict[tuple, LayerBuilder] = {}
@@ -255,7 +254,7 @@ class StageLowering(StageDataParallel):
         """All tasks of the stage for one training step."""
         slots = stage_slots(self.plan.pipeline.schedule, self.stage, self.pp,
                             self.plan.micro_batches, self.plan.pipeline.virtual_stages,
-                            self.plan.moe.overlap_a2a)
+                            self.plan.moe.overlap_a2a, self.plan.pipeline.rounds)
         if self.plan.host_step_s:
             # host work of the step before its first kernel (framework profile)
             self.sink.add(kind=COMPUTE, stream="compute", op="host_step", phase="forward",

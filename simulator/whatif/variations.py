@@ -17,6 +17,7 @@ own keys override them. Names are the Plan fields (PLAN_KEYS gives each one's pl
 Framework-level keys (workloads/frameworks.py):
   framework (a profile), kernels, loss_kernels (loss.kernels), optimizer   choices
   fsdp_version (1, 2, megatron), grad_bucket (unit, megatron or a parameter count)
+  fsdp_grad_sync (fsdp.grad_sync: auto, microbatch, step)
   loss_metrics (loss.metrics: the trainer's no-grad cross-entropies, generic)  integer
   async_tp, grad_reduce_overlap, param_gather_overlap, param_gather_align,
   tp_comm_overlap, reshard_after_forward, cuda_graphs,
@@ -53,6 +54,7 @@ from workloads.frameworks import (DDP_KEYS, FRAMEWORKS, FSDP_KEYS, HOST_KEYS, LO
 from workloads.kernels import KERNEL_MODES, LOSS_KERNEL_MODES, OPTIMIZERS
 from workloads.plan import (ATTENTION_IMPLS, DTYPES, FSDP_VERSIONS, MAX_HOST_OVERHEAD_S,
                             RECOMPUTE, SCHEDULES)
+from workloads.plan_fields import FSDP_GRAD_SYNC
 from workloads.train_metrics import MAX_LOSS_METRICS
 
 from ..errors import UsageError
@@ -66,7 +68,8 @@ BOOLS = ("fsdp", "sequence_parallel", "fsdp_prefetch")
 # The framework-level keys (a profile sets their defaults: workloads/frameworks.py).
 # Their values are checked when parsed, against the same tuples the Plan checks.
 FRAMEWORK_CHOICES = {"framework": FRAMEWORKS, "kernels": KERNEL_MODES,
-                     "loss_kernels": LOSS_KERNEL_MODES, "optimizer": OPTIMIZERS}
+                     "loss_kernels": LOSS_KERNEL_MODES, "optimizer": OPTIMIZERS,
+                     "fsdp_grad_sync": FSDP_GRAD_SYNC}
 FRAMEWORK_BOOLS = ("async_tp", "grad_reduce_overlap", "param_gather_overlap",
                    "param_gather_align", "tp_comm_overlap", "reshard_after_forward",
                    "cuda_graphs", "grad_reduce_fp32", "grad_accumulation_fusion",

@@ -46,7 +46,7 @@ from ..explicit_comm import ExplicitComm
 from ..layouts import R, S
 from .ep_nvlink import nvlink_kernel_Bps
 from .ep_rdma import MNNVL_GPUS, rdma_kernel_Bps
-from .group_routing import block_hit
+from .group_routing import block_hit, round_robin_hit
 
 if TYPE_CHECKING:  # pragma: no cover
     from ..layer_graph import LayerGraph, Node
@@ -118,12 +118,16 @@ SYNC_LABELS = {"alltoall": "moe.dispatch_counts", "allgather": "permute.fwd",
 
 
 def host_sync_label(dispatcher: str, ep: int, pad_to_capacity: bool,
-                    flex_backend: str = "deepep", etp: int = 1) -> str | None:
+                    flex_backend: str = "deepep", etp: int = 1,
+                    gate: str = "router") -> str | None:
     """Label of the forward task an MoE layer's host waits for (None: no wait). HybridEP's
     kernels wait for the routing maps' gather wherever their group (ETP x EP) has more
-    than one rank."""
+    than one rank. DeepEP's host waits for what precedes its dispatch, the round-robin
+    gate's indices where that gate replaces the router (moe.gate)."""
     if pad_to_capacity:
         return None
+    if dispatcher == "deepep" and flex_backend == "deepep" and gate == "round_robin":
+        return "router_round_robin.fwd"
     if dispatcher == "alltoall" and ep == 1:
         return "permute.fwd"
     if dispatcher == "deepep" and flex_backend == "hybridep" and ep * etp > 1:
@@ -152,6 +156,7 @@ class Geometry:
     flex_sms: int = 0    # SMs those kernels hold (MoEOptions.dispatcher_sms)
     expert_groups: int = 0        # group-limited routing: groups, and a token's groups
     groups_per_token: int = 0     # (ModelSpec.expert_groups; moe/group_routing.py)
+    round_robin: bool = False     # moe.gate "round_robin": consecutive experts per token
 
     @property
     def local_experts(self) -> int:
@@ -356,6 +361,8 @@ def _remote_fraction(geo: Geometry, nodes: int) -> float:
 def _hit(geo: Geometry, blocks: int) -> float:
     """Probability that a token reaches a block of the experts split into `blocks` equal
     contiguous blocks (EP ranks, or nodes of them), under the model's routing."""
+    if geo.round_robin:
+        return round_robin_hit(geo.num_experts, blocks, geo.top_k)
     return block_hit(geo.num_experts, blocks, geo.top_k, geo.expert_groups,
                      geo.groups_per_token)
 

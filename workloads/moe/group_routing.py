@@ -30,6 +30,11 @@ experts a group) is missed by g's picks with probability a_g = C(e - o_g, k / tg
 C(e, k / tg), and over the uniform subsets S, P(miss) = sum_S prod_{g in S} a_g / C(G, tg)
 = e_tg(a) / C(G, tg), the elementary symmetric polynomial of degree tg of the a_g (with an
 uneven split, in the two kinds of factors a_g(k // tg) and a_g(k // tg + 1)).
+
+Round-robin gating (the plan's moe.gate "round_robin", NeMo AutoModel's FakeBalancedGate:
+workloads/moe_options.py): token t's experts are t k, t k + 1, ..., t k + k - 1 (mod E),
+consecutive, so a block is hit by the windows that overlap it. The windows start at the
+multiples of gcd(k, E), each as often; the hit probability is exact.
 """
 from __future__ import annotations
 
@@ -77,6 +82,17 @@ def _grouped_hit(experts: int, start: int, stop: int, k: int, groups: int,
         misses.append((_miss(per_group, overlap, base), _miss(per_group, overlap, base + 1)))
     ways = math.comb(groups, picked) * math.comb(picked, extra)
     return 1.0 - _subset_products(misses, picked - extra, extra) / ways
+
+
+def round_robin_hit(experts: int, blocks: int, k: int) -> float:
+    """Mean probability that a token's k consecutive experts (round-robin gating, module
+    docstring) include one of a block's, the `experts` split into `blocks` equal
+    contiguous blocks."""
+    size = experts // blocks
+    step = math.gcd(k, experts)
+    starts = range(0, experts, step)
+    reached = sum(len({(start + j) % experts // size for j in range(k)}) for start in starts)
+    return reached / (len(starts) * blocks)
 
 
 def block_hit(experts: int, blocks: int, k: int, groups: int = 0, picked: int = 0) -> float:

@@ -13,6 +13,8 @@ combine (the others wait for it at the next collective). Its rows per local toke
     top_k x C E/(T top_k)   padded to capacity (pad_to_capacity): every expert gets C rows
 
 The imbalance f is, in order of precedence:
+- the round-robin gate (moe.gate "round_robin"): every expert gets exactly T x top_k / E
+  rows from each sender, f = 1;
 - force_balance: the router's logits replaced by random ones (Megatron-LM router.py,
   moe_router_force_load_balancing -> apply_random_logits): each of the ep x T x top_k rows
   lands on a rank with probability 1 / ep, so a rank's rows are binomial with mean
@@ -49,6 +51,8 @@ def imbalance(plan, tokens: float) -> float:
     """Hottest EP rank's routed rows / the mean, before any capacity (see module doc);
     `tokens`: each sender's tokens entering the router."""
     opt, ep, k = plan.moe, plan.mesh.ep, plan.model.experts_per_token
+    if opt.gate == "round_robin":
+        return 1.0
     if opt.force_balance:
         return random_router_imbalance(tokens * k, ep)
     if opt.expert_shares is not None:

@@ -46,7 +46,7 @@ from .dispatch import Geometry, combine, dispatch
 from .grouped_gemm import grouped_gemm_efficiency, grouped_gemm_launches, grouped_gemm_streams
 from .imbalance import routed_tokens, rows_per_token, rows_sent
 from .quant_padding import PAD_LAUNCHES, pads_expert_rows, unpad_launches
-from .router_ops import aux_loss, random_logits, token_drop
+from .router_ops import aux_loss, random_logits, round_robin_gate, token_drop
 
 if TYPE_CHECKING:  # pragma: no cover
     from ..layer_graph import LayerGraph, Node
@@ -58,6 +58,7 @@ if TYPE_CHECKING:  # pragma: no cover
 # tests/test_moe_layer_check.py checks that every builder's node is listed.
 MOE_LAYER_NODES = frozenset({
     "router", "router_random", "router_topk", "router_token_drop", "router_aux_loss",
+    "router_round_robin",
     "permute", "sort_chunks", "expert_pad", "w1", "w3", "glu_clamp", "swiglu", "gelu", "w2",
     "expert_bias", "expert_unpad", "unsort_chunks", "unpermute",
     "shared_w1", "shared_w3", "shared_swiglu", "shared_gelu", "shared_w2", "shared_add"})
@@ -81,13 +82,32 @@ def geometry(g: "LayerGraph", plan, x: "Node") -> Geometry:
                     etp=etp, ep=mesh.ep, group=group,
                     group_ranks=plan.parallel_dims.group_ranks(0, group), gpu=g.shape.gpu,
                     flex_backend=opt.flex_backend, flex_sms=opt.dispatcher_sms,
-                    expert_groups=m.expert_groups, groups_per_token=m.expert_groups_per_token)
+                    expert_groups=m.expert_groups, groups_per_token=m.expert_groups_per_token,
+                    round_robin=opt.gate == "round_robin")
 
 
 def build_moe_mlp(g: "LayerGraph", plan, layer: int, h: "Node", resid: str) -> "Node":
     """The MoE MLP on the normed input `h`; returns its output in the residual layout."""
     m, tp = plan.model, plan.mesh.tp
     x = g.to_layout(h, S) if tp > 1 else h   # each TP rank routes its own sequence shard
+    if plan.moe.gate == "round_robin":
+        gate, extras = round_robin_gate(g, plan, x), []
+    else:
+        gate, extras = _router(g, plan, x)
+    geo = geometry(g, plan, x)
+    rows, probs = dispatch(g, geo, plan.moe.dispatcher, x, gate)
+    y = _experts(g, plan, layer, geo, rows)
+    routed = combine(g, geo, plan.moe.dispatcher, y, [probs, *extras], x.layout)
+    out = routed
+    if m.num_shared_experts:
+        shared = g.to_layout(_shared_experts(g, plan, layer, h), routed.layout)
+        out = g.elementwise("shared_add", [routed, shared], layout=routed.layout, rw=(2.0, 1.0))
+    return g.to_layout(out, resid)
+
+
+def _router(g: "LayerGraph", plan, x: "Node") -> tuple["Node", list["Node"]]:
+    """The learned router on the tokens `x`: (its gate, the aux loss's nodes)."""
+    m = plan.model
     # Under Transformer Engine's recipes the router stays a BF16 GEMM: its weight is a plain
     # parameter, multiplied by te_general_gemm without a quantizer (Megatron-Core
     # moe_utils.py RouterGatingLinearFunction, core_v0.13.0 through d98e8a64), so no FP8
@@ -101,16 +121,7 @@ def build_moe_mlp(g: "LayerGraph", plan, layer: int, h: "Node", resid: str) -> "
     # the aux loss, with their kernel counts: workloads/moe/router_ops.py
     gate = g.elementwise("router_topk", [random_logits(g, plan, logits)], rw=(2.0, 2.0))
     gate = token_drop(g, plan, gate)
-    extras = aux_loss(g, plan, gate)
-    geo = geometry(g, plan, x)
-    rows, probs = dispatch(g, geo, plan.moe.dispatcher, x, gate)
-    y = _experts(g, plan, layer, geo, rows)
-    routed = combine(g, geo, plan.moe.dispatcher, y, [probs, *extras], x.layout)
-    out = routed
-    if m.num_shared_experts:
-        shared = g.to_layout(_shared_experts(g, plan, layer, h), routed.layout)
-        out = g.elementwise("shared_add", [routed, shared], layout=routed.layout, rw=(2.0, 1.0))
-    return g.to_layout(out, resid)
+    return gate, aux_loss(g, plan, gate)
 
 
 def expert_strategies(plan, layer: int, layout: str) -> tuple[str, str, str]:
@@ -235,7 +246,8 @@ def moe_param_groups(plan, layer: int, dp_dims: tuple[str, ...]) -> dict:
     def add(dims, params):
         groups[dims] = groups.get(dims, 0.0) + params
 
-    add(both, m.hidden_size * m.num_experts)
+    if plan.moe.gate == "router":   # the round-robin gate has no parameters
+        add(both, m.hidden_size * m.num_experts)
     for name in m.mlp_matrices:
         shared_split = tp if st[name] in ("col", "row") else 1
         shared = m.num_shared_experts * m.hidden_size * m.moe_ffn_size / shared_split
