@@ -260,3 +260,49 @@ def test_every_gate_and_sync_combination_simulates(h100):
                          fsdp={"enabled": True, "grad_sync": sync},
                          training={"global_batch": 16})
         assert simulate(plan_from_dict(raw), h100).summary["step_time_s"] > 0
+
+
+# ---- a model trained in 16 bits (framework_traits.model_params_16bit) -------------------
+def test_a_16_bit_model_holds_half_the_states_of_fsdp2s_fp32_master():
+    from workloads.memory import memory_breakdown
+
+    def states(framework):
+        raw = small_plan(framework=framework, kernels="fused", recompute="none",
+                         optimizer="foreach",
+                         fsdp={"enabled": True, "grad_sync": "microbatch"})
+        mem = memory_breakdown(resolve(plan_from_dict(raw), 8))
+        return mem.params_bytes, mem.grads_bytes, mem.optimizer_bytes
+    (p16, g16, o16), (p32, g32, o32) = states("nemo-automodel"), states("generic")
+    # FSDP2 over an fp32 master: 4 + 4 + 8 bytes a parameter; AutoModel's bf16 model: 2 + 2 + 4
+    assert (p16 / p32, g16 / g32, o16 / o32) == pytest.approx((0.5, 0.5, 0.5))
+    assert o32 == pytest.approx(2 * p32)
+
+
+def test_the_16_bit_adam_step_moves_what_torch_counts_over_bf16_tensors():
+    import torch
+    from test_kernels import CountBytes
+    from workloads.grad_state import adam_bytes_per_param
+
+    n, tensors = 1 << 12, 3
+    params = [torch.nn.Parameter(torch.randn(n, dtype=torch.bfloat16)) for _ in range(tensors)]
+    for p in params:
+        p.grad = torch.randn(n, dtype=torch.bfloat16)
+    opt = torch.optim.AdamW(params, lr=1e-3, foreach=True)
+    opt.step()
+    with CountBytes() as counted:
+        opt.step()
+    plan = resolve(plan_from_dict(small_plan(framework="nemo-automodel")), 8)
+    assert adam_bytes_per_param(plan) == pytest.approx(counted.moved / (tensors * n))
+    assert adam_bytes_per_param(resolve(plan_from_dict(small_plan()), 8)) is None
+
+
+def test_fsdp_gathers_a_16_bit_shard_without_casting_it():
+    def copy_in(framework):
+        raw = small_plan(framework=framework, fsdp={"enabled": True})
+        return [t for t in lower(resolve(plan_from_dict(raw), 8)).stages[0]
+                if t.op == "fsdp_gather_copy_in"][1]
+    bf16_model, fp32_master = copy_in("nemo-automodel"), copy_in("generic")
+    assert bf16_model.kernels == 1 and fp32_master.kernels == 2
+    # a copy of the 2-byte shard into the gather buffer (read and write) against the fp32
+    # shard's cast (read 4, write 2) and that copy
+    assert bf16_model.bytes / fp32_master.bytes == pytest.approx(4 / (6 + 4))

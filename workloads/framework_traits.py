@@ -82,6 +82,11 @@ class FrameworkTraits:
     # Context parallelism is torch's (its ring regathers K and V in the backward, its
     # buffers: workloads/context_parallel_memory.py, layer_builder.py).
     torch_context_parallel: bool = False
+    # The model is built in its 16-bit training dtype and trained without an fp32 master:
+    # the (sharded) parameters, their gradients and torch Adam's moments (zeros_like the
+    # parameter) are all 16-bit (workloads/grad_state.py sharded_state_bytes,
+    # adam_bytes_per_param; workloads/fsdp_gather_input.py: no cast before FSDP's gather).
+    model_params_16bit: bool = False
 
     @property
     def autograd_grad_accumulation(self) -> bool:
@@ -189,8 +194,12 @@ GENERIC = FrameworkTraits(torch_cross_entropy=True, torch_ddp=True)
 # multiplied by the grouped_gemm library's one CUTLASS kernel (components/moe/layers.py
 # GroupedExpertsDeepEP, ops.gmm), not TE's GroupedLinear, so none of Megatron-Core's
 # Transformer Engine module traits applies (te_modules stays off).
+# Its models are initialised in bf16 (initialize_weights(dtype=torch.bfloat16) ends with
+# self.to(dtype): components/models/deepseek_v3/model.py, qwen3_moe/model.py), and FSDP2's
+# MixedPrecisionPolicy only sets the reduce dtype (fp32) and the output dtype
+# (components/moe/parallelizer.py), so nothing holds an fp32 copy: model_params_16bit.
 NEMO_AUTOMODEL = FrameworkTraits(torch_cross_entropy=True, torch_pipelining=True,
-                                 torch_ddp=True)
+                                 torch_ddp=True, model_params_16bit=True)
 
 TRAITS: Mapping[str, FrameworkTraits] = MappingProxyType({
     "generic": GENERIC, "megatron-core": MEGATRON_CORE, "megatron-lm": MEGATRON_LM,

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 from .fsdp1 import fsdp1_gather_copy
 from .fsdp_float8 import shard_cast
+from .grad_state import model_params_16bit
 from .layer_builder import TaskSink
 from .param_gathers import FP8_GATHER_BYTES
 from .plan import Plan
@@ -37,8 +38,11 @@ def gather_input(sink: TaskSink, plan: Plan, prec: Precision, shard_params: floa
     if plan.fsdp_version != 2:
         return deps
     gathered_bytes = FP8_GATHER_BYTES if float8 else prec.param_bytes
+    # the fp32 shard cast to the gather's dtype; none where the model is 16-bit itself
+    # (grad_state.model_params_16bit: the shard already has the gathered dtype)
     cast_bytes = (FP32_BYTES + prec.param_bytes
-                  if not float8 and prec.param_bytes < FP32_BYTES else 0.0)
+                  if not float8 and prec.param_bytes < FP32_BYTES
+                  and not model_params_16bit(plan) else 0.0)
     # the foreach cast (under mixed precision) and the foreach copy-in: one launch each
     return (sink.add(kind=COMPUTE, stream="dp_ag", op="fsdp_gather_copy_in", phase=phase,
                      deps=tuple(deps), op_class=MEMORY, kernels=2 if cast_bytes else 1,

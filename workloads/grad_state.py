@@ -8,6 +8,7 @@ them here, so the bytes held and the bytes moved come from one rule.
 from __future__ import annotations
 
 from .framework_traits import traits
+from .kernels import adam_table_bytes
 from .main_grad import megatron_torch_fsdp
 from .param_gathers import FP8_GATHER_BYTES
 from .plan import Plan
@@ -47,9 +48,20 @@ def grad_state_bytes(plan: Plan) -> float:
                         and plan.zero_stage < 3) or plan.fsdp_version == "megatron")
     if megatron_buffer:   # Megatron-FSDP's main_grads_dtype too (workloads/main_grad.py)
         return max(prec.grad_state_bytes, FP32_BYTES if plan.grad_reduce_fp32 else 0)
-    if plan.fsdp and plan.fsdp_version == 2 and not megatron_torch_fsdp(plan):
+    if plan.fsdp and plan.fsdp_version == 2 and not megatron_torch_fsdp(plan) \
+            and not model_params_16bit(plan):
         return max(prec.grad_state_bytes, FP32_BYTES)
     return prec.grad_state_bytes
+
+
+def model_params_16bit(plan: Plan) -> bool:
+    """Whether the framework trains a model built in its 16-bit dtype without an fp32
+    master (framework_traits.model_params_16bit) under a mixed-precision dtype: FSDP2
+    then shards 16-bit parameters and casts each reduced gradient back to their dtype
+    (torch/distributed/fsdp/_fully_shard/_fsdp_collectives.py foreach_reduce, to the
+    sharded parameter's orig_dtype), and torch's Adam keeps its moments in it."""
+    prec = precision(plan.training.dtype)
+    return traits(plan.framework).model_params_16bit and prec.param_bytes < FP32_BYTES
 
 
 def sharded_state_bytes(plan: Plan) -> tuple[float, float]:
@@ -60,11 +72,14 @@ def sharded_state_bytes(plan: Plan) -> tuple[float, float]:
     master itself, cast to the MixedPrecisionPolicy's param_dtype only into the all-gather
     buffer (torch/distributed/fsdp/_fully_shard/_fsdp_param.py), so it holds 4 + 8 (Adam's
     two fp32 moments, in the parameter's dtype); its reduced sharded gradient is fp32 too,
-    which keeps the 16 bytes per parameter of the ZeRO count. Megatron-Core's precision-
+    which keeps the 16 bytes per parameter of the ZeRO count. A model built in 16 bits
+    (model_params_16bit) holds 2 + 4 and a 16-bit gradient: 8. Megatron-Core's precision-
     aware optimizer and Apex's DistributedFusedAdam keep the master and the moments in
     their dtypes (workloads/optimizer_states.py).
     """
     prec = precision(plan.training.dtype)
+    if model_params_16bit(plan):   # 16-bit weights, Adam's two moments in their dtype
+        return prec.param_bytes, 2 * prec.param_bytes
     mixed = prec.optimizer_state_bytes > 2 * FP32_BYTES    # an fp32 master copy besides m, v
     if plan.fsdp and plan.fsdp_version == 2 and mixed and not megatron_torch_fsdp(plan):
         return FP32_BYTES, 2 * FP32_BYTES
@@ -72,6 +87,24 @@ def sharded_state_bytes(plan: Plan) -> tuple[float, float]:
         return (prec.param_state_bytes, plan.optimizer_states.state_bytes(
             plan.training.dtype, plan.fp8_param_gather))
     return prec.param_state_bytes, prec.optimizer_state_bytes
+
+
+def adam_bytes_per_param(plan: Plan) -> float | None:
+    """HBM bytes per parameter of the Adam step where its states are not fp32 (None: the
+    kernel table's fp32 figure, workloads/kernels.py ADAM_STEP): the optimizer-states
+    section's (workloads/optimizer_states.py), or, for a model trained in 16 bits
+    (model_params_16bit), the table's bytes at the parameters' width: torch's foreach and
+    for-loop Adam run the same kernels over bf16 tensors and move half the bytes (counted
+    with tests/test_kernels.py's dispatch counter: 76 -> 38 B per parameter for Adam, 84 ->
+    42 for AdamW), and the fused kernel reads and writes each tensor once."""
+    states = plan.optimizer_states
+    if states is not None:
+        return states.adam_bytes(plan.training.dtype, grad_state_bytes(plan),
+                                 plan.fp8_param_gather)
+    if model_params_16bit(plan):
+        return adam_table_bytes(plan.optimizer) * precision(plan.training.dtype).param_bytes \
+            / FP32_BYTES
+    return None
 
 
 def frozen_param_bytes(plan: Plan) -> int:

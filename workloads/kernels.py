@@ -186,6 +186,11 @@ ADAM_STEP = {"fused": (30.0, 1, False), "foreach": (84.0, 8, False),
 OPTIMIZERS = tuple(ADAM_STEP)
 
 
+def adam_table_bytes(implementation: str) -> float:
+    """HBM bytes per parameter of an Adam step with fp32 states (ADAM_STEP)."""
+    return ADAM_STEP[implementation][0]
+
+
 def adam_step_cost(implementation: str, params: float, tensors: int,
                    bytes_per_param: float | None = None) -> tuple[float, int]:
     """(HBM bytes, kernel launches) of the Adam step over `params` parameters held in

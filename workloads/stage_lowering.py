@@ -22,7 +22,7 @@ from .kernels import adam_step_cost
 from .layer_builder import BuildOptions, LayerBuilder, LayerShape, TaskSink
 from .layers import unit_builder
 from .local_ddp import local_ddp, local_ddp_copies
-from .grad_state import bucket_grad_bytes, fsdp_no_sync, grad_state_bytes
+from .grad_state import adam_bytes_per_param, bucket_grad_bytes, fsdp_no_sync, grad_state_bytes
 from .memory import saved_layer_bytes
 from .module_recompute import module_recompute_saved, recomputes_modules
 from .offload_copies import insert_offload_copies
@@ -234,9 +234,7 @@ class StageLowering(StageDataParallel):
                 local += params / (self._group_size(dims) if sharded else 1)
         for filler in self.fillers:   # reductions that wait for the whole backward
             self._emit_buckets(filler.take(flush=True), self.plan.micro_batches - 1)
-        states = self.plan.optimizer_states   # workloads/optimizer_states.py
-        per_param = None if states is None else states.adam_bytes(
-            self.plan.training.dtype, grad_state_bytes(self.plan), self.plan.fp8_param_gather)
+        per_param = adam_bytes_per_param(self.plan)   # workloads/grad_state.py
         tensors = self._param_tensors()
         nbytes, kernels = adam_step_cost(self.plan.optimizer, local, tensors, per_param)
         step = self.sink.add(kind=COMPUTE, stream="compute", op="adam", phase="optimizer",
