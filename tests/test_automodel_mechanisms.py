@@ -66,16 +66,19 @@ def test_round_robin_gate_has_no_router_and_balances_every_expert():
     assert "router_round_robin.fwd" in labels
     assert not {"router.fwd", "router_topk.fwd"} & labels
     assert imbalance.imbalance(plan, T) == 1.0
-    # its weights and indices: k (2 + 3 x 8) bytes a token over 4 launches, no backward
+    # its weights (fp32 ones, divided, cast to bf16: 4 + 8 + 4 + 2 B a slot) and indices
+    # (arange, remainder: 8 + 16 B) over 5 launches, no backward
     gate = [t for t in lower(plan).stages[0] if t.label == "router_round_robin.fwd"][0]
-    assert gate.bytes == pytest.approx(T * K * (2 * 2 + 3 * 8)) and gate.kernels == 4
+    assert gate.bytes == pytest.approx(T * K * (18 + 24)) and gate.kernels == 5
     backward = [t for t in lower(plan).stages[0] if t.op == "router_round_robin"
                 and t.phase == "backward"]
     assert all(t.bytes == 0 and t.kernels == 0 for t in backward)
 
 
-def test_the_host_waits_for_the_round_robin_gate_before_deepep_dispatches():
-    plan = moe_plan(mesh={"ep": 4}, moe=ROUND_ROBIN, host_overhead={"per_kernel_s": 1e-5})
+@pytest.mark.parametrize("moe, ep", [(ROUND_ROBIN, 4),
+                                     ({**ROUND_ROBIN, "flex_backend": "hybridep"}, 1)])
+def test_the_host_waits_for_the_round_robin_gate_before_deepep_dispatches(moe, ep):
+    plan = moe_plan(mesh={"ep": ep}, moe=moe, host_overhead={"per_kernel_s": 1e-5})
     syncs = {t.label for t in lower(plan).stages[0] if t.host_sync}
     assert syncs == {"router_round_robin.fwd"}
 
@@ -106,6 +109,7 @@ def test_round_robin_gate_holds_no_router_weights():
     ({"gate": "round_robin", "aux_loss": True}, "moe.aux_loss"),
     ({"gate": "round_robin", "load_imbalance": [1, 2, 3, 4, 1, 1, 1, 1]}, "moe.load_imbalance"),
     ({"gate": "round_robin", "load_imbalance": 1.2}, "moe.load_imbalance"),
+    ({"gate": "round_robin", "capacity_factor": 1.0}, "moe.capacity_factor"),
 ])
 def test_round_robin_gate_refusals_name_the_field(moe, field):
     with pytest.raises(WorkloadError) as err:
@@ -203,7 +207,8 @@ def test_rounds_add_a_pipeline_bubble_per_round(h100):
 
     def step(rounds):
         raw = small_plan(mesh={"dp": 2, "pp": 4}, training={"global_batch": 32},
-                         pipeline={"schedule": "1f1b", "rounds": rounds})
+                         pipeline={"schedule": "1f1b", "rounds": rounds},
+                         fsdp={"enabled": True})
         return simulate(plan_from_dict(raw), h100).summary["step_time_s"]
     assert step(4) > step(2) > step(1)
 
@@ -306,3 +311,67 @@ def test_fsdp_gathers_a_16_bit_shard_without_casting_it():
     # a copy of the 2-byte shard into the gather buffer (read and write) against the fp32
     # shard's cast (read 4, write 2) and that copy
     assert bf16_model.bytes / fp32_master.bytes == pytest.approx(4 / (6 + 4))
+
+
+# ---- review fixes: FSDP-only defaults, one schedule's buffers, ungathered groups -------
+@pytest.mark.parametrize("framework", ["torchtitan", "nemo-automodel"])
+def test_profile_fsdp_defaults_do_not_reach_a_plan_without_fsdp(framework):
+    raw = small_plan(framework=framework, fsdp={"enabled": False},
+                     mesh={"dp": "auto", "pp": 2}, attention="flash")
+    plan = resolve(plan_from_dict(raw), 8)
+    assert plan.reshard_after_forward and plan.fsdp_grad_sync == "auto"
+
+
+def _piped(rounds, **over):
+    raw = small_plan(framework="nemo-automodel", mesh={"dp": "auto", "pp": 2},
+                     training={"global_batch": 32}, pipeline={"rounds": rounds}, **over)
+    return resolve(plan_from_dict(raw), 8)
+
+
+def test_torch_pipelining_buffers_are_one_schedule_calls():
+    from workloads.memory import pipeline_buffer_count
+    once, twice = _piped(1), _piped(2)
+    assert pipeline_buffer_count(twice, [0], 2) * 2 == pipeline_buffer_count(once, [0], 2)
+
+
+def test_sync_once_a_step_reduces_at_the_end_of_each_schedule_call():
+    plan = _piped(2, fsdp={"grad_sync": "step"})
+    per_round = plan.micro_batches // 2
+    assert {t.microbatch for t in _reductions(plan)} == {per_round - 1, 2 * per_round - 1}
+
+
+def test_rounds_need_fsdp_where_gradients_are_reduced():
+    raw = small_plan(mesh={"dp": "auto", "pp": 2}, training={"global_batch": 32},
+                     pipeline={"rounds": 2})
+    with pytest.raises(WorkloadError) as err:
+        resolve(plan_from_dict(raw), 8)
+    assert str(err.value).startswith("pipeline.rounds:")
+
+
+def test_experts_that_fsdp_never_gathers_hold_no_gather_buffer():
+    from workloads.memory import _fsdp_units
+    from workloads.params import unit_param_groups
+    from workloads.schedules import stage_layers
+
+    def layer_unit(ep):
+        plan = moe_plan(mesh={"ep": ep}, moe=ROUND_ROBIN, framework="nemo-automodel")
+        units = dict(_fsdp_units(plan, 0, stage_layers(plan)))
+        unit = [u for u in units if u == 1][0]
+        return units[unit], sum(unit_param_groups(plan, unit).values())
+    gathered8, total8 = layer_unit(8)   # EP 8 = DP 8: its one expert is never gathered
+    gathered4, total4 = layer_unit(4)   # EP 4: its two experts gathered over 2 ranks
+    assert total8 - gathered8 == pytest.approx(3 * D * 1024)
+    assert gathered4 == total4
+
+
+def test_automodels_unpoliced_expert_groups_reduce_in_bf16():
+    plan = moe_plan(mesh={"ep": 4}, moe=ROUND_ROBIN, framework="nemo-automodel",
+                    fsdp={"grad_sync": "microbatch"})
+    scatters = [t for t in _reductions(plan) if t.label == "grad.reduce.1"
+                and t.microbatch == 0]
+    by_group = {t.group: t.bytes for t in scatters}
+    experts = [g for g in by_group if "edp" in g][0]
+    dense = [g for g in by_group if "edp" not in g][0]
+    # 2 local experts x 3 matrices of D x F in bf16 against the attention's fp32
+    assert by_group[experts] == pytest.approx((E // 4) * 3 * D * 1024 * 2)
+    assert by_group[dense] / by_group[experts] > 0.1

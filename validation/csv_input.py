@@ -20,6 +20,7 @@ from inputs import require_regular_file as regular_file
 from topologies.presets import FAMILIES
 from workloads.attention_impls import ATTENTION_IMPLS
 from workloads.kernels import OPTIMIZERS
+from workloads.moe_options import GATES
 
 from .errors import ValidationError
 from .job_topologies import job_topology_names
@@ -102,7 +103,7 @@ COLUMNS: dict[str, tuple[str, bool, object]] = {
     "force_balanced": (BOOL, False, None),
     # moe_gate: round_robin where the run replaces the router by NeMo AutoModel's fake
     # balanced gate (the plan's moe.gate); empty: the learned router
-    "moe_gate": (TEXT, False, ("router", "round_robin")),
+    "moe_gate": (TEXT, False, GATES),
     "capacity_factor": (NUMBER, False, (0.0, 1024.0)),
     "mtp_layers": (INT, False, (0, 64)), "bf16_layers": (INT, False, (0, 1024)),
     "rack_gpus": (INT, False, (1, 1024)), "release": (TEXT, False, None),

@@ -124,6 +124,7 @@ class TorchRingAttention(ContextParallelAttention):
     def compiled(self) -> bool:
         """Whether the ring runs inside torch.compile's graph (plan kernels "fused"), where
         every collective is waited for where it is issued (module docstring)."""
+        # the model's compile is its default kernel mode, not any one family's
         return self.options.kernels == "fused"
 
     def _dead_copy(self, step: int) -> float:

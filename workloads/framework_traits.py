@@ -87,6 +87,10 @@ class FrameworkTraits:
     # parameter) are all 16-bit (workloads/grad_state.py sharded_state_bytes,
     # adam_bytes_per_param; workloads/fsdp_gather_input.py: no cast before FSDP's gather).
     model_params_16bit: bool = False
+    # The routed experts' FSDP groups are fully_shard-ed without a MixedPrecisionPolicy,
+    # so they reduce-scatter in the gradients' own dtype (workloads/grad_state.py
+    # fsdp_reduce_bytes).
+    expert_fsdp_without_mp_policy: bool = False
 
     @property
     def autograd_grad_accumulation(self) -> bool:
@@ -196,10 +200,15 @@ GENERIC = FrameworkTraits(torch_cross_entropy=True, torch_ddp=True)
 # Transformer Engine module traits applies (te_modules stays off).
 # Its models are initialised in bf16 (initialize_weights(dtype=torch.bfloat16) ends with
 # self.to(dtype): components/models/deepseek_v3/model.py, qwen3_moe/model.py), and FSDP2's
-# MixedPrecisionPolicy only sets the reduce dtype (fp32) and the output dtype
-# (components/moe/parallelizer.py), so nothing holds an fp32 copy: model_params_16bit.
+# MixedPrecisionPolicy(param bf16, reduce fp32, output bf16) casts nothing into an fp32
+# copy (components/moe/parallelizer.py): model_params_16bit. Where the experts are
+# sharded over the data-parallel ranks beyond EP (ep_shard > 1), apply_fsdp calls
+# fully_shard on them with no mp_policy: their gradients reduce-scatter in bf16. Its
+# torch.distributed.tensor.experimental context_parallel (components/distributed/
+# cp_utils.py) is torch's.
 NEMO_AUTOMODEL = FrameworkTraits(torch_cross_entropy=True, torch_pipelining=True,
-                                 torch_ddp=True, model_params_16bit=True)
+                                 torch_ddp=True, torch_context_parallel=True,
+                                 model_params_16bit=True, expert_fsdp_without_mp_policy=True)
 
 TRAITS: Mapping[str, FrameworkTraits] = MappingProxyType({
     "generic": GENERIC, "megatron-core": MEGATRON_CORE, "megatron-lm": MEGATRON_LM,

@@ -166,9 +166,12 @@ def framework_values(raw: dict) -> dict:
         raise WorkloadError("ddp.grad_reduce_in_fp32", given["grad_reduce_fp32"],
                             'a key of Megatron-Core\'s DDP / distributed optimizer or of '
                             'fsdp.version "megatron" (its torch FSDP2 takes no gradient dtype)')
+    sharded = values["fsdp"] is True or values["zero_stage"] == 3
     if framework in RESHARD_UNLESS_PP and "reshard_after_forward" not in given \
-            and _pipeline_degree(raw) > 1:
+            and _pipeline_degree(raw) > 1 and sharded:
         values["reshard_after_forward"] = False
+    if "fsdp_grad_sync" not in given and not sharded:
+        values["fsdp_grad_sync"] = "auto"   # a profile's FSDP sync needs FSDP
     if values["fsdp"] is True and "grad_bucket" not in given:
         values["grad_bucket"] = "unit"    # FSDP reduces per unit; DDP buckets do not apply
     tp_sp = _sharding_sp(raw)

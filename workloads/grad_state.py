@@ -115,13 +115,18 @@ def frozen_param_bytes(plan: Plan) -> int:
     return FP8_GATHER_BYTES if plan.fp8_param_gather else BF16_BYTES
 
 
-def fsdp_reduce_bytes(plan: Plan) -> float:
-    """Bytes per parameter of an FSDP unit's reduce-scatter input: torch's FSDP reduces in
-    its reduce dtype (Precision.grad_reduce_bytes), Megatron-FSDP its gradient bucket in
-    main_grad's dtype (workloads/main_grad.py)."""
+def fsdp_reduce_bytes(plan: Plan, dims: tuple[str, ...] = ()) -> float:
+    """Bytes per parameter of an FSDP unit's reduce-scatter input (of its group over the
+    mesh dims `dims`): torch's FSDP reduces in its reduce dtype (Precision.
+    grad_reduce_bytes), Megatron-FSDP its gradient bucket in main_grad's dtype
+    (workloads/main_grad.py); a group fully_shard-ed without a MixedPrecisionPolicy
+    reduces in the gradients' own dtype: Megatron-Core's torch FSDP2, and the routed
+    experts' groups (over "edp") where the framework shards them so
+    (framework_traits.expert_fsdp_without_mp_policy)."""
     if plan.fsdp_version == "megatron":
         return grad_state_bytes(plan)
-    if megatron_torch_fsdp(plan):   # no MixedPrecisionPolicy: the gradients' own dtype
+    experts_own_dtype = "edp" in dims and traits(plan.framework).expert_fsdp_without_mp_policy
+    if megatron_torch_fsdp(plan) or experts_own_dtype:
         return precision(plan.training.dtype).grad_state_bytes
     return precision(plan.training.dtype).grad_reduce_bytes
 

@@ -130,6 +130,15 @@ def _stage_units(plan: Plan, stage: int,
     return units
 
 
+def _fsdp_units(plan: Plan, stage: int, ranges: Sequence[range]) -> list[tuple[object, float]]:
+    """(unit, parameters) FSDP gathers and reduce-scatters per unit of the stage: the groups
+    sharded over more than one rank (a group of one rank, such as routed experts whose
+    expert data parallelism is 1, is never gathered: stage_dp._gather skips it)."""
+    return [(unit, sum(p for dims, p in unit_param_groups(plan, unit).items()
+                       if plan.parallel_dims.group_size(dims) > 1))
+            for keys in chunk_units(plan, stage, tuple(ranges)) for unit in keys]
+
+
 # ------------------------------------------------------------------------------ plan
 def saved_layer_bytes(plan: Plan, layer: int, recompute: str | None = None) -> float:
     """Activation bytes one layer keeps for one micro-batch on one rank under the plan.
@@ -188,7 +197,8 @@ def pipeline_buffer_count(plan: Plan, chunks: Sequence[int], num_chunks: int) ->
     if not traits(plan.framework).torch_pipelining:
         return 2
     per_micro_batch = sum((c != 0) + (c != num_chunks - 1) for c in chunks)
-    return plan.micro_batches * per_micro_batch
+    # one schedule's micro-batches: each of pipeline.rounds calls builds its own
+    return plan.micro_batches // plan.pipeline.rounds * per_micro_batch
 
 
 def output_activation_bytes(plan: Plan) -> float:
@@ -303,7 +313,7 @@ def memory_breakdown(plan: Plan, stage: int = 0,
         # the micro-batch's logits, and both before any layer is recomputed: the loss's
         # peak and the recompute's working set are never live together.
         gpipe = mesh.pp > 1 and plan.pipeline.schedule == "gpipe"
-        last_in_flight = plan.micro_batches if gpipe else 1
+        last_in_flight = plan.micro_batches // plan.pipeline.rounds if gpipe else 1
         logits = output_activation_bytes(plan)
         activations += (last_in_flight - 1) * logits
         activations += last_in_flight * sum(mtp_activation_bytes(plan, k)
@@ -316,13 +326,16 @@ def memory_breakdown(plan: Plan, stage: int = 0,
         activations += in_flight * s * b * m.hidden_size / (tp if sp else 1)
 
     # Buffers.
-    unit_sizes = sorted((g for _, g, _ in units), reverse=True)
+    fsdp_units = _fsdp_units(plan, stage, ranges)
+    unit_sizes = sorted((g for _, g in fsdp_units), reverse=True)
     buffers = 0.0
     if zero >= 3:   # the unsharded units, at the bytes FSDP gathers them in
         held = sorted((g * gathered_bytes_per_param(plan, unit, prec.param_bytes)
-                       for unit, g, _ in units), reverse=True)
-        buffers += sum(held if not plan.reshard_after_forward
-                       else held[:2 if plan.fsdp_prefetch else 1])
+                       for unit, g in fsdp_units), reverse=True)
+        # every unit stays gathered without resharding after forward, or after backward
+        # when gradient sync is off (stage_dp._after_use)
+        kept = not plan.reshard_after_forward or fsdp_no_sync(plan)
+        buffers += sum(held if kept else held[:2 if plan.fsdp_prefetch else 1])
     if zero >= 2:   # the reduce-scatter's input
         buffers += fsdp_reduce_bytes(plan) * sum(unit_sizes[:2 if plan.fsdp_prefetch else 1])
     ddp_bucketed = sum(bucketed_params(plan, unit) for unit, _, _ in units)

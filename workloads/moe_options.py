@@ -158,6 +158,10 @@ class MoEOptions:
                                 "false unless moe.dispatcher is alltoall (Megatron-LM pads "
                                 "in MoEAlltoAllTokenDispatcher only)")
         if self.gate == "round_robin":
+            if self.capacity_factor is not None:
+                raise WorkloadError("moe.capacity_factor", self.capacity_factor, 'null with '
+                                    'moe.gate "round_robin" (its experts get exactly their '
+                                    "share: nothing to drop)")
             for name in ("force_balance", "aux_loss"):
                 if getattr(self, name):
                     raise WorkloadError(f"moe.{name}", True, 'false with moe.gate '

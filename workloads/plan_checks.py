@@ -185,7 +185,7 @@ def check_framework_keys(plan) -> None:
         # torch's FSDP set_requires_gradient_sync / no_sync; Megatron-FSDP reduce-scatters
         # every micro-batch (workloads/main_grad.py)
         raise WorkloadError("fsdp.grad_sync", plan.fsdp_grad_sync, '"auto" (the default) '
-                            'unless fsdp.enabled with version 1 or 2')
+                            'unless fsdp.enabled or zero_stage 3, with version 1 or 2')
     check_megatron_torch_fsdp(plan, fsdp)
     if plan.fsdp_version == "megatron" and (plan.framework != "megatron-core" or not plan.fsdp):
         raise WorkloadError("fsdp.version", "megatron", '1 or 2 unless framework '
@@ -317,6 +317,12 @@ def check_pipeline(plan) -> None:
     if pipe.rounds > 1 and (dims.pp == 1 or micro % pipe.rounds):
         raise WorkloadError("pipeline.rounds", pipe.rounds, f"1 unless mesh.pp > 1, and a "
                             f"divisor of the step's micro-batches ({micro})")
+    replicas = dims.dp * dims.cp > 1
+    if pipe.rounds > 1 and replicas and not (plan.fsdp or plan.zero_stage == 3):
+        # torch pipelining's loops run FSDP; the DDP / ZeRO 1-2 reductions are priced once
+        # a step (workloads/stage_lowering.py)
+        raise WorkloadError("pipeline.rounds", pipe.rounds, "1 unless the data parallelism "
+                            "is FSDP (fsdp.enabled or zero_stage 3) or dp x cp is 1")
     per_round = micro // pipe.rounds
     if pipe.schedule == "interleaved" and pipe.virtual_stages > 1 and per_round % dims.pp:
         raise WorkloadError("training.global_batch", plan.training.global_batch,

@@ -65,9 +65,22 @@ class StageDataParallel:
                 label=f"fsdp.copy_out.{unit}", **unit_context(unit, mb)))
         return tasks
 
+    def _closes_round(self, mb: int) -> bool:
+        """Whether micro-batch `mb` is the last of its run of the pipeline schedule
+        (pipeline.rounds; with one run, the step's last): where torch pipelining's
+        backward_maybe_with_nosync reduces and reshards, once per schedule call."""
+        return (mb + 1) % (self.plan.micro_batches // self.plan.pipeline.rounds) == 0
+
+    def _first_reducing_mb(self) -> int:
+        """The first micro-batch whose backward reduce-scatters (the later ones add into
+        the sharded gradient it leaves)."""
+        if not self.sync_last_only:
+            return 0
+        return self.plan.micro_batches // self.plan.pipeline.rounds - 1
+
     def _after_use(self, unit, phase: str, mb: int) -> None:
         resharded = (self.plan.reshard_after_forward if phase == "forward"
-                     else not self.sync_last_only or mb == self.plan.micro_batches - 1)
+                     else not self.sync_last_only or self._closes_round(mb))
         if resharded:
             self.unsharded.discard(unit)
         else:
@@ -76,7 +89,7 @@ class StageDataParallel:
     def _reduces(self, mb: int) -> bool:
         """Whether micro-batch `mb`'s backward reduces gradients (the others accumulate)."""
         every_mb = (self.fsdp and not self.sync_last_only) or self.plan.zero_stage == 2
-        return every_mb or mb == self.plan.micro_batches - 1
+        return every_mb or self._closes_round(mb)
 
     def _reduce(self, unit, deps: tuple[int, ...], mb: int, local: int) -> None:
         deps = grads_ready(self.sink, self.plan, self.precision,
@@ -108,16 +121,17 @@ class StageDataParallel:
                 ready = (self.sink.add(
                     kind=COMPUTE, stream="dp_rs", op="fsdp_copy_in", phase="backward",
                     deps=deps, op_class=MEMORY, label=f"grad.copy_in.{unit}",
-                    bytes=params * (self.precision.param_bytes + fsdp_reduce_bytes(self.plan)),
-                    **ctx),)
+                    bytes=params * (self.precision.param_bytes
+                                    + fsdp_reduce_bytes(self.plan, dims)), **ctx),)
             reduction = self.sink.add(
                 kind=COMM, stream="dp_rs", op="reduce_scatter", phase="backward", deps=ready,
-                bytes=params * fsdp_reduce_bytes(self.plan), group=dims,
+                bytes=params * fsdp_reduce_bytes(self.plan, dims), group=dims,
                 label=f"grad.reduce.{unit}", **ctx)
             if self.plan.fsdp_version == 1:
                 reduction = fsdp1_reduce_post(self.sink, self.precision,
                                               params / self._group_size(dims), reduction,
-                                              accumulate=mb > 0, unit=unit, ctx=ctx)
+                                              accumulate=mb > self._first_reducing_mb(),
+                                              unit=unit, ctx=ctx)
             self.reductions.append(reduction)
 
     def _emit_buckets(self, buckets, mb: int) -> None:

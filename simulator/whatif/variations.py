@@ -269,8 +269,10 @@ def point_raw(plan_raw: dict, params: dict[str, Any]) -> dict:
 
 
 def _without_fsdp_only_keys(raw: dict) -> dict:
-    """The raw plan without fsdp.reshard_after_forward and overlap.fsdp_prefetch."""
-    for section, key in (("fsdp", "reshard_after_forward"), ("overlap", "fsdp_prefetch")):
+    """The raw plan without fsdp.reshard_after_forward, fsdp.grad_sync and
+    overlap.fsdp_prefetch."""
+    for section, key in (("fsdp", "reshard_after_forward"), ("fsdp", "grad_sync"),
+                         ("overlap", "fsdp_prefetch")):
         if isinstance(raw.get(section), dict) and key in raw[section]:
             raw[section] = {k: v for k, v in raw[section].items() if k != key}
     return raw

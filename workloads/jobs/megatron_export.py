@@ -33,7 +33,8 @@ REASONS = {
                 "stage layer counts",
     "async_tp": "torch async TP is torchtitan's (Megatron: --tp-comm-overlap)",
     "load_imbalance": "routing balance depends on the data",
-    "moe": "a measured routing distribution depends on the data",
+    "moe": "a measured routing distribution depends on the data, and NeMo AutoModel's "
+           "round-robin gate is no Megatron router",
     # core_v0.15.0 has no CPU offloading flag; core_v0.16.0's --cpu-offloading-num-layers
     # N > 0 turns it on (megatron/training/arguments.py); Megatron-Bridge's model section
     # sets cpu_offloading and cpu_offloading_num_layers

@@ -126,13 +126,13 @@ def host_sync_label(dispatcher: str, ep: int, pad_to_capacity: bool,
     gate's indices where that gate replaces the router (moe.gate)."""
     if pad_to_capacity:
         return None
-    if dispatcher == "deepep" and flex_backend == "deepep" and gate == "round_robin":
-        return "router_round_robin.fwd"
     if dispatcher == "alltoall" and ep == 1:
         return "permute.fwd"
     if dispatcher == "deepep" and flex_backend == "hybridep" and ep * etp > 1:
         return SYNC_LABELS["hybridep"]
-    return SYNC_LABELS[dispatcher]
+    label = SYNC_LABELS[dispatcher]
+    return "router_round_robin.fwd" if label == "router_topk.fwd" and gate == "round_robin" \
+        else label
 
 
 @dataclass(frozen=True)

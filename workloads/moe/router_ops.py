@@ -67,21 +67,23 @@ def random_logits(g: "LayerGraph", plan, logits: "Node") -> "Node":
 
 
 # NeMo AutoModel's FakeBalancedGate.forward (nemo_automodel/components/moe/layers.py at
-# 89e3a9fdd): torch.ones(T, k) / k for the weights, arange(T k).view(T, k) % E for the
-# indices: four kernels (ones, the division, arange, the remainder) writing, per token,
-# k weights of the activation width and k int64 indices twice (arange, then the
-# remainder, which also reads them); nothing to differentiate (the weights are constants).
-ROUND_ROBIN_LAUNCHES = 4
+# 89e3a9fdd): weights = torch.ones(T, k) / k in fp32 (torch's default dtype) then
+# .type_as(x), indices = arange(T k).view(T, k) % E in int64: five kernels (ones, the
+# division, arange, the remainder, the cast). Per slot: the weights written (4 B), read
+# and written by the division (8 B), read and cast to the activation width (4 B + act);
+# the indices written by arange (8 B), read and written by the remainder (16 B). Nothing
+# to differentiate (the weights are constants).
+ROUND_ROBIN_LAUNCHES = 5
 INDEX_BYTES = 8
+WEIGHT_BYTES = 4     # torch.ones's default dtype, fp32
 
 
 def round_robin_gate(g: "LayerGraph", plan, x: "Node") -> "Node":
     """The round-robin gate's weights and indices for the tokens `x` (moe.gate
     "round_robin", workloads/moe_options.py): a memory-bound op priced in passes over x."""
     m, act = plan.model, g.shape.act_bytes
-    k = m.experts_per_token
-    bytes_per_token = k * (2 * act + 3 * INDEX_BYTES)   # weights written and divided; indices
-    passes = bytes_per_token / (m.hidden_size * act)
+    per_slot = 4 * WEIGHT_BYTES + act + 3 * INDEX_BYTES
+    passes = m.experts_per_token * per_slot / (m.hidden_size * act)
     return g.elementwise("router_round_robin", [x], rw=(0.0, passes),
                          launches=ROUND_ROBIN_LAUNCHES, backward=(0.0, 0))
 
