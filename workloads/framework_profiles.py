@@ -200,7 +200,9 @@ NEMO_AUTOMODEL: Mapping[str, Any] = MappingProxyType({
     "loss_kernels": "eager",
     # torch.optim.Adam as the benchmark configs name it, no `fused` or `foreach`: torch's
     # default on CUDA tensors is the foreach implementation (torch/optim/optimizer.py
-    # _default_to_fused_or_foreach).
+    # _default_to_fused_or_foreach). Priced as the table's foreach AdamW (workloads/
+    # kernels.py ADAM_STEP: 84 B a parameter in fp32; torch's Adam without weight decay
+    # counts 76 B, 10 % of a step that is itself well under 1 % of these runs').
     "optimizer": "foreach",
     # activation_checkpointing defaults to False (parallelize_model's argument); the
     # benchmark configs turn it on (full: a checkpoint_wrapper per block).
