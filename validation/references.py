@@ -11,9 +11,10 @@ from __future__ import annotations
 import json
 import os
 from concurrent.futures import ProcessPoolExecutor
+from concurrent.futures.process import BrokenProcessPool
 from multiprocessing import get_context
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 from .reference_rows import (DEFAULT_CSV, REQUIRED, cannot_express, hardware_name,
                              load_excluded, load_rows, measured_step_s, model_kind,
@@ -108,9 +109,7 @@ def run_references(path: str | Path | None = None, jobs: int | None = None) -> d
     if jobs == 1:
         outcomes = [_simulate_or_skip(row) for row in rows]
     else:
-        # spawn: a fresh interpreter per worker, whatever threads the caller has started
-        with ProcessPoolExecutor(jobs, mp_context=get_context("spawn")) as pool:
-            outcomes = list(pool.map(_simulate_or_skip, rows))
+        outcomes = map_in_workers(_simulate_or_skip, rows, jobs)
     results = [r for kind, r in outcomes if kind == "row"]
     inexpressible = [r for kind, r in outcomes if kind == "inexpressible"]
     skipped = [r for kind, r in outcomes if kind == "skipped"]
@@ -130,6 +129,39 @@ def run_references(path: str | Path | None = None, jobs: int | None = None) -> d
     report["memory"] = memory_score(results)
     report["profiles"] = profile_score(results)
     return report
+
+
+# A pool that loses a worker (the kernel's OOM killer, on a host where other jobs run beside
+# the table: the largest rows peak at about 4 GiB in a worker) is rebuilt for the rows it had
+# not returned, this many times, before the failure is reported. A one-pool run of the full
+# table lost a worker near its end, after an hour, and every row with it. (Workers are not
+# recycled: a worker's resident memory falls back below 1 GiB after each row, and
+# max_tasks_per_child can deadlock the pool on Python 3.11, CPython issue 115634.)
+POOL_RETRIES = 2
+
+
+def map_in_workers(work: Callable[[Any], Any], items: list[Any], jobs: int) -> list[Any]:
+    """work(item) of every item in `jobs` worker processes, in the items' order; a pool that
+    loses a worker is rebuilt for the items it had not returned (POOL_RETRIES times)."""
+    outcomes: dict[int, Any] = {}
+    for attempt in range(POOL_RETRIES + 1):
+        pending = [i for i in range(len(items)) if i not in outcomes]
+        if not pending:
+            break
+        # spawn: a fresh interpreter per worker, whatever threads the caller has started
+        with ProcessPoolExecutor(min(jobs, len(pending)),
+                                 mp_context=get_context("spawn")) as pool:
+            futures = {i: pool.submit(work, items[i]) for i in pending}
+            try:
+                for i, future in futures.items():
+                    outcomes[i] = future.result()
+            except BrokenProcessPool:
+                if attempt == POOL_RETRIES:
+                    raise
+                # keep whatever finished before the loss; the rest run in a fresh pool
+                outcomes.update({i: f.result() for i, f in futures.items()
+                                 if f.done() and not f.cancelled() and not f.exception()})
+    return [outcomes[i] for i in range(len(items))]
 
 
 def unverified_fraction(table_rows: int, excluded: int, unverified_in_table: int) -> float:
