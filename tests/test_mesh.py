@@ -203,3 +203,24 @@ def test_span_gives_each_dims_digit_of_the_rank_number(order):
                  for lo, hi in [dims.span(d)]}
         assert {d: digit[d] for d in ("pp", "dp", "cp", "tp")} == c
         assert digit["ep"] == c["dp"] % 2 and digit["edp"] == c["dp"] // 2
+
+
+@pytest.mark.parametrize("mesh", [MESH, GRID3D, ParallelDims(pp=2, dp=4, tp=2, ep=4, etp=1),
+                                  ParallelDims(pp=2, dp=4, cp=2, tp=2, ep=2,
+                                               order=("tp", "pp", "cp", "dp"))])
+def test_remembered_groups_are_the_computed_ones_for_every_rank_and_dims(mesh):
+    # group_ranks remembers its answers (lowering asks for the same groups every layer and
+    # micro-batch): a key that dropped the rank or the dims would hand back another group
+    dims_sets = [("tp",), ("dp",), ("cp",), ("pp",), ("ep",), ("dp", "cp"), ("tp", "ep"),
+                 ("tp", "cp", "dp")]
+    fresh = replace(mesh)
+    for rank in range(mesh.world_size):
+        for dims in dims_sets:
+            try:
+                expected = fresh._group_ranks(rank, dims)
+            except ValueError:   # dims that mix the expert mesh's with the attention part's
+                with pytest.raises(ValueError):
+                    mesh.group_ranks(rank, dims)
+                continue
+            assert mesh.group_ranks(rank, dims) == expected
+            assert rank in expected and mesh.group_ranks(rank, list(dims)) == expected
