@@ -161,6 +161,10 @@ COLUMNS: dict[str, tuple[str, bool, object]] = {
     # framework profile's (e.g. torch DistributedDataParallel's 25 MiB buckets under
     # Megatron-LM 2021's --DDP-impl torch): the plan's ddp.bucket_params; empty: the profile's
     "ddp_bucket_params": (INT, False, (1, MAX_INT)),
+    # muon_ns_steps: the run trained with Muon under Megatron-Core's layer-wise distributed
+    # optimizer (optimizer dist_muon), this many Newton-Schulz steps: the plan's muon
+    # section (workloads/muon.py); empty: Adam
+    "muon_ns_steps": (INT, False, (1, 50)),
     # assumed: the training settings the run's sources do not publish and the row takes as
     # an assumption (micro-batch, gradient accumulation, recompute, overlap flags, CUDA
     # graphs), named with the evidence the row rests on; `validation references` lists

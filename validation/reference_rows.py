@@ -214,6 +214,8 @@ def plan_dict(row: dict[str, str]) -> dict[str, Any]:
     if row.get("distributed_fused_adam"):
         dtype, _, store = row["distributed_fused_adam"].partition("+")
         raw["distributed_fused_adam"] = {"dtype": dtype, **({store: True} if store else {})}
+    if row.get("muon_ns_steps"):
+        raw["muon"] = {"ns_steps": num("muon_ns_steps")}
     if row.get("activation_offload_layers"):
         raw["activation_offload"] = {"layers": num("activation_offload_layers")}
     if num("ep") > 1:

@@ -143,6 +143,9 @@ def framework_values(raw: dict) -> dict:
         values["fsdp"] = False      # the plan's ZeRO 1/2 over a profile's FSDP
     if values["fsdp"] is True and "zero_stage" not in given:
         values["zero_stage"] = 0    # FSDP is ZeRO-3 by itself (a profile's ZeRO-1 yields)
+    if raw.get("muon") is not None and "zero_stage" not in given:
+        values["zero_stage"] = 0    # Muon's layer-wise optimizer replaces the distributed
+                                    # one (workloads/muon.py; a profile's ZeRO-1 yields)
     check_megatron_sharding(framework, values)
     # A profile's overlap default applies only where the mechanism exists: the parameter
     # all-gather of ZeRO 1/2, TP communication under sequence parallelism (Megatron asserts
@@ -156,8 +159,11 @@ def framework_values(raw: dict) -> dict:
     training = raw.get("training")
     dtype = training.get("dtype") if isinstance(training, dict) else None
     if "fp8_param_gather" not in given and (values["fsdp"] is True
-                                             or dtype not in FP8_PARAM_DEFAULT_DTYPES):
-        values["fp8_param_gather"] = False   # FP8 weights only with an FP8 recipe
+                                             or dtype not in FP8_PARAM_DEFAULT_DTYPES
+                                             or raw.get("muon") is not None):
+        # FP8 weights only with an FP8 recipe, and not under Muon (Megatron-Bridge v0.5.0
+        # kimi_llm_pretrain.py turns them off: they need the distributed optimizer)
+        values["fp8_param_gather"] = False
     if "grad_reduce_fp32" in given and values["fsdp"] is True \
             and values["fsdp_version"] != "megatron":
         # Megatron-Core's torch FSDP2 wrapper calls fully_shard without a

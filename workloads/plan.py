@@ -26,6 +26,7 @@ from .mesh import Mesh, ParallelDims
 from .models import ModelSpec, load_model
 from .layouts import MEGATRON
 from .lora import LoRA
+from .muon import Muon
 from .optimizer_states import DistributedFusedAdam, PrecisionAwareOptimizer
 from .activation_offload import ActivationOffload
 from .moe_options import MoEOptions
@@ -113,6 +114,8 @@ class Plan:
     # Adam's states in lower precision (workloads/optimizer_states.py); None: fp32 states
     precision_aware_optimizer: PrecisionAwareOptimizer | None = None
     distributed_fused_adam: DistributedFusedAdam | None = None    # Apex's, under NeMo 1
+    # Muon under Megatron-Core's layer-wise distributed optimizer (workloads/muon.py)
+    muon: Muon | None = None
     # saved tensors of the first layers kept in host memory (workloads/activation_offload.py)
     activation_offload: ActivationOffload | None = None
     source: Mapping[str, Any] = field(default_factory=dict, compare=False, repr=False)

@@ -42,6 +42,7 @@ from .precision import recipe_dtypes
 from .lora import check_lora
 from .module_recompute import layer_modules
 from .moe_options import check_moe_resolved
+from .muon import check_muon
 from .optimizer_states import check_optimizer_states
 from .activation_offload import check_activation_offload_plan
 from .torchao_recipes import TORCHAO_FRAMEWORKS
@@ -99,6 +100,7 @@ def check_resolved(plan) -> None:
     check_sliding_window_plan(plan)
     check_lora(plan)
     check_optimizer_states(plan)
+    check_muon(plan)
     check_activation_offload_plan(plan)
     check_packed_plan(plan)
     check_fp8_attention_plan(plan)

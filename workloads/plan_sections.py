@@ -13,6 +13,7 @@ from .activation_offload import parse_activation_offload
 from .fields import MAX_INT, check_bool, check_choice, check_int, is_int, json_object, known_keys
 from .lora import parse_lora
 from .moe_options import parse_moe
+from .muon import parse_muon
 from .optimizer_states import parse_distributed_fused_adam, parse_precision_aware_optimizer
 from .precision import DTYPES, RECIPES, recipe_dtypes
 
@@ -127,7 +128,8 @@ TOP_KEYS = ("name", "model", "training", "mesh", "fsdp", "zero_stage", "sharding
             "optimizer", "pipeline", "overlap", "topology",
             "description", "framework", "cuda_graphs", "host_overhead", "ddp",
             "context_parallel", "moe", "tensor_parallel", "collectives", "lora",
-            "precision_aware_optimizer", "distributed_fused_adam", "activation_offload", "loss")
+            "precision_aware_optimizer", "distributed_fused_adam", "activation_offload", "loss",
+            "muon")
 
 
 def extensions(raw: dict) -> dict:
@@ -151,6 +153,7 @@ def extensions(raw: dict) -> dict:
             "distributed_fused_adam": parse_distributed_fused_adam(
                 raw.get("distributed_fused_adam")),
             "activation_offload": parse_activation_offload(raw.get("activation_offload")),
+            "muon": parse_muon(raw.get("muon")),
             "collective_algorithm": coll.get("algorithm"),
             "collective_protocol": coll.get("protocol")}
 

@@ -26,6 +26,7 @@ from .grad_state import adam_bytes_per_param, bucket_grad_bytes, fsdp_no_sync, g
 from .memory import saved_layer_bytes
 from .module_recompute import module_recompute_saved, recomputes_modules
 from .offload_copies import insert_offload_copies
+from .muon_step import layer_wise_gathers, muon_step
 from .moe.a2a_overlap import (PassPieces, add_node_host_time, combined_order,
                                lone_node_calls, reorder)
 from .p2p_sync import PipelineTransfers
@@ -228,19 +229,26 @@ class StageLowering(StageDataParallel):
         """Adam on this rank's parameter shard, then ZeRO-1/2's parameter all-gathers."""
         self.transfers.sync.call_end(None, self.plan.micro_batches - 1, "backward")
         local = 0.0
+        # Muon's layer-wise optimizer, like ZeRO, updates only the rank's own share
+        sharded = self.fsdp or self.plan.zero_stage >= 1 or self.plan.muon is not None
         for unit in self.units:
             for dims, params in unit_param_groups(self.plan, unit).items():
-                sharded = self.fsdp or self.plan.zero_stage >= 1
                 local += params / (self._group_size(dims) if sharded else 1)
         for filler in self.fillers:   # reductions that wait for the whole backward
             self._emit_buckets(filler.take(flush=True), self.plan.micro_batches - 1)
         per_param = adam_bytes_per_param(self.plan)   # workloads/grad_state.py
         tensors = self._param_tensors()
+        deps = self._before_step(local, tensors)
+        if self.plan.muon is not None:   # workloads/muon.py: Muon first, Adam on the rest
+            last, muon_params = muon_step(self.sink, self.plan, self.units, deps)
+            deps, local = (last,), local - muon_params
         nbytes, kernels = adam_step_cost(self.plan.optimizer, local, tensors, per_param)
         step = self.sink.add(kind=COMPUTE, stream="compute", op="adam", phase="optimizer",
-                             deps=self._before_step(local, tensors), bytes=nbytes,
+                             deps=deps, bytes=nbytes,
                              kernels=kernels, op_class=MEMORY, label="optimizer.step",
                              layer=-1, microbatch=-1)
+        if self.plan.muon is not None:
+            layer_wise_gathers(self.sink, self.plan, self.units, step)
         if self.plan.optimizer == FP16_OPTIMIZER:
             step = fp16_optimizer_copy_back(self.sink, local, tensors, step)
         if self.plan.zero_stage in (1, 2) and not self.fsdp and self.param_gathers is None:

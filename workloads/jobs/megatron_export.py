@@ -44,6 +44,9 @@ REASONS = {
     "distributed_fused_adam": "Apex's DistributedFusedAdam is NeMo 1's optimizer (optim.name "
                               "distributed_fused_adam); Megatron-LM's is "
                               "--use-distributed-optimizer",
+    # megatron/core/optimizer/muon.py and layer_wise_optimizer.py first appear at
+    # core_v0.16.0 (--optimizer muon | dist_muon in megatron/training/arguments.py)
+    "muon": "core_v0.15.0 has no Muon: --optimizer dist_muon from core_v0.16.0",
     "collective_algorithm": "NCCL_ALGO is an environment variable",
     "collective_protocol": "NCCL_PROTO is an environment variable",
     "zero_stage": "Megatron shards optimizer states (--use-distributed-optimizer) only",
