@@ -11,10 +11,9 @@ muon_utils.py), and how it is lowered here:
   Megatron's distributed optimizer off (Megatron-Bridge recipes/kimi/kimi_k2.py: "Muon
   needs this to be False"), so the plan's zero_stage is 0 and the reduction is the
   ordinary one (workloads/stage_dp.py).
-* Ownership: each data-parallel rank updates whole parameters of its own, the list
-  balanced by size ("ping-pong" by numel when DDP has no distributed-optimizer layout), so
-  a rank's share of the step is taken as 1 / the group's size of every weight, as ZeRO-1
-  shards the states (and the memory model does, workloads/memory.py).
+* Ownership: each data-parallel rank updates whole parameters of its own, dealt by size
+  ("ping-pong" by numel when DDP has no distributed-optimizer layout); the step and the
+  memory are the busiest rank's (workloads/muon_ownership.py).
 * Muon on every 2-D weight that is not the embedding or the output layer (the router and
   each expert's fused fc1 / fc2 included, MLA's five projections as five): momentum,
   Nesterov, then `ns_steps` Newton-Schulz steps in bf16 (the recipe's fp32_matmul_prec
@@ -31,10 +30,11 @@ muon_utils.py), and how it is lowered here:
   and back (read 2, write 4), the spectral scale (read 4, write 4), the update p += -lr u
   (read 8, write 4) and the copy back to the bf16 model weight (read 4, write 2): 92 B,
   about ten launches per weight beside its 3 x ns_steps GEMMs.
-* After the step the updated parameters are all-gathered over each group, not overlapped
-  (overlap_param_gather is off with Muon): one all-gather per group of the stage's
-  parameters (allgather_params: flatten, all_gather, unflatten), with the flatten and
-  unflatten copies (read 2, write 2 per gathered parameter).
+* After the step the updated parameters are all-gathered, not overlapped
+  (overlap_param_gather is off with Muon): one all-gather over dp x cp of the stage's
+  tensors but the routed experts', one over expert DP of theirs (allgather_params:
+  flatten, all_gather, unflatten), with the flatten and unflatten copies (read 2, write 2
+  per gathered parameter).
 * Memory: a Muon weight keeps an fp32 main copy and one fp32 momentum (8 B per owned
   parameter), an Adam one main copy and two moments (12 B), both on the owning rank only.
 """
@@ -55,6 +55,7 @@ MAX_NS_STEPS = 50   # bound on the work one plan asks for (5 is every published 
 MUON_STEP_BYTES = 92.0       # HBM bytes per owned Muon parameter (module docstring)
 MUON_STEP_LAUNCHES = 10      # element-wise launches per Muon weight (module docstring)
 MAIN_AND_MOMENTUM_BYTES = 8  # fp32 main weight + fp32 momentum, per owned Muon parameter
+FP32_MOMENT_BYTES = 4        # the moment Muon keeps fewer than Adam
 GATHER_COPY_BYTES = 4        # flatten / unflatten copy per gathered bf16 parameter
 
 
@@ -97,13 +98,23 @@ def check_muon(plan) -> None:
              ("precision_aware_optimizer", "set", plan.optimizer_states is None,
               "absent under muon (fp32 main weights and momentum)"),
              ("lora", "set", plan.lora is None, "absent under muon"),
-             ("training.dtype", plan.training.dtype, plan.training.dtype != "fp16",
-              "not fp16 under muon (Megatron-Core refuses emerging optimizers with fp16)"),
+             ("training.dtype", plan.training.dtype, plan.training.dtype != "fp32",
+              "a 16-bit or lower dtype under muon (the step priced is the bf16 one: "
+              "Megatron's Float16OptimizerWithFloat16Params around Muon)"),
+             ("optimizer", plan.optimizer, plan.optimizer == "fused", "fused under muon "
+              "(Megatron-Core's Adam for the non-matrix weights is the fused one)"),
              ("sharding", "a 2D/2.5D/3D TP grid", plan.grid_strategy is None,
               "1D tensor parallelism under muon"))
     for field, value, ok, allowed in rules:
         if not ok:
             raise WorkloadError(field, value, allowed)
+    if "w3" in plan.model.mlp_matrices:
+        for layer in range(plan.model.num_layers + plan.model.mtp_layers):
+            st = plan.strategies(layer)
+            if st["w1"] != st["w3"]:   # Megatron's linear_fc1 is one tensor
+                raise WorkloadError("sharding.w3", st["w3"], f"w1's strategy ({st['w1']}) "
+                                    "under muon: Megatron-Core holds w1 and w3 as one "
+                                    "weight, orthogonalised whole")
 
 
 def ns_flops(rows: int, cols: int, steps: int) -> float:

@@ -26,6 +26,7 @@ from .grad_state import adam_bytes_per_param, bucket_grad_bytes, fsdp_no_sync, g
 from .memory import saved_layer_bytes
 from .module_recompute import module_recompute_saved, recomputes_modules
 from .offload_copies import insert_offload_copies
+from .muon_ownership import owned
 from .muon_step import layer_wise_gathers, muon_step
 from .moe.a2a_overlap import (PassPieces, add_node_host_time, combined_order,
                                lone_node_calls, reorder)
@@ -229,19 +230,18 @@ class StageLowering(StageDataParallel):
         """Adam on this rank's parameter shard, then ZeRO-1/2's parameter all-gathers."""
         self.transfers.sync.call_end(None, self.plan.micro_batches - 1, "backward")
         local = 0.0
-        # Muon's layer-wise optimizer, like ZeRO, updates only the rank's own share
-        sharded = self.fsdp or self.plan.zero_stage >= 1 or self.plan.muon is not None
         for unit in self.units:
             for dims, params in unit_param_groups(self.plan, unit).items():
+                sharded = self.fsdp or self.plan.zero_stage >= 1
                 local += params / (self._group_size(dims) if sharded else 1)
         for filler in self.fillers:   # reductions that wait for the whole backward
             self._emit_buckets(filler.take(flush=True), self.plan.micro_batches - 1)
         per_param = adam_bytes_per_param(self.plan)   # workloads/grad_state.py
         tensors = self._param_tensors()
         deps = self._before_step(local, tensors)
-        if self.plan.muon is not None:   # workloads/muon.py: Muon first, Adam on the rest
-            last, muon_params = muon_step(self.sink, self.plan, self.units, deps)
-            deps, local = (last,), local - muon_params
+        if self.plan.muon is not None:   # workloads/muon.py: the rank's own tensors, Muon
+            share, _ = owned(self.plan, self.units)    # first, then Adam on the rest
+            deps, local = (muon_step(self.sink, self.plan, share, deps),), share.adam_params
         nbytes, kernels = adam_step_cost(self.plan.optimizer, local, tensors, per_param)
         step = self.sink.add(kind=COMPUTE, stream="compute", op="adam", phase="optimizer",
                              deps=deps, bytes=nbytes,
