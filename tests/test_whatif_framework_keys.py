@@ -182,3 +182,18 @@ def test_a_point_without_fsdp_drops_the_plans_fsdp_only_keys():
     assert not plan.fsdp and plan.reshard_after_forward is True
     assert raw["fsdp"]["reshard_after_forward"] is False      # the base plan is not changed
     assert apply_plan(raw, {"fsdp": True}).reshard_after_forward is False
+
+
+def test_vary_muon_adds_or_drops_the_section_and_the_profile_follows():
+    # on a megatron-core plan, muon=true is Muon's layer-wise optimizer (the profile's ZeRO-1
+    # yields), muon=false Megatron's distributed Adam (the profile's ZeRO-1); a plan's own
+    # muon section is kept (its ns_steps), and the base plan is not changed
+    raw = {**TINY, "framework": "megatron-core", "muon": {"ns_steps": 10}}
+    on, off = apply_plan(raw, {"muon": True}), apply_plan(raw, {"muon": False})
+    assert on.muon is not None and on.muon.ns_steps == 10 and on.zero_stage == 0
+    assert off.muon is None and off.zero_stage == 1
+    assert raw["muon"] == {"ns_steps": 10}
+    plain = {**TINY, "framework": "megatron-core"}
+    assert apply_plan(plain, {"muon": True}).muon.ns_steps == 5
+    assert parse_vary("muon=on,off").values == (True, False)
+    assert "muon" in PARAMS

@@ -14,6 +14,8 @@ own keys override them. Names are the Plan fields (PLAN_KEYS gives each one's pl
   packed_segment (training.packed_segment: tokens per packed example, 0 none) integer
   recompute, attention, dtype, schedule                                      choices
   fsdp, sequence_parallel, fsdp_prefetch                                     true/false
+  muon (the plan's muon section: Muon under Megatron-Core's layer-wise optimizer,
+        the plan's own section or 5 Newton-Schulz steps; false drops it)       true/false
 Framework-level keys (workloads/frameworks.py):
   framework (a profile), kernels, loss_kernels (loss.kernels), optimizer   choices
   fsdp_version (1, 2, megatron), grad_bucket (unit, megatron or a parameter count)
@@ -64,7 +66,7 @@ MESH_PARAMS = ("tp", "pp", "dp", "cp")
 TRAINING_INTS = ("micro_batch", "global_batch", "seq_len", "packed_segment")
 CHOICES = {"recompute": RECOMPUTE, "attention": ATTENTION_IMPLS, "dtype": DTYPES,
            "schedule": SCHEDULES}
-BOOLS = ("fsdp", "sequence_parallel", "fsdp_prefetch")
+BOOLS = ("fsdp", "sequence_parallel", "fsdp_prefetch", "muon")
 # The framework-level keys (a profile sets their defaults: workloads/frameworks.py).
 # Their values are checked when parsed, against the same tuples the Plan checks.
 FRAMEWORK_CHOICES = {"framework": FRAMEWORKS, "kernels": KERNEL_MODES,
@@ -90,7 +92,8 @@ def _plan_keys() -> dict[str, tuple[str | None, str]]:
     keys.update({k: (None, k) for k in ("zero_stage", "recompute", "attention", "framework",
                                         "kernels", "optimizer", "cuda_graphs")})
     keys.update(schedule=("pipeline", "schedule"),
-                sequence_parallel=("sharding", "sequence_parallel"))
+                sequence_parallel=("sharding", "sequence_parallel"),
+                muon=(None, "muon"))   # a section: point_raw writes it whole
     for section, fields in (("overlap", OVERLAP_KEYS), ("fsdp", FSDP_KEYS),
                             ("host_overhead", HOST_KEYS), ("ddp", DDP_KEYS),
                             ("loss", LOSS_KEYS)):
@@ -254,13 +257,17 @@ def point_raw(plan_raw: dict, params: dict[str, Any]) -> dict:
     plan-file keys (PLAN_KEYS); the sections it touches are copied, not changed."""
     raw = dict(plan_raw)
     for name, value in params.items():
-        if name not in PLAN_KEYS:
-            continue   # a cluster parameter
+        if name not in PLAN_KEYS or name == "muon":
+            continue   # a cluster parameter, or the muon section (below)
         section, key = PLAN_KEYS[name]
         if section is None:
             raw[key] = value
         else:
             raw[section] = {**(raw.get(section) or {}), key: value}
+    if "muon" in params:   # a section, not a key: the plan's own one, or the defaults
+        own = raw.pop("muon", None)
+        if params["muon"]:
+            raw["muon"] = own or {}
     if params.get("fsdp") is False and raw.get("zero_stage") != 3:
         # a point without FSDP drops the plan's FSDP-only keys, which a plan file may not
         # give there (workloads/plan_checks.py): DDP against FSDP stays a what-if
