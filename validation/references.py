@@ -98,6 +98,12 @@ def _simulate_or_skip(row: dict[str, str]) -> tuple[str, dict[str, Any]]:
         return "skipped", {"id": row_id(row), "reason": str(exc)}
 
 
+def _lost(row: dict[str, str]) -> tuple[str, dict[str, Any]]:
+    """A row whose worker process died even alone: reported as not simulated."""
+    return "skipped", {"id": row_id(row), "reason": "its worker process died while it ran "
+                       "alone (killed: out of memory?)"}
+
+
 def run_references(path: str | Path | None = None, jobs: int | None = None) -> dict[str, Any]:
     """All rows: results, rows that could not be simulated, the excluded list and the scores.
 
@@ -109,7 +115,7 @@ def run_references(path: str | Path | None = None, jobs: int | None = None) -> d
     if jobs == 1:
         outcomes = [_simulate_or_skip(row) for row in rows]
     else:
-        outcomes = map_in_workers(_simulate_or_skip, rows, jobs)
+        outcomes = map_in_workers(_simulate_or_skip, rows, jobs, _lost)
     results = [r for kind, r in outcomes if kind == "row"]
     inexpressible = [r for kind, r in outcomes if kind == "inexpressible"]
     skipped = [r for kind, r in outcomes if kind == "skipped"]
@@ -131,37 +137,42 @@ def run_references(path: str | Path | None = None, jobs: int | None = None) -> d
     return report
 
 
-# A pool that loses a worker (the kernel's OOM killer, on a host where other jobs run beside
-# the table: the largest rows peak at about 4 GiB in a worker) is rebuilt for the rows it had
-# not returned, this many times, before the failure is reported. A one-pool run of the full
-# table lost a worker near its end, after an hour, and every row with it. (Workers are not
-# recycled: a worker's resident memory falls back below 1 GiB after each row, and
-# max_tasks_per_child can deadlock the pool on Python 3.11, CPython issue 115634.)
-POOL_RETRIES = 2
+# A pool that loses a worker (the kernel's OOM killer: in session 45 a worker reached the
+# 23 GB host's whole memory on one row, most likely the 1T-parameter Narayanan row's 64
+# stages x 512 micro-batches) is rebuilt for the rows it had not returned, this
+# many times; the rows still left then run one at a time, each in its own worker, so that
+# only a row that kills its worker alone is lost, reported as not simulated (`lost`),
+# never the table. (Workers are not recycled between rows: a worker's resident memory falls
+# back below 1 GiB after each, and max_tasks_per_child can deadlock the pool on Python
+# 3.11, CPython gh-115634.)
+POOL_RETRIES = 1
 
 
-def map_in_workers(work: Callable[[Any], Any], items: list[Any], jobs: int) -> list[Any]:
-    """work(item) of every item in `jobs` worker processes, in the items' order; a pool that
-    loses a worker is rebuilt for the items it had not returned (POOL_RETRIES times)."""
+def map_in_workers(work: Callable[[Any], Any], items: list[Any], jobs: int,
+                   lost: Callable[[Any], Any]) -> list[Any]:
+    """work(item) of every item in `jobs` worker processes, in the items' order; lost(item)
+    for an item whose worker died even when it ran alone (POOL_RETRIES above)."""
     outcomes: dict[int, Any] = {}
-    for attempt in range(POOL_RETRIES + 1):
+    for _ in range(POOL_RETRIES + 1):
         pending = [i for i in range(len(items)) if i not in outcomes]
-        if not pending:
-            break
-        # spawn: a fresh interpreter per worker, whatever threads the caller has started
-        with ProcessPoolExecutor(min(jobs, len(pending)),
-                                 mp_context=get_context("spawn")) as pool:
-            futures = {i: pool.submit(work, items[i]) for i in pending}
-            try:
-                for i, future in futures.items():
-                    outcomes[i] = future.result()
-            except BrokenProcessPool:
-                if attempt == POOL_RETRIES:
-                    raise
-                # keep whatever finished before the loss; the rest run in a fresh pool
-                outcomes.update({i: f.result() for i, f in futures.items()
-                                 if f.done() and not f.cancelled() and not f.exception()})
+        if pending:
+            outcomes.update(_pool_outcomes(work, items, pending, jobs))
+    for i in [i for i in range(len(items)) if i not in outcomes]:
+        alone = _pool_outcomes(work, items, [i], 1)
+        outcomes[i] = alone[i] if i in alone else lost(items[i])
     return [outcomes[i] for i in range(len(items))]
+
+
+def _pool_outcomes(work, items, pending: list[int], jobs: int) -> dict[int, Any]:
+    """The outcomes one pool returns before it breaks (all of them if it does not)."""
+    # spawn: a fresh interpreter per worker, whatever threads the caller has started
+    with ProcessPoolExecutor(min(jobs, len(pending)), mp_context=get_context("spawn")) as pool:
+        futures = {i: pool.submit(work, items[i]) for i in pending}
+        try:
+            return {i: future.result() for i, future in futures.items()}
+        except BrokenProcessPool:   # keep whatever finished before the loss
+            return {i: f.result() for i, f in futures.items()
+                    if f.done() and not f.cancelled() and not f.exception()}
 
 
 def unverified_fraction(table_rows: int, excluded: int, unverified_in_table: int) -> float:
