@@ -182,12 +182,10 @@ def _ping_pong(tensors: list[Tensor], ranks: int) -> list[Share]:
     return shares
 
 
-def _expert_group(plan) -> int:
-    for layer in range(plan.model.num_layers):
-        for mat in layer_matrices(plan, layer):
-            if "edp" in mat.dims:
-                return plan.parallel_dims.group_size(mat.dims)
-    return 1
+def expert_dims(plan) -> tuple[str, ...] | None:
+    """The mesh dims of the routed experts' data-parallel group (None: no routed experts)."""
+    return next((mat.dims for layer in range(plan.model.num_layers)
+                 for mat in layer_matrices(plan, layer) if "edp" in mat.dims), None)
 
 
 def owned(plan, units) -> tuple[Share, Share]:
@@ -201,7 +199,9 @@ def owned(plan, units) -> tuple[Share, Share]:
             step.add(t)
             memory.add(t)
         return step, memory
-    for expert, ranks in ((False, dense_ranks), (True, _expert_group(plan))):
+    experts = expert_dims(plan)
+    expert_ranks = plan.parallel_dims.group_size(experts) if experts else 1
+    for expert, ranks in ((False, dense_ranks), (True, expert_ranks)):
         shares = _ping_pong([t for t in tensors if t.expert == expert], ranks)
         step += max(shares, key=lambda s: (s.ns_flops_per_step, s.muon_params, s.adam_params))
         memory += max(shares, key=lambda s: (s.state_bytes, s.muon_params))

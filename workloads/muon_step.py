@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from .ddp_buckets import Bucket
 from .muon import GATHER_COPY_BYTES, MUON_STEP_BYTES, MUON_STEP_LAUNCHES, ns_gemms
-from .muon_ownership import layer_matrices, unit_tensors
+from .muon_ownership import expert_dims, unit_tensors
 from .param_gathers import gather_bytes
 from .params import weight_dp_dims
 from .program import COMM, COMPUTE, GEMM, MEMORY
@@ -23,11 +23,11 @@ def muon_step(sink, plan, share, deps: tuple[int, ...]) -> int:
     steps = plan.muon.ns_steps
     for (rows, cols), n in sorted(share.shapes.items()):
         gemms = n * steps
-        for i, (m, k_n, k) in enumerate(ns_gemms(rows, cols)):
+        for i, (gm, gn, gk) in enumerate(ns_gemms(rows, cols)):
             task = sink.add(kind=COMPUTE, stream="compute", op="muon_ns", phase="optimizer",
-                            deps=(task,), flops=2.0 * m * k_n * k * gemms,
-                            bytes=2.0 * (m * k + k * k_n + m * k_n) * gemms, op_class=GEMM,
-                            gemm_mnk=(m, k_n, k), gemm_dtype="bf16", kernels=gemms,
+                            deps=(task,), flops=2.0 * gm * gn * gk * gemms,
+                            bytes=2.0 * (gm * gk + gk * gn + gm * gn) * gemms, op_class=GEMM,
+                            gemm_mnk=(gm, gn, gk), gemm_dtype="bf16", kernels=gemms,
                             label=f"muon.ns.{rows}x{cols}.{i}", layer=-1, microbatch=-1)
     return task
 
@@ -43,9 +43,8 @@ def layer_wise_gathers(sink, plan, units, step: int) -> None:
     for unit in units:
         for t in unit_tensors(plan, unit):
             params[t.expert] += t.numel
-    expert_dims = next((mat.dims for layer in range(plan.model.num_layers)
-                        for mat in layer_matrices(plan, layer) if "edp" in mat.dims), None)
-    for dims, count in ((weight_dp_dims(plan), params[False]), (expert_dims, params[True])):
+    for dims, count in ((weight_dp_dims(plan), params[False]),
+                        (expert_dims(plan), params[True])):
         if not count or dims is None or plan.parallel_dims.group_size(dims) == 1:
             continue
         label = "muon.gather." + "+".join(dims)
