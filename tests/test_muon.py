@@ -86,6 +86,9 @@ def test_the_step_runs_the_busiest_ranks_newton_schulz_gemms():
     muon_params = 2 * WQ + 2 * ROUTER + EXPERTS
     assert len(elementwise) == 1
     assert elementwise[0].bytes == pytest.approx(muon_params * MUON_STEP_BYTES)
+    # nine per-weight passes over its 12 weights (wq, wo, two routers, 4 fc1 and 4 fc2)
+    assert elementwise[0].kernels == 12 * 9
+    assert sum(t.kernels for t in ns) == 12 * 3 * 5   # 3 GEMMs x 5 steps a weight
     adam = [t for t in tasks if t.op == "adam"]
     assert len(adam) == 1 and adam[0].bytes == 0   # the busiest rank holds no Adam tensor
 

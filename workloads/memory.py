@@ -39,7 +39,6 @@ from .grad_state import (accumulated_grad_bytes, bucket_grad_bytes, frozen_param
 from .loss_memory import fp32_logits_bytes, fp32_logits_copies
 from .models import ModelSpec
 from .module_recompute import freed_tensors
-from .muon import FP32_MOMENT_BYTES
 from .muon_ownership import owned
 from .moe.memory import dispatch_buffer_bytes, expert_rows_factor, gathered_expert_input_bytes
 from .params import unit_frozen_params, unit_param_groups
@@ -277,8 +276,7 @@ def memory_breakdown(plan: Plan, stage: int = 0,
     optimizer = states(optimizer_bytes, zero >= 1)
     if plan.muon is not None:   # the fullest rank's own tensors; Muon's keep one moment
         _, share = owned(plan, [u for u, _, _ in units])     # fewer (muon_ownership.py)
-        optimizer = (share.adam_params * optimizer_bytes
-                     + share.muon_params * (optimizer_bytes - FP32_MOMENT_BYTES))
+        optimizer = share.state_bytes(optimizer_bytes)
 
     # Activations (Korthikanti Table 2 per layer x layers x in-flight micro-batches).
     chunks = range(stage, len(ranges), mesh.pp)

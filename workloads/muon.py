@@ -29,14 +29,15 @@ muon_utils.py), and how it is lowered here:
   Frobenius normalisation (read 4; read 4, write 4), the cast to bf16 (read 4, write 2)
   and back (read 2, write 4), the spectral scale (read 4, write 4), the update p += -lr u
   (read 8, write 4) and the copy back to the bf16 model weight (read 4, write 2): 92 B,
-  about ten launches per weight beside its 3 x ns_steps GEMMs.
+  nine launches per weight (MUON_STEP_LAUNCHES) beside its 3 x ns_steps GEMMs.
 * After the step the updated parameters are all-gathered, not overlapped
   (overlap_param_gather is off with Muon): one all-gather over dp x cp of the stage's
   tensors but the routed experts', one over expert DP of theirs (allgather_params:
   flatten, all_gather, unflatten), with the flatten and unflatten copies (read 2, write 2
   per gathered parameter).
-* Memory: a Muon weight keeps an fp32 main copy and one fp32 momentum (8 B per owned
-  parameter), an Adam one main copy and two moments (12 B), both on the owning rank only.
+* Memory: a Muon weight keeps one fp32 moment fewer than an Adam one (its momentum, no
+  variance): 8 B per owned parameter against the plan's 12 (fp32 main copy and moments),
+  both on the owning rank only.
 """
 from __future__ import annotations
 
@@ -53,9 +54,12 @@ SECTION = "muon"
 NS_STEPS_DEFAULT = 5
 MAX_NS_STEPS = 50   # bound on the work one plan asks for (5 is every published setting)
 MUON_STEP_BYTES = 92.0       # HBM bytes per owned Muon parameter (module docstring)
-MUON_STEP_LAUNCHES = 10      # element-wise launches per Muon weight (module docstring)
-MAIN_AND_MOMENTUM_BYTES = 8  # fp32 main weight + fp32 momentum, per owned Muon parameter
-FP32_MOMENT_BYTES = 4        # the moment Muon keeps fewer than Adam
+# element-wise launches per Muon weight: weight decay, the momentum lerp, Nesterov's lerp,
+# the norm and the division, the casts to bf16 and back, the scale and the update (the
+# main-gradient copy, the gradient norm and the copy back are multi-tensor launches over
+# all weights; module docstring)
+MUON_STEP_LAUNCHES = 9
+FP32_MOMENT_BYTES = 4        # the moment Muon keeps fewer than Adam (momentum, no variance)
 GATHER_COPY_BYTES = 4        # flatten / unflatten copy per gathered bf16 parameter
 
 

@@ -19,12 +19,11 @@ from dataclasses import dataclass, field
 
 from .latent_attention import layer_strategies
 from .layouts import S
-from .moe.layer import expert_strategies
-from .muon import MAIN_AND_MOMENTUM_BYTES, ns_flops
+from .moe.layer import expert_strategies, routed_expert_dims
+from .grad_state import sharded_state_bytes
+from .muon import FP32_MOMENT_BYTES, ns_flops
 from .params import unit_param_groups, weight_dp_dims
 from .schedules import EMBED, HEAD
-
-ADAM_STATE_BYTES = 12   # fp32 main weight and two moments (the bf16 step Megatron runs)
 
 
 @dataclass(frozen=True)
@@ -64,10 +63,10 @@ class Share:
         """Newton-Schulz FLOPs of one step over its Muon weights."""
         return sum(ns_flops(r, c, 1) * n for (r, c), n in self.shapes.items())
 
-    @property
-    def state_bytes(self) -> float:
-        """Optimizer-state bytes of its parameters (MAIN_AND_MOMENTUM_BYTES for Muon's)."""
-        return MAIN_AND_MOMENTUM_BYTES * self.muon_params + ADAM_STATE_BYTES * self.adam_params
+    def state_bytes(self, adam_bytes: float) -> float:
+        """Optimizer-state bytes of its parameters, `adam_bytes` per Adam parameter (the
+        plan's: workloads/grad_state.py) and one fp32 moment fewer per Muon parameter."""
+        return adam_bytes * self.adam_params + (adam_bytes - FP32_MOMENT_BYTES) * self.muon_params
 
     def __iadd__(self, other: "Share") -> "Share":
         for key, n in other.shapes.items():
@@ -128,21 +127,17 @@ def layer_matrices(plan, layer: int) -> list[Matrix]:
         width = m.num_shared_experts * m.moe_ffn_size
         add(d, (2 if gated else 1) * width, st["w1"], 1, dp_dims)
         add(width, d, st["w2"], 1, dp_dims)
-    spans_tp = plan.parallel_dims.expert_mesh is not None
-    expert_dims = ("edp", "cp") if plan.mesh.cp > 1 and not spans_tp else ("edp",)
     s1, _, s2 = expert_strategies(plan, layer, S)   # the experts' rows: sequence shards
     local = m.num_experts // plan.mesh.ep
     for fan_in, fan_out, strategy in ((d, (2 if gated else 1) * m.moe_ffn_size, s1),
                                       (m.moe_ffn_size, d, s2)):
         rows, cols = _split(fan_in, fan_out, strategy, tp)
-        whole_on_tp = strategy == "seq" and tp > 1 and not spans_tp
-        out.append(Matrix(rows, cols, local,
-                          expert_dims + ("tp",) if whole_on_tp else expert_dims))
+        out.append(Matrix(rows, cols, local, routed_expert_dims(plan, strategy)))
     return out
 
 
 def unit_tensors(plan, unit) -> list[Tensor]:
-    """The parameter tensors of one unit on one rank (muon_step.layer_matrices' weights,
+    """The parameter tensors of one unit on one rank (layer_matrices' weights,
     the embedding, the output layer, MTP's blocks and eh_proj); what is left of the unit's
     parameters (norms, sinks) is one small Adam tensor."""
     m, tp = plan.model, plan.mesh.tp
@@ -184,8 +179,10 @@ def _ping_pong(tensors: list[Tensor], ranks: int) -> list[Share]:
 
 def expert_dims(plan) -> tuple[str, ...] | None:
     """The mesh dims of the routed experts' data-parallel group (None: no routed experts)."""
-    return next((mat.dims for layer in range(plan.model.num_layers)
-                 for mat in layer_matrices(plan, layer) if "edp" in mat.dims), None)
+    m = plan.model
+    if not m.num_experts or m.first_dense_layers >= m.num_layers:
+        return None
+    return routed_expert_dims(plan, expert_strategies(plan, m.first_dense_layers, S)[0])
 
 
 def owned(plan, units) -> tuple[Share, Share]:
@@ -201,8 +198,9 @@ def owned(plan, units) -> tuple[Share, Share]:
         return step, memory
     experts = expert_dims(plan)
     expert_ranks = plan.parallel_dims.group_size(experts) if experts else 1
+    adam_bytes = sharded_state_bytes(plan)[1]
     for expert, ranks in ((False, dense_ranks), (True, expert_ranks)):
         shares = _ping_pong([t for t in tensors if t.expert == expert], ranks)
         step += max(shares, key=lambda s: (s.ns_flops_per_step, s.muon_params, s.adam_params))
-        memory += max(shares, key=lambda s: (s.state_bytes, s.muon_params))
+        memory += max(shares, key=lambda s: (s.state_bytes(adam_bytes), s.muon_params))
     return step, memory

@@ -226,6 +226,18 @@ def _nonpartial(layout: str) -> str:
     return "H" if layout == P else layout
 
 
+def routed_expert_dims(plan, strategy: str) -> tuple[str, ...]:
+    """The dims a routed expert weight's gradient reduces over (and its optimizer states
+    are shared over), for its strategy (expert_strategies): the expert-data-parallel
+    ranks ("edp", x "cp"), and TP as well when every TP rank holds whole experts and
+    computes on its own tokens; under the expert mesh (EP spanning TP) "edp" alone, which
+    folds tp and cp in (moe_param_groups)."""
+    spans_tp = plan.parallel_dims.expert_mesh is not None
+    dims = ("edp", "cp") if plan.mesh.cp > 1 and not spans_tp else ("edp",)
+    whole_on_tp = strategy == "seq" and plan.mesh.tp > 1 and not spans_tp
+    return dims + ("tp",) if whole_on_tp else dims
+
+
 def moe_param_groups(plan, layer: int, dp_dims: tuple[str, ...]) -> dict:
     """Parameters one rank holds for an MoE layer's MLP, by gradient-reduction dims.
 
@@ -238,8 +250,6 @@ def moe_param_groups(plan, layer: int, dp_dims: tuple[str, ...]) -> dict:
     """
     m, tp, st = plan.model, plan.mesh.tp, plan.strategies(layer)
     both = dp_dims + ("tp",) if tp > 1 else dp_dims
-    spans_tp = plan.parallel_dims.expert_mesh is not None   # edp already folds tp and cp
-    expert_dims = ("edp", "cp") if plan.mesh.cp > 1 and not spans_tp else ("edp",)
     routed_st = dict(zip(("w1", "w3", "w2"), expert_strategies(plan, layer, S)))
     groups: dict[tuple[str, ...], float] = {}
 
@@ -255,6 +265,5 @@ def moe_param_groups(plan, layer: int, dp_dims: tuple[str, ...]) -> dict:
         strategy = routed_st[name]
         routed = (m.num_experts // plan.mesh.ep * m.hidden_size * m.moe_ffn_size
                   / (tp if strategy in ("col", "row") else 1))
-        whole_on_tp = strategy == "seq" and tp > 1 and not spans_tp
-        add(expert_dims + ("tp",) if whole_on_tp else expert_dims, routed)
+        add(routed_expert_dims(plan, strategy), routed)
     return {k: v for k, v in groups.items() if v}
