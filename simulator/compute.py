@@ -17,7 +17,7 @@ from topologies import DeviceSpec
 from topologies.gemm_k_loop import TILE_COST_FACTOR, k_loop_fraction, tile_overhead_k
 from topologies.host_link import host_link_Bps
 from workloads.offload_copies import OFFLOAD_OP
-from workloads.program import ATTENTION, GEMM, HOST_COPY, MEMORY, Task
+from workloads.program import ATTENTION, COMPUTE, GEMM, HOST_COPY, MEMORY, Task
 
 # Split-K needs enough of the reduction dimension per split to stay efficient.
 # Assumption: at least 1024 elements of k per split (4 K-tiles of 256).
@@ -101,6 +101,14 @@ def compute_time_s(task: Task, device: DeviceSpec, dtype: str) -> float:
     return max(device_time_s(task, device, dtype), task.host_s * host_factor(device))
 
 
+def cost_key(task: Task) -> tuple:
+    """The fields of a compute task that device_time_s and persistent_grid read: tasks
+    with equal keys cost the same on a device (a step repeats each layer's kernels once
+    per micro-batch, so a stage's durations are computed once per distinct key)."""
+    return (task.op_class, task.op, task.flops, task.bytes, task.kernels, task.efficiency,
+            task.gemm_mnk, task.gemm_dtype, task.gemm_groups, task.launch_streams)
+
+
 def device_time_s(task: Task, device: DeviceSpec, dtype: str) -> float:
     """Roofline time of one compute task's kernels plus their launch overhead."""
     if (task.flops == 0.0 and task.bytes == 0.0) or task.kernels == 0:
@@ -136,3 +144,25 @@ def device_time_s(task: Task, device: DeviceSpec, dtype: str) -> float:
     # kernels spread over several streams (task.launch_streams) overlap their launch gaps
     launches = math.ceil(task.kernels / max(1, task.launch_streams))
     return max(flops_s, memory_s) + prof.launch_overhead_s * launches
+
+
+def stage_costs(tasks: list[Task], device: DeviceSpec, dtype: str
+                ) -> tuple[list[float], list[int]]:
+    """Every task's interference-free duration on `device` (0 for communication) and each
+    persistent GEMM's thread blocks (persistent_grid; 0 for others), each distinct
+    cost_key priced once."""
+    priced: dict[tuple, tuple[float, int]] = {}
+    durations, grids = [], []
+    for task in tasks:
+        if task.kind != COMPUTE:
+            durations.append(0.0)
+            grids.append(0)
+            continue
+        key = cost_key(task)
+        cost = priced.get(key)
+        if cost is None:
+            cost = priced[key] = (device_time_s(task, device, dtype),
+                                  persistent_grid(task, device))
+        durations.append(cost[0])
+        grids.append(cost[1])
+    return durations, grids

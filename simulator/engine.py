@@ -23,7 +23,7 @@ import simpy
 from topologies import Topology
 from workloads.program import COMPUTE, COPY_ENGINE, HOST_COPY, Program, Task, gc_paused
 
-from .compute import device_time_s, host_factor, persistent_grid
+from .compute import host_factor, stage_costs
 from .host_timeline import HostTimeline
 from .network import CommModel, CommOptions
 from .rank_classes import RankClasses, rank_classes
@@ -162,11 +162,8 @@ class Engine:
         persistent GEMM's thread blocks (compute.persistent_grid; 0 for others) (cached)."""
         key = (stage, id(device))  # DeviceSpec holds a mapping: not hashable
         if key not in self._duration_cache:
-            tasks = self.program.stages[stage]
-            self._duration_cache[key] = (
-                [device_time_s(t, device, self.dtype) if t.kind == COMPUTE else 0.0
-                 for t in tasks],
-                [persistent_grid(t, device) for t in tasks])
+            self._duration_cache[key] = stage_costs(self.program.stages[stage], device,
+                                                    self.dtype)
         return self._duration_cache[key]
 
     def _host(self, stage: int, device) -> HostTimeline | None:

@@ -39,6 +39,7 @@ multiples of gcd(k, E), each as often; the hit probability is exact.
 from __future__ import annotations
 
 import math
+from functools import lru_cache
 
 
 def _uniform_hit(experts: int, block: int, k: int) -> float:
@@ -84,6 +85,9 @@ def _grouped_hit(experts: int, start: int, stop: int, k: int, groups: int,
     return 1.0 - _subset_products(misses, picked - extra, extra) / ways
 
 
+# The two entry points are pure functions of a few integers, asked again for every MoE
+# layer of every micro-batch: their answers are kept (a few per plan).
+@lru_cache(maxsize=4096)
 def round_robin_hit(experts: int, blocks: int, k: int) -> float:
     """Mean probability that a token's k consecutive experts (round-robin gating, module
     docstring) include one of a block's, the `experts` split into `blocks` equal
@@ -95,6 +99,7 @@ def round_robin_hit(experts: int, blocks: int, k: int) -> float:
     return reached / (len(starts) * blocks)
 
 
+@lru_cache(maxsize=4096)
 def block_hit(experts: int, blocks: int, k: int, groups: int = 0, picked: int = 0) -> float:
     """Mean probability that a token's k experts include one of a block's, the `experts`
     split into `blocks` equal contiguous blocks (EP ranks, or nodes of them), with
