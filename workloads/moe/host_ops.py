@@ -34,23 +34,14 @@ from __future__ import annotations
 # forward and backward ("grad." prefix).
 DISPATCH_COMMS = ("moe.dispatch_counts", "moe.routing_map", "moe.dispatch", "moe.dispatch_probs",
                   "moe.combine")
-EXPERT_MODULES = ("w1", "w2")       # linear_fc1 (w1 with w3) and linear_fc2
-FUSED = {"w3": "w1"}
+DISPATCH_LABELS = frozenset(DISPATCH_COMMS) | {f"grad.{label}" for label in DISPATCH_COMMS}
+# the expert modules by task op: linear_fc1 (w1, with w3 fused into it) and linear_fc2
+EXPERT_MODULE = {"w1": "w1", "w3": "w1", "w2": "w2"}
 
 
 def local_experts(plan) -> int:
     """Routed experts one rank holds (E / ep)."""
     return max(1, plan.model.num_experts // max(1, plan.mesh.ep))
-
-
-def _expert_module(name: str) -> str | None:
-    module = FUSED.get(name, name)
-    return module if module in EXPERT_MODULES else None
-
-
-def _is_dispatch_comm(label: str) -> bool:
-    base = label[len("grad."):] if label.startswith("grad.") else label
-    return base in DISPATCH_COMMS
 
 
 class ExpertHostOps:
@@ -73,15 +64,17 @@ class ExpertHostOps:
 
     def extra_s(self, task) -> float:
         """Host seconds to add to `task` (0.0 for tasks outside the counted work)."""
-        if not self._moe_layer(task):
+        # (asked of every task of a stage: the cheap tests first)
+        dispatch = task.label in DISPATCH_LABELS
+        module = EXPERT_MODULE.get(task.op)
+        if (not dispatch and module is None) or not self._moe_layer(task):
             return 0.0
-        if _is_dispatch_comm(task.label):
+        if dispatch:
             return self.op_s
-        module = _expert_module(task.op)
         # TE's GroupedLinear, the module (multi-stream launches) or the fused grouped MLP's
         # op (ops/basic/grouped_linear.py: one weight{i} parameter per group as well)
         grouped_linear = task.launch_streams > 1 or self.plan.moe.fused_mlp
-        if module is not None and task.label.endswith(".wgrad") and grouped_linear:
+        if task.label.endswith(".wgrad") and grouped_linear:
             if self._once(task, module, "hooks"):
                 return self.experts * self.op_s
         return 0.0
