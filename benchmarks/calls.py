@@ -1,0 +1,73 @@
+"""`python -m benchmarks.calls ROW [ROW ...] [--set column=value ...]`: the Python
+function calls each phase of a published row's simulation makes (lowering, the engine's
+event loop, finishing the trace and summary), counted by cProfile.
+
+On a shared host CPU times of one code version move by 10-30 % from run to run
+(benchmarks/README.md), more than a small change saves; the count of calls does not move
+at all, so it shows whether a change removed work. It is not a time: calls differ in
+cost, and the profiler slows the run about threefold. `--set` overrides a CSV column of
+every row named (e.g. `--set global_batch_seqs=384`: fewer micro-batches, a shorter run).
+"""
+from __future__ import annotations
+
+import argparse
+import cProfile
+import csv
+import pstats
+import sys
+
+from benchmarks.rows import CSV
+
+
+def count_calls(row: dict[str, str]) -> dict[str, float]:
+    """Function calls per phase of one row's simulation, and its simulated step time."""
+    from simulator import api
+    from simulator.engine import Engine
+    from validation.references import plan_dict, topology_for
+    from workloads import plan_from_dict
+
+    calls: dict[str, float] = {}
+
+    def counted(name, fn):
+        def wrapper(*args, **kwargs):
+            profile = cProfile.Profile()
+            profile.enable()
+            try:
+                return fn(*args, **kwargs)
+            finally:
+                profile.disable()
+                calls[name] = pstats.Stats(profile).total_calls
+        return wrapper
+
+    lower, run, finish = api.lower, Engine.run, api.finish
+    api.lower, Engine.run, api.finish = (counted("lower", lower), counted("engine", run),
+                                         counted("finish", finish))
+    try:
+        result = api.simulate(plan_from_dict(plan_dict(row)), topology_for(row),
+                              api.SimOptions())
+    finally:
+        api.lower, Engine.run, api.finish = lower, run, finish
+    return {**calls, "step_time_s": float(result.summary["step_time_s"])}
+
+
+def main() -> int:
+    """Count the calls of each row named and print one line per row."""
+    parser = argparse.ArgumentParser(prog="python -m benchmarks.calls")
+    parser.add_argument("rows", nargs="+", help="row ids of the references CSV")
+    parser.add_argument("--set", action="append", default=[], metavar="COLUMN=VALUE")
+    args = parser.parse_args()
+    table = {r["id"]: r for r in csv.DictReader(open(CSV, newline=""))}
+    print(f"{'row':<34} {'lower':>10} {'engine':>10} {'finish':>10}  step time (s)")
+    for row_id in args.rows:
+        row = dict(table[row_id])
+        for item in args.set:
+            column, _, value = item.partition("=")
+            row[column] = value
+        out = count_calls(row)
+        print(f"{row_id:<34} {out['lower']:>10,} {out['engine']:>10,} {out['finish']:>10,}"
+              f"  {out['step_time_s']!r}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
