@@ -50,20 +50,20 @@ def handle(args: argparse.Namespace) -> int:
     if args.json:
         print_json(items)
         return 0
-    def width(key: str) -> int:   # columns as wide as their longest entry
-        return max((len(str(item[key] or "")) for item in items), default=0)
-
+    # columns as wide as their longest entry: plan names run from 7 to 20 characters
+    widths = {key: max((len(str(item.get(key) or "")) for item in items), default=0)
+              for key in ("name", "model", "topology")}
     for item in items:
         if args.what == "models":
-            print(f"{item['name']:<{width('name')}} {item['params'] / 1e9:8.2f} B params, "
+            print(f"{item['name']:<{widths['name']}} {item['params'] / 1e9:8.2f} B params, "
                   f"{item['layers']} layers, hidden {item['hidden_size']}")
         elif args.what == "studies":
-            print(f"{item['name']:<{width('name')}} {item['description']}")
+            print(f"{item['name']:<{widths['name']}} {item['description']}")
         elif args.what == "topologies":
             text = item["description"]
-            print(f"{item['name']:<{width('name')}} "
+            print(f"{item['name']:<{widths['name']}} "
                   f"{text.replace('4 x', 'N x') if 'xN' in item['name'] else text}")
         else:
-            print(f"{item['name']:<{width('name')}} {item['model']:<{width('model')}} "
-                  f"{item['topology'] or '':<{width('topology')}} {item['description']}")
+            print(f"{item['name']:<{widths['name']}} {item['model']:<{widths['model']}} "
+                  f"{item['topology'] or '':<{widths['topology']}} {item['description']}")
     return 0

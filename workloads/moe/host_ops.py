@@ -34,7 +34,7 @@ from __future__ import annotations
 # forward and backward ("grad." prefix).
 DISPATCH_COMMS = ("moe.dispatch_counts", "moe.routing_map", "moe.dispatch", "moe.dispatch_probs",
                   "moe.combine")
-DISPATCH_LABELS = frozenset(DISPATCH_COMMS) | {f"grad.{label}" for label in DISPATCH_COMMS}
+DISPATCH_COMM_LABELS = frozenset(DISPATCH_COMMS) | {f"grad.{label}" for label in DISPATCH_COMMS}
 # the expert modules by task op: linear_fc1 (w1, with w3 fused into it) and linear_fc2
 EXPERT_MODULE = {"w1": "w1", "w3": "w1", "w2": "w2"}
 
@@ -65,7 +65,7 @@ class ExpertHostOps:
     def extra_s(self, task) -> float:
         """Host seconds to add to `task` (0.0 for tasks outside the counted work)."""
         # (asked of every task of a stage: the cheap tests first)
-        dispatch = task.label in DISPATCH_LABELS
+        dispatch = task.label in DISPATCH_COMM_LABELS
         module = EXPERT_MODULE.get(task.op)
         if (not dispatch and module is None) or not self._moe_layer(task):
             return 0.0
