@@ -138,13 +138,13 @@ def run_references(path: str | Path | None = None, jobs: int | None = None) -> d
 
 
 # A pool that loses a worker (the kernel's OOM killer: in session 45 a worker reached the
-# 23 GB host's whole memory on one row, most likely the 1T-parameter Narayanan row's 64
-# stages x 512 micro-batches) is rebuilt for the rows it had not returned, this
-# many times; the rows still left then run one at a time, each in its own worker, so that
-# only a row that kills its worker alone is lost, reported as not simulated (`lost`),
-# never the table. (Workers are not recycled between rows: a worker's resident memory falls
-# back below 1 GiB after each, and max_tasks_per_child can deadlock the pool on Python
-# 3.11, CPython gh-115634.)
+# 23 GB host's whole memory; no row alone peaks above 8.7 GB, validation/README.md, so
+# likely two heavy rows at once on a shared host) is rebuilt for the rows it had not
+# returned, this many times; the rows still left then run one at a time, each in its own
+# worker, so that only a row that kills its worker alone is lost, reported as not
+# simulated (`lost`), never the table. (Workers are not recycled between rows: a worker's
+# resident memory falls back below 2.3 GB after each, and max_tasks_per_child can
+# deadlock the pool on Python 3.11, CPython gh-115634.)
 POOL_RETRIES = 1
 
 
