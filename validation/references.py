@@ -138,8 +138,8 @@ def run_references(path: str | Path | None = None, jobs: int | None = None) -> d
 
 
 # A pool that loses a worker (the kernel's OOM killer: in session 45 a worker reached the
-# 23 GB host's whole memory; no row alone peaks above 8.7 GB, validation/README.md, so
-# likely two heavy rows at once on a shared host) is rebuilt for the rows it had not
+# 23 GB host's whole memory; one row alone, Google's 405B run with 1,008 micro-batches a
+# stage, passes 21 GB: validation/README.md) is rebuilt for the rows it had not
 # returned, this many times; the rows still left then run one at a time, each in its own
 # worker, so that only a row that kills its worker alone is lost, reported as not
 # simulated (`lost`), never the table. (Workers are not recycled between rows: a worker's
