@@ -18,16 +18,11 @@ import csv
 import pstats
 import sys
 
-from benchmarks.rows import CSV
+from benchmarks.rows import CSV, simulate_by_phase
 
 
 def count_calls(row: dict[str, str]) -> dict[str, float]:
     """Function calls per phase of one row's simulation, and its simulated step time."""
-    from simulator import api
-    from simulator.engine import Engine
-    from validation.references import plan_dict, topology_for
-    from workloads import plan_from_dict
-
     calls: dict[str, float] = {}
 
     def counted(name, fn):
@@ -41,14 +36,7 @@ def count_calls(row: dict[str, str]) -> dict[str, float]:
                 calls[name] = pstats.Stats(profile).total_calls
         return wrapper
 
-    lower, run, finish = api.lower, Engine.run, api.finish
-    api.lower, Engine.run, api.finish = (counted("lower", lower), counted("engine", run),
-                                         counted("finish", finish))
-    try:
-        result = api.simulate(plan_from_dict(plan_dict(row)), topology_for(row),
-                              api.SimOptions())
-    finally:
-        api.lower, Engine.run, api.finish = lower, run, finish
+    result = simulate_by_phase(row, counted)
     return {**calls, "step_time_s": float(result.summary["step_time_s"])}
 
 

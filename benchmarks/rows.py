@@ -45,14 +45,29 @@ def _digest(table) -> str:
     return sha.hexdigest()
 
 
-def run_row(row_id: str) -> dict:
-    """Simulate one row here, timing each phase (CPU and wall seconds)."""
+def simulate_by_phase(row: dict[str, str], wrap):
+    """Simulate a reference row as `validation references` does, with each phase (lowering,
+    the engine's event loop, finishing: "lower", "engine", "finish") run through
+    wrap(name, fn) -> fn; the phases are restored afterwards. Returns the Result."""
     from simulator import api
     from simulator.engine import Engine
     from validation.references import plan_dict, topology_for
     from workloads import plan_from_dict
 
-    row = next(r for r in csv.DictReader(open(CSV, newline="")) if r["id"] == row_id)
+    lower, run, finish = api.lower, Engine.run, api.finish
+    api.lower, Engine.run, api.finish = (wrap("lower", lower), wrap("engine", run),
+                                         wrap("finish", finish))
+    try:
+        return api.simulate(plan_from_dict(plan_dict(row)), topology_for(row),
+                            api.SimOptions())
+    finally:
+        api.lower, Engine.run, api.finish = lower, run, finish
+
+
+def run_row(row_id: str) -> dict:
+    """Simulate one row here, timing each phase (CPU and wall seconds)."""
+    with open(CSV, newline="") as f:
+        row = next(r for r in csv.DictReader(f) if r["id"] == row_id)
     cpu: dict[str, float] = {}
 
     def timed(name, fn):
@@ -61,14 +76,11 @@ def run_row(row_id: str) -> dict:
             try:
                 return fn(*args, **kwargs)
             finally:
-                cpu[name] = cpu.get(name, 0.0) + time.process_time() - start
+                cpu[f"{name}_s"] = cpu.get(f"{name}_s", 0.0) + time.process_time() - start
         return wrapper
 
-    api.lower = timed("lower_s", api.lower)
-    Engine.run = timed("engine_s", Engine.run)
-    api.finish = timed("finish_s", api.finish)
     wall, cpu0 = time.perf_counter(), time.process_time()
-    result = api.simulate(plan_from_dict(plan_dict(row)), topology_for(row), api.SimOptions())
+    result = simulate_by_phase(row, timed)
     out = {"row": row_id, "wall_s": time.perf_counter() - wall,
            "cpu_s": time.process_time() - cpu0, **cpu, "events": result.events,
            # ru_maxrss is in KiB on Linux
