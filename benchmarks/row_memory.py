@@ -1,0 +1,67 @@
+"""`python -m benchmarks.row_memory [--only ID ...] [--skip ID ...] [-o FILE]`: each
+published row's peak memory alone, the rows simulated one after another in this one
+process as a `validation references` worker runs them (Linux: /proc/self/status).
+
+Before each row the process's peak resident set (VmHWM) is reset (writing 5 to
+/proc/self/clear_refs), so a row's peak is its own; the resident set after it shows
+whether memory builds up from row to row. One JSON line per row (id, outcome, seconds,
+peak_gb, rss_after_gb, error_pct) goes to the output file as the row ends, so a run
+stopped part-way keeps what it measured. Not a timed test: it takes the table's whole
+simulation time (about two hours on one core), and a row past the host's memory is
+killed with the process (`--skip` leaves it out).
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from pathlib import Path
+
+# The kernel states these sizes in "kB" that are KiB; the figures here (and those quoted in
+# validation/README.md and benchmarks/README.md) are that number / 1e6, 2.4 % under
+# decimal GB.
+KB_PER_GB = 1e6
+
+
+def _memory_gb() -> dict[str, float]:
+    """VmRSS and VmHWM of this process, in the kernel's kB / 1e6 (KB_PER_GB)."""
+    out = {}
+    for line in Path("/proc/self/status").read_text().splitlines():
+        key, _, value = line.partition(":")
+        if key in ("VmRSS", "VmHWM"):
+            out[key] = int(value.split()[0]) / KB_PER_GB
+    return out
+
+
+def main() -> int:
+    """Measure the rows and write one JSON line each."""
+    from validation.reference_rows import load_rows, row_id
+    from validation.references import DEFAULT_CSV, _simulate_or_skip
+
+    parser = argparse.ArgumentParser(prog="python -m benchmarks.row_memory")
+    parser.add_argument("--only", action="append", help="a row id (repeatable)")
+    parser.add_argument("--skip", action="append", default=[], help="a row id to leave out")
+    parser.add_argument("-o", "--output", default="benchmarks/row_memory.jsonl")
+    args = parser.parse_args()
+    rows = [r for r in load_rows(DEFAULT_CSV)
+            if (not args.only or row_id(r) in args.only) and row_id(r) not in args.skip]
+    with open(args.output, "w") as out:
+        for row in rows:
+            Path("/proc/self/clear_refs").write_text("5")
+            start = time.perf_counter()
+            kind, result = _simulate_or_skip(row)
+            memory = _memory_gb()
+            line = {"id": row_id(row), "outcome": kind,
+                    "seconds": round(time.perf_counter() - start, 1),
+                    "peak_gb": round(memory["VmHWM"], 2),
+                    "rss_after_gb": round(memory["VmRSS"], 2),
+                    "error_pct": round(result["error_pct"], 3) if kind == "row" else None}
+            out.write(json.dumps(line) + "\n")
+            out.flush()
+            print(json.dumps(line), flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
