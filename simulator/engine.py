@@ -126,14 +126,20 @@ class Engine:
                 self.env.process(self._stream(rank, stage, streams[name], state, durations,
                                               grids, host))
         self.env.run()
+        # what only the run reads (per stage: stream lists, prices, host timelines, a
+        # few hundred bytes a task) goes before the trace is built
+        self._streams.clear()
+        self._duration_cache.clear()
+        self._host_cache.clear()
         stuck = [k for k, e in self._p2p.items() if not e.triggered]
         if stuck or self._rendezvous:
             raise RuntimeError(f"simulation deadlocked (unmatched point-to-point: {stuck[:3]})")
 
     def _stage_streams(self, stage: int, serial: bool = False
-                       ) -> tuple[dict[str, list], frozenset[int]]:
-        """Per stream, its tasks with only the dependencies on other streams (same-stream
-        ones are met by stream order), and the ids some other stream waits for.
+                       ) -> tuple[dict[str, tuple[list, list]], frozenset[int]]:
+        """Per stream, its tasks and, beside them, each task's dependencies on other
+        streams (same-stream ones are met by stream order), and the ids some other stream
+        waits for.
 
         serial: the device runs no collective beside compute (DeviceProfile
         .concurrent_collectives false), so collectives, and compute work that other streams
@@ -148,12 +154,17 @@ class Engine:
             lanes = [("compute" if serial and t.op_class != HOST_COPY
                       and (t.kind == COMPUTE or t.op != "send_recv") else t.stream)
                      for t in tasks]
-            streams: dict[str, list] = {}
+            # two lists a stream, not a (task, cross) pair a task: 64 bytes a task less
+            streams: dict[str, tuple[list, list]] = {}
             watched: set[int] = set()
             for task, own in zip(tasks, lanes):
                 cross = tuple(d for d in task.deps if lanes[d] != own) if task.deps else ()
                 watched.update(cross)
-                streams.setdefault(own, []).append((task, cross))
+                if own not in streams:
+                    streams[own] = ([], [])
+                own_tasks, own_cross = streams[own]
+                own_tasks.append(task)
+                own_cross.append(cross)
             self._streams[key] = (streams, frozenset(watched))
         return self._streams[key]
 
@@ -175,7 +186,7 @@ class Engine:
                                      if HostTimeline.needed(tasks) else None)
         return self._host_cache[key]
 
-    def _stream(self, rank: int, stage: int, tasks: list, state: "_RankState",
+    def _stream(self, rank: int, stage: int, tasks: tuple[list, list], state: "_RankState",
                 durations: list[float], grids: list[int],
                 host: HostTimeline | None = None) -> Iterator:
         # The hot loop, once per task of the step: look-ups hoisted, and the wait until
@@ -186,7 +197,7 @@ class Engine:
         timeout, compute = env.timeout, self._compute
         interference = self.options.overlap_slowdown
         last_sync, offset = (host.last_sync, host.offset) if host is not None else (None, None)
-        for task, cross in tasks:
+        for task, cross in zip(*tasks):
             for dep in cross:
                 if not done[dep]:
                     yield state.wait(env, dep)

@@ -11,6 +11,8 @@ of what follows shows in the step until the host is ahead again. The engine
 """
 from __future__ import annotations
 
+from array import array
+
 from workloads.program import Task
 
 
@@ -27,8 +29,9 @@ class HostTimeline:
     __slots__ = ("last_sync", "offset")
 
     def __init__(self, tasks: list[Task], factor: float) -> None:
-        self.last_sync = [-1] * len(tasks)
-        self.offset = [0.0] * len(tasks)
+        # machine values, not Python objects: a stage holds up to millions of tasks
+        self.last_sync = array("q", [-1]) * len(tasks)
+        self.offset = array("d", [0.0]) * len(tasks)
         sync, elapsed = -1, 0.0
         for task in tasks:
             elapsed += task.host_s * factor

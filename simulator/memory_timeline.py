@@ -13,55 +13,84 @@ from __future__ import annotations
 
 import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
 
 from workloads.activation_offload import offloaded_layers, release_layer
 from workloads.memory import memory_breakdown, output_activation_bytes, saved_layer_bytes
 from workloads.program import Program
 
 
-def _rank_deltas(plan, stage: int, layer, microbatch, phase, op, end, stream) -> np.ndarray:
+def _last_per_key(rows: np.ndarray, code: np.ndarray, pos: np.ndarray, last: bool
+                  ) -> tuple[np.ndarray, np.ndarray]:
+    """Of `rows`, the one that ends last (last) or first in end order (`pos`) for each
+    key `code`: (the keys in ascending order, their rows)."""
+    if not len(rows):
+        return code[:0], rows
+    rows = rows[np.lexsort((pos[rows], code[rows]))]
+    keys = code[rows]
+    pick = (np.append(keys[1:] != keys[:-1], True) if last else
+            np.insert(keys[1:] != keys[:-1], 0, True))
+    return keys[pick], rows[pick]
+
+
+def _rank_deltas(plan, stage: int, layer, microbatch, masks: dict[str, np.ndarray], end
+                 ) -> np.ndarray:
     """Bytes allocated (+) or freed (-) at the end of each row of one rank.
 
-    Only compute-stream rows count: a layer's gradient reduce-scatter, which ends later,
-    does not hold its activations.
+    A layer's saved tensors of a micro-batch (key: layer, micro-batch; the output layer's
+    logits: layer -1) are allocated when its last forward row ends and freed when its
+    last backward row ends. Only compute-stream rows count: a layer's gradient
+    reduce-scatter, which ends later, does not hold its activations. Ties in end time
+    fall to the earlier row (a stable order), so each key has one row.
     """
     deltas = np.zeros(len(end))
-    first_fwd: dict[tuple[int, int], int] = {}
-    last_fwd: dict[tuple[int, int], int] = {}
-    last_bwd: dict[tuple[int, int], int] = {}
-    for i in np.argsort(end, kind="stable"):
-        if stream[i] != "compute":
-            continue
-        key = (int(layer[i]), int(microbatch[i]))
-        if key[0] >= 0 or op[i] in ("cross_entropy", "output"):
-            key = key if key[0] >= 0 else (-1, key[1])
-            if phase[i] == "forward" and (key[0] >= 0 or op[i] == "cross_entropy"):
-                last_fwd[key] = i
-                first_fwd.setdefault(key, i)
-            elif phase[i] == "backward" and (key[0] >= 0 or op[i] == "output"):
-                last_bwd[key] = i
-    logits = output_activation_bytes(plan)
-    for key, i in last_fwd.items():
-        size = logits if key[0] < 0 else saved_layer_bytes(plan, key[0])
-        deltas[i] += size
-        if key in last_bwd:
-            deltas[last_bwd[key]] -= size
-    for layer in offloaded_layers(plan):
-        # freed when layer L - N + i's forward starts, back when that layer's backward is
-        # done (workloads/activation_offload.py), each at the end of that row
-        size, at = saved_layer_bytes(plan, layer), release_layer(plan, layer)
-        for mb in {k[1] for k in first_fwd if k[0] == at}:
-            deltas[first_fwd[(at, mb)]] -= size
-            if (at, mb) in last_bwd:
-                deltas[last_bwd[(at, mb)]] += size
+    pos = np.empty(len(end), dtype=np.int64)
+    pos[np.argsort(end, kind="stable")] = np.arange(len(end))
+    in_layer = layer >= 0
+    compute = masks["compute"]
+    # one number per key (micro-batches from -1, per-step work, up)
+    code = np.where(in_layer, layer, -1).astype(np.int64) * (int(microbatch.max(initial=0)) + 2) \
+        + microbatch.astype(np.int64) + 1
+    forward = np.flatnonzero(compute & masks["forward"] & (in_layer | masks["cross_entropy"]))
+    backward = np.flatnonzero(compute & masks["backward"] & (in_layer | masks["output"]))
+    fwd_keys, last_fwd = _last_per_key(forward, code, pos, last=True)
+    bwd_keys, last_bwd = _last_per_key(backward, code, pos, last=True)
+    sizes = _saved_sizes(plan, layer[last_fwd])
+    deltas[last_fwd] += sizes
+    freed = np.isin(fwd_keys, bwd_keys)
+    deltas[last_bwd[np.searchsorted(bwd_keys, fwd_keys[freed])]] -= sizes[freed]
+    offloaded = offloaded_layers(plan)
+    if offloaded:
+        first_keys, first_fwd = _last_per_key(forward, code, pos, last=False)
+        first = dict(zip(first_keys.tolist(), first_fwd.tolist()))
+        freed_at = dict(zip(bwd_keys.tolist(), last_bwd.tolist()))
+        for saved in offloaded:
+            # freed when layer L - N + i's forward starts, back when that layer's backward
+            # is done (workloads/activation_offload.py), each at the end of that row
+            size, at = saved_layer_bytes(plan, saved), release_layer(plan, saved)
+            for key in first_keys[layer[first_fwd] == at].tolist():
+                deltas[first[key]] -= size
+                if key in freed_at:
+                    deltas[freed_at[key]] += size
     return deltas
+
+
+def _saved_sizes(plan, layers: np.ndarray) -> np.ndarray:
+    """Bytes each row's key saves: a layer's activations, or the logits (layer < 0)."""
+    per_layer = {int(n): (saved_layer_bytes(plan, int(n)) if n >= 0 else
+                          output_activation_bytes(plan)) for n in np.unique(layers)}
+    return np.array([per_layer[n] for n in layers.tolist()], dtype=np.float64)
 
 
 def memory_column(program: Program, trace: pa.Table) -> pa.Array:
     """`memory_bytes` for every row of a trace sorted by (rank, start_s, end_s)."""
     plan = program.plan
-    cols = {n: trace[n].to_numpy(zero_copy_only=False)
-            for n in ("rank", "layer", "microbatch", "phase", "op", "end_s", "stream")}
+    cols = {n: trace[n].to_numpy() for n in ("rank", "layer", "microbatch", "end_s")}
+    # the string columns the timeline reads, as masks (not millions of Python strings)
+    masks = {name: pc.equal(trace[column], name).to_numpy()
+             for column, name in (("stream", "compute"), ("phase", "forward"),
+                                  ("phase", "backward"), ("op", "cross_entropy"),
+                                  ("op", "output"))}
     out = np.zeros(trace.num_rows)
     ranks, starts = np.unique(cols["rank"], return_index=True)
     bounds = list(starts[1:]) + [trace.num_rows]
@@ -76,7 +105,7 @@ def memory_column(program: Program, trace: pa.Table) -> pa.Array:
         sl = slice(lo, hi)
         end = cols["end_s"][sl]
         deltas = _rank_deltas(plan, stage, cols["layer"][sl], cols["microbatch"][sl],
-                              cols["phase"][sl], cols["op"][sl], end, cols["stream"][sl])
+                              {name: mask[sl] for name, mask in masks.items()}, end)
         order = np.argsort(end, kind="stable")
         in_use = np.empty(len(end))
         in_use[order] = static + np.cumsum(deltas[order])

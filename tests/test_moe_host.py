@@ -46,8 +46,8 @@ def test_issue_offsets_restart_after_each_sync():
     tasks = [Task(id=i, kind="compute", stream="compute", op="x", phase="forward", layer=0,
                   microbatch=0, host_s=1.0, host_sync=(i == 1)) for i in range(4)]
     host = HostTimeline(tasks, factor=2.0)
-    assert host.last_sync == [-1, -1, 1, 1]
-    assert host.offset == [2.0, 4.0, 2.0, 4.0]     # host time x the CPU factor, summed
+    assert list(host.last_sync) == [-1, -1, 1, 1]
+    assert list(host.offset) == [2.0, 4.0, 2.0, 4.0]   # host time x the CPU factor, summed
 
 
 def test_grace_hosts_issue_slower_than_x86_dgx_hosts():

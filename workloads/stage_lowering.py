@@ -287,5 +287,6 @@ class StageLowering(StageDataParallel):
                               lambda layer: saved_layer_bytes(self.plan, layer))
         add_host_issue_time(self.sink.tasks, self.plan)
         add_node_host_time(self.node_calls, self.plan)
+        self.sink.share_again("host_s")
         return self.sink.tasks
 
