@@ -53,12 +53,11 @@ class _RankState:
     """Which tasks of one simulated rank are done; events only for awaited ones; when
     each host-synchronising task finished (HostTimeline)."""
 
-    __slots__ = ("done", "waiters", "watched", "synced_at")
+    __slots__ = ("done", "waiters", "synced_at")
 
-    def __init__(self, num_tasks: int, watched: frozenset[int]) -> None:
+    def __init__(self, num_tasks: int) -> None:
         self.done = [False] * num_tasks
         self.waiters: dict[int, simpy.Event] = {}
-        self.watched = watched
         self.synced_at: dict[int, float] = {}
 
     def wait(self, env: simpy.Environment, task_id: int) -> simpy.Event:
@@ -117,11 +116,11 @@ class Engine:
         for rank in self.ranks:
             stage = self.mesh.stage_of(rank)
             device = self.topology.device(rank)
-            streams, watched = self._stage_streams(
+            streams = self._stage_streams(
                 stage, serial=not device.profile.concurrent_collectives)
             durations, grids = self._durations(stage, device)
             host = self._host(stage, device)
-            state = _RankState(len(self.program.stages[stage]), watched)
+            state = _RankState(len(self.program.stages[stage]))
             for name in sorted(streams):
                 self.env.process(self._stream(rank, stage, streams[name], state, durations,
                                               grids, host))
@@ -136,10 +135,9 @@ class Engine:
             raise RuntimeError(f"simulation deadlocked (unmatched point-to-point: {stuck[:3]})")
 
     def _stage_streams(self, stage: int, serial: bool = False
-                       ) -> tuple[dict[str, tuple[list, list]], frozenset[int]]:
+                       ) -> dict[str, tuple[list, list]]:
         """Per stream, its tasks and, beside them, each task's dependencies on other
-        streams (same-stream ones are met by stream order), and the ids some other stream
-        waits for.
+        streams (same-stream ones are met by stream order).
 
         serial: the device runs no collective beside compute (DeviceProfile
         .concurrent_collectives false), so collectives, and compute work that other streams
@@ -156,16 +154,16 @@ class Engine:
                      for t in tasks]
             # two lists a stream, not a (task, cross) pair a task: 64 bytes a task less
             streams: dict[str, tuple[list, list]] = {}
-            watched: set[int] = set()
             for task, own in zip(tasks, lanes):
                 cross = tuple(d for d in task.deps if lanes[d] != own) if task.deps else ()
-                watched.update(cross)
+                if len(cross) == len(task.deps):
+                    cross = task.deps       # every dependency is on another stream: shared
                 if own not in streams:
                     streams[own] = ([], [])
                 own_tasks, own_cross = streams[own]
                 own_tasks.append(task)
                 own_cross.append(cross)
-            self._streams[key] = (streams, frozenset(watched))
+            self._streams[key] = streams
         return self._streams[key]
 
     def _durations(self, stage: int, device) -> tuple[list[float], list[int]]:
