@@ -1,6 +1,7 @@
-"""`python -m benchmarks.row_memory [--only ID ...] [--skip ID ...] [-o FILE]`: each
-published row's peak memory alone, the rows simulated one after another in this one
-process as a `validation references` worker runs them (Linux: /proc/self/status).
+"""`python -m benchmarks.row_memory [--only ID ...] [--skip ID ...] [--phases]
+[--set COLUMN=VALUE ...] [-o FILE]`: each published row's peak memory alone, the rows
+simulated one after another in this one process as a `validation references` worker runs
+them (Linux: /proc/self/status).
 
 Before each row the process's peak resident set (VmHWM) is reset (writing 5 to
 /proc/self/clear_refs), so a row's peak is its own; the resident set after it shows
@@ -9,6 +10,12 @@ peak_gb, rss_after_gb, error_pct) goes to the output file as the row ends, so a 
 stopped part-way keeps what it measured. Not a timed test: it takes the table's whole
 simulation time (about two hours on one core), and a row past the host's memory is
 killed with the process (`--skip` leaves it out).
+
+`--phases` simulates each row through its phases instead (benchmarks/rows.py
+simulate_by_phase) and adds the peak reached by the end of each (`lower_gb`, `engine_gb`,
+`finish_gb`: what the Program holds, what the event loop adds, what building the trace
+adds) and the step time; `--set` overrides a CSV column of every row (e.g.
+`--set global_batch_seqs=224`: fewer micro-batches, a smaller copy of a large row).
 """
 from __future__ import annotations
 
@@ -34,29 +41,62 @@ def _memory_gb() -> dict[str, float]:
     return out
 
 
+def _by_phase(row: dict[str, str]) -> dict:
+    """Simulate a row phase by phase: the peak by the end of each, and the step time."""
+    from benchmarks.rows import simulate_by_phase
+    from inputs import InputError
+
+    peaks: dict[str, float] = {}
+
+    def measured(name, fn):
+        def wrapper(*args, **kwargs):
+            try:
+                return fn(*args, **kwargs)
+            finally:
+                peaks[f"{name}_gb"] = round(_memory_gb()["VmHWM"], 2)
+        return wrapper
+
+    try:
+        result = simulate_by_phase(row, measured)
+    except InputError as exc:   # a row --set made invalid: skipped, as references does
+        return {"outcome": "skipped", "reason": str(exc)}
+    return {"outcome": "row", **peaks, "step_time_s": float(result.summary["step_time_s"])}
+
+
 def main() -> int:
     """Measure the rows and write one JSON line each."""
     from validation.reference_rows import load_rows, row_id
     from validation.references import DEFAULT_CSV, _simulate_or_skip
 
     parser = argparse.ArgumentParser(prog="python -m benchmarks.row_memory")
-    parser.add_argument("--only", action="append", help="a row id (repeatable)")
-    parser.add_argument("--skip", action="append", default=[], help="a row id to leave out")
+    parser.add_argument("--only", action="extend", nargs="+", help="row ids (repeatable)")
+    parser.add_argument("--skip", action="extend", nargs="+", default=[],
+                        help="row ids to leave out (repeatable)")
+    parser.add_argument("--phases", action="store_true",
+                        help="the peak at the end of each phase, and the step time")
+    parser.add_argument("--set", action="append", default=[], metavar="COLUMN=VALUE")
     parser.add_argument("-o", "--output", default="benchmarks/row_memory.jsonl")
     args = parser.parse_args()
-    rows = [r for r in load_rows(DEFAULT_CSV)
+    rows = [dict(r) for r in load_rows(DEFAULT_CSV)
             if (not args.only or row_id(r) in args.only) and row_id(r) not in args.skip]
+    for row in rows:
+        for item in args.set:
+            column, _, value = item.partition("=")
+            row[column] = value
     with open(args.output, "w") as out:
         for row in rows:
             Path("/proc/self/clear_refs").write_text("5")
             start = time.perf_counter()
-            kind, result = _simulate_or_skip(row)
+            if args.phases:
+                line = _by_phase(row)
+            else:
+                kind, result = _simulate_or_skip(row)
+                line = {"outcome": kind, "error_pct": round(result["error_pct"], 3)
+                        if kind == "row" else None}
             memory = _memory_gb()
-            line = {"id": row_id(row), "outcome": kind,
-                    "seconds": round(time.perf_counter() - start, 1),
+            line = {"id": row_id(row), "seconds": round(time.perf_counter() - start, 1),
                     "peak_gb": round(memory["VmHWM"], 2),
-                    "rss_after_gb": round(memory["VmRSS"], 2),
-                    "error_pct": round(result["error_pct"], 3) if kind == "row" else None}
+                    "rss_after_gb": round(memory["VmRSS"], 2), **line}
             out.write(json.dumps(line) + "\n")
             out.flush()
             print(json.dumps(line), flush=True)

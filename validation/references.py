@@ -139,12 +139,13 @@ def run_references(path: str | Path | None = None, jobs: int | None = None) -> d
 
 # A pool that loses a worker (the kernel's OOM killer: in session 45 a worker reached the
 # 23 GB host's whole memory; one row alone, Google's 405B run with 1,008 micro-batches a
-# stage, passes 21 GB: validation/README.md) is rebuilt for the rows it had not
-# returned, this many times; the rows still left then run one at a time, each in its own
-# worker, so that only a row that kills its worker alone is lost, reported as not
-# simulated (`lost`), never the table. (Workers are not recycled between rows: a worker's
-# resident memory falls back below 2.3 GB after each, and max_tasks_per_child can
-# deadlock the pool on Python 3.11, CPython gh-115634.)
+# stage, passed 21 GB then and peaks at 13.1 GB since session 47: validation/README.md)
+# is rebuilt for the rows it had not returned, this many times; the rows still left then
+# run one at a time, each in its own worker, so that only a row that kills its worker
+# alone is lost, reported as not simulated (`lost`), never the table. (Workers are not
+# recycled between rows: a worker keeps at most 4.5 GB resident after a row, the Google
+# row's, with no growth from row to row, and max_tasks_per_child can deadlock the pool on
+# Python 3.11, CPython gh-115634.)
 POOL_RETRIES = 1
 
 
