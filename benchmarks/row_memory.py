@@ -6,7 +6,7 @@ them (Linux: /proc/self/status).
 Before each row the process's peak resident set (VmHWM) is reset (writing 5 to
 /proc/self/clear_refs), so a row's peak is its own; the resident set after it shows
 whether memory builds up from row to row. One JSON line per row (id, outcome, seconds,
-peak_gb, rss_after_gb, error_pct) goes to the output file as the row ends, so a run
+peak_gb, rss_after_gb, error_pct or reason) goes to the output file as the row ends, so a run
 stopped part-way keeps what it measured. Not a timed test: it takes the table's whole
 simulation time (about two hours on one core), and a row past the host's memory is
 killed with the process (`--skip` leaves it out).
@@ -44,7 +44,9 @@ def _memory_gb() -> dict[str, float]:
 def _by_phase(row: dict[str, str]) -> dict:
     """Simulate a row phase by phase: the peak by the end of each, and the step time."""
     from benchmarks.rows import simulate_by_phase
-    from inputs import InputError
+    from topologies import TopologyError
+    from validation.references import cannot_express
+    from workloads import WorkloadError
 
     peaks: dict[str, float] = {}
 
@@ -57,8 +59,11 @@ def _by_phase(row: dict[str, str]) -> dict:
         return wrapper
 
     try:
+        reason = cannot_express(row)
+        if reason:
+            return {"outcome": "inexpressible", "reason": reason}
         result = simulate_by_phase(row, measured)
-    except InputError as exc:   # a row --set made invalid: skipped, as references does
+    except (WorkloadError, TopologyError, ValueError) as exc:   # as references skips it
         return {"outcome": "skipped", "reason": str(exc)}
     return {"outcome": "row", **peaks, "step_time_s": float(result.summary["step_time_s"])}
 
@@ -79,9 +84,12 @@ def main() -> int:
     args = parser.parse_args()
     rows = [dict(r) for r in load_rows(DEFAULT_CSV)
             if (not args.only or row_id(r) in args.only) and row_id(r) not in args.skip]
-    for row in rows:
-        for item in args.set:
-            column, _, value = item.partition("=")
+    for item in args.set:
+        column, equals, value = item.partition("=")
+        if not equals or column not in (rows[0] if rows else {}):
+            parser.error(f"--set: got {item!r}; allowed: COLUMN=VALUE with a column of "
+                         "the references CSV")
+        for row in rows:
             row[column] = value
     with open(args.output, "w") as out:
         for row in rows:
@@ -90,9 +98,12 @@ def main() -> int:
             if args.phases:
                 line = _by_phase(row)
             else:
-                kind, result = _simulate_or_skip(row)
-                line = {"outcome": kind, "error_pct": round(result["error_pct"], 3)
-                        if kind == "row" else None}
+                try:
+                    kind, result = _simulate_or_skip(row)
+                except ValueError as exc:   # a column --set made unreadable
+                    kind, result = "skipped", {"reason": str(exc)}
+                line = {"outcome": kind, **({"error_pct": round(result["error_pct"], 3)}
+                                            if kind == "row" else {"reason": result["reason"]})}
             memory = _memory_gb()
             line = {"id": row_id(row), "seconds": round(time.perf_counter() - start, 1),
                     "peak_gb": round(memory["VmHWM"], 2),

@@ -29,6 +29,7 @@ from .network import CommModel, CommOptions
 from .rank_classes import RankClasses, rank_classes
 from .rank_groups import RankGroups
 from .sm_share import NCCL, NVLS, STATED, SmShare
+from .streams import stage_streams
 from .trace import TraceRecorder
 from .trace_spill import SpillRecorder
 
@@ -136,34 +137,11 @@ class Engine:
 
     def _stage_streams(self, stage: int, serial: bool = False
                        ) -> dict[str, tuple[list, list]]:
-        """Per stream, its tasks and, beside them, each task's dependencies on other
-        streams (same-stream ones are met by stream order).
-
-        serial: the device runs no collective beside compute (DeviceProfile
-        .concurrent_collectives false), so collectives, and compute work that other streams
-        carry (FSDP's gradient copy-in), join the compute stream in program order;
-        point-to-point transfers keep their streams (a receive waits for its peer).
-        """
+        """A stage's tasks by stream with their cross-stream dependencies (streams.py;
+        cached per stage and seriality)."""
         key = (stage, serial)
         if key not in self._streams:
-            tasks = self.program.stages[stage]
-            # each task's lane once (a stage holds up to millions of tasks)
-            # a copy engine's transfer keeps its own lane: it holds no SMs
-            lanes = [("compute" if serial and t.op_class != HOST_COPY
-                      and (t.kind == COMPUTE or t.op != "send_recv") else t.stream)
-                     for t in tasks]
-            # two lists a stream, not a (task, cross) pair a task: 64 bytes a task less
-            streams: dict[str, tuple[list, list]] = {}
-            for task, own in zip(tasks, lanes):
-                cross = tuple(d for d in task.deps if lanes[d] != own) if task.deps else ()
-                if len(cross) == len(task.deps):
-                    cross = task.deps       # every dependency is on another stream: shared
-                if own not in streams:
-                    streams[own] = ([], [])
-                own_tasks, own_cross = streams[own]
-                own_tasks.append(task)
-                own_cross.append(cross)
-            self._streams[key] = streams
+            self._streams[key] = stage_streams(self.program.stages[stage], serial)
         return self._streams[key]
 
     def _durations(self, stage: int, device) -> tuple[list[float], list[int]]:

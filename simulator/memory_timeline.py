@@ -20,16 +20,16 @@ from workloads.memory import memory_breakdown, output_activation_bytes, saved_la
 from workloads.program import Program
 
 
-def _last_per_key(rows: np.ndarray, code: np.ndarray, pos: np.ndarray, last: bool
-                  ) -> tuple[np.ndarray, np.ndarray]:
-    """Of `rows`, the one that ends last (last) or first in end order (`pos`) for each
-    key `code`: (the keys in ascending order, their rows)."""
+def _row_per_key(rows: np.ndarray, key: np.ndarray, pos: np.ndarray, first: bool = False
+                 ) -> tuple[np.ndarray, np.ndarray]:
+    """For each key of `rows`, its row that comes last (first: first) in end order `pos`:
+    (the keys in ascending order, their rows)."""
     if not len(rows):
-        return code[:0], rows
-    rows = rows[np.lexsort((pos[rows], code[rows]))]
-    keys = code[rows]
-    pick = (np.append(keys[1:] != keys[:-1], True) if last else
-            np.insert(keys[1:] != keys[:-1], 0, True))
+        return key[:0], rows
+    rows = rows[np.lexsort((pos[rows], key[rows]))]
+    keys = key[rows]
+    change = keys[1:] != keys[:-1]
+    pick = np.insert(change, 0, True) if first else np.append(change, True)
     return keys[pick], rows[pick]
 
 
@@ -40,46 +40,47 @@ def _rank_deltas(plan, stage: int, layer, microbatch, masks: dict[str, np.ndarra
     A layer's saved tensors of a micro-batch (key: layer, micro-batch; the output layer's
     logits: layer -1) are allocated when its last forward row ends and freed when its
     last backward row ends. Only compute-stream rows count: a layer's gradient
-    reduce-scatter, which ends later, does not hold its activations. Ties in end time
-    fall to the earlier row (a stable order), so each key has one row.
+    reduce-scatter, which ends later, does not hold its activations. Rows are taken in end
+    order, ties in row order (a stable sort), so each key has one last row.
     """
     deltas = np.zeros(len(end))
     pos = np.empty(len(end), dtype=np.int64)
     pos[np.argsort(end, kind="stable")] = np.arange(len(end))
     in_layer = layer >= 0
     compute = masks["compute"]
-    # one number per key (micro-batches from -1, per-step work, up)
-    code = np.where(in_layer, layer, -1).astype(np.int64) * (int(microbatch.max(initial=0)) + 2) \
-        + microbatch.astype(np.int64) + 1
+    key_layer = np.where(in_layer, layer, -1).astype(np.int64)
+    # one number per (layer, micro-batch) key, whatever the micro-batch numbers
+    mb = microbatch.astype(np.int64) - int(microbatch.min(initial=0))
+    key = key_layer * (int(mb.max(initial=0)) + 1) + mb
     forward = np.flatnonzero(compute & masks["forward"] & (in_layer | masks["cross_entropy"]))
     backward = np.flatnonzero(compute & masks["backward"] & (in_layer | masks["output"]))
-    fwd_keys, last_fwd = _last_per_key(forward, code, pos, last=True)
-    bwd_keys, last_bwd = _last_per_key(backward, code, pos, last=True)
-    sizes = _saved_sizes(plan, layer[last_fwd])
-    deltas[last_fwd] += sizes
+    fwd_keys, last_fwd = _row_per_key(forward, key, pos)
+    bwd_keys, last_bwd = _row_per_key(backward, key, pos)
+    saved_bytes = _saved_bytes(plan, key_layer[last_fwd])
+    deltas[last_fwd] += saved_bytes
     freed = np.isin(fwd_keys, bwd_keys)
-    deltas[last_bwd[np.searchsorted(bwd_keys, fwd_keys[freed])]] -= sizes[freed]
+    deltas[last_bwd[np.searchsorted(bwd_keys, fwd_keys[freed])]] -= saved_bytes[freed]
     offloaded = offloaded_layers(plan)
     if offloaded:
-        first_keys, first_fwd = _last_per_key(forward, code, pos, last=False)
+        first_keys, first_fwd = _row_per_key(forward, key, pos, first=True)
         first = dict(zip(first_keys.tolist(), first_fwd.tolist()))
         freed_at = dict(zip(bwd_keys.tolist(), last_bwd.tolist()))
         for saved in offloaded:
             # freed when layer L - N + i's forward starts, back when that layer's backward
             # is done (workloads/activation_offload.py), each at the end of that row
-            size, at = saved_layer_bytes(plan, saved), release_layer(plan, saved)
-            for key in first_keys[layer[first_fwd] == at].tolist():
-                deltas[first[key]] -= size
-                if key in freed_at:
-                    deltas[freed_at[key]] += size
+            size_bytes, at = saved_layer_bytes(plan, saved), release_layer(plan, saved)
+            for k in first_keys[key_layer[first_fwd] == at].tolist():
+                deltas[first[k]] -= size_bytes
+                if k in freed_at:
+                    deltas[freed_at[k]] += size_bytes
     return deltas
 
 
-def _saved_sizes(plan, layers: np.ndarray) -> np.ndarray:
-    """Bytes each row's key saves: a layer's activations, or the logits (layer < 0)."""
+def _saved_bytes(plan, key_layers: np.ndarray) -> np.ndarray:
+    """Bytes each key saves: its layer's activations, or the logits (key layer -1)."""
     per_layer = {int(n): (saved_layer_bytes(plan, int(n)) if n >= 0 else
-                          output_activation_bytes(plan)) for n in np.unique(layers)}
-    return np.array([per_layer[n] for n in layers.tolist()], dtype=np.float64)
+                          output_activation_bytes(plan)) for n in np.unique(key_layers)}
+    return np.array([per_layer[n] for n in key_layers.tolist()], dtype=np.float64)
 
 
 def memory_column(program: Program, trace: pa.Table) -> pa.Array:

@@ -14,7 +14,7 @@ import pytest
 
 import topologies
 from simulator import simulate
-from simulator.memory_timeline import memory_column
+from simulator.memory_timeline import _rank_deltas, memory_column
 from simulator.trace import RECORDED, TraceRecorder
 from workloads import load_plan
 from workloads.activation_offload import offloaded_layers, release_layer
@@ -23,18 +23,26 @@ from workloads.memory import memory_breakdown, output_activation_bytes, saved_la
 
 
 # ---- tasks share repeated values ------------------------------------------------------
+def _made() -> dict:
+    """Field values built at run time (equal literals may be one constant already, which
+    would let a sharing test pass without any sharing)."""
+    return dict(label="".join(["w1", ".fwd"]), flops=float("2.0"), bytes=float("3.0"),
+                efficiency=float("0.5"), host_s=float("1e-6"),
+                gemm_mnk=tuple(int(x) for x in "123"))
+
+
 def test_equal_values_are_one_object_and_types_are_kept():
     sink = TaskSink()
     common = dict(kind="compute", stream="compute", op="w", phase="forward", layer=0)
-    label = "".join(["w1", ".fwd"])   # built at run time: not a shared literal
-    a = sink.tasks[sink.add(microbatch=0, label=label, flops=2.0, bytes=3.0,
-                            gemm_mnk=(1, 2, 3), **common)]
-    b = sink.tasks[sink.add(microbatch=1, label="".join(["w1", ".fwd"]), flops=2.0 + 0.0,
-                            bytes=3.0 * 1.0, gemm_mnk=tuple([1, 2, 3]), **common)]
-    assert a.label is b.label and a.flops is b.flops and a.bytes is b.bytes
-    assert a.gemm_mnk is b.gemm_mnk
+    made = [_made() for _ in range(2)]
+    for name in made[0]:
+        assert made[0][name] is not made[1][name], name   # two objects going in
+    a, b = (sink.tasks[sink.add(microbatch=mb, **fields, **common)]
+            for mb, fields in enumerate(made))
+    for name in made[0]:
+        assert getattr(a, name) is getattr(b, name), name   # one object coming out
     # equal but of another type: not merged (2 == 2.0, (1, 2, 3) == (1.0, 2.0, 3.0))
-    c = sink.tasks[sink.add(microbatch=2, label=label, flops=2, bytes=3.0,
+    c = sink.tasks[sink.add(microbatch=2, label="w1.fwd", flops=2, bytes=3.0,
                             gemm_mnk=(1.0, 2.0, 3.0), **common)]
     assert type(c.flops) is int and type(c.gemm_mnk[0]) is float
     # a negative zero is never replaced by a positive one
@@ -56,12 +64,23 @@ def test_host_times_rewritten_in_place_are_shared_again():
 
 
 # ---- the trace's order --------------------------------------------------------------
+def _stages() -> list:
+    """Two small stages of distinct tasks."""
+    stages = []
+    for stage in range(2):
+        sink = TaskSink()
+        for i in range(4):
+            sink.add(kind="compute" if i % 2 else "comm", stream=f"s{i}", op=f"op{stage}{i}",
+                     phase="forward", layer=i, microbatch=stage, flops=float(i),
+                     bytes=float(10 * i + stage), label=f"l{stage}{i}")
+        stages.append(sink.tasks)
+    return stages
+
+
 def test_rows_are_sorted_as_a_stable_sort_of_the_joined_table():
     """The recorder sorts before it joins; the result must be the joined table's stable
     sort by (rank, start, end), ties in recording order."""
-    plan = load_plan("interleaved.json")
-    result = simulate(plan, topologies.build(plan.topology or "dgx-h100"))
-    stages = result.program.stages
+    stages = _stages()
     recorder = TraceRecorder(stages)
     # rows recorded out of order, with ties in (rank, start, end)
     rows = [(1, 1, 0, 2.0, 3.0), (0, 0, 1, 2.0, 3.0), (0, 0, 2, 1.0, 5.0),
@@ -84,7 +103,12 @@ def test_rows_are_sorted_as_a_stable_sort_of_the_joined_table():
     expected = joined.sort_by([("rank", "ascending"), ("start_s", "ascending"),
                                ("end_s", "ascending")])
     assert table.equals(expected)
-    assert table["group"].to_pylist() == ["g2", "g3", "g1", "g0", "g3", "g0"]
+    assert table["op"].to_pylist() == ["op02", "op03", "op01", "op00", "op13", "op10"]
+
+
+def test_a_recorder_without_rows_gives_an_empty_table():
+    table = TraceRecorder(_stages()).table()
+    assert table.num_rows == 0 and table.schema == RECORDED
 
 
 # ---- the memory timeline ------------------------------------------------------------
@@ -150,3 +174,28 @@ def test_memory_column_is_the_plain_pass(plan_name):
     assert fast.max() > fast.min()          # the timeline moves: activations come and go
     if plan_name == "offload.json":
         assert offloaded_layers(result.program.plan)   # the offload branch is exercised
+
+
+def test_deltas_match_the_plain_pass_on_random_rows():
+    """Rows the bundled plans never make: tied end times within a key, layers below -1,
+    per-step rows (micro-batch -1) inside layers, every release layer of the offload."""
+    plan = simulate(load_plan("offload.json"),
+                    topologies.build(load_plan("offload.json").topology or "dgx-h100")
+                    ).program.plan
+    layers = plan.model.num_layers
+    assert offloaded_layers(plan)
+    rng = np.random.default_rng(7)
+    for _ in range(200):
+        n = int(rng.integers(0, 60))
+        layer = rng.integers(-3, layers, n)
+        microbatch = rng.integers(-1, 4, n)
+        stream = rng.choice(["compute", "compute", "dp_rs"], n)
+        phase = rng.choice(["forward", "backward", "recompute"], n)
+        op = rng.choice(["w", "cross_entropy", "output"], n)
+        end = rng.integers(0, 12, n) / 4.0          # few distinct ends: many ties
+        masks = {"compute": stream == "compute", "forward": phase == "forward",
+                 "backward": phase == "backward", "cross_entropy": op == "cross_entropy",
+                 "output": op == "output"}
+        fast = _rank_deltas(plan, 0, layer, microbatch, masks, end)
+        plain = _plain_deltas(plan, layer, microbatch, phase, op, end, stream)
+        assert np.array_equal(fast, plain)

@@ -55,7 +55,8 @@ class TaskSink:
             value = fields.get(name)
             if value:   # zeros keep their own objects: 0.0 and -0.0 compare equal
                 # keyed with the type: 2 == 2.0 and (1, 2) == (1.0, 2.0), but an int and
-                # a float are not interchangeable in every sum
+                # a float are not interchangeable in every sum (a tuple's items are
+                # compared by value: GEMM shapes are ints, so no -0.0 hides in one)
                 fields[name] = shared.setdefault((name, _types(value), value), value)
         task = Task(id=len(self.tasks), **fields)
         self.tasks.append(task)
