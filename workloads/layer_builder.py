@@ -32,9 +32,10 @@ from .program import COMPUTE, MEMORY, Task
 # shapes, sizes and host costs): a stage keeps one object per distinct value rather than
 # one per task. On Google's Llama 3.1 405B row (1,008 micro-batches a stage) they were
 # 470,362 label strings for 169 distinct labels, and 124 of a task's 452 bytes
-# (benchmarks/row_memory.py measures a row's peak).
-_SHARED_TEXT = ("label",)
-_SHARED_NUMBERS = ("flops", "bytes", "host_s", "efficiency", "gemm_mnk")
+# (benchmarks/row_memory.py measures a row's peak). Only floats are shared among the
+# numbers, so that 2 and 2.0 never stand for each other (an int and a float are not
+# interchangeable in every sum), and no zero is: 0.0 == -0.0.
+_SHARED_FLOATS = ("flops", "bytes", "host_s", "efficiency")
 
 
 class TaskSink:
@@ -42,39 +43,35 @@ class TaskSink:
 
     def __init__(self) -> None:
         self.tasks: list[Task] = []
-        self._shared: dict = {}
+        self._labels: dict[str, str] = {}
+        self._floats: dict[float, float] = {}
+        self._shapes: dict[tuple, tuple] = {}
 
     def add(self, **fields) -> int:
         """Append a task and return its id."""
-        shared = self._shared
-        for name in _SHARED_TEXT:
-            text = fields.get(name)
-            if text:
-                fields[name] = shared.setdefault(text, text)
-        for name in _SHARED_NUMBERS:
+        label = fields.get("label")
+        if label:
+            fields["label"] = self._labels.setdefault(label, label)
+        floats = self._floats
+        for name in _SHARED_FLOATS:
             value = fields.get(name)
-            if value:   # zeros keep their own objects: 0.0 and -0.0 compare equal
-                # keyed with the type: 2 == 2.0 and (1, 2) == (1.0, 2.0), but an int and
-                # a float are not interchangeable in every sum (a tuple's items are
-                # compared by value: GEMM shapes are ints, so no -0.0 hides in one)
-                fields[name] = shared.setdefault((name, _types(value), value), value)
+            if type(value) is float and value:
+                fields[name] = floats.setdefault(value, value)
+        mnk = fields.get("gemm_mnk")
+        if mnk:   # keyed with its items' types: (1, 2, 3) == (1.0, 2.0, 3.0)
+            fields["gemm_mnk"] = self._shapes.setdefault((mnk, tuple(map(type, mnk))), mnk)
         task = Task(id=len(self.tasks), **fields)
         self.tasks.append(task)
         return task.id
 
     def share_again(self, name: str) -> None:
-        """Share field `name`'s values again after a pass rewrote them in place (the host
-        issue times, added to the finished stage: workloads/host_cost.py)."""
-        shared = self._shared
+        """Share float field `name`'s values again after a pass rewrote them in place (the
+        host issue times, added to the finished stage: workloads/host_cost.py)."""
+        floats = self._floats
         for task in self.tasks:
             value = getattr(task, name)
-            if value:
-                setattr(task, name, shared.setdefault((name, _types(value), value), value))
-
-
-def _types(value) -> object:
-    """A value's type, and its items' types for a tuple (TaskSink's sharing key)."""
-    return tuple(map(type, value)) if type(value) is tuple else type(value)
+            if type(value) is float and value:
+                setattr(task, name, floats.setdefault(value, value))
 
 
 @dataclass(frozen=True)
