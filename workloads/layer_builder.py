@@ -58,7 +58,7 @@ class TaskSink:
             if type(value) is float and value:
                 fields[name] = floats.setdefault(value, value)
         mnk = fields.get("gemm_mnk")
-        if mnk:   # keyed with its items' types: (1, 2, 3) == (1.0, 2.0, 3.0)
+        if mnk:   # keyed with its items' types, (1, 2, 3) == (1.0, 2.0, 3.0); ints in practice
             fields["gemm_mnk"] = self._shapes.setdefault((mnk, tuple(map(type, mnk))), mnk)
         task = Task(id=len(self.tasks), **fields)
         self.tasks.append(task)

@@ -255,8 +255,9 @@ class Network:
 
     def _component(self, seeds) -> list[_Transfer]:
         """Active transfers connected to `seeds` through shared links, in start order."""
-        # a set of link ids: a transfer crosses a handful of links, and testing them one
-        # by one costs a tenth of a NumPy mask look-up (a call per active transfer)
+        # a set of link ids: a transfer crosses a handful of links, and testing those one
+        # by one costs less than a NumPy mask look-up per active transfer (this search on
+        # Google's 405B row at 28 micro-batches a stage: 8.6 -> 2.9 s, benchmarks/README.md)
         linked: set[int] = set()
         members = {t.seq: t for t in seeds}
         for t in seeds:
