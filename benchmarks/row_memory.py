@@ -4,8 +4,9 @@ simulated one after another in this one process as a `validation references` wor
 them (Linux: /proc/self/status).
 
 Before each row the process's peak resident set (VmHWM) is reset (writing 5 to
-/proc/self/clear_refs), so a row's peak is its own; the resident set after it shows
-whether memory builds up from row to row. One JSON line per row (id, outcome, seconds,
+/proc/self/clear_refs), so a row's peak is its own, though never below what the process
+kept from the rows before (the previous row's rss_after_gb: freed memory the allocator
+holds for reuse); the resident set after each row shows whether memory builds up. One JSON line per row (id, outcome, seconds,
 peak_gb, rss_after_gb, error_pct or reason) goes to the output file as the row ends, so a run
 stopped part-way keeps what it measured. Not a timed test: it takes the table's whole
 simulation time (about two hours on one core), and a row past the host's memory is
