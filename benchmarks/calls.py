@@ -18,7 +18,7 @@ import csv
 import pstats
 import sys
 
-from benchmarks.rows import CSV, simulate_by_phase
+from benchmarks.rows import CSV, set_columns, simulate_by_phase
 
 
 def count_calls(row: dict[str, str]) -> dict[str, float]:
@@ -52,9 +52,10 @@ def main() -> int:
         print(f"error: row {args.row!r} is not in {CSV.name}", file=sys.stderr)
         return 2
     row = dict(table[args.row])
-    for item in args.set:
-        column, _, value = item.partition("=")
-        row[column] = value
+    try:
+        set_columns([row], args.set)
+    except ValueError as exc:
+        parser.error(str(exc))
     out = count_calls(row)
     print(f"{'row':<34} {'lower':>10} {'engine':>10} {'finish':>10}  step time (s)")
     print(f"{args.row:<34} {out['lower']:>10,} {out['engine']:>10,} {out['finish']:>10,}"

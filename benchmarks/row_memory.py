@@ -6,11 +6,12 @@ them (Linux: /proc/self/status).
 Before each row the process's peak resident set (VmHWM) is reset (writing 5 to
 /proc/self/clear_refs), so a row's peak is its own, though never below what the process
 kept from the rows before (the previous row's rss_after_gb: freed memory the allocator
-holds for reuse); the resident set after each row shows whether memory builds up. One JSON line per row (id, outcome, seconds,
-peak_gb, rss_after_gb, error_pct or reason) goes to the output file as the row ends, so a run
-stopped part-way keeps what it measured. Not a timed test: it takes the table's whole
-simulation time (about two hours on one core), and a row past the host's memory is
-killed with the process (`--skip` leaves it out).
+holds for reuse); the resident set after each row shows whether memory builds up. One
+JSON line per row (id, seconds, peak_gb, rss_after_gb, outcome, error_pct or reason)
+goes to the output file as the row ends, so a run stopped part-way keeps what it
+measured. Not a timed test: it takes the table's whole simulation time (about two hours
+on one core), and a row past the host's memory is killed with the process (`--skip`
+leaves it out).
 
 `--phases` simulates each row through its phases instead (benchmarks/rows.py
 simulate_by_phase) and adds the peak reached by the end of each (`lower_gb`, `engine_gb`,
@@ -45,9 +46,6 @@ def _memory_gb() -> dict[str, float]:
 def _by_phase(row: dict[str, str]) -> dict:
     """Simulate a row phase by phase: the peak by the end of each, and the step time."""
     from benchmarks.rows import simulate_by_phase
-    from topologies import TopologyError
-    from validation.references import cannot_express
-    from workloads import WorkloadError
 
     peaks: dict[str, float] = {}
 
@@ -59,20 +57,31 @@ def _by_phase(row: dict[str, str]) -> dict:
                 peaks[f"{name}_gb"] = round(_memory_gb()["VmHWM"], 2)
         return wrapper
 
-    try:
-        reason = cannot_express(row)
-        if reason:
-            return {"outcome": "inexpressible", "reason": reason}
-        result = simulate_by_phase(row, measured)
-    except (WorkloadError, TopologyError, ValueError) as exc:   # as references skips it
+    result = simulate_by_phase(row, measured)
+    return {**peaks, "step_time_s": float(result.summary["step_time_s"])}
+
+
+def _measure(row: dict[str, str], phases: bool) -> dict:
+    """One row's outcome as `validation references` reaches it (inexpressible and skipped
+    rows alike), with the error, or with the peaks by phase and the step time."""
+    from validation.references import _simulate_or_skip, simulate_row
+
+    try:   # a column --set made unreadable fails before the simulation's own checks
+        kind, result = _simulate_or_skip(row, _by_phase if phases else simulate_row)
+    except ValueError as exc:
         return {"outcome": "skipped", "reason": str(exc)}
-    return {"outcome": "row", **peaks, "step_time_s": float(result.summary["step_time_s"])}
+    if kind != "row":
+        return {"outcome": kind, "reason": result["reason"]}
+    if phases:
+        return {"outcome": kind, **result}
+    return {"outcome": kind, "error_pct": round(result["error_pct"], 3)}
 
 
 def main() -> int:
     """Measure the rows and write one JSON line each."""
+    from benchmarks.rows import set_columns
     from validation.reference_rows import load_rows, row_id
-    from validation.references import DEFAULT_CSV, _simulate_or_skip
+    from validation.references import DEFAULT_CSV
 
     parser = argparse.ArgumentParser(prog="python -m benchmarks.row_memory")
     parser.add_argument("--only", action="extend", nargs="+", help="row ids (repeatable)")
@@ -85,26 +94,15 @@ def main() -> int:
     args = parser.parse_args()
     rows = [dict(r) for r in load_rows(DEFAULT_CSV)
             if (not args.only or row_id(r) in args.only) and row_id(r) not in args.skip]
-    for item in args.set:
-        column, equals, value = item.partition("=")
-        if not equals or column not in (rows[0] if rows else {}):
-            parser.error(f"--set: got {item!r}; allowed: COLUMN=VALUE with a column of "
-                         "the references CSV")
-        for row in rows:
-            row[column] = value
+    try:
+        set_columns(rows, args.set)
+    except ValueError as exc:
+        parser.error(str(exc))
     with open(args.output, "w") as out:
         for row in rows:
             Path("/proc/self/clear_refs").write_text("5")
             start = time.perf_counter()
-            if args.phases:
-                line = _by_phase(row)
-            else:
-                try:
-                    kind, result = _simulate_or_skip(row)
-                except ValueError as exc:   # a column --set made unreadable
-                    kind, result = "skipped", {"reason": str(exc)}
-                line = {"outcome": kind, **({"error_pct": round(result["error_pct"], 3)}
-                                            if kind == "row" else {"reason": result["reason"]})}
+            line = _measure(row, args.phases)
             memory = _memory_gb()
             line = {"id": row_id(row), "seconds": round(time.perf_counter() - start, 1),
                     "peak_gb": round(memory["VmHWM"], 2),

@@ -45,6 +45,20 @@ def _digest(table) -> str:
     return sha.hexdigest()
 
 
+def set_columns(rows: list[dict[str, str]], items: list[str]) -> None:
+    """Apply `--set COLUMN=VALUE` items to every row (in place); ValueError naming the item
+    when it has no "=" or its column is not one of the references CSV's."""
+    with open(CSV, newline="") as f:
+        columns = csv.DictReader(f).fieldnames or []
+    for item in items:
+        column, equals, value = item.partition("=")
+        if not equals or column not in columns:
+            raise ValueError(f"--set: got {item!r}; allowed: COLUMN=VALUE with a column "
+                             "of the references CSV")
+        for row in rows:
+            row[column] = value
+
+
 def simulate_by_phase(row: dict[str, str], wrap):
     """Simulate a reference row as `validation references` does, with each phase (lowering,
     the engine's event loop, finishing: "lower", "engine", "finish") run through

@@ -33,7 +33,7 @@ def _row_per_key(rows: np.ndarray, key: np.ndarray, pos: np.ndarray, first: bool
     return keys[pick], rows[pick]
 
 
-def _rank_deltas(plan, stage: int, layer, microbatch, masks: dict[str, np.ndarray], end
+def _rank_deltas(plan, layer, microbatch, masks: dict[str, np.ndarray], end
                  ) -> np.ndarray:
     """Bytes allocated (+) or freed (-) at the end of each row of one rank.
 
@@ -105,7 +105,7 @@ def memory_column(program: Program, trace: pa.Table) -> pa.Array:
         static = static_by_stage[stage]
         sl = slice(lo, hi)
         end = cols["end_s"][sl]
-        deltas = _rank_deltas(plan, stage, cols["layer"][sl], cols["microbatch"][sl],
+        deltas = _rank_deltas(plan, cols["layer"][sl], cols["microbatch"][sl],
                               {name: mask[sl] for name, mask in masks.items()}, end)
         order = np.argsort(end, kind="stable")
         in_use = np.empty(len(end))

@@ -5,10 +5,12 @@ from __future__ import annotations
 
 import csv
 
-from benchmarks.rows import CSV, simulate_by_phase
+import pytest
+
+from benchmarks.rows import CSV, set_columns, simulate_by_phase
 from simulator import api
 from simulator.engine import Engine
-from validation.references import simulate_row
+from validation.references import _simulate_or_skip, simulate_row
 
 ROW = "mb-qwen3-30b-gb200-mxfp8-8"   # a small published MoE row (8 GPUs)
 
@@ -29,3 +31,22 @@ def test_each_phase_is_wrapped_once_and_restored():
     assert seen == ["lower", "engine", "finish"]
     assert (api.lower, Engine.run, api.finish) == originals
     assert float(result.summary["step_time_s"]) == simulate_row(row)["simulated_step_s"]
+
+
+def test_set_columns_overrides_every_row_and_refuses_unknown_columns():
+    rows = [{"id": "a", "micro_batch": "1"}, {"id": "b", "micro_batch": "2"}]
+    set_columns(rows, ["micro_batch=4", "global_batch_seqs=8"])
+    assert [r["micro_batch"] for r in rows] == ["4", "4"]
+    assert [r["global_batch_seqs"] for r in rows] == ["8", "8"]
+    for bad in ("micro_batch", "no_such_column=1"):
+        with pytest.raises(ValueError, match="--set"):
+            set_columns(rows, [bad])
+
+
+def test_a_row_is_simulated_by_the_function_given_and_skipped_as_references_skips_it():
+    with open(CSV, newline="") as f:
+        row = next(r for r in csv.DictReader(f) if r["id"] == ROW)
+    assert _simulate_or_skip(row, lambda r: {"by": r["id"]}) == ("row", {"by": ROW})
+    kind, result = _simulate_or_skip({**row, "global_batch_seqs": "3"},
+                                     lambda r: pytest.fail("an invalid row was simulated"))
+    assert kind in ("skipped", "inexpressible") and result["reason"]

@@ -196,6 +196,6 @@ def test_deltas_match_the_plain_pass_on_random_rows():
         masks = {"compute": stream == "compute", "forward": phase == "forward",
                  "backward": phase == "backward", "cross_entropy": op == "cross_entropy",
                  "output": op == "output"}
-        fast = _rank_deltas(plan, 0, layer, microbatch, masks, end)
+        fast = _rank_deltas(plan, layer, microbatch, masks, end)
         plain = _plain_deltas(plan, layer, microbatch, phase, op, end, stream)
         assert np.array_equal(fast, plain)

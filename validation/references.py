@@ -82,9 +82,12 @@ def _profile(row: dict[str, str], summary: dict[str, Any]) -> dict[str, Any]:
             "simulated_comm_hidden_pct": 100.0 * (comm - exposed) / comm if comm else 0.0}
 
 
-def _simulate_or_skip(row: dict[str, str]) -> tuple[str, dict[str, Any]]:
-    """("row", result), ("inexpressible", reason) for a row that needs a setting the
-    simulator does not model, or ("skipped", reason) (runs in a worker process)."""
+def _simulate_or_skip(row: dict[str, str],
+                      simulate: Callable[[dict[str, str]], Any] | None = None
+                      ) -> tuple[str, dict[str, Any]]:
+    """("row", simulate(row)), ("inexpressible", reason) for a row that needs a setting the
+    simulator does not model, or ("skipped", reason) (runs in a worker process).
+    `simulate` is simulate_row unless given (benchmarks/row_memory.py measures phases)."""
     from topologies import TopologyError
     from workloads import WorkloadError
 
@@ -93,7 +96,7 @@ def _simulate_or_skip(row: dict[str, str]) -> tuple[str, dict[str, Any]]:
         return "inexpressible", {"id": row_id(row), "reason": reason,
                                  "model": model_kind(row), "hardware": hardware_name(row)}
     try:
-        return "row", simulate_row(row)
+        return "row", (simulate or simulate_row)(row)
     except (WorkloadError, TopologyError, ValueError) as exc:
         return "skipped", {"id": row_id(row), "reason": str(exc)}
 
