@@ -19,6 +19,7 @@ import json
 import statistics
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -52,6 +53,13 @@ STEPS = 8
 # scatter alone, never from the error against the simulation; the tolerance is never
 # widened.
 RETRIES = 1
+# A retry only when the first attempt took at most RETRY_WITHIN_S (its wall time, never
+# its error). On a quiet host the steps take ~1 s and an attempt ~75 s, and four of six
+# such attempts were steady (validation/README.md, the CPU harness); on a loaded one the
+# steps take ~2 s and an attempt 115-125 s; both attempts of such a run read unsteady
+# (2.59 and 2.18, 2026-12-07), and two such attempts (245-251 s in all) put .ci/run at
+# 631 s, over its 10-minute budget.
+RETRY_WITHIN_S = 100.0
 # The module times real training on this host: README's test command runs it alone, after
 # the parallel rest of the suite (pyproject.toml, marker host_timed).
 pytestmark = pytest.mark.host_timed
@@ -112,9 +120,12 @@ def comparisons(tmp_path_factory) -> dict[str, dict]:
     tmp = tmp_path_factory.mktemp("validation")
     attempts = []
     for attempt in range(1, RETRIES + 2):
+        start_s = time.perf_counter()
         attempts.append(_attempt(tmp, str(attempt)))
+        took_s = time.perf_counter() - start_s
         _print_summary(attempts[-1])
-        if _unsteadiness(attempts[-1]) <= 1.0:
+        print(f"attempt {attempt} took {took_s:.0f} s")
+        if _unsteadiness(attempts[-1]) <= 1.0 or took_s > RETRY_WITHIN_S:
             break
     return min(attempts, key=_unsteadiness)
 
