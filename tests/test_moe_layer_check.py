@@ -50,8 +50,8 @@ def test_csv_measured_times_are_the_baseline_figures():
     assert {r["commit"] for r in rows} == {"cf39a4ddcf"}
     assert {r["source_file"] for r in rows} == {
         "tests/functional_tests/test_cases/common/moe_perf/baseline.json"}
-    fp8 = [c for c in cases if c.precision == "fp8"]
-    assert len(fp8) == 6 and all(any("blockwise" in n for n in c.notes) for c in fp8)
+    # every FP8 case ran Transformer Engine's Float8BlockScaling (test_cases.py fp8_recipe)
+    assert [r["fp8_recipe"] for r in rows if r["precision"] == "fp8"] == ["blockwise"] * 6
 
 
 def test_plan_has_the_benchmark_shapes_mesh_and_dispatcher():
@@ -65,7 +65,7 @@ def test_plan_has_the_benchmark_shapes_mesh_and_dispatcher():
     assert (plan.moe.dispatcher, plan.moe.flex_backend) == ("deepep", "hybridep")
     assert plan.moe.force_balance and plan.moe.aux_loss
     assert (plan.training.seq_len, plan.training.micro_batch, plan.training.dtype) == \
-        (4096, 1, "fp8")
+        (4096, 1, "fp8_blockwise")     # the simulator's Float8BlockScaling recipe
     assert plan.framework == "megatron-core"
     assert not plan.grad_reduce_overlap and not plan.param_gather_overlap   # no DDP
     mixtral = plan_from_dict(case_plan_dict(_case("mixtral_a2a_tp1ep8_bf16")))

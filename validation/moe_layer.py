@@ -65,12 +65,11 @@ NUM_LAYERS = 3   # the middle layer has a layer on each side, as a layer of a mo
 LAYER = 1
 VOCAB = 32000
 # The plan dtype of the benchmark's FP8 cases (fp8 "hybrid", recipe "blockwise": Transformer
-# Engine Float8BlockScaling). Its cast writes the row-wise (1x128) and column-wise (128x1)
-# FP8 copies with their scales in one kernel (NVIDIA/TransformerEngine transformer_engine/
-# common/transpose/quantize_transpose_vector_blockwise.cu), as delayed scaling's cast-
-# transpose does (read 2 B, write 1 + 1 B); the simulator has no block-scaled FP8 GEMM on
-# Hopper, so "fp8" also prices the GEMMs at the per-tensor FP8 rate (a notes entry).
-FP8_PLAN_DTYPE = "fp8"
+# Engine Float8BlockScaling): the simulator's fp8_blockwise recipe (workloads/precision.py),
+# its 1 x 128 activation scales cast per expert split and Hopper's block-scaled FP8 GEMMs
+# (topologies/gemm_k_loop.py). Until December 2026 these cases ran as per-tensor "fp8",
+# the closest recipe before fp8_blockwise existed.
+FP8_PLAN_DTYPE = "fp8_blockwise"
 # The MoE layer's nodes as the layer graph names them (workloads/moe/layer.py).
 MOE_NODES = MOE_LAYER_NODES
 # The layer's input node (the pre-MLP norm): the sum of its output's gradients is the MoE
