@@ -6,7 +6,10 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from validation.references import _lost, map_in_workers
+import pytest
+
+from validation.reference_rows import DEFAULT_CSV, load_rows, row_id
+from validation.references import _lost, largest_first, map_in_workers
 
 
 def square_or_die_once(item: tuple[int, str]) -> int:
@@ -42,3 +45,36 @@ def test_only_a_row_that_kills_its_worker_alone_is_lost():
 def test_a_lost_row_is_reported_as_not_simulated():
     kind, detail = _lost({"id": "some-row"})
     assert kind == "skipped" and detail["id"] == "some-row" and "died" in detail["reason"]
+
+
+def append_to(item: tuple[int, str]) -> int:
+    """item = (n, log path): notes n in the log as the worker takes it."""
+    n, log = item
+    with open(log, "a") as fh:
+        fh.write(f"{n}\n")
+    return n * n
+
+
+def test_items_go_to_the_workers_in_the_order_given_and_come_back_in_theirs(tmp_path):
+    log = str(tmp_path / "taken")
+    items = [(n, log) for n in range(6)]
+    got = map_in_workers(append_to, items, 1, lambda item: None, first=[4, 2, 0, 5, 1, 3])
+    assert got == [n * n for n in range(6)]
+    assert Path(log).read_text().split() == ["4", "2", "0", "5", "1", "3"]
+
+
+def test_the_order_given_must_name_every_item_once():
+    with pytest.raises(ValueError, match="permutation"):
+        map_in_workers(append_to, [(0, os.devnull), (1, os.devnull)], 1, lambda item: None,
+                       first=[0, 0])
+
+
+def test_the_largest_estimated_row_goes_first_and_an_unplannable_one_last():
+    rows = {row_id(r): r for r in load_rows(DEFAULT_CSV)}
+    small, large, larger = (rows[i] for i in ("lf-mpt-1b-h100-128", "narayanan-gpt-1008b",
+                                              "gcp-llama3.1-405b-b200-fp8-224"))
+    broken = {**small, "gpus": "many"}
+    # the Google 405B row (1,008 micro-batches a stage) ran 947 s alone, the 1T row 218 s,
+    # the MPT 1B row under a second (benchmarks/README.md, "A step's memory")
+    assert largest_first([small, broken, large, larger]) == [3, 2, 0, 1]
+    assert largest_first([small, dict(small)]) == [0, 1]    # ties keep the table's order
