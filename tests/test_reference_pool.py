@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from validation.reference_rows import DEFAULT_CSV, load_rows, row_id
-from validation.references import _lost, largest_first, map_in_workers
+from validation.references import _lost, map_in_workers, submission_order
 
 
 def square_or_die_once(item: tuple[int, str]) -> int:
@@ -58,7 +58,7 @@ def append_to(item: tuple[int, str]) -> int:
 def test_items_go_to_the_workers_in_the_order_given_and_come_back_in_theirs(tmp_path):
     log = str(tmp_path / "taken")
     items = [(n, log) for n in range(6)]
-    got = map_in_workers(append_to, items, 1, lambda item: None, first=[4, 2, 0, 5, 1, 3])
+    got = map_in_workers(append_to, items, 1, lambda item: None, order=[4, 2, 0, 5, 1, 3])
     assert got == [n * n for n in range(6)]
     assert Path(log).read_text().split() == ["4", "2", "0", "5", "1", "3"]
 
@@ -66,15 +66,24 @@ def test_items_go_to_the_workers_in_the_order_given_and_come_back_in_theirs(tmp_
 def test_the_order_given_must_name_every_item_once():
     with pytest.raises(ValueError, match="permutation"):
         map_in_workers(append_to, [(0, os.devnull), (1, os.devnull)], 1, lambda item: None,
-                       first=[0, 0])
+                       order=[0, 0])
 
 
-def test_the_largest_estimated_row_goes_first_and_an_unplannable_one_last():
+def test_the_largest_estimated_row_goes_first_and_the_rest_keep_the_table_order():
     rows = {row_id(r): r for r in load_rows(DEFAULT_CSV)}
-    small, large, larger = (rows[i] for i in ("lf-mpt-1b-h100-128", "narayanan-gpt-1008b",
-                                              "gcp-llama3.1-405b-b200-fp8-224"))
-    broken = {**small, "gpus": "many"}
-    # the Google 405B row (1,008 micro-batches a stage) ran 947 s alone, the 1T row 218 s,
-    # the MPT 1B row under a second (benchmarks/README.md, "A step's memory")
-    assert largest_first([small, broken, large, larger]) == [3, 2, 0, 1]
-    assert largest_first([small, dict(small)]) == [0, 1]    # ties keep the table's order
+    small, large, largest = (rows[i] for i in ("lf-mpt-1b-h100-128", "narayanan-gpt-1008b",
+                                               "gcp-llama3.1-405b-b200-fp8-224"))
+    # estimated simulated tasks (workloads/budget.py): the Google 405B row (1,008
+    # micro-batches a stage x 14 stages) 15.5 million, the 1T row (64 stages x 512) 13.1
+    # million, the MPT 1B row a few thousand
+    assert submission_order([small, large, largest, small]) == [2, 0, 1, 3]
+    assert submission_order([large, small]) == [0, 1]
+    assert submission_order([small, dict(small)]) == [0, 1]     # ties: the table's first
+    assert submission_order([]) == []
+
+
+def test_an_unplannable_row_counts_no_work():
+    rows = {row_id(r): r for r in load_rows(DEFAULT_CSV)}
+    small = rows["lf-mpt-1b-h100-128"]
+    unplannable = {**small, "tp": "3"}    # 128 GPUs do not divide into TP 3
+    assert submission_order([unplannable, small]) == [1, 0]

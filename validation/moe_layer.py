@@ -67,8 +67,8 @@ VOCAB = 32000
 # The plan dtype of the benchmark's FP8 cases (fp8 "hybrid", recipe "blockwise": Transformer
 # Engine Float8BlockScaling): the simulator's fp8_blockwise recipe (workloads/precision.py),
 # its 1 x 128 activation scales cast per expert split and Hopper's block-scaled FP8 GEMMs
-# (topologies/gemm_k_loop.py). Until December 2026 these cases ran as per-tensor "fp8",
-# the closest recipe before fp8_blockwise existed.
+# (topologies/gemm_k_loop.py). Until session 48 they ran as per-tensor "fp8", the closest
+# recipe when this check was added (fp8_blockwise, of session 30, had not been applied).
 FP8_PLAN_DTYPE = "fp8_blockwise"
 # The MoE layer's nodes as the layer graph names them (workloads/moe/layer.py).
 MOE_NODES = MOE_LAYER_NODES

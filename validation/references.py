@@ -119,7 +119,7 @@ def run_references(path: str | Path | None = None, jobs: int | None = None) -> d
         outcomes = [_simulate_or_skip(row) for row in rows]
     else:
         outcomes = map_in_workers(_simulate_or_skip, rows, jobs, _lost,
-                                  first=largest_first(rows))
+                                  order=submission_order(rows))
     results = [r for kind, r in outcomes if kind == "row"]
     inexpressible = [r for kind, r in outcomes if kind == "inexpressible"]
     skipped = [r for kind, r in outcomes if kind == "skipped"]
@@ -153,15 +153,19 @@ def run_references(path: str | Path | None = None, jobs: int | None = None) -> d
 POOL_RETRIES = 1
 
 
-def largest_first(rows: list[dict[str, str]]) -> list[int]:
-    """The rows' indices, the largest estimated work first: the simulated tasks that
-    workloads/budget.py estimates by arithmetic (0 for a row that does not resolve to a
-    plan; it fails at once). A pool that takes the rows in the table's order can be left
-    running one long row alone at the end: the Google 405B row near the table's end runs
-    for 16 minutes. With each row's time alone (session 46, benchmarks.row_memory) a
-    two-worker pool finishes in 79 minutes in the table's order and in 72 largest first,
-    as fast as ordering by the times themselves (the estimate's log correlates with the
-    time's at 0.96)."""
+def submission_order(rows: list[dict[str, str]]) -> list[int]:
+    """The order the pool takes the rows in: the row of the largest estimated work first,
+    the others in the table's order. A pool finishes no sooner than its longest row, and
+    in the table's order that row (Google's 405B run, 16 minutes alone, near the table's
+    end) started last and ran alone at the end. Only that one row moves: the rows behind it
+    run several minutes each, and starting all of them together would add their memory
+    peaks up (by session 46's per-row times and peaks, 293 rows, with session 47's 947 s
+    for the Google row and the seven rows after it untimed: two workers take 79 minutes in
+    the table's order, 72 with the largest row first and 71.6 with every row largest first,
+    whose concurrent peaks sum to 30 % more). The work is the simulated tasks workloads/
+    budget.py estimates by arithmetic (0.2 s for the table): one rank a stage, as the
+    simulator runs without --full; 0 for a row whose plan does not resolve (its worker
+    reports it at once)."""
     from topologies import TopologyError
     from workloads import WorkloadError, plan_from_dict, resolve
     from workloads.budget import estimate_tasks
@@ -169,21 +173,24 @@ def largest_first(rows: list[dict[str, str]]) -> list[int]:
     def tasks(row: dict[str, str]) -> int:
         try:
             plan = resolve(plan_from_dict(plan_dict(row)), int(row["gpus"]))
-        except (WorkloadError, TopologyError, ValueError, KeyError):
+        except (WorkloadError, TopologyError, ValueError):
             return 0
         return estimate_tasks(plan, plan.mesh.pp).simulated_tasks
     work = [tasks(row) for row in rows]
-    return sorted(range(len(rows)), key=lambda i: -work[i])   # stable: ties in table order
+    largest = max(range(len(rows)), key=lambda i: work[i], default=None)   # first of ties
+    return ([] if largest is None else [largest]) + [i for i in range(len(rows))
+                                                     if i != largest]
 
 
 def map_in_workers(work: Callable[[Any], Any], items: list[Any], jobs: int,
-                   lost: Callable[[Any], Any], first: list[int] | None = None) -> list[Any]:
+                   lost: Callable[[Any], Any], order: list[int] | None = None) -> list[Any]:
     """work(item) of every item in `jobs` worker processes, returned in the items' order;
     lost(item) for an item whose worker died even when it ran alone (POOL_RETRIES above).
-    `first`: the order the items are handed to the workers (default: theirs)."""
-    order = list(range(len(items))) if first is None else first
+    `order`: the items' indices in the order they are handed to the workers (default:
+    the items' own)."""
+    order = list(range(len(items))) if order is None else order
     if sorted(order) != list(range(len(items))):
-        raise ValueError("first: not a permutation of the items' indices")
+        raise ValueError("order: not a permutation of the items' indices")
     outcomes: dict[int, Any] = {}
     for _ in range(POOL_RETRIES + 1):
         pending = [i for i in order if i not in outcomes]
