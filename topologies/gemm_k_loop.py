@@ -80,7 +80,9 @@ def tile_overhead_k(peak_flops: float, sm_count: int) -> float:
 # where the rule above gives 383 for H800's FP8 (the cuBLAS sweep's). A GEMM with
 # 128-element block scales (the fp8_blockwise training dtype) takes the larger cost in that
 # ratio. Assumption: cuBLAS's block-scaled FP8 kernels, which Transformer Engine's
-# Float8BlockScaling calls on Hopper, pay per K block what DeepGEMM's do.
+# Float8BlockScaling calls on Hopper, pay per tile what DeepGEMM's do; their slower main
+# loop, which Transformer Engine's own GEMM benchmark measures, is topologies/specs.py
+# BLOCKWISE_FP8_MAINLOOP_RATIO.
 DEEPGEMM_H800_K0 = 490.0
 # H800 SXM5: the H100 SXM5's dense FP8 peak and SM count (NVIDIA H100 datasheet: 1,979
 # TFLOP/s FP8 dense, 132 SMs; the H800 differs in its NVLink and FP64 only)

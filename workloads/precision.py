@@ -289,7 +289,8 @@ RECIPES = {
     # fused). Assumptions: the quantiser writes the scales in the layout cuBLAS reads (no
     # swizzle kernel), and a sequence-parallel all-gather moves bf16 (no quantised gather).
     # Hopper runs it through cuBLAS's block-scaled FP8 GEMMs, whose per-tile cost is
-    # larger than the per-tensor kernels' (topologies/gemm_k_loop.py, BLOCKWISE_FP8_TILE_COST).
+    # larger than the per-tensor kernels' (topologies/gemm_k_loop.py, BLOCKWISE_FP8_TILE_COST)
+    # and whose main loop is slower (topologies/specs.py BLOCKWISE_FP8_MAINLOOP_RATIO).
     "fp8_blockwise": GemmRecipe("fp8_blockwise", 1, 128, 4, 2 + 2 * (1 + 4 / 128), 1,
                                 cast_per_expert=True, quantized_weights=True,
                                 uint8_param_storage=True,
