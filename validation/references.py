@@ -163,7 +163,7 @@ def submission_order(rows: list[dict[str, str]]) -> list[int]:
     for the Google row and the seven rows after it untimed: two workers take 79 minutes in
     the table's order, 72 with the largest row first and 71.6 with every row largest first,
     whose concurrent peaks sum to 30 % more). The work is the simulated tasks workloads/
-    budget.py estimates by arithmetic (0.2 s for the table): one rank a stage, as the
+    budget.py estimates by arithmetic (0.3 s for the table): one rank a stage, as the
     simulator runs without --full; 0 for a row whose plan does not resolve (its worker
     reports it at once)."""
     from topologies import TopologyError
