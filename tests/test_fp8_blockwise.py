@@ -12,6 +12,7 @@ from topologies import TopologyError, build, device
 from topologies.gemm_k_loop import BLOCKWISE_FP8_TILE_COST, DEEPGEMM_H800_K0, k_loop_fraction
 from topologies.gemm_k_loop import tile_overhead_k
 from topologies.specs import BLOCKWISE_FP8_MAINLOOP_RATIO
+from validation.gemm_guide import GUIDE_MS, LAYER_GEMM_FLOPS, layer_times
 from workloads import plan_from_dict
 from workloads.jobs import read_megatron, write_megatron
 from workloads.param_gathers import gather_bytes
@@ -138,52 +139,17 @@ def test_sequence_parallel_gather_moves_bf16_unlike_per_tensor_fp8():
     assert sum(gather_bytes_of("fp8_cs")) < sum(bf16)
 
 
-# Transformer Engine's GEMM profiling guide (NVIDIA/TransformerEngine docs/examples/
-# gemm_profiling/gemm_profiling.rst at 8f2e6357, "Worked Example: 5B Model on H200", an
-# H200 NVL): per-layer time of the GPT 5B layer's twelve GEMM shapes (hidden 4096, FFN
-# 16384, 32 heads, M = 31 x 512), FP8 Block 22.882 ms and FP8 CurrentScaling 20.285 ms with
-# their quantisation (autocast), CurrentScaling's kernels alone 16.785 ms (pre-quantised).
-TE_GUIDE_BLOCK_MS, TE_GUIDE_CURRENT_MS, TE_GUIDE_CURRENT_KERNELS_MS = 22.882, 20.285, 16.785
-# 3 passes x 2 x M x (q, k, v, o: 4 x 4096^2 + fc1, fc2: 2 x 4096 x 16384) FLOPs
-GPT_5B_LAYER_GEMM_FLOPS = 3 * 2 * 15872 * (4 * 4096 ** 2 + 2 * 4096 * 16384)
-
-
-def _gemms_and_casts(dtype: str) -> tuple[float, float, float]:
-    """(GEMM seconds, cast seconds, GEMM FLOPs) of one GPT 5B layer's forward and backward
-    (layer 1 of 3, rank 0), at burst tensor-core rates as the guide's timing runs them."""
-    from dataclasses import replace
-
-    import topologies
-    from topologies.specs import with_profile
-
-    spec = topologies.cluster_spec("dgx-h200")
-    topo = replace(spec, gpu=with_profile(spec.gpu, sustained_tensor_ratio=1.0)).build()
-    model = {"name": "gpt-5b", "hidden_size": 4096, "num_hidden_layers": 3, "mlp": "gelu",
-             "num_attention_heads": 32, "num_key_value_heads": 32,
-             "intermediate_size": 16384, "vocab_size": 32000}
-    plan = plan_from_dict({"model": model, "framework": "megatron-core",
-                           "training": {"global_batch": 8 * 31, "micro_batch": 31,
-                                        "seq_len": 512, "dtype": dtype},
-                           "mesh": {"dp": 8, "tp": 1, "pp": 1, "cp": 1},
-                           "overlap": {"grad_reduce": False, "param_gather": False}})
-    rows = [r for r in simulate(plan, topo, SimOptions()).trace.to_pylist()
-            if r["rank"] == 0 and r["layer"] == 1 and r["microbatch"] == 0]
-    gemms = [r for r in rows if r["op"] in {"wq", "wk", "wv", "wo", "w1", "w2"}]
-    casts = [r for r in rows if r["op"].endswith("_cast")]
-    return (sum(r["end_s"] - r["start_s"] for r in gemms),
-            sum(r["end_s"] - r["start_s"] for r in casts), sum(r["flops"] for r in gemms))
-
-
 def test_block_scaled_kernels_take_the_te_guides_time_over_current_scalings():
     """BLOCKWISE_FP8_MAINLOOP_RATIO makes the simulated GPT 5B layer's block-scaled GEMMs
-    take the guide's Block kernel time over CurrentScaling's: Block's measured time less
-    its quantisation (CurrentScaling's measured quantisation times the simulator's cast
-    ratio of the two recipes) over CurrentScaling's kernels alone (topologies/specs.py)."""
-    block_gemm_s, block_cast_s, flops = _gemms_and_casts("fp8_blockwise")
-    current_gemm_s, current_cast_s, _ = _gemms_and_casts("fp8_cs")
-    assert flops == pytest.approx(GPT_5B_LAYER_GEMM_FLOPS)      # all twelve GEMMs summed
-    cast_ratio = block_cast_s / current_cast_s
-    current_quantisation_ms = TE_GUIDE_CURRENT_MS - TE_GUIDE_CURRENT_KERNELS_MS
-    measured = ((TE_GUIDE_BLOCK_MS - cast_ratio * current_quantisation_ms)
-                / TE_GUIDE_CURRENT_KERNELS_MS)
-    assert block_gemm_s / current_gemm_s == pytest.approx(measured, rel=0.002)
+    take the time Transformer Engine's GEMM profiling guide implies over CurrentScaling's
+    (H200 NVL, validation/gemm_guide.py): Block's measured time with quantisation less its
+    quantisation (CurrentScaling's measured quantisation times the simulator's cast ratio of
+    the two recipes) over CurrentScaling's kernels alone (topologies/specs.py)."""
+    block, current = (layer_times("dgx-h200", d) for d in ("fp8_blockwise", "fp8_cs"))
+    assert block["gemm_flops"] == pytest.approx(LAYER_GEMM_FLOPS)   # all twelve GEMMs
+    guide = GUIDE_MS["dgx-h200"]
+    cast_ratio = block["cast_s"] / current["cast_s"]
+    current_quantisation_ms = guide["autocast"]["fp8_cs"] - guide["kernels"]["fp8_cs"]
+    measured = ((guide["autocast"]["fp8_blockwise"] - cast_ratio * current_quantisation_ms)
+                / guide["kernels"]["fp8_cs"])
+    assert block["gemm_s"] / current["gemm_s"] == pytest.approx(measured, rel=0.002)

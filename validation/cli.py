@@ -1,4 +1,4 @@
-"""`python -m validation run|calibrate|compare|references|collectives|moe-layer`.
+"""`python -m validation run|calibrate|compare|references|collectives|moe-layer|gemm-guide`.
 
 Exit status: 0 success, 2 bad input (one line on stderr naming field, value and allowed
 values; no traceback; an output path that cannot be written is refused before the work),
@@ -119,6 +119,9 @@ def build_parser() -> argparse.ArgumentParser:
                          help="simulate Megatron-LM's single-MoE-layer benchmark; print errors")
     moe.add_argument("--csv", default=None, help="cases CSV (default: the bundled table)")
     moe.add_argument("--json", action="store_true", help="print one JSON object")
+    guide = sub.add_parser("gemm-guide", help="price one layer's GEMMs by recipe against "
+                           "Transformer Engine's GEMM profiling guide")
+    guide.add_argument("--json", action="store_true", help="print one JSON list")
     return p
 
 
@@ -213,13 +216,20 @@ def _moe_layer(args: argparse.Namespace) -> int:
     return moe_layer_main(args.csv, args.json)
 
 
+def _gemm_guide(args: argparse.Namespace) -> int:
+    from .gemm_guide import gemm_guide_main
+
+    return gemm_guide_main(args.json)
+
+
 def main(argv: list[str] | None = None) -> int:
     """Entry point; returns the exit status."""
     try:
         args = build_parser().parse_args(argv)
         handler = {"run": _run, "calibrate": _calibrate, "compare": _compare,
                    "references": _references,
-                   "collectives": _collectives, "moe-layer": _moe_layer}[args.command]
+                   "collectives": _collectives, "moe-layer": _moe_layer,
+                   "gemm-guide": _gemm_guide}[args.command]
         if args.command == "calibrate" or (args.command == "run" and len(args.plan) == 1):
             output_kind(args.output, "-o")   # before minutes of training or benchmarks
         return handler(args)

@@ -172,14 +172,14 @@ def case_plan_dict(case: Case) -> dict[str, Any]:
             "overlap": {"grad_reduce": False, "param_gather": False}}
 
 
-def burst_topology():
-    """The benchmark's node with its GPUs at their burst tensor-core rates: it times a
-    layer of milliseconds after a barrier, far inside the seconds a power-limited clock
-    takes to settle (DeviceProfile.sustained_tensor_ratio), so no sustained derate."""
+def burst_topology(preset: str = TOPOLOGY):
+    """A preset's nodes with their GPUs at their burst tensor-core rates: a benchmark that
+    times milliseconds of kernels runs far inside the seconds a power-limited clock takes to
+    settle (DeviceProfile.sustained_tensor_ratio), so no sustained derate."""
     import topologies
     from topologies.specs import with_profile
 
-    spec = topologies.cluster_spec(TOPOLOGY)
+    spec = topologies.cluster_spec(preset)
     return replace(spec, gpu=with_profile(spec.gpu, sustained_tensor_ratio=1.0)).build()
 
 
