@@ -23,6 +23,7 @@ from workloads.program import Program, gc_paused
 from .engine import Engine, SimOptions
 from .network import ALGORITHMS, PROTOCOLS
 from .memory_timeline import memory_column
+from .op_breakdown import op_totals
 from .summary import rank_breakdowns, summarize, summarize_ranks
 from .trace import write_parquet
 from .trace_spill import SpilledTrace, SpillRecorder
@@ -193,17 +194,20 @@ def finish(program: Program, topology: Topology, engine: Engine) -> Result:
     memory_info = memory_summary(plan, topology)
     if isinstance(engine.trace, SpillRecorder):
         per_rank: dict[int, dict[str, float]] = {}
+        ops: list[pa.Table] = []
         peaks = [0.0]
 
         def finish_bucket(table: pa.Table) -> pa.Table:
             memory = memory_column(program, table)
             table = table.append_column("memory_bytes", memory)
             per_rank.update(rank_breakdowns(table))
+            ops.append(op_totals(table))
             peaks.append(float(pc.max(memory).as_py() or 0.0))
             return table
 
         spilled = engine.trace.finish(finish_bucket)
-        summary = summarize_ranks(program, topology, per_rank, memory_info)
+        summary = summarize_ranks(program, topology, per_rank, memory_info,
+                                  pa.concat_tables(ops) if ops else None)
         summary["memory"]["timeline_peak_bytes"] = max(peaks)
         trace = None
     else:

@@ -11,6 +11,8 @@ from topologies import Topology
 from workloads.offload_copies import OFFLOAD_STREAM
 from workloads.program import Program
 
+from .op_breakdown import op_totals, rank_ops
+
 
 def _union(starts: np.ndarray, ends: np.ndarray) -> list[tuple[float, float]]:
     """Merge intervals into disjoint, sorted ones (empty ones dropped).
@@ -82,14 +84,16 @@ def rank_breakdowns(trace: pa.Table) -> dict[int, dict[str, float]]:
 def summarize(program: Program, topology: Topology, trace: pa.Table,
               memory: dict[str, Any] | None = None) -> dict[str, Any]:
     """The summary dict of docs/design.md ("CLI"): step time and its breakdown."""
-    return summarize_ranks(program, topology, rank_breakdowns(trace), memory)
+    return summarize_ranks(program, topology, rank_breakdowns(trace), memory, op_totals(trace))
 
 
 def summarize_ranks(program: Program, topology: Topology,
                     per_rank: dict[int, dict[str, float]],
-                    memory: dict[str, Any] | None = None) -> dict[str, Any]:
+                    memory: dict[str, Any] | None = None,
+                    ops: pa.Table | None = None) -> dict[str, Any]:
     """`summarize` from every rank's breakdown (rank_breakdowns), which a trace too large
-    for memory gathers bucket by bucket of ranks."""
+    for memory gathers bucket by bucket of ranks, and the ranks' operation totals
+    (op_breakdown.op_totals), whose critical rank's become the summary's `ops`."""
     plan = program.plan
     ranks = sorted(per_rank)
     step = max(b["end_s"] for b in per_rank.values())
@@ -112,4 +116,6 @@ def summarize_ranks(program: Program, topology: Topology,
     }
     if memory is not None:
         summary.update(memory)
+    if ops is not None:
+        summary["ops"] = rank_ops(ops, critical, step)
     return summary

@@ -106,6 +106,9 @@ def build_parser() -> argparse.ArgumentParser:
     ref.add_argument("--jobs", type=_count(1, max_jobs()), default=None,
                      help=f"worker processes, at most {JOBS_PER_CPU} per CPU "
                           "(default: one per CPU)")
+    ref.add_argument("--row", metavar="ID",
+                     help="simulate one row and print where its time goes (the run table, "
+                          "longest operations; writes no residuals)")
     ref.add_argument("--no-write-residuals", action="store_true",
                      help="do not update simulator/data/reference_residuals.json (the bundled "
                           "table's residuals, read by `simulator run` for its band)")
@@ -199,6 +202,10 @@ def _compare(args: argparse.Namespace) -> int:
 
 
 def _references(args: argparse.Namespace) -> int:
+    if args.row is not None:
+        from .reference_detail import row_main
+
+        return row_main(args.csv, args.row, args.json)
     from .references import references_main
 
     return references_main(args.csv, args.json, args.jobs, not args.no_write_residuals)

@@ -35,8 +35,9 @@ def _metric_value(metric: str, step_s: float, measured_step: float, measured: fl
     return measured * measured_step / step_s
 
 
-def simulate_row(row: dict[str, str]) -> dict[str, Any]:
-    """Simulate one reference row: its ids, groups, step times, error and memory."""
+def simulate_row(row: dict[str, str], with_summary: bool = False) -> dict[str, Any]:
+    """Simulate one reference row: its ids, groups, step times, error and memory (and,
+    `with_summary`, the simulator's whole summary of it: `validation references --row`)."""
     from simulator import SimOptions, simulate
     from workloads import plan_from_dict
 
@@ -59,6 +60,8 @@ def simulate_row(row: dict[str, str]) -> dict[str, Any]:
         "simulated_mem_gib": float(result.summary.get("peak_memory_bytes", 0.0)) / GIB,
         "measured_mem_gib": None, "mem_quantity": None, "mem_error_pct": None}
     out.update(_profile(row, result.summary))
+    if with_summary:
+        out["summary"] = result.summary
     if row.get("measured_mem_gib"):
         mem = float(row["measured_mem_gib"])
         out.update(measured_mem_gib=mem, mem_quantity=row.get("mem_quantity") or "reserved",

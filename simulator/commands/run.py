@@ -16,6 +16,10 @@ from .common import (add_common, add_limits, fmt_bytes, fmt_time, plan_and_topol
                      sim_options)
 
 
+# Operations the table prints; the JSON has every one.
+TOP_OPS = 8
+
+
 def register(sub) -> None:
     """Add the `run` subcommand."""
     p = sub.add_parser("run", help="simulate one training step of a plan")
@@ -93,4 +97,21 @@ def render(s: dict) -> str:
         f"{fmt_bytes(mem['activations_bytes'])}, buffers {fmt_bytes(mem['buffers_bytes'])}",
         f"  simulated {s['simulated_ranks']} rank(s), {s['events']:,} tasks",
     ]
-    return "\n".join(lines)
+    return "\n".join(lines + render_ops(s))
+
+
+def render_ops(s: dict, top: int = TOP_OPS) -> list[str]:
+    """The critical rank's longest operations by device time (`--json` lists them all)."""
+    ops = s.get("ops") or []
+    if not ops:
+        return []
+    lines = [f"  longest operations (rank {s['critical_rank']}; device time on each stream, "
+             "which overlap)"]
+    for op in ops[:top]:
+        rate = op["achieved_flops_per_s"]
+        lines.append(f"    {op['op'] + ' (' + op['stream'] + ')':<30} {fmt_time(op['device_s']):>10}"
+                     f"  {100 * op['share_of_step']:5.1f} %  {op['tasks']:>7,} tasks"
+                     + (f"  {rate / 1e12:7.1f} TFLOP/s" if rate else ""))
+    if len(ops) > top:
+        lines.append(f"    ... {len(ops) - top} more (--json: ops)")
+    return lines

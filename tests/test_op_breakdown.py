@@ -1,0 +1,89 @@
+"""The summary's `ops` (simulator/op_breakdown.py): the critical rank's device time per
+operation, as the trace has it, and the `run` table's longest operations."""
+from __future__ import annotations
+
+import json
+
+import pyarrow.compute as pc
+import pytest
+
+import topologies
+from simulator import SimOptions, simulate
+from simulator.commands.run import TOP_OPS, render_ops
+from workloads import plan_from_dict
+
+from conftest import small_plan
+from test_cli import run_cli
+
+# TP 4 x FSDP 2 on one node: GEMMs, attention, TP and FSDP collectives on their streams.
+RAW = small_plan(mesh={"tp": 4}, training={"global_batch": 8}, fsdp={"enabled": True})
+
+
+@pytest.fixture(scope="module")
+def result():
+    return simulate(plan_from_dict(RAW), topologies.build("dgx-h100"), SimOptions())
+
+
+def _rank_rows(result):
+    trace = result.trace
+    rows = trace.filter(pc.equal(trace["rank"], result.summary["critical_rank"])).to_pylist()
+    return [r for r in rows if r["end_s"] > r["start_s"]]
+
+
+def test_ops_add_up_to_the_critical_ranks_trace(result):
+    ops, rows = result.summary["ops"], _rank_rows(result)
+    assert sum(op["tasks"] for op in ops) == len(rows)
+    assert sum(op["device_s"] for op in ops) == pytest.approx(
+        sum(r["end_s"] - r["start_s"] for r in rows), rel=1e-12)
+    assert sum(op["flops"] for op in ops) == pytest.approx(sum(r["flops"] for r in rows))
+    # one entry per (stream, op): the same op on two streams is two entries
+    keys = [(op["stream"], op["op"]) for op in ops]
+    assert len(keys) == len(set(keys))
+    streams = {op["stream"] for op in ops}
+    assert {"compute", "tp", "dp_ag", "dp_rs"} <= streams
+
+
+def test_each_op_is_its_tasks(result):
+    rows = _rank_rows(result)
+    step = result.summary["step_time_s"]
+    for op in result.summary["ops"]:
+        mine = [r for r in rows if (r["stream"], r["op"]) == (op["stream"], op["op"])]
+        assert op["tasks"] == len(mine) and {r["kind"] for r in mine} == {op["kind"]}
+        assert op["device_s"] == pytest.approx(sum(r["end_s"] - r["start_s"] for r in mine))
+        assert op["share_of_step"] == pytest.approx(op["device_s"] / step)
+        if op["kind"] == "compute" and op["flops"]:
+            assert op["achieved_flops_per_s"] == pytest.approx(op["flops"] / op["device_s"])
+        else:
+            assert op["achieved_flops_per_s"] is None
+
+
+def test_longest_first_and_attention_named(result):
+    ops = result.summary["ops"]
+    times = [op["device_s"] for op in ops]
+    assert times == sorted(times, reverse=True)
+    assert any(op["op"] == "attention" and op["kind"] == "compute" for op in ops)
+
+
+def test_same_inputs_same_ops(result):
+    again = simulate(plan_from_dict(RAW), topologies.build("dgx-h100"), SimOptions())
+    assert json.dumps(again.summary["ops"]) == json.dumps(result.summary["ops"])
+
+
+def test_table_prints_the_longest_and_counts_the_rest(result):
+    lines = render_ops(result.summary)
+    ops = result.summary["ops"]
+    assert len(ops) > TOP_OPS
+    assert len(lines) == 1 + TOP_OPS + 1
+    assert lines[1].split()[0] == ops[0]["op"]
+    assert f"{len(ops) - TOP_OPS} more" in lines[-1]
+    assert render_ops({**result.summary, "ops": []}) == []
+
+
+def test_run_json_and_table_carry_the_ops(capsys):
+    code, out, _ = run_cli(capsys, "run", "--plan", "fsdp.json", "--json")
+    assert code == 0
+    ops = json.loads(out)["ops"]
+    assert ops and {"op", "stream", "kind", "tasks", "device_s", "share_of_step", "flops",
+                    "bytes", "achieved_flops_per_s"} == set(ops[0])
+    code, out, _ = run_cli(capsys, "run", "--plan", "fsdp.json")
+    assert code == 0 and "longest operations (rank" in out
