@@ -8,60 +8,21 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from topologies import Topology
-from workloads.offload_copies import OFFLOAD_STREAM
 from workloads.program import Program
 
-from .op_breakdown import op_totals, rank_ops
-
-
-def _union(starts: np.ndarray, ends: np.ndarray) -> list[tuple[float, float]]:
-    """Merge intervals into disjoint, sorted ones (empty ones dropped).
-
-    Sorted by (start, end), an interval opens a new merged one when it starts after the
-    furthest end so far, and a merged interval ends at the furthest end of its members;
-    vectorised, since a rank's trace holds up to a million rows.
-    """
-    keep = ends > starts
-    starts, ends = starts[keep], ends[keep]
-    if not len(starts):
-        return []
-    order = np.lexsort((ends, starts))
-    starts, ends = starts[order], ends[order]
-    opens = np.empty(len(starts), dtype=bool)
-    opens[0] = True
-    opens[1:] = starts[1:] > np.maximum.accumulate(ends)[:-1]
-    first = np.flatnonzero(opens)
-    return list(zip(starts[first].tolist(), np.maximum.reduceat(ends, first).tolist()))
-
-
-def _length(intervals: list[tuple[float, float]]) -> float:
-    return sum(e - s for s, e in intervals)
-
-
-def _overlap(a: list[tuple[float, float]], b: list[tuple[float, float]]) -> float:
-    """Total length of the intersection of two disjoint sorted interval lists."""
-    i = j = 0
-    total = 0.0
-    while i < len(a) and j < len(b):
-        lo, hi = max(a[i][0], b[j][0]), min(a[i][1], b[j][1])
-        if hi > lo:
-            total += hi - lo
-        if a[i][1] < b[j][1]:
-            i += 1
-        else:
-            j += 1
-    return total
+from .intervals import overlap_length, total_length, union
+from .op_breakdown import compute_mask, op_totals, rank_ops
 
 
 def _breakdown(is_compute: np.ndarray, is_comm: np.ndarray, starts: np.ndarray,
                ends: np.ndarray) -> dict[str, float]:
     """Compute, communication, exposed communication and idle time of one rank's rows
     (`is_compute`, `is_comm`: masks of the compute and the communication rows)."""
-    compute = _union(starts[is_compute], ends[is_compute])
-    comm = _union(starts[is_comm], ends[is_comm])
+    compute = union(starts[is_compute], ends[is_compute])
+    comm = union(starts[is_comm], ends[is_comm])
     end = float(ends.max()) if len(ends) else 0.0
-    compute_s, comm_s = _length(compute), _length(comm)
-    exposed = comm_s - _overlap(compute, comm)
+    compute_s, comm_s = total_length(compute), total_length(comm)
+    exposed = comm_s - overlap_length(compute, comm)
     return {"end_s": end, "compute_s": compute_s, "comm_s": comm_s,
             "exposed_comm_s": exposed, "idle_s": max(0.0, end - compute_s - exposed)}
 
@@ -69,10 +30,7 @@ def _breakdown(is_compute: np.ndarray, is_comm: np.ndarray, starts: np.ndarray,
 def rank_breakdowns(trace: pa.Table) -> dict[int, dict[str, float]]:
     """The breakdown of every rank of a trace sorted by rank (one pass of slices)."""
     rank = trace["rank"].to_numpy()
-    # a copy to or from host memory (activation offloading) holds no SMs: a step waiting
-    # for one is waiting, not computing (workloads/offload_copies.py)
-    is_compute = pc.and_(pc.equal(trace["kind"], "compute"),
-                         pc.not_equal(trace["stream"], OFFLOAD_STREAM)).to_numpy()
+    is_compute = compute_mask(trace)
     is_comm = pc.equal(trace["kind"], "comm").to_numpy()
     starts, ends = trace["start_s"].to_numpy(), trace["end_s"].to_numpy()
     ranks, first = np.unique(rank, return_index=True)

@@ -4,12 +4,16 @@ from __future__ import annotations
 
 import json
 
+import numpy as np
 import pyarrow.compute as pc
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 import topologies
 from simulator import SimOptions, simulate
 from simulator.commands.run import TOP_OPS, render_ops
+from simulator.intervals import uncovered_s, union
 from workloads import plan_from_dict
 
 from conftest import small_plan
@@ -83,7 +87,37 @@ def test_run_json_and_table_carry_the_ops(capsys):
     code, out, _ = run_cli(capsys, "run", "--plan", "fsdp.json", "--json")
     assert code == 0
     ops = json.loads(out)["ops"]
-    assert ops and {"op", "stream", "kind", "tasks", "device_s", "share_of_step", "flops",
-                    "bytes", "achieved_flops_per_s"} == set(ops[0])
+    assert ops and {"op", "stream", "kind", "tasks", "device_s", "share_of_step", "exposed_s",
+                    "flops", "bytes", "achieved_flops_per_s"} == set(ops[0])
     code, out, _ = run_cli(capsys, "run", "--plan", "fsdp.json")
     assert code == 0 and "longest operations (rank" in out
+
+
+def test_exposed_time_is_the_communication_outside_compute(result):
+    ops, summary = result.summary["ops"], result.summary
+    comm = [op for op in ops if op["kind"] == "comm"]
+    assert comm and all(0.0 <= op["exposed_s"] <= op["device_s"] * (1 + 1e-12) for op in comm)
+    assert all(op["exposed_s"] is None for op in ops if op["kind"] == "compute")
+    # each op counts the time its own tasks ran without compute, so together they cover
+    # the summary's exposed communication (more where two transfers run at once)
+    assert sum(op["exposed_s"] for op in comm) >= summary["exposed_comm_s"] * (1 - 1e-9)
+    assert summary["exposed_comm_s"] > 0
+
+
+def _uncovered_by_loop(start, end, union):
+    inside = sum(max(0.0, min(end, hi) - max(start, lo)) for lo, hi in union)
+    return (end - start) - inside
+
+
+@given(st.lists(st.tuples(st.integers(0, 60), st.integers(1, 20)), max_size=12),
+       st.lists(st.tuples(st.integers(0, 80), st.integers(0, 30)), min_size=1, max_size=12))
+def test_uncovered_time_matches_interval_by_interval(covering, asked):
+    # integer-valued intervals: every sum below is exact in floating point
+    starts = np.array([float(s) for s, _ in covering])
+    ends = np.array([float(s + n) for s, n in covering])
+    merged = union(starts, ends)
+    a_start = np.array([float(s) for s, _ in asked])
+    a_end = np.array([float(s + n) for s, n in asked])
+    got = uncovered_s(a_start, a_end, merged)
+    want = [_uncovered_by_loop(s, e, merged) for s, e in zip(a_start, a_end)]
+    assert got.tolist() == want
