@@ -27,6 +27,7 @@ def union(starts: np.ndarray, ends: np.ndarray) -> list[tuple[float, float]]:
 
 
 def total_length(intervals: list[tuple[float, float]]) -> float:
+    """Total length of disjoint intervals."""
     return sum(e - s for s, e in intervals)
 
 
@@ -46,15 +47,16 @@ def overlap_length(a: list[tuple[float, float]], b: list[tuple[float, float]]) -
 
 
 def uncovered_s(starts: np.ndarray, ends: np.ndarray,
-                union: list[tuple[float, float]]) -> np.ndarray:
-    """Per interval (starts[i], ends[i]), its length outside `union` (disjoint, sorted).
+                merged: list[tuple[float, float]]) -> np.ndarray:
+    """Per interval (starts[i], ends[i]), its length outside `merged` (disjoint, sorted:
+    `union`'s result).
 
     covered(x), the union's length before x, is a running sum read at x's place among the
     union's starts; an interval's covered part is covered(end) - covered(start)."""
     lengths = ends - starts
-    if not union:
+    if not merged:
         return lengths
-    bounds = np.asarray(union)
+    bounds = np.asarray(merged)
     u_start, u_end = bounds[:, 0], bounds[:, 1]
     before = np.concatenate(([0.0], np.cumsum(u_end - u_start)))
 
@@ -64,4 +66,5 @@ def uncovered_s(starts: np.ndarray, ends: np.ndarray,
         inside = np.clip(x - u_start[last], 0.0, u_end[last] - u_start[last])
         return np.where(i > 0, before[last] + inside, 0.0)
 
+    # two running sums subtracted: a hidden interval may come out a rounding error above 0
     return np.maximum(lengths - (covered(ends) - covered(starts)), 0.0)

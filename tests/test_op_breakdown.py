@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 
 import numpy as np
+import pyarrow as pa
 import pyarrow.compute as pc
 import pytest
 from hypothesis import given
@@ -14,6 +15,7 @@ import topologies
 from simulator import SimOptions, simulate
 from simulator.commands.run import TOP_OPS, render_ops
 from simulator.intervals import uncovered_s, union
+from simulator.op_breakdown import op_totals, rank_ops
 from workloads import plan_from_dict
 
 from conftest import small_plan
@@ -121,3 +123,41 @@ def test_uncovered_time_matches_interval_by_interval(covering, asked):
     got = uncovered_s(a_start, a_end, merged)
     want = [_uncovered_by_loop(s, e, merged) for s, e in zip(a_start, a_end)]
     assert got.tolist() == want
+
+
+def test_each_communications_exposed_time_is_its_time_outside_compute(result):
+    rows = _rank_rows(result)
+    work = [r for r in rows if r["kind"] == "compute"]
+    merged = union(np.array([r["start_s"] for r in work]), np.array([r["end_s"] for r in work]))
+    comm = [op for op in result.summary["ops"] if op["kind"] == "comm"]
+    for op in comm:
+        mine = [r for r in rows if (r["stream"], r["op"]) == (op["stream"], op["op"])]
+        want = sum(_uncovered_by_loop(r["start_s"], r["end_s"], merged) for r in mine)
+        assert op["exposed_s"] == pytest.approx(want, rel=1e-9, abs=1e-12)
+    # FSDP's gathers run ahead of the layers that need them: partly hidden, partly not
+    gather = next(op for op in comm if op["stream"] == "dp_ag")
+    assert 0 < gather["exposed_s"] < 0.9 * gather["device_s"]
+
+
+def test_exposed_time_reads_each_rank_alone_in_any_row_order():
+    # rank 0 computes over [0, 10] and rank 1 over [20, 30]; both transfer over [5, 15]
+    rows = [(0, "compute", "compute", "gemm", 0.0, 10.0),
+            (0, "tp", "comm", "all_gather", 5.0, 15.0),
+            (1, "compute", "compute", "gemm", 20.0, 30.0),
+            (1, "tp", "comm", "all_gather", 5.0, 15.0),
+            (1, "tp", "comm", "all_gather", 25.0, 27.0)]
+    order = [3, 0, 4, 2, 1]   # not sorted by rank
+    table = pa.table({name: [rows[i][k] for i in order] for k, name in enumerate(
+        ("rank", "stream", "kind", "op", "start_s", "end_s"))}
+        | {"flops": [0.0] * 5, "bytes": [0.0] * 5})
+    totals = op_totals(table)
+    exposed = {rank: next(op["exposed_s"] for op in rank_ops(totals, rank, 30.0)
+                          if op["kind"] == "comm") for rank in (0, 1)}
+    assert exposed == {0: 5.0, 1: 10.0}
+
+
+def test_a_whatif_row_holds_the_scalars_not_the_ops(result):
+    from simulator.whatif.points import flatten
+    row = flatten(result.summary)
+    assert "ops" not in row and row["mesh_tp"] == 4
+    assert all(not isinstance(value, (list, dict)) for value in row.values())

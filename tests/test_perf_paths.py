@@ -13,7 +13,7 @@ import random
 import numpy as np
 import pytest
 
-from simulator.summary import _union
+from simulator.intervals import union as _union
 from workloads.program import gc_paused
 
 

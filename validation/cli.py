@@ -108,7 +108,7 @@ def build_parser() -> argparse.ArgumentParser:
                           "(default: one per CPU)")
     ref.add_argument("--row", metavar="ID",
                      help="simulate one row and print where its time goes (the run table, "
-                          "longest operations; writes no residuals)")
+                          "longest operations); one process, no residuals written")
     ref.add_argument("--no-write-residuals", action="store_true",
                      help="do not update simulator/data/reference_residuals.json (the bundled "
                           "table's residuals, read by `simulator run` for its band)")

@@ -9,7 +9,6 @@ touched.
 """
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Any
 
@@ -39,10 +38,11 @@ def row_detail(path: str | Path | None, wanted: str) -> dict[str, Any]:
 def row_main(path: str | None, wanted: str, as_json: bool) -> int:
     """CLI body of `validation references --row`."""
     from simulator.commands.run import render
+    from simulator.output import print_json
 
     detail = row_detail(path, wanted)
     if as_json:
-        print(json.dumps(detail, indent=2, sort_keys=True))
+        print_json(detail)
         return 0
     print(f"row {detail['id']} ({detail['source']}, {detail['metric']} {detail['measured']:g}): "
           f"measured step {detail['measured_step_s']:.3f} s, simulated "

@@ -105,11 +105,12 @@ def render_ops(s: dict, top: int = TOP_OPS) -> list[str]:
     ops = s.get("ops") or []
     if not ops:
         return []
-    lines = [f"  longest operations (rank {s['critical_rank']}; device time on each stream, "
-             "which overlap; exposed: while no compute ran)"]
+    lines = [f"  longest operations (rank {s['critical_rank']}; device time on each "
+             "stream, which overlap; exposed: while no compute ran)"]
     for op in ops[:top]:
         rate, exposed = op["achieved_flops_per_s"], op["exposed_s"]
-        lines.append(f"    {op['op'] + ' (' + op['stream'] + ')':<30} {fmt_time(op['device_s']):>10}"
+        name = f"{op['op']} ({op['stream']})"
+        lines.append(f"    {name:<30} {fmt_time(op['device_s']):>10}"
                      f"  {100 * op['share_of_step']:5.1f} %  {op['tasks']:>7,} tasks"
                      + (f"  {rate / 1e12:7.1f} TFLOP/s" if rate else "")
                      + (f"  {fmt_time(exposed)} exposed" if exposed is not None else ""))

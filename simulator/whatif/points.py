@@ -169,10 +169,18 @@ def _cluster(topo: dict):
     return _SPECS[key]
 
 
+# Summary entries that are not a point's columns: the per-operation list (simulator/
+# op_breakdown.py) is a table of its own per point, which `simulator run --json` gives.
+NOT_COLUMNS = ("ops",)
+
+
 def flatten(summary: dict[str, Any]) -> dict[str, Any]:
-    """Nested summary dicts become prefixed columns (mesh_tp, memory_params_bytes)."""
+    """Nested summary dicts become prefixed columns (mesh_tp, memory_params_bytes); the
+    entries of NOT_COLUMNS are left out."""
     out: dict[str, Any] = {}
     for key, value in summary.items():
+        if key in NOT_COLUMNS:
+            continue
         if isinstance(value, dict):
             for k, v in value.items():
                 out[f"{key}_{k}"] = v
