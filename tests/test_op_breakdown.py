@@ -161,3 +161,28 @@ def test_a_whatif_row_holds_the_scalars_not_the_ops(result):
     row = flatten(result.summary)
     assert "ops" not in row and row["mesh_tp"] == 4
     assert all(not isinstance(value, (list, dict)) for value in row.values())
+
+
+def _op(stream, name, device_s):
+    return {"stream": stream, "op": name, "device_s": device_s}
+
+
+def test_compare_ranks_the_operations_by_their_longest_time():
+    from simulator.search.report import render_ops_table
+    a = {"ops": [_op("compute", "w1", 2.0), _op("tp", "all_gather", 0.5)]}
+    b = {"ops": [_op("compute", "w1", 1.0), _op("ep", "all_to_all", 3.0)]}
+    lines = render_ops_table([a, b], ["a", "b"], top=2).splitlines()
+    assert lines[1].split() == ["operation", "(stream)", "a", "b"]
+    # all_to_all (3 s in b only) first, then w1 (2 s in a); all_gather is cut at top=2
+    assert lines[3].split() == ["all_to_all", "(ep)", "-", "3.000", "s"]
+    assert lines[4].split() == ["w1", "(compute)", "2.000", "s", "1.000", "s"]
+    assert len(lines) == 5
+    assert render_ops_table([{}, {}], ["a", "b"]) == ""
+
+
+def test_compare_prints_each_plans_operations(capsys):
+    code, out, _ = run_cli(capsys, "compare", "--plan", "fsdp.json", "--plan", "ddp.json")
+    assert code == 0
+    table = out[out.index("longest operations"):].splitlines()
+    assert table[1].split()[-6:] == ["fsdp", "@", "dgx-h100", "ddp", "@", "dgx-h100"]
+    assert len(table) == 3 + 8

@@ -11,7 +11,7 @@ from workloads.budget import check_work
 from ..api import simulate
 from ..errors import UsageError
 from ..output import output_kind
-from ..search.report import deltas, render_table
+from ..search.report import deltas, render_ops_table, render_table
 from .common import add_common, add_limits, plan_and_topology, print_json, sim_options
 
 
@@ -69,6 +69,9 @@ def handle(args: argparse.Namespace) -> int:
         return 0
     names = [f"{s['plan']}" + ("" if args.topo else f" @ {s['topology']}") for s in summaries]
     print(render_table(summaries, names))
+    ops = render_ops_table(summaries, names)
+    if ops:
+        print("\n" + ops)
     if traces:
         print("traces: " + ", ".join(traces))
     return 0

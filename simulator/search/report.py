@@ -39,6 +39,29 @@ def render_table(rows: Sequence[dict[str, Any]], names: Sequence[str],
     return "\n".join([line(headers), line(["-" * w for w in widths]), *map(line, cells)])
 
 
+def render_ops_table(rows: Sequence[dict[str, Any]], names: Sequence[str],
+                     top: int = 8) -> str:
+    """The operations that take longest on any of the summaries' critical ranks (their
+    `ops`: simulator/op_breakdown.py), one column of device time per summary ("-" where a
+    plan has no such operation); ranked by their longest time across the summaries."""
+    times: dict[tuple[str, str], list[float | None]] = {}
+    for i, summary in enumerate(rows):
+        for op in summary.get("ops") or []:
+            times.setdefault((op["stream"], op["op"]), [None] * len(rows))[i] = op["device_s"]
+    if not times:
+        return ""
+    ranked = sorted(times, key=lambda k: (-max(t for t in times[k] if t is not None), k))
+    headers = ["operation (stream)", *names]
+    cells = [[f"{op} ({stream})", *("-" if t is None else fmt_s(t) for t in times[stream, op])]
+             for stream, op in ranked[:top]]
+    widths = [max(len(h), *(len(r[j]) for r in cells)) for j, h in enumerate(headers)]
+    line = lambda r: "  ".join(c.ljust(w) if j == 0 else c.rjust(w)   # noqa: E731
+                               for j, (c, w) in enumerate(zip(r, widths)))
+    title = ("longest operations: device time on each plan's critical rank (streams "
+             "overlap; --json: every operation)")
+    return "\n".join([title, line(headers), line(["-" * w for w in widths]), *map(line, cells)])
+
+
 def describe_candidate(c) -> str:
     """Mesh, batch split, memory options and strategies of a search candidate, one line."""
     mesh = f"tp {c.tp} x pp {c.pp} x dp {c.dp}" + (f" x cp {c.cp}" if c.cp > 1 else "")
