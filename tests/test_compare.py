@@ -31,9 +31,11 @@ def test_compare_table_has_a_row_per_plan(capsys):
     code = main(["compare", "--plan", "hybrid.json", "--plan", "hybrid.json"])
     out, err = capsys.readouterr()
     assert code == 0, err
-    lines = out.strip().splitlines()
+    table, ops = out.strip().split("\n\n")   # the plans' table, then their operations
+    lines = table.splitlines()
     assert "step" in lines[0] and "exp. comm" in lines[0] and "vs best" in lines[0]
     assert len(lines) == 4 and all("best" in line for line in lines[2:])
+    assert ops.startswith("longest operations")
 
 
 def test_compare_bad_input_is_one_line_exit_2(capsys):
