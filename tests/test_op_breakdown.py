@@ -167,22 +167,38 @@ def _op(stream, name, device_s):
     return {"stream": stream, "op": name, "device_s": device_s}
 
 
-def test_compare_ranks_the_operations_by_their_longest_time():
+def test_compare_shows_each_plans_longest_operations_together():
     from simulator.search.report import render_ops_table
-    a = {"ops": [_op("compute", "w1", 2.0), _op("tp", "all_gather", 0.5)]}
-    b = {"ops": [_op("compute", "w1", 1.0), _op("ep", "all_to_all", 3.0)]}
-    lines = render_ops_table([a, b], ["a", "b"], top=2).splitlines()
-    assert lines[1].split() == ["operation", "(stream)", "a", "b"]
-    # all_to_all (3 s in b only) first, then w1 (2 s in a); all_gather is cut at top=2
-    assert lines[3].split() == ["all_to_all", "(ep)", "-", "3.000", "s"]
-    assert lines[4].split() == ["w1", "(compute)", "2.000", "s", "1.000", "s"]
-    assert len(lines) == 5
+    # a's two longest: w1, attention; b's: all_to_all, w2 (b's attention is 3rd, a's w2 4th)
+    a = {"ops": [_op("compute", "w1", 2.0), _op("compute", "attention", 1.5),
+                 _op("tp", "all_gather", 0.5), _op("compute", "w2", 0.25)]}
+    b = {"ops": [_op("ep", "all_to_all", 3.0), _op("compute", "w2", 0.75),
+                 _op("compute", "attention", 0.5), _op("compute", "w1", 0.125)]}
+    assert render_ops_table([a, b], ["a", "b"], top=2).splitlines()[1:] == [
+        "operation (stream)          a         b",
+        "-------------------  --------  --------",
+        "all_to_all (ep)             -   3.000 s",
+        "w1 (compute)          2.000 s  125.0 ms",
+        "attention (compute)   1.500 s  500.0 ms",
+        "w2 (compute)         250.0 ms  750.0 ms"]
+    # equal longest times: by stream, then name
+    tied = {"ops": [_op("tp", "b", 1.0), _op("compute", "z", 1.0), _op("compute", "a", 1.0)]}
+    rows = render_ops_table([tied], ["t"], top=3).splitlines()[3:]
+    assert [r.split()[0] for r in rows] == ["a", "z", "b"]
     assert render_ops_table([{}, {}], ["a", "b"]) == ""
+    with pytest.raises(ValueError):
+        render_ops_table([a], ["a"], top=0)
 
 
 def test_compare_prints_each_plans_operations(capsys):
+    code, out, _ = run_cli(capsys, "compare", "--plan", "fsdp.json", "--plan", "ddp.json",
+                           "--json")
+    assert code == 0
+    plans = json.loads(out)["plans"]
     code, out, _ = run_cli(capsys, "compare", "--plan", "fsdp.json", "--plan", "ddp.json")
     assert code == 0
     table = out[out.index("longest operations"):].splitlines()
     assert table[1].split()[-6:] == ["fsdp", "@", "dgx-h100", "ddp", "@", "dgx-h100"]
-    assert len(table) == 3 + 8
+    shown = {" ".join(line.split()[:2]) for line in table[3:]}
+    for plan in plans:   # every plan's own eight longest are in the table
+        assert {f"{op['op']} ({op['stream']})" for op in plan["ops"][:8]} <= shown

@@ -17,6 +17,15 @@ def deltas(summaries: Sequence[dict[str, Any]]) -> list[float]:
     return [100.0 * (s["step_time_s"] - best) / best if best else 0.0 for s in summaries]
 
 
+def _fixed_width(headers: Sequence[str], cells: Sequence[Sequence[str]]) -> list[str]:
+    """Header, rule and rows, each column as wide as its widest cell: the first column
+    left-aligned, the others right-aligned."""
+    widths = [max(len(h), *(len(r[j]) for r in cells)) for j, h in enumerate(headers)]
+    line = lambda r: "  ".join(c.ljust(w) if j == 0 else c.rjust(w)   # noqa: E731
+                               for j, (c, w) in enumerate(zip(r, widths)))
+    return [line(headers), line(["-" * w for w in widths]), *map(line, cells)]
+
+
 def render_table(rows: Sequence[dict[str, Any]], names: Sequence[str],
                  extra: dict[str, Sequence[str]] | None = None) -> str:
     """A fixed-width table of summaries: step, compute, exposed comm, bubble, memory, fits,
@@ -33,33 +42,33 @@ def render_table(rows: Sequence[dict[str, Any]], names: Sequence[str],
                       "yes" if s["fits_in_memory"] else "NO", f"{100 * s['mfu']:.1f} %",
                       "best" if delta[i] == 0 else f"+{delta[i]:.1f} %",
                       *(col[i] for col in extra.values())])
-    widths = [max(len(h), *(len(r[j]) for r in cells)) for j, h in enumerate(headers)]
-    line = lambda r: "  ".join(c.ljust(w) if j == 0 else c.rjust(w)   # noqa: E731
-                               for j, (c, w) in enumerate(zip(r, widths)))
-    return "\n".join([line(headers), line(["-" * w for w in widths]), *map(line, cells)])
+    return "\n".join(_fixed_width(headers, cells))
 
 
 def render_ops_table(rows: Sequence[dict[str, Any]], names: Sequence[str],
                      top: int = 8) -> str:
-    """The operations that take longest on any of the summaries' critical ranks (their
-    `ops`: simulator/op_breakdown.py), one column of device time per summary ("-" where a
-    plan has no such operation); ranked by their longest time across the summaries."""
+    """Each summary's `top` longest operations on its critical rank (their `ops`,
+    simulator/op_breakdown.py, longest first), together: one column of device time per
+    summary ("-" where a plan has no such operation), the operations ordered by their
+    longest time in any summary, ties by stream and name."""
+    if top < 1 or len(names) != len(rows):
+        raise ValueError(f"render_ops_table: top {top} (>= 1), {len(names)} names for "
+                         f"{len(rows)} summaries")
     times: dict[tuple[str, str], list[float | None]] = {}
+    shown: set[tuple[str, str]] = set()
     for i, summary in enumerate(rows):
-        for op in summary.get("ops") or []:
+        ops = summary.get("ops") or []
+        for op in ops:
             times.setdefault((op["stream"], op["op"]), [None] * len(rows))[i] = op["device_s"]
-    if not times:
+        shown.update((op["stream"], op["op"]) for op in ops[:top])
+    if not shown:
         return ""
-    ranked = sorted(times, key=lambda k: (-max(t for t in times[k] if t is not None), k))
-    headers = ["operation (stream)", *names]
+    ranked = sorted(shown, key=lambda k: (-max(t for t in times[k] if t is not None), k))
     cells = [[f"{op} ({stream})", *("-" if t is None else fmt_s(t) for t in times[stream, op])]
-             for stream, op in ranked[:top]]
-    widths = [max(len(h), *(len(r[j]) for r in cells)) for j, h in enumerate(headers)]
-    line = lambda r: "  ".join(c.ljust(w) if j == 0 else c.rjust(w)   # noqa: E731
-                               for j, (c, w) in enumerate(zip(r, widths)))
-    title = ("longest operations: device time on each plan's critical rank (streams "
-             "overlap; --json: every operation)")
-    return "\n".join([title, line(headers), line(["-" * w for w in widths]), *map(line, cells)])
+             for stream, op in ranked]
+    title = (f"longest operations: each plan's {top} longest on its critical rank, device "
+             "time (streams overlap; --json: every operation, with exposed time)")
+    return "\n".join([title, *_fixed_width(["operation (stream)", *names], cells)])
 
 
 def describe_candidate(c) -> str:

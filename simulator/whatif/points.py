@@ -4,8 +4,9 @@ A point is plain JSON-able data (`PointSpec`) so that it can travel to a worker 
 or a Ray task: the plan as its raw JSON object (model inlined), the topology as a preset
 name or the text of a topology file, the point's parameters, faults and options. The
 worker rebuilds Plan and Topology from it (both hold read-only mappings that do not
-pickle) and returns one row: the point's parameters, its status and every summary field
-(nested summary dicts flattened as `mesh_tp`, `memory_params_bytes`, ...).
+pickle) and returns one row: the point's parameters, its status and the summary's fields
+(nested summary dicts flattened as `mesh_tp`, `memory_params_bytes`, ...; not the
+per-operation list `ops`, which is no column: NOT_COLUMNS).
 """
 from __future__ import annotations
 
