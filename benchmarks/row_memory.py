@@ -64,10 +64,10 @@ def _by_phase(row: dict[str, str]) -> dict:
 def _measure(row: dict[str, str], phases: bool) -> dict:
     """One row's outcome as `validation references` reaches it (inexpressible and skipped
     rows alike), with the error, or with the peaks by phase and the step time."""
-    from validation.references import _simulate_or_skip, simulate_row
+    from validation.references import simulate_or_skip, simulate_row
 
     try:   # a column --set made unreadable fails before the simulation's own checks
-        kind, result = _simulate_or_skip(row, _by_phase if phases else simulate_row)
+        kind, result = simulate_or_skip(row, _by_phase if phases else simulate_row)
     except ValueError as exc:
         return {"outcome": "skipped", "reason": str(exc)}
     if kind != "row":

@@ -10,7 +10,7 @@ import pytest
 from benchmarks.rows import CSV, set_columns, simulate_by_phase
 from simulator import api
 from simulator.engine import Engine
-from validation.references import _simulate_or_skip, simulate_row
+from validation.references import simulate_or_skip, simulate_row
 
 ROW = "mb-qwen3-30b-gb200-mxfp8-8"   # a small published MoE row (8 GPUs)
 
@@ -46,7 +46,7 @@ def test_set_columns_overrides_every_row_and_refuses_unknown_columns():
 def test_a_row_is_simulated_by_the_function_given_and_skipped_as_references_skips_it():
     with open(CSV, newline="") as f:
         row = next(r for r in csv.DictReader(f) if r["id"] == ROW)
-    assert _simulate_or_skip(row, lambda r: {"by": r["id"]}) == ("row", {"by": ROW})
-    kind, result = _simulate_or_skip({**row, "global_batch_seqs": "3"},
+    assert simulate_or_skip(row, lambda r: {"by": r["id"]}) == ("row", {"by": ROW})
+    kind, result = simulate_or_skip({**row, "global_batch_seqs": "3"},
                                      lambda r: pytest.fail("an invalid row was simulated"))
     assert kind in ("skipped", "inexpressible") and result["reason"]

@@ -80,6 +80,7 @@ def test_a_path_with_a_nul_byte_exits_2(capsys):
 
 @pytest.mark.parametrize("argv, flag", [
     (["references", "--no-write-residuals", "--csv"], "--csv"),
+    (["op-shares", "--csv"], "--csv"),
     (["collectives", "--systems"], "--systems"),
     (["collectives", "--csv"], "--csv"),
     (["moe-layer", "--csv"], "--csv"),
@@ -131,6 +132,7 @@ RUN = ["run", "--plan", "no-such-plan.json", "-o", "out.parquet"]
     (["calibrate", "--threads", "100000", "-o", "."], "--threads"),
     (["references", "--no-write-residuals", "--csv", "missing.csv", "--jobs", "1000000"],
      "--jobs"),
+    (["op-shares", "--csv", "missing.csv", "--jobs", "0"], "--jobs"),
 ])
 def test_counts_past_their_bound_exit_2(tmp_path, monkeypatch, capsys, argv, flag):
     monkeypatch.chdir(tmp_path)

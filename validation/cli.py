@@ -1,4 +1,4 @@
-"""`python -m validation run|calibrate|compare|references|collectives|moe-layer|gemm-guide`.
+"""`python -m validation run|calibrate|compare|references|op-shares|collectives|moe-layer|gemm-guide`.
 
 Exit status: 0 success, 2 bad input (one line on stderr naming field, value and allowed
 values; no traceback; an output path that cannot be written is refused before the work),
@@ -112,6 +112,13 @@ def build_parser() -> argparse.ArgumentParser:
     ref.add_argument("--no-write-residuals", action="store_true",
                      help="do not update simulator/data/reference_residuals.json (the bundled "
                           "table's residuals, read by `simulator run` for its band)")
+    shares = sub.add_parser("op-shares", help="references' errors against where their "
+                                              "simulated time goes (attention, GEMMs, ...)")
+    shares.add_argument("--csv", default=None, help="reference CSV (default: bundled)")
+    shares.add_argument("--json", action="store_true", help="print one JSON object")
+    shares.add_argument("--jobs", type=_count(1, max_jobs()), default=None,
+                        help=f"worker processes, at most {JOBS_PER_CPU} per CPU "
+                             "(default: one per CPU)")
     col = sub.add_parser("collectives",
                          help="score the collective model on published nccl-tests points")
     col.add_argument("--csv", default=None, help="points CSV (default: the bundled table)")
@@ -211,6 +218,12 @@ def _references(args: argparse.Namespace) -> int:
     return references_main(args.csv, args.json, args.jobs, not args.no_write_residuals)
 
 
+def _op_shares(args: argparse.Namespace) -> int:
+    from .op_shares import op_shares_main
+
+    return op_shares_main(args.csv, args.json, args.jobs)
+
+
 def _collectives(args: argparse.Namespace) -> int:
     from .collective_scoring import collectives_main
 
@@ -234,7 +247,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         args = build_parser().parse_args(argv)
         handler = {"run": _run, "calibrate": _calibrate, "compare": _compare,
-                   "references": _references,
+                   "references": _references, "op-shares": _op_shares,
                    "collectives": _collectives, "moe-layer": _moe_layer,
                    "gemm-guide": _gemm_guide}[args.command]
         if args.command == "calibrate" or (args.command == "run" and len(args.plan) == 1):

@@ -85,7 +85,7 @@ def _profile(row: dict[str, str], summary: dict[str, Any]) -> dict[str, Any]:
             "simulated_comm_hidden_pct": 100.0 * (comm - exposed) / comm if comm else 0.0}
 
 
-def _simulate_or_skip(row: dict[str, str],
+def simulate_or_skip(row: dict[str, str],
                       simulate: Callable[[dict[str, str]], Any] | None = None
                       ) -> tuple[str, dict[str, Any]]:
     """("row", simulate(row)), ("inexpressible", reason) for a row that needs a setting the
@@ -119,9 +119,9 @@ def run_references(path: str | Path | None = None, jobs: int | None = None) -> d
     rows = load_rows(path or DEFAULT_CSV)
     jobs = max(1, min(jobs or os.cpu_count() or 1, len(rows)))
     if jobs == 1:
-        outcomes = [_simulate_or_skip(row) for row in rows]
+        outcomes = [simulate_or_skip(row) for row in rows]
     else:
-        outcomes = map_in_workers(_simulate_or_skip, rows, jobs, _lost,
+        outcomes = map_in_workers(simulate_or_skip, rows, jobs, _lost,
                                   order=submission_order(rows))
     results = [r for kind, r in outcomes if kind == "row"]
     inexpressible = [r for kind, r in outcomes if kind == "inexpressible"]
