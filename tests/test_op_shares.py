@@ -63,6 +63,7 @@ def test_command_scores_rows_as_references_does(tmp_path, capsys):
     out = json.loads(capsys.readouterr().out)
     assert [r["id"] for r in out["rows"]] == [r["id"] for r in rows]
     assert out["rows"][0]["error_pct"] == simulate_row(rows[0])["error_pct"]
+    assert {r["framework"] for r in out["rows"]} == {"torchtitan"}
     assert out["unscored"] == {"inexpressible": 0, "skipped": 0, "lost": 0}
     (group,) = out["groups"]
     assert group["n"] == MIN_ROWS and 0 < group["classes"]["attention"]["mean_share"] < 1

@@ -58,6 +58,13 @@ def _count(low: int, high: int):
     return parse
 
 
+def _add_jobs(parser: argparse.ArgumentParser) -> None:
+    """--jobs: simulation workers over the references' rows."""
+    parser.add_argument("--jobs", type=_count(1, max_jobs()), default=None,
+                        help=f"worker processes, at most {JOBS_PER_CPU} per CPU "
+                             "(default: one per CPU)")
+
+
 def build_parser() -> argparse.ArgumentParser:
     """The CLI; exposed for tests of argument parsing."""
     p = _Parser(prog="python -m validation", description=__doc__)
@@ -103,9 +110,7 @@ def build_parser() -> argparse.ArgumentParser:
     ref = sub.add_parser("references", help="simulate published training runs; print MAPE")
     ref.add_argument("--csv", default=None, help="reference CSV (default: bundled)")
     ref.add_argument("--json", action="store_true", help="print one JSON object")
-    ref.add_argument("--jobs", type=_count(1, max_jobs()), default=None,
-                     help=f"worker processes, at most {JOBS_PER_CPU} per CPU "
-                          "(default: one per CPU)")
+    _add_jobs(ref)
     ref.add_argument("--row", metavar="ID",
                      help="simulate one row and print where its time goes (the run table, "
                           "longest operations); one process, no residuals written")
@@ -116,9 +121,7 @@ def build_parser() -> argparse.ArgumentParser:
                                               "simulated time goes (attention, GEMMs, ...)")
     shares.add_argument("--csv", default=None, help="reference CSV (default: bundled)")
     shares.add_argument("--json", action="store_true", help="print one JSON object")
-    shares.add_argument("--jobs", type=_count(1, max_jobs()), default=None,
-                        help=f"worker processes, at most {JOBS_PER_CPU} per CPU "
-                             "(default: one per CPU)")
+    _add_jobs(shares)
     col = sub.add_parser("collectives",
                          help="score the collective model on published nccl-tests points")
     col.add_argument("--csv", default=None, help="points CSV (default: the bundled table)")

@@ -21,10 +21,11 @@ Bus bandwidth is nccl-tests' (doc/PERFORMANCE.md): algbw = S / t and busbw = alg
 """
 from __future__ import annotations
 
-import json
 import math
 from dataclasses import dataclass
 from pathlib import Path
+
+from simulator.output import print_json
 
 from .csv_input import INT, NUMBER, TEXT, read_typed_csv
 from .collective_systems import (DEFAULT_SYSTEMS, load_systems, row_version,
@@ -353,5 +354,5 @@ def format_report(result: dict) -> str:
 def collectives_main(csv_path: str | None, systems_path: str | None, as_json: bool) -> int:
     """`validation collectives`: print the report (or JSON); exit 0."""
     result = run_collectives(csv_path or DEFAULT_CSV, systems_path or DEFAULT_SYSTEMS)
-    print(json.dumps(result, indent=1) if as_json else format_report(result))
+    print_json(result) if as_json else print(format_report(result))
     return 0

@@ -16,9 +16,9 @@ and Hopper's block-scaled FP8 rate (topologies/specs.py BLOCKWISE_FP8_MAINLOOP_R
 """
 from __future__ import annotations
 
-import json
 from typing import Any
 
+from simulator.output import print_json
 from topologies.specs import TE_B300_LAYER_GEMM_S
 
 # Per-layer milliseconds of the guide's twelve GEMMs: ("autocast", with quantisation) and
@@ -110,5 +110,5 @@ def format_rows(rows: list[dict[str, Any]]) -> str:
 def gemm_guide_main(as_json: bool) -> int:
     """`validation gemm-guide`: print the table (or one JSON list); exit 0."""
     rows = run_gemm_guide()
-    print(json.dumps(rows, indent=1) if as_json else format_rows(rows))
+    print_json(rows) if as_json else print(format_rows(rows))
     return 0

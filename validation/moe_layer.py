@@ -29,12 +29,12 @@ the simulator is set from it.
 """
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
 from inputs import InputError
+from simulator.output import print_json
 from workloads.moe import MOE_LAYER_NODES
 
 from .csv_input import INT, NUMBER, TEXT, read_typed_csv
@@ -311,5 +311,5 @@ def format_report(result: dict[str, Any]) -> str:
 def moe_layer_main(csv_path: str | None, as_json: bool) -> int:
     """`validation moe-layer`: print the report (or one JSON object); exit 0."""
     result = run_moe_layer(csv_path or DEFAULT_CSV)
-    print(json.dumps(result, indent=1) if as_json else format_report(result))
+    print_json(result) if as_json else print(format_report(result))
     return 0

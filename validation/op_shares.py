@@ -23,14 +23,13 @@ validation/README.md records what each lead became.
 """
 from __future__ import annotations
 
-import os
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
 from .reference_rows import DEFAULT_CSV, load_rows, row_id
-from .references import map_in_workers, simulate_or_skip, simulate_row, submission_order
+from .references import map_rows, simulate_or_skip, simulate_row
 
 # A group's correlation is printed from this many rows on: with fewer, one row sets it.
 MIN_ROWS = 5
@@ -65,6 +64,7 @@ def row_shares(row: dict[str, str]) -> dict[str, Any]:
         return {"id": result["id"], "status": kind}
     summary = result.pop("summary")
     return {"id": result["id"], "status": "row", "error_pct": result["error_pct"],
+            "framework": result["framework"],
             "group": f"{result['source']} / {result['hardware']} / {result['model']}",
             "shares": step_shares(summary["ops"], summary["step_time_s"])}
 
@@ -117,9 +117,7 @@ def op_shares_main(path: str | None, as_json: bool, jobs: int | None = None) -> 
     from simulator.output import print_json
 
     rows = load_rows(Path(path) if path else DEFAULT_CSV)
-    jobs = max(1, min(jobs or os.cpu_count() or 1, len(rows)))
-    found = ([row_shares(r) for r in rows] if jobs == 1 else
-             map_in_workers(row_shares, rows, jobs, _lost, order=submission_order(rows)))
+    found = map_rows(row_shares, rows, jobs, _lost)
     scored = [r for r in found if r["status"] == "row"]
     unscored = {k: sum(r["status"] == k for r in found) for k in ("inexpressible", "skipped",
                                                                   "lost")}

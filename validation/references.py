@@ -8,13 +8,14 @@ by source, hardware, framework and parallelism and writes the residuals file tha
 """
 from __future__ import annotations
 
-import json
 import os
 from concurrent.futures import ProcessPoolExecutor
 from concurrent.futures.process import BrokenProcessPool
 from multiprocessing import get_context
 from pathlib import Path
 from typing import Any, Callable
+
+from simulator.output import print_json
 
 from .reference_rows import (DEFAULT_CSV, REQUIRED, cannot_express, hardware_name,
                              load_excluded, load_rows, measured_step_s, model_kind,
@@ -117,12 +118,7 @@ def run_references(path: str | Path | None = None, jobs: int | None = None) -> d
     the report keeps the CSV's order, so it does not depend on the number of workers.
     """
     rows = load_rows(path or DEFAULT_CSV)
-    jobs = max(1, min(jobs or os.cpu_count() or 1, len(rows)))
-    if jobs == 1:
-        outcomes = [simulate_or_skip(row) for row in rows]
-    else:
-        outcomes = map_in_workers(simulate_or_skip, rows, jobs, _lost,
-                                  order=submission_order(rows))
+    outcomes = map_rows(simulate_or_skip, rows, jobs, _lost)
     results = [r for kind, r in outcomes if kind == "row"]
     inexpressible = [r for kind, r in outcomes if kind == "inexpressible"]
     skipped = [r for kind, r in outcomes if kind == "skipped"]
@@ -142,6 +138,17 @@ def run_references(path: str | Path | None = None, jobs: int | None = None) -> d
     report["memory"] = memory_score(results)
     report["profiles"] = profile_score(results)
     return report
+
+
+def map_rows(work: Callable[[dict[str, str]], Any], rows: list[dict[str, str]],
+             jobs: int | None, lost: Callable[[dict[str, str]], Any]) -> list[Any]:
+    """work(row) of every row, in the rows' order: in this process with one job, else in
+    `jobs` worker processes (default one per CPU, never more than rows) taking the largest
+    row first (submission_order); lost(row) for a row whose worker died alone."""
+    jobs = max(1, min(jobs or os.cpu_count() or 1, len(rows)))
+    if jobs == 1:
+        return [work(row) for row in rows]
+    return map_in_workers(work, rows, jobs, lost, order=submission_order(rows))
 
 
 # A pool that loses a worker (the kernel's OOM killer: in session 45 a worker reached the
@@ -280,5 +287,5 @@ def references_main(path: str | None, as_json: bool, jobs: int | None = None,
     report = run_references(path, jobs)
     if write and path is None and report["rows"]:
         write_residuals(report["rows"])
-    print(json.dumps(report, indent=2, sort_keys=True) if as_json else format_table(report))
+    print_json(report) if as_json else print(format_table(report))
     return 0
